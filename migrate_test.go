@@ -14,8 +14,6 @@ import (
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
-
 // emptyDB returns a fresh database without pgfence's migrations.
 func emptyDB(t *testing.T) *pgtest.DB {
 	t.Helper()

@@ -46,8 +46,8 @@ func newLogWatch() *logWatch {
 func (w *logWatch) logger() *slog.Logger { return slog.New(w) }
 
 func (w *logWatch) Enabled(context.Context, slog.Level) bool { return true }
-func (w *logWatch) WithAttrs([]slog.Attr) slog.Handler        { return w }
-func (w *logWatch) WithGroup(string) slog.Handler             { return w }
+func (w *logWatch) WithAttrs([]slog.Attr) slog.Handler       { return w }
+func (w *logWatch) WithGroup(string) slog.Handler            { return w }
 func (w *logWatch) Handle(_ context.Context, r slog.Record) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()

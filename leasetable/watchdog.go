@@ -60,9 +60,7 @@ func (k *Locker) watchdog() {
 		select {
 		case <-timer.C:
 		case <-k.watchdogWake:
-			if !timer.Stop() {
-				<-timer.C
-			}
+			timer.Stop() // Go 1.23+ timers: no stale tick is delivered after Stop
 		case <-k.closeCtx.Done():
 			return
 		}

@@ -244,6 +244,8 @@ func (k *Locker) Acquire(ctx context.Context, name string, opts *AcquireOpts) (*
 // cancelled, with cause [pgfence.ErrLeaseLost], when the lease is lost while
 // fn runs; fn must then stop its protected work promptly.
 //
+// fn may release the lease itself; Do then does not release it again.
+//
 // Do returns the error from acquiring (and does not call fn), else fn's
 // error; when fn returned nil but the lease was lost before fn returned, an
 // error matching [pgfence.ErrLeaseLost], because fn's work may not have been
@@ -267,7 +269,7 @@ func (k *Locker) Do(ctx context.Context, name string, opts *AcquireOpts, fn func
 	switch {
 	case fnErr != nil:
 		return fnErr
-	case lostErr != nil:
+	case errors.Is(lostErr, pgfence.ErrLeaseLost):
 		return fmt.Errorf("leasetable: lease %q (token %d) was lost while fn ran: %w", name, l.token, lostErr)
 	case relErr != nil:
 		return relErr

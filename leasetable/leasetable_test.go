@@ -289,7 +289,7 @@ func TestRenewalKeepsLeaseAcrossSeveralTTLs(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
-	const ttl = 400 * time.Millisecond
+	const ttl = 600 * time.Millisecond
 	k := newLocker(t, db.Pool, &leasetable.Config{TTL: ttl})
 	other := newLocker(t, db.NewPool(t, nil), nil)
 
@@ -322,7 +322,8 @@ func TestLossWhenRowIsTakenOver(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
-	k := newLocker(t, db.Pool, &leasetable.Config{TTL: 600 * time.Millisecond})
+	// Frequent renewals notice the takeover long before the local deadline.
+	k := newLocker(t, db.Pool, &leasetable.Config{TTL: 3 * time.Second, RenewInterval: 100 * time.Millisecond})
 
 	for _, steal := range []string{
 		"UPDATE pgfence_leases SET owner = 'thief', fence = pgfence_next_token() WHERE name = $1",

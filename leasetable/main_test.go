@@ -76,6 +76,18 @@ func (w *logWatch) next(sub string) <-chan struct{} {
 	return ch
 }
 
+// count starts counting log messages containing sub, and returns how many
+// were seen since the first call.
+func (w *logWatch) count(sub string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n, ok := w.seen[sub]
+	if !ok {
+		w.seen[sub] = 0
+	}
+	return n
+}
+
 // waitFor waits for ch, failing the test after a generous bound.
 func waitFor(t *testing.T, ch <-chan struct{}, what string) {
 	t.Helper()

@@ -17,17 +17,19 @@ import (
 	"github.com/pgfence/pgfence/leasetable"
 )
 
-// cutProxy forwards TCP connections to a server until cut: then it drops
-// every open connection and accepts new ones without ever answering, like a
-// network partition seen from the client.
+// cutProxy forwards TCP connections to a server. It can be cut: then it
+// drops every open connection and accepts new ones without ever answering,
+// like a network partition seen from the client; or made to refuse: it drops
+// every connection at once, like a server that is down.
 type cutProxy struct {
 	l      net.Listener // closed by close
 	target string
 	wg     sync.WaitGroup
 
-	mu    sync.Mutex
-	cut   bool
-	conns map[net.Conn]struct{}
+	mu     sync.Mutex
+	cut    bool
+	refuse bool
+	conns  map[net.Conn]struct{}
 }
 
 func newCutProxy(t *testing.T, target string) *cutProxy {
@@ -66,10 +68,14 @@ func (p *cutProxy) serve() {
 		}
 		p.track(c)
 		p.mu.Lock()
-		cut := p.cut
+		cut, refuse := p.cut, p.refuse
 		p.mu.Unlock()
 		if cut {
 			continue // held open, never answered
+		}
+		if refuse {
+			_ = c.Close()
+			continue
 		}
 		up, err := net.Dial("tcp", p.target)
 		if err != nil {
@@ -87,6 +93,19 @@ func (p *cutProxy) pipe(dst, src net.Conn) {
 	defer p.wg.Done()
 	_, _ = io.Copy(dst, src)
 	_ = dst.Close()
+}
+
+// setRefuse drops all open connections and closes new ones at once while
+// on; when off, the proxy forwards again.
+func (p *cutProxy) setRefuse(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.refuse = on
+	if on {
+		for c := range p.conns {
+			_ = c.Close()
+		}
+	}
 }
 
 // cutOff drops all open connections; new ones hang.
@@ -139,4 +158,39 @@ func TestLossWhenDatabaseIsUnreachable(t *testing.T) {
 		"SELECT expires_at > clock_timestamp() FROM pgfence_leases WHERE name = 'partitioned'").Scan(&stillHeld))
 	require.True(t, stillHeld, "the local deadline must come before the database's expiry")
 	waitFor(t, failing, "the failed renewal to be reported")
+}
+
+func TestRenewalRetriesUntilTheDatabaseIsBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	cfg := db.Pool.Config().ConnConfig
+	proxy := newCutProxy(t, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
+	pool := db.NewPool(t, func(c *pgxpool.Config) {
+		c.ConnConfig.Host, c.ConnConfig.Port = "127.0.0.1", proxy.port()
+	})
+	t.Cleanup(proxy.close)
+	logs := newLogWatch()
+	k := newLocker(t, pool, &leasetable.Config{
+		TTL: 10 * time.Second, RenewInterval: 200 * time.Millisecond, Logger: logs.logger(), DisableListen: true,
+	})
+	l, err := k.TryAcquire(ctx, "flaky", nil)
+	require.NoError(t, err)
+	waitFor(t, logs.next("lease renewed"), "a renewal")
+
+	logs.count("renewal failed")
+	proxy.setRefuse(true)
+	for range 3 {
+		waitFor(t, logs.next("renewal failed"), "a failed renewal")
+	}
+	proxy.setRefuse(false)
+	waitFor(t, logs.next("lease renewed"), "a renewal after the outage")
+	require.NoError(t, l.Err(), "the outage was shorter than the local deadline")
+	// Retries are spaced (RenewInterval/4), not a busy loop.
+	require.Less(t, logs.count("renewal failed"), 100)
+	info, ok, err := k.Get(ctx, "flaky")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, l.Token(), info.Token)
+	require.NoError(t, l.Release(ctx))
 }

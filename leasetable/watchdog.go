@@ -28,8 +28,8 @@ WHERE l.name = r.name AND l.fence = r.fence AND l.expires_at > clock_timestamp()
 RETURNING l.fence`
 
 // watchdog renews the Locker's leases until none are left or the Locker is
-// closed. All leases that are due, or due within half their renewal
-// interval, are renewed together in one statement.
+// closed. When a lease is due, it and all leases due within half their
+// renewal interval are renewed together in one statement.
 func (k *Locker) watchdog() {
 	defer k.background.Done()
 	timer := time.NewTimer(time.Hour)
@@ -41,15 +41,25 @@ func (k *Locker) watchdog() {
 			k.mu.Unlock()
 			return
 		}
+		// When a lease is due, renew it together with every lease that would
+		// be due within half its own interval.
 		now := time.Now()
 		var batch []*Lease
 		var next time.Time
+		due := false
 		for l := range k.leases {
-			if !l.nextRenew.After(now.Add(l.timing.renewEvery / 2)) {
-				batch = append(batch, l)
-			} else if next.IsZero() || l.nextRenew.Before(next) {
+			if !l.nextRenew.After(now) {
+				due = true
+			}
+			if next.IsZero() || l.nextRenew.Before(next) {
 				next = l.nextRenew
 			}
+			if !l.nextRenew.After(now.Add(l.timing.renewEvery / 2)) {
+				batch = append(batch, l)
+			}
+		}
+		if !due {
+			batch = nil
 		}
 		k.mu.Unlock()
 		if len(batch) > 0 {

@@ -190,7 +190,8 @@ func (k *Locker) TryAcquire(ctx context.Context, name string, opts *AcquireOpts)
 // it is held or ctx ends. While waiting it wakes when the holder releases
 // the lease (through LISTEN/NOTIFY, within milliseconds) and otherwise when
 // the holder's lease is due to expire (plus a little jitter). Each attempt is
-// the same single statement as [Locker.TryAcquire].
+// the same single statement as [Locker.TryAcquire]. The first call opens the
+// Locker's LISTEN connection, which stays open until [Locker.Close].
 //
 // When ctx ends first, Acquire returns an error wrapping ctx's cause; when
 // opts.WaitTimeout elapses first, an error matching [pgfence.ErrNotAcquired]

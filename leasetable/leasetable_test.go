@@ -144,6 +144,36 @@ func TestTryAcquireAndRelease(t *testing.T) {
 	require.NoError(t, lb.Release(ctx))
 }
 
+// TestHeldPredicate checks the exact predicate that package fence relies
+// on: name, token, and expires_at > now() on the database clock.
+func TestHeldPredicate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	k := newLocker(t, db.Pool, &leasetable.Config{TTL: 3 * time.Second, RenewInterval: 100 * time.Millisecond})
+	held := func(name string, token int64) bool {
+		t.Helper()
+		var ok bool
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pgfence_leases
+			WHERE name = $1 AND fence = $2 AND expires_at > now())`, name, token).Scan(&ok))
+		return ok
+	}
+
+	l, err := k.TryAcquire(ctx, "p", nil)
+	require.NoError(t, err)
+	require.True(t, held("p", l.Token()))
+	require.False(t, held("p", l.Token()-1), "negative control: another token is not held")
+	require.NoError(t, l.Release(ctx))
+	require.False(t, held("p", l.Token()), "released")
+
+	l, err = k.TryAcquire(ctx, "p", nil)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, "UPDATE pgfence_leases SET expires_at = now() WHERE name = 'p'")
+	require.NoError(t, err)
+	require.False(t, held("p", l.Token()), "expired")
+	waitFor(t, l.Done(), "the loss to be noticed")
+}
+
 func TestReleaseIsOwnerChecked(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

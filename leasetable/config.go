@@ -61,11 +61,11 @@ type Config struct {
 	SafetyMargin time.Duration
 
 	// Owner identifies this Locker in the owner column, for operators (see
-	// [Locker.List]) and for owner-checked release. Zero means
-	// "hostname/pid/random". It must be unique per Locker: two Lockers with
-	// the same Owner could release each other's leases if they also shared a
-	// token, which they cannot, but operators could not tell them apart.
-	// At most [MaxNameLength] bytes of valid UTF-8 without NUL.
+	// [Locker.List]), and is checked on release together with the token.
+	// Zero means "hostname/pid/random", unique per Locker. Lockers sharing
+	// an Owner are still safe (tokens are unique), but operators cannot
+	// tell their leases apart. At most [MaxNameLength] bytes of valid UTF-8
+	// without NUL.
 	Owner string
 
 	// Logger receives renewal failures, retries, losses and listener

@@ -1,0 +1,252 @@
+package leasetable
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultTTL is the lease time-to-live used when [Config].TTL is zero.
+const DefaultTTL = 30 * time.Second
+
+// MinTTL is the smallest TTL a lease may have. Shorter leases cannot be
+// renewed reliably across a network round trip and a scheduling delay.
+const MinTTL = 100 * time.Millisecond
+
+// DefaultReleaseTimeout bounds [Lease.Release] (and the releases done by
+// [Locker.Close] and [Locker.Do]) when [Config].ReleaseTimeout is zero.
+const DefaultReleaseTimeout = 5 * time.Second
+
+// MaxNameLength is the longest lease name, in bytes, that the lease table
+// accepts. The same limit applies to owner ids.
+const MaxNameLength = 512
+
+// NotifyChannel is the LISTEN/NOTIFY channel on which a release is announced;
+// the payload is the lease name. Waiters in [Locker.Acquire] wake on it.
+const NotifyChannel = "pgfence_lease_released"
+
+// Config configures a [Locker]. A nil *Config, and every zero field, means the
+// documented default. [New] validates it and returns an error naming the bad
+// field; the caller's Config is never modified.
+type Config struct {
+	// TTL is how long a lease stays held in the database after it was
+	// acquired or last renewed, judged on the database clock. Zero means
+	// [DefaultTTL]; it must be at least [MinTTL]. [AcquireOpts].TTL overrides
+	// it for one lease.
+	TTL time.Duration
+
+	// RenewInterval is how often the watchdog renews a lease of length TTL.
+	// Zero means TTL/3. Leases whose TTL differs from TTL (through
+	// [AcquireOpts]) are renewed at the same fraction of their own TTL.
+	RenewInterval time.Duration
+
+	// SafetyMargin is how much earlier than the database the holder gives a
+	// lease up: a lease whose renewals fail is considered lost at
+	// (time the last successful acquire or renew request was sent) + TTL -
+	// SafetyMargin, measured on the local monotonic clock. It absorbs clock
+	// rate differences between the client and the server and the delay
+	// between noticing the loss and stopping work. Zero means TTL/10. It
+	// scales with the lease's TTL like RenewInterval.
+	//
+	// TTL must leave room for two renewal attempts before that deadline:
+	// 2*RenewInterval + SafetyMargin <= TTL.
+	SafetyMargin time.Duration
+
+	// Owner identifies this Locker in the owner column, for operators (see
+	// [Locker.List]), and is checked on release together with the token.
+	// Zero means "hostname/pid/random", unique per Locker. Lockers sharing
+	// an Owner are still safe (tokens are unique), but operators cannot
+	// tell their leases apart. At most [MaxNameLength] bytes of valid UTF-8
+	// without NUL.
+	Owner string
+
+	// Logger receives renewal failures, retries, losses and listener
+	// reconnects. Nil means silent.
+	Logger *slog.Logger
+
+	// ReleaseTimeout bounds each release statement. Zero means
+	// [DefaultReleaseTimeout].
+	ReleaseTimeout time.Duration
+
+	// DisableListen turns off the LISTEN connection. Waiters in
+	// [Locker.Acquire] then retry at the holder's expiry time only, so a
+	// hand-over after an early release waits until the released lease's
+	// original expiry. Use it when no direct (session) connection to the
+	// server is available, for example behind a transaction-pooling
+	// PgBouncer without a ListenConnConfig.
+	DisableListen bool
+
+	// ListenConnConfig, when not nil, is used to open the LISTEN connection
+	// instead of the pool's connection configuration. Point it at the server
+	// directly when the pool goes through a transaction-pooling PgBouncer,
+	// where LISTEN does not work. It is copied; the caller's value is not
+	// modified.
+	ListenConnConfig *pgx.ConnConfig
+}
+
+// AcquireOpts are per-call choices for [Locker.TryAcquire],
+// [Locker.Acquire] and [Locker.Do]. A nil *AcquireOpts means all defaults.
+type AcquireOpts struct {
+	// TTL overrides the Locker's TTL for this lease. Zero means the Locker's
+	// TTL; otherwise it must be at least [MinTTL]. The lease is renewed at the
+	// same fraction of this TTL as configured for the Locker's TTL.
+	TTL time.Duration
+
+	// WaitTimeout bounds how long [Locker.Acquire] and [Locker.Do] wait for
+	// the lease, in addition to their context. When it elapses they return an
+	// error matching [pgfence.ErrNotAcquired] (and
+	// [context.DeadlineExceeded]). Zero means no bound beyond the context.
+	// TryAcquire ignores it.
+	WaitTimeout time.Duration
+
+	// AtLeast keeps the lease held for at least this long after it was
+	// acquired (on the database clock), even when it is released earlier:
+	// Release then leaves expires_at at acquired_at + AtLeast. This is
+	// ShedLock's lockAtLeastFor: a short scheduled job does not run a second
+	// time on a node whose schedule fires slightly later. Zero means release
+	// frees the lease at once.
+	AtLeast time.Duration
+}
+
+// settings is a validated Config with defaults applied.
+type settings struct {
+	ttl            time.Duration
+	renewInterval  time.Duration
+	safetyMargin   time.Duration
+	owner          string
+	logger         *slog.Logger
+	releaseTimeout time.Duration
+	disableListen  bool
+	listenConfig   *pgx.ConnConfig
+}
+
+func (c *Config) settings() (settings, error) {
+	var cfg Config
+	if c != nil {
+		cfg = *c
+	}
+	s := settings{
+		ttl:            cfg.TTL,
+		renewInterval:  cfg.RenewInterval,
+		safetyMargin:   cfg.SafetyMargin,
+		owner:          cfg.Owner,
+		logger:         cfg.Logger,
+		releaseTimeout: cfg.ReleaseTimeout,
+		disableListen:  cfg.DisableListen,
+	}
+	if s.ttl == 0 {
+		s.ttl = DefaultTTL
+	}
+	if s.ttl < MinTTL {
+		return s, fmt.Errorf("leasetable: Config.TTL is %v; it must be at least %v (zero means %v)", s.ttl, MinTTL, DefaultTTL)
+	}
+	if s.renewInterval < 0 {
+		return s, fmt.Errorf("leasetable: Config.RenewInterval is %v; it must not be negative", s.renewInterval)
+	}
+	if s.renewInterval == 0 {
+		s.renewInterval = s.ttl / 3
+	}
+	if s.safetyMargin < 0 {
+		return s, fmt.Errorf("leasetable: Config.SafetyMargin is %v; it must not be negative", s.safetyMargin)
+	}
+	if s.safetyMargin == 0 {
+		s.safetyMargin = s.ttl / 10
+	}
+	if 2*s.renewInterval+s.safetyMargin > s.ttl {
+		return s, fmt.Errorf("leasetable: Config.TTL %v is too short for RenewInterval %v and SafetyMargin %v: "+
+			"it must be at least 2*RenewInterval + SafetyMargin so a failed renewal can be retried before the lease is given up",
+			s.ttl, s.renewInterval, s.safetyMargin)
+	}
+	if s.releaseTimeout < 0 {
+		return s, fmt.Errorf("leasetable: Config.ReleaseTimeout is %v; it must not be negative", s.releaseTimeout)
+	}
+	if s.releaseTimeout == 0 {
+		s.releaseTimeout = DefaultReleaseTimeout
+	}
+	if s.owner == "" {
+		s.owner = defaultOwner()
+	}
+	if err := checkText("Config.Owner", s.owner); err != nil {
+		return s, err
+	}
+	if s.logger == nil {
+		s.logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.ListenConnConfig != nil {
+		s.listenConfig = cfg.ListenConnConfig.Copy()
+	}
+	return s, nil
+}
+
+// leaseTiming is the timing of one lease: its TTL and the renewal interval
+// and safety margin scaled to it.
+type leaseTiming struct {
+	ttl, renewEvery, margin, atLeast time.Duration
+}
+
+func (s *settings) timing(o *AcquireOpts) (leaseTiming, error) {
+	t := leaseTiming{ttl: s.ttl, renewEvery: s.renewInterval, margin: s.safetyMargin}
+	if o == nil {
+		return t, nil
+	}
+	if o.TTL < 0 {
+		return t, fmt.Errorf("leasetable: AcquireOpts.TTL is %v; it must not be negative (zero means the Locker's TTL)", o.TTL)
+	}
+	if o.TTL != 0 && o.TTL < MinTTL {
+		return t, fmt.Errorf("leasetable: AcquireOpts.TTL is %v; it must be at least %v", o.TTL, MinTTL)
+	}
+	if o.WaitTimeout < 0 {
+		return t, fmt.Errorf("leasetable: AcquireOpts.WaitTimeout is %v; it must not be negative", o.WaitTimeout)
+	}
+	if o.AtLeast < 0 {
+		return t, fmt.Errorf("leasetable: AcquireOpts.AtLeast is %v; it must not be negative", o.AtLeast)
+	}
+	t.atLeast = o.AtLeast
+	if o.TTL != 0 && o.TTL != s.ttl {
+		scale := func(d time.Duration) time.Duration {
+			return time.Duration(float64(d) * float64(o.TTL) / float64(s.ttl))
+		}
+		t.ttl, t.renewEvery, t.margin = o.TTL, scale(s.renewInterval), scale(s.safetyMargin)
+	}
+	return t, nil
+}
+
+// checkText rejects values the lease table's CHECK constraints or the text
+// type would reject, before anything is sent.
+func checkText(what, v string) error {
+	switch {
+	case v == "":
+		return fmt.Errorf("leasetable: %s is empty", what)
+	case len(v) > MaxNameLength:
+		return fmt.Errorf("leasetable: %s is %d bytes long; at most %d are allowed", what, len(v), MaxNameLength)
+	case !utf8.ValidString(v):
+		return fmt.Errorf("leasetable: %s is not valid UTF-8", what)
+	case strings.IndexByte(v, 0) >= 0:
+		return fmt.Errorf("leasetable: %s contains a NUL byte", what)
+	}
+	return nil
+}
+
+func defaultOwner() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown-host"
+	}
+	var rnd [6]byte
+	_, _ = rand.Read(rnd[:])
+	owner := fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(rnd[:]))
+	if len(owner) > MaxNameLength {
+		owner = owner[len(owner)-MaxNameLength:]
+	}
+	return owner
+}
+
+var errNilPool = errors.New("leasetable: pool is nil")

@@ -1,0 +1,53 @@
+package leasetable
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestSettingsDefaults(t *testing.T) {
+	t.Parallel()
+	s, err := (*Config)(nil).settings()
+	require.NoError(t, err)
+	require.Equal(t, DefaultTTL, s.ttl)
+	require.Equal(t, DefaultTTL/3, s.renewInterval)
+	require.Equal(t, DefaultTTL/10, s.safetyMargin)
+	require.Equal(t, DefaultReleaseTimeout, s.releaseTimeout)
+	require.NotEmpty(t, s.owner)
+	require.NotNil(t, s.logger)
+
+	other, err := (&Config{}).settings()
+	require.NoError(t, err)
+	require.NotEqual(t, s.owner, other.owner, "default owners are unique per Locker")
+	require.True(t, strings.Count(s.owner, "/") >= 2, "owner %q is host/pid/random", s.owner)
+}
+
+func TestTimingScalesWithTTL(t *testing.T) {
+	t.Parallel()
+	s, err := (&Config{TTL: 30 * time.Second, RenewInterval: 6 * time.Second, SafetyMargin: 3 * time.Second}).settings()
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name string
+		opts *AcquireOpts
+		want leaseTiming
+	}{
+		{"nil opts", nil, leaseTiming{ttl: 30 * time.Second, renewEvery: 6 * time.Second, margin: 3 * time.Second}},
+		{"zero TTL", &AcquireOpts{AtLeast: time.Minute},
+			leaseTiming{ttl: 30 * time.Second, renewEvery: 6 * time.Second, margin: 3 * time.Second, atLeast: time.Minute}},
+		{"same TTL", &AcquireOpts{TTL: 30 * time.Second},
+			leaseTiming{ttl: 30 * time.Second, renewEvery: 6 * time.Second, margin: 3 * time.Second}},
+		{"longer TTL", &AcquireOpts{TTL: time.Hour},
+			leaseTiming{ttl: time.Hour, renewEvery: 12 * time.Minute, margin: 6 * time.Minute}},
+		{"shorter TTL", &AcquireOpts{TTL: 3 * time.Second},
+			leaseTiming{ttl: 3 * time.Second, renewEvery: 600 * time.Millisecond, margin: 300 * time.Millisecond}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := s.timing(tc.opts)
+			require.NoError(t, err)
+			require.Equal(t, tc.want, got)
+		})
+	}
+}

@@ -1,0 +1,140 @@
+// Package leasetable provides lease locks with fencing tokens, stored as rows
+// of the pgfence_leases table.
+//
+// A [Locker] takes leases by name through a *pgxpool.Pool:
+//
+//	locker, err := leasetable.New(pool, &leasetable.Config{TTL: 30 * time.Second})
+//	defer locker.Close()
+//
+//	lease, err := locker.TryAcquire(ctx, "account:42", nil) // ErrNotAcquired if held
+//	lease, err := locker.Acquire(ctx, "account:42", nil)    // waits
+//	err = locker.Do(ctx, "nightly-report", nil, func(ctx context.Context, l *leasetable.Lease) error { ... })
+//
+// A [Lease] is renewed in the background until it is released or lost. Its
+// [Lease.Token] is a fencing token; its [Lease.Done] channel and
+// [Lease.Context] tell the holder when it must stop.
+//
+// The pgfence migrations must be applied first ([pgfence.Migrate]).
+//
+// # What "held" means
+//
+// A lease is held by exactly the row that satisfies
+//
+//	name = $name AND fence = $token AND expires_at > now()
+//
+// judged on the database's clock only. The client's wall clock is never
+// compared with the database's. Package fence's lease-checked writes use the
+// same predicate, so a write checked that way in the same transaction is
+// made while the lease is held.
+//
+// # Acquiring
+//
+// Acquiring is one statement (one round trip): an INSERT ... ON CONFLICT DO
+// UPDATE that inserts the row, or takes over a row whose lease has expired or
+// was released (expires_at <= now()), and returns the new token. Concurrent
+// acquirers of one name are serialised by the row (or unique index) lock;
+// exactly one sees the row free. A Locker does not re-enter: a name it
+// already holds is not acquired again.
+//
+// [Locker.Acquire] waits without polling. Each Locker keeps one LISTEN
+// connection of its own (opened from the pool's connection configuration,
+// never taken from or returned to the pool), shared by all its waiters;
+// releases send pg_notify on [NotifyChannel] with the lease name in the same
+// statement, so a waiter wakes within milliseconds of the release's commit.
+// Otherwise a waiter retries when the holder's lease is due to expire, plus a
+// little jitter. If the LISTEN connection fails, waiting still works through
+// those timed retries; the connection is re-opened with capped backoff and
+// every waiter retries once it is back, since a release may have been
+// missed.
+//
+// # Fencing tokens
+//
+// Tokens come from pgfence_next_token(), the one sequence shared with package
+// advisory, which also makes the acquiring transaction commit durably
+// (synchronous_commit forced on), so no token handed to a caller is issued
+// again after a server crash. The sequence does not cycle, so tokens never
+// wrap.
+//
+// For each name, tokens strictly increase across every acquisition: after
+// release, expiry, takeover and re-creation of the row. On the takeover path
+// the new token is drawn under the row lock, after the previous holder's
+// token was drawn and committed. On the insert path the token is drawn
+// before the conflict check; it is only used when no row exists, and since
+// leasetable never deletes rows (release expires the row in place), a row
+// cannot vanish between a racing acquirer's draw and its insert. The only
+// way to break this is to DELETE rows by hand while acquirers are running:
+// a row deleted after another acquirer drew its token but before it
+// inserted lets that acquirer insert a token older than the deleted row's.
+// Even then fencing stays safe (guarded writes reject the older token); only
+// the ordering of that name's tokens is affected. If you prune the table,
+// delete only rows that expired long ago (say, a day), which no statement in
+// flight can race with. leasetable has no janitor: a table holds one row per
+// name ever used, which is small for the usual fixed set of lock names.
+//
+// # Renewal and the local deadline
+//
+// A watchdog goroutine per Locker (running only while it holds leases)
+// renews leases about every TTL/3 ([Config].RenewInterval). All leases due
+// within half an interval are renewed by one statement, so the cost is O(1)
+// statements per interval however many leases a Locker holds. A renewal only
+// extends a row whose fence still matches and which has not expired: it
+// never resurrects a lease.
+//
+// The holder does not trust a lease until the database says it expired. It
+// keeps a local deadline, measured on the local monotonic clock:
+//
+//	deadline = (time the last successful acquire or renew request was sent) + TTL - SafetyMargin
+//
+// The database computed the row's expiry as its now() plus TTL, where now()
+// is no earlier than the moment the request was sent; so, as long as the two
+// clocks run at about the same rate (the margin absorbs the difference),
+// the local deadline comes before the database could hand the lease to
+// anyone else. A failed renewal is retried until that deadline. The lease is
+// lost at the deadline, or as soon as a renewal finds the row no longer held
+// (expired, taken over, deleted): [Lease.Done] is closed, [Lease.Context] is
+// cancelled with cause [pgfence.ErrLeaseLost], and [Lease.Err] says why.
+//
+// # Release
+//
+// [Lease.Release] is owner-checked: it changes only the row with this
+// lease's name, owner and token that is still held, and it expires that row
+// in place (expires_at = now(), or acquired_at + [AcquireOpts].AtLeast if
+// that is later). It never deletes a row and never touches another owner's
+// lease.
+//
+// # Failure model, and what is not guaranteed
+//
+// Leases are time-based: a holder that is paused (GC, SIGSTOP, a VM freeze,
+// a slow disk) longer than its TTL keeps running after it lost the lease,
+// until it next looks at Done or Context. No lock service can prevent that.
+// What pgfence guarantees instead is that its token is older than the next
+// holder's: write through package fence (or check the held predicate in the
+// same transaction as the write) and the stale holder's writes are rejected.
+// Checking Done before a write and then writing without fencing is not safe.
+//
+// The local deadline assumes the client's and the server's clocks advance at
+// about the same rate; a jump of either wall clock does not matter (the
+// database compares its own timestamps, the client uses its monotonic
+// clock). It also assumes the database is one serialisable history: after a
+// failover to an asynchronous standby, committed acquisitions and renewals
+// may be lost, and a lease may be granted twice. Use synchronous replication
+// if failover must not break mutual exclusion (pgfence_next_token() forces
+// synchronous_commit on for acquisitions, so tokens are not reissued on a
+// synchronous standby).
+//
+// When the context of an acquire is cancelled while the statement is in
+// flight, the lease may have been taken without the caller learning its
+// token; nobody renews it, so it expires after its TTL.
+//
+// # Connection poolers
+//
+// Acquire, renew, release, [Locker.List] and [Locker.Get] are single
+// statements that use no session state (no advisory locks, no temporary
+// tables, no SET), so they work through a transaction-pooling PgBouncer
+// (configure pgx for it, for example with QueryExecModeSimpleProtocol or
+// PgBouncer's prepared statement support). LISTEN is only an optimisation:
+// through such a pooler it does not receive notifications, so either point
+// [Config].ListenConnConfig at the server directly or set
+// [Config].DisableListen; waiters then wake at the holder's expiry instead of
+// at its release.
+package leasetable

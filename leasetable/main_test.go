@@ -1,0 +1,99 @@
+package leasetable_test
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/leasetable"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(pauseChildEnv) != "" {
+		os.Exit(pauseChild())
+	}
+	pgtest.Main(m)
+}
+
+// newLocker returns a Locker on pool, closed when the test ends.
+func newLocker(t *testing.T, pool *pgxpool.Pool, cfg *leasetable.Config) *leasetable.Locker {
+	t.Helper()
+	k, err := leasetable.New(pool, cfg)
+	require.NoError(t, err)
+	t.Cleanup(k.Close)
+	return k
+}
+
+// logWatch is a slog handler that lets a test wait for a log message.
+type logWatch struct {
+	mu      sync.Mutex
+	waiting map[string][]chan struct{}
+	seen    map[string]int
+}
+
+func newLogWatch() *logWatch {
+	return &logWatch{waiting: map[string][]chan struct{}{}, seen: map[string]int{}}
+}
+
+func (w *logWatch) logger() *slog.Logger { return slog.New(w) }
+
+func (w *logWatch) Enabled(context.Context, slog.Level) bool { return true }
+func (w *logWatch) WithAttrs([]slog.Attr) slog.Handler       { return w }
+func (w *logWatch) WithGroup(string) slog.Handler            { return w }
+func (w *logWatch) Handle(_ context.Context, r slog.Record) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for sub, chans := range w.waiting {
+		if strings.Contains(r.Message, sub) {
+			for _, ch := range chans {
+				close(ch)
+			}
+			delete(w.waiting, sub)
+		}
+	}
+	for sub := range w.seen {
+		if strings.Contains(r.Message, sub) {
+			w.seen[sub]++
+		}
+	}
+	return nil
+}
+
+// next returns a channel closed at the next log message containing sub.
+func (w *logWatch) next(sub string) <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ch := make(chan struct{})
+	w.waiting[sub] = append(w.waiting[sub], ch)
+	return ch
+}
+
+// count starts counting log messages containing sub, and returns how many
+// were seen since the first call.
+func (w *logWatch) count(sub string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n, ok := w.seen[sub]
+	if !ok {
+		w.seen[sub] = 0
+	}
+	return n
+}
+
+// waitFor waits for ch, failing the test after a generous bound.
+func waitFor(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}

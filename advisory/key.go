@@ -40,8 +40,8 @@ func ID(id int64) Key { return Key{id: id} }
 // a million names. A collision never lets two holders share a lock; it only
 // makes two unrelated names wait for each other.
 //
-// For the SQL expression to agree, name must be valid UTF-8 (PostgreSQL
-// rejects invalid UTF-8 in text). An empty name is not a valid key: the lock
+// For the SQL expression to agree, name must be valid UTF-8 without NUL
+// bytes (PostgreSQL text holds nothing else). An empty name is not a valid key: the lock
 // methods reject it.
 func Name(name string) Key { return Key{id: nameKey(name), name: name, named: true} }
 

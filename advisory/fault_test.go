@@ -1,0 +1,158 @@
+package advisory_test
+
+import (
+	"context"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/advisory"
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+func TestLossOnTerminatedBackend(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	l := newLocker(t, db.Pool, fastConfig("pgfence-terminate"))
+	other := newLocker(t, db.NewPool(t, nil), nil)
+	keyA, keyB := advisory.Name("victim"), advisory.Name("bystander")
+
+	lkA, err := l.TryLock(ctx, keyA, nil)
+	require.NoError(t, err)
+	lkB, err := l.TryLock(ctx, keyB, nil)
+	require.NoError(t, err)
+	pidA, pidB := holderPID(t, db, keyA), holderPID(t, db, keyB)
+	require.NotEqual(t, pidA, pidB, "the Locker spreads locks over its sessions")
+	require.Equal(t, 2, sessionCount(t, db.Pool, "pgfence-terminate"))
+
+	var ok bool
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT pg_terminate_backend($1, 5000)", pidA).Scan(&ok))
+	require.True(t, ok)
+
+	waitDone(t, lkA)
+	require.ErrorIs(t, lkA.Err(), pgfence.ErrLeaseLost)
+	require.ErrorIs(t, context.Cause(lkA.Context()), pgfence.ErrLeaseLost)
+
+	// Negative control: the lock on the other session is still held.
+	require.NoError(t, lkB.Err())
+	select {
+	case <-lkB.Done():
+		t.Fatal("the lock on the surviving session was reported lost")
+	default:
+	}
+	require.Equal(t, []int32{pidB}, holderPIDs(t, db.Pool, keyB))
+
+	require.ErrorIs(t, lkA.Unlock(ctx), pgfence.ErrNotHeld)
+	require.NoError(t, lkA.Unlock(ctx), "a second Unlock is a no-op")
+
+	// The key is free for others, and the Locker did not re-acquire it.
+	lkO, err := other.TryLock(ctx, keyA, nil)
+	require.NoError(t, err)
+	require.Greater(t, lkO.Token(), lkA.Token())
+	_, err = l.TryLock(ctx, keyA, nil)
+	require.ErrorIs(t, err, pgfence.ErrNotAcquired)
+	require.NoError(t, lkO.Unlock(ctx))
+
+	// The Locker opens a new session for new locks.
+	lkA2, err := l.TryLock(ctx, keyA, nil)
+	require.NoError(t, err)
+	require.NoError(t, lkA2.Unlock(ctx))
+	require.NoError(t, lkB.Unlock(ctx))
+}
+
+func TestDoCancelsOnLoss(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	l := newLocker(t, db.Pool, fastConfig("pgfence-do-loss"))
+	key := advisory.ID(99)
+
+	err := l.Do(ctx, key, nil, func(ctx context.Context, lk *advisory.Lock) error {
+		// Not fn's ctx: it may be cancelled before the statement returns.
+		_, err := db.Pool.Exec(context.Background(), "SELECT pg_terminate_backend($1, 5000)", holderPID(t, db, key))
+		require.NoError(t, err)
+		<-ctx.Done()
+		require.ErrorIs(t, context.Cause(ctx), pgfence.ErrLeaseLost)
+		return nil
+	})
+	require.ErrorIs(t, err, pgfence.ErrLeaseLost)
+	require.ErrorIs(t, err, pgfence.ErrNotHeld)
+}
+
+func TestLossOnServerRestart(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, srv := pgtest.NewCluster(t, nil)
+	db := srv.NewDB(t)
+	l := newLocker(t, db.Pool, fastConfig("pgfence-restart"))
+	key := advisory.Name("restart")
+
+	lk, err := l.TryLock(ctx, key, nil)
+	require.NoError(t, err)
+
+	require.NoError(t, c.Crash(syscall.SIGKILL))
+	waitDone(t, lk)
+	require.ErrorIs(t, lk.Err(), pgfence.ErrLeaseLost)
+	require.NoError(t, c.Start(ctx))
+
+	// Another Locker, on a fresh pool, gets the key, with a larger token:
+	// the crash did not make the sequence hand out an old token again.
+	pool := db.NewPool(t, nil)
+	other := newLocker(t, pool, nil)
+	lkO, err := other.TryLock(ctx, key, nil)
+	require.NoError(t, err)
+	require.Greater(t, lkO.Token(), lk.Token())
+	require.ErrorIs(t, lk.Unlock(ctx), pgfence.ErrNotHeld)
+
+	// The first Locker did not silently re-acquire, and still works.
+	_, err = l.TryLock(ctx, key, nil)
+	require.ErrorIs(t, err, pgfence.ErrNotAcquired)
+	require.NoError(t, lkO.Unlock(ctx))
+	lk2, err := l.TryLock(ctx, key, nil)
+	require.NoError(t, err)
+	require.Greater(t, lk2.Token(), lkO.Token())
+	require.NoError(t, lk2.Unlock(ctx))
+}
+
+func TestManyLocksFewSessions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	pool := db.NewPool(t, func(c *pgxpool.Config) { c.MaxConns = 2 })
+	const app = "pgfence-many"
+	l := newLocker(t, pool, &advisory.Config{ApplicationName: app})
+
+	const n, workers = 1000, 16
+	locks := make([]*advisory.Lock, n)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += workers {
+				lk, err := l.TryLock(ctx, advisory.ID(int64(1)<<40+int64(i)), nil)
+				require.NoError(t, err)
+				locks[i] = lk
+			}
+		}()
+	}
+	wg.Wait()
+
+	require.Equal(t, n, heldAdvisoryLocks(t, db.Pool))
+	require.Equal(t, advisory.DefaultMaxSessions, sessionCount(t, db.Pool, app))
+	var backends int
+	require.NoError(t, db.Pool.QueryRow(ctx,
+		"SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()").Scan(&backends))
+	t.Logf("%d locks held by %d lock sessions; %d backends on the database in all", n, advisory.DefaultMaxSessions, backends)
+	require.LessOrEqual(t, backends, advisory.DefaultMaxSessions+int(pool.Config().MaxConns)+int(db.Pool.Config().MaxConns))
+
+	for _, lk := range locks {
+		require.NoError(t, lk.Unlock(ctx))
+	}
+	require.Zero(t, heldAdvisoryLocks(t, db.Pool))
+}

@@ -1,0 +1,79 @@
+package advisory_test
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence/advisory"
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+// recordHandler keeps the records logged through it.
+type recordHandler struct {
+	mu      sync.Mutex
+	records []slog.Record
+}
+
+func (h *recordHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *recordHandler) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.records = append(h.records, r.Clone())
+	return nil
+}
+func (h *recordHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *recordHandler) WithGroup(string) slog.Handler      { return h }
+
+// find returns the attributes of the first record with message msg.
+func (h *recordHandler) find(msg string) map[string]string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, r := range h.records {
+		if r.Message == msg {
+			attrs := map[string]string{}
+			r.Attrs(func(a slog.Attr) bool {
+				attrs[a.Key] = a.Value.String()
+				return true
+			})
+			return attrs
+		}
+	}
+	return nil
+}
+
+func TestSessionSettingsAndLogger(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	h := &recordHandler{}
+	l := newLocker(t, db.Pool, &advisory.Config{
+		TCPKeepalivesIdle:     7 * time.Second,
+		TCPKeepalivesInterval: 3 * time.Second,
+		TCPKeepalivesCount:    4,
+		TCPUserTimeout:        12500 * time.Millisecond,
+		Logger:                slog.New(h),
+	})
+	lk, err := l.TryLock(ctx, advisory.ID(3), nil)
+	require.NoError(t, err)
+
+	// The settings as the server reports them on the lock session.
+	opened := h.find("advisory: lock session opened")
+	require.NotNil(t, opened)
+	require.Equal(t, "7", opened["tcp_keepalives_idle"])
+	require.Equal(t, "3", opened["tcp_keepalives_interval"])
+	require.Equal(t, "4", opened["tcp_keepalives_count"])
+	require.Equal(t, "12500", opened["tcp_user_timeout"])
+	require.Equal(t, 1, sessionCount(t, db.Pool, advisory.DefaultApplicationName))
+
+	_, err = db.Pool.Exec(ctx, "SELECT pg_terminate_backend($1, 5000)", holderPID(t, db, lk.Key()))
+	require.NoError(t, err)
+	waitDone(t, lk)
+	lost := h.find("advisory: lock session lost")
+	require.NotNil(t, lost)
+	require.Equal(t, "1", lost["locks"])
+}

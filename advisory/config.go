@@ -36,6 +36,9 @@ const (
 	// session: the server drops the connection when data it sent stays
 	// unacknowledged this long.
 	DefaultTCPUserTimeout = 10 * time.Second
+	// DefaultSessionIdleTimeout is the default time after which a lock
+	// session that holds no lock is closed.
+	DefaultSessionIdleTimeout = time.Minute
 	// DefaultApplicationName is the default application_name of lock
 	// sessions, as shown in pg_stat_activity.
 	DefaultApplicationName = "pgfence-advisory"
@@ -90,6 +93,11 @@ type Config struct {
 	// it sent stays unacknowledged this long. Default [DefaultTCPUserTimeout].
 	TCPUserTimeout time.Duration
 
+	// SessionIdleTimeout is how long a lock session may hold no lock
+	// before the watchdog closes it (checked every CheckInterval); the next
+	// lock dials a new one. Default [DefaultSessionIdleTimeout].
+	SessionIdleTimeout time.Duration
+
 	// ApplicationName is the application_name of lock sessions, to find
 	// them in pg_stat_activity. Default [DefaultApplicationName].
 	ApplicationName string
@@ -122,6 +130,7 @@ func (c *Config) resolve() (Config, error) {
 		{"TCPKeepalivesIdle", r.TCPKeepalivesIdle},
 		{"TCPKeepalivesInterval", r.TCPKeepalivesInterval},
 		{"TCPUserTimeout", r.TCPUserTimeout},
+		{"SessionIdleTimeout", r.SessionIdleTimeout},
 	} {
 		if d.v < 0 {
 			return r, fmt.Errorf("advisory: Config.%s is negative (%v)", d.name, d.v)
@@ -135,6 +144,7 @@ func (c *Config) resolve() (Config, error) {
 	setDefault(&r.TCPKeepalivesInterval, DefaultTCPKeepalivesInterval)
 	setDefault(&r.TCPKeepalivesCount, DefaultTCPKeepalivesCount)
 	setDefault(&r.TCPUserTimeout, DefaultTCPUserTimeout)
+	setDefault(&r.SessionIdleTimeout, DefaultSessionIdleTimeout)
 	setDefault(&r.ApplicationName, DefaultApplicationName)
 	if r.Logger == nil {
 		r.Logger = slog.New(slog.DiscardHandler)

@@ -127,7 +127,10 @@ func TestManyLocksFewSessions(t *testing.T) {
 	const app = "pgfence-many"
 	l := newLocker(t, pool, &advisory.Config{ApplicationName: app})
 
-	const n, workers = 1000, 16
+	n, workers := 10000, 16
+	if testing.Short() {
+		n = 1000
+	}
 	locks := make([]*advisory.Lock, n)
 	var wg sync.WaitGroup
 	for w := range workers {

@@ -17,6 +17,28 @@ import (
 type recordHandler struct {
 	mu      sync.Mutex
 	records []slog.Record
+	waiters map[string]chan struct{} // closed once their message is logged
+}
+
+// logged returns a channel closed once a record with message msg is logged.
+func (h *recordHandler) logged(msg string) <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.waiters == nil {
+		h.waiters = map[string]chan struct{}{}
+	}
+	ch := h.waiters[msg]
+	if ch == nil {
+		ch = make(chan struct{})
+		h.waiters[msg] = ch
+		for _, r := range h.records {
+			if r.Message == msg {
+				close(ch)
+				break
+			}
+		}
+	}
+	return ch
 }
 
 func (h *recordHandler) Enabled(context.Context, slog.Level) bool { return true }
@@ -24,6 +46,13 @@ func (h *recordHandler) Handle(_ context.Context, r slog.Record) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.records = append(h.records, r.Clone())
+	if ch := h.waiters[r.Message]; ch != nil {
+		select {
+		case <-ch:
+		default:
+			close(ch)
+		}
+	}
 	return nil
 }
 func (h *recordHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
@@ -76,4 +105,32 @@ func TestSessionSettingsAndLogger(t *testing.T) {
 	lost := h.find("advisory: lock session lost")
 	require.NotNil(t, lost)
 	require.Equal(t, "1", lost["locks"])
+}
+
+func TestIdleSessionsClose(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	h := &recordHandler{}
+	cfg := fastConfig("pgfence-idle")
+	cfg.SessionIdleTimeout = 200 * time.Millisecond
+	cfg.Logger = slog.New(h)
+	l := newLocker(t, db.Pool, cfg)
+
+	lk, err := l.TryLock(ctx, advisory.ID(5), nil)
+	require.NoError(t, err)
+	require.NoError(t, lk.Unlock(ctx))
+	select {
+	case <-h.logged("advisory: idle lock session closed"):
+	case <-time.After(30 * time.Second):
+		t.Fatal("the idle session was not closed")
+	}
+	// The backend exits just after the client's Terminate message.
+	require.Eventually(t, func() bool { return sessionCount(t, db.Pool, "pgfence-idle") == 0 },
+		10*time.Second, 10*time.Millisecond)
+
+	lk, err = l.TryLock(ctx, advisory.ID(5), nil)
+	require.NoError(t, err, "a new session is dialed")
+	require.Equal(t, 1, sessionCount(t, db.Pool, "pgfence-idle"))
+	require.NoError(t, lk.Unlock(ctx))
 }

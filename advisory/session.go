@@ -173,11 +173,13 @@ func (l *Locker) removeSessionLocked(s *session) {
 // watch is the watchdog of s: every CheckInterval it checks an idle session
 // with a round trip bounded by QueryTimeout, and fails the session when that
 // does not succeed. A session in use is not checked: the statement in
-// progress is bounded by QueryTimeout itself and fails the session too.
+// progress is bounded by QueryTimeout itself and fails the session too. A
+// session that held no lock for SessionIdleTimeout is closed.
 func (l *Locker) watch(s *session) {
 	defer l.wg.Done()
 	t := time.NewTicker(l.cfg.CheckInterval)
 	defer t.Stop()
+	idleSince := time.Now()
 	for {
 		select {
 		case <-s.stop:
@@ -188,6 +190,10 @@ func (l *Locker) watch(s *session) {
 		case s.sem <- struct{}{}:
 		default:
 			continue
+		}
+		if l.retireIfIdle(s, &idleSince) {
+			<-s.sem
+			return
 		}
 		l.mu.Lock()
 		dead := s.dead
@@ -206,6 +212,31 @@ func (l *Locker) watch(s *session) {
 		}
 		<-s.sem
 	}
+}
+
+// retireIfIdle closes s when it has held no lock, and had no acquisition in
+// flight, for SessionIdleTimeout. The caller holds s.sem.
+func (l *Locker) retireIfIdle(s *session, idleSince *time.Time) bool {
+	l.mu.Lock()
+	if s.dead || s.load() > 0 {
+		*idleSince = time.Now()
+		l.mu.Unlock()
+		return false
+	}
+	if time.Since(*idleSince) < l.cfg.SessionIdleTimeout {
+		l.mu.Unlock()
+		return false
+	}
+	// No lock and nothing in flight: no caller can be routed here any more.
+	s.dead = true
+	l.removeSessionLocked(s)
+	close(s.stop)
+	l.mu.Unlock()
+	l.log.Debug("advisory: idle lock session closed", "session", s.id, "pid", s.pid)
+	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.QueryTimeout)
+	defer cancel()
+	_ = s.conn.Close(ctx)
+	return true
 }
 
 // failSession marks s dead: every lock on it is lost (its context is

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -157,5 +158,48 @@ func TestManyLocksFewSessions(t *testing.T) {
 	for _, lk := range locks {
 		require.NoError(t, lk.Unlock(ctx))
 	}
+	require.Zero(t, heldAdvisoryLocks(t, db.Pool))
+}
+
+// TestStatementOnDeadSession covers a session that dies between watchdog
+// checks: the next statement on it fails, and that fails the whole session.
+func TestStatementOnDeadSession(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	// One session, and a watchdog too slow to notice during the test.
+	l := newLocker(t, db.Pool, &advisory.Config{
+		MaxSessions:       1,
+		CheckInterval:     time.Hour,
+		TCPKeepalivesIdle: 3 * time.Hour,
+		TCPUserTimeout:    3 * time.Hour,
+	})
+	terminate := func(key advisory.Key) {
+		_, err := db.Pool.Exec(ctx, "SELECT pg_terminate_backend($1, 5000)", holderPID(t, db, key))
+		require.NoError(t, err)
+	}
+
+	lkA, err := l.TryLock(ctx, advisory.ID(1), nil)
+	require.NoError(t, err)
+	lkB, err := l.TryLock(ctx, advisory.ID(2), nil)
+	require.NoError(t, err)
+	terminate(lkA.Key())
+	require.NoError(t, lkB.Err(), "not noticed yet")
+
+	// Unlock fails on the dead session: lkA is reported not held, and lkB,
+	// on the same session, is lost at once.
+	require.ErrorIs(t, lkA.Unlock(ctx), pgfence.ErrNotHeld)
+	waitDone(t, lkB)
+	require.ErrorIs(t, lkB.Err(), pgfence.ErrLeaseLost)
+
+	// A lock statement on a dead session fails likewise.
+	lkC, err := l.TryLock(ctx, advisory.ID(3), nil)
+	require.NoError(t, err, "a new session replaces the dead one")
+	terminate(lkC.Key())
+	_, err = l.TryLock(ctx, advisory.ID(4), nil)
+	require.Error(t, err)
+	require.NotErrorIs(t, err, pgfence.ErrNotAcquired)
+	waitDone(t, lkC)
+	require.ErrorIs(t, lkC.Err(), pgfence.ErrLeaseLost)
 	require.Zero(t, heldAdvisoryLocks(t, db.Pool))
 }

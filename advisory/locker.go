@@ -75,10 +75,13 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 	}, nil
 }
 
-// Close releases every lock of the Locker by closing its sessions, stops its
+// Close releases every lock of the Locker and closes its sessions, stops its
 // goroutines and makes its methods return pgfence.ErrClosed. Locks still
 // held end as lost: their Err matches pgfence.ErrLeaseLost and
-// pgfence.ErrClosed. Waiting Lock calls return pgfence.ErrClosed. Close
+// pgfence.ErrClosed; their holders are told first, then the locks are
+// released (pg_advisory_unlock_all), so they are free for others when Close
+// returns, unless a session had failed (then the server frees them when it
+// notices the connection end). Waiting Lock calls return pgfence.ErrClosed. Close
 // waits for statements in progress (each bounded by Config.QueryTimeout).
 // Calling it again does nothing.
 func (l *Locker) Close() {

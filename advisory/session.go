@@ -40,6 +40,11 @@ const unlockSQL = `SELECT pg_advisory_unlock($1), pg_backend_pid()`
 // unlockSharedSQL releases one hold of the session-level shared lock on $1.
 const unlockSharedSQL = `SELECT pg_advisory_unlock_shared($1), pg_backend_pid()`
 
+// unlockAllSQL releases every session-level advisory lock of the session;
+// Close runs it so that the locks are free when Close returns, not only once
+// the server has processed the disconnection.
+const unlockAllSQL = `SELECT pg_advisory_unlock_all()`
+
 // errNoMigrations is returned when pgfence_next_token is missing.
 var errNoMigrations = errors.New("advisory: function pgfence_next_token() not found: apply pgfence's migrations first (pgfence.Migrate)")
 
@@ -263,10 +268,14 @@ func (l *Locker) failSession(s *session, cause error) {
 	clear(s.locks)
 	close(s.stop)
 	l.mu.Unlock()
-	if !errors.Is(cause, pgfence.ErrClosed) {
-		l.log.Warn("advisory: lock session lost", "session", s.id, "pid", s.pid, "locks", n, "error", cause)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.QueryTimeout)
 	defer cancel()
+	if errors.Is(cause, pgfence.ErrClosed) {
+		// A deliberate close of a healthy session: release the locks
+		// before returning, so they are free for others when Close returns.
+		_, _ = s.conn.Exec(ctx, unlockAllSQL)
+	} else {
+		l.log.Warn("advisory: lock session lost", "session", s.id, "pid", s.pid, "locks", n, "error", cause)
+	}
 	_ = s.conn.Close(ctx)
 }

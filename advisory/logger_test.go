@@ -102,6 +102,11 @@ func TestSessionSettingsAndLogger(t *testing.T) {
 	_, err = db.Pool.Exec(ctx, "SELECT pg_terminate_backend($1, 5000)", holderPID(t, db, lk.Key()))
 	require.NoError(t, err)
 	waitDone(t, lk)
+	select { // logged just after the holders are told
+	case <-h.logged("advisory: lock session lost"):
+	case <-time.After(30 * time.Second):
+		t.Fatal("the loss was not logged")
+	}
 	lost := h.find("advisory: lock session lost")
 	require.NotNil(t, lost)
 	require.Equal(t, "1", lost["locks"])

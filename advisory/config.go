@@ -102,8 +102,10 @@ type Config struct {
 	// them in pg_stat_activity. Default [DefaultApplicationName].
 	ApplicationName string
 
-	// Logger receives the Locker's diagnostics: sessions opened and lost
-	// (Warn), liveness failures. Default: discard everything.
+	// Logger receives the Locker's diagnostics: lock sessions opened and
+	// closed when idle (Debug), sessions that failed to open or were lost,
+	// with the cause and the number of locks lost (Warn). Default: discard
+	// everything.
 	Logger *slog.Logger
 }
 

@@ -75,7 +75,8 @@
 // A Locker dials up to [Config.MaxSessions] connections of its own, with the
 // pool's connection settings, and keeps every session lock on one of them:
 // ten thousand locks need no more connections than that. The sessions never
-// go back to a pool, and are closed by [Locker.Close].
+// go back to a pool; one that holds no lock for [Config.SessionIdleTimeout]
+// is closed, and [Locker.Close] closes the rest.
 //
 // PostgreSQL advisory locks are re-entrant within a session: the server
 // would grant a key again to the same session. The Locker therefore grants
@@ -98,7 +99,9 @@
 // [Config.QueryTimeout] (a session in use is checked by the statement in
 // progress, bounded the same way). A dead or hung session is noticed at most
 // CheckInterval + QueryTimeout (4s with the defaults) after it stopped
-// answering.
+// answering. When the session is only hung (the server or the network
+// stalled, the connection still open), the holders are told before the
+// connection is closed, so before the server can release the locks.
 //
 // In the other direction, the server must release the locks of a client
 // that vanished without closing its connection (crash of the host, network

@@ -203,3 +203,45 @@ func TestStatementOnDeadSession(t *testing.T) {
 	require.ErrorIs(t, lkC.Err(), pgfence.ErrLeaseLost)
 	require.Zero(t, heldAdvisoryLocks(t, db.Pool))
 }
+
+// TestLossOnHungBackend stops the lock session's backend (SIGSTOP): the
+// connection stays open but nothing answers. The holder learns of the loss
+// from the watchdog's timeout while the server still holds the lock, and
+// the lock is free once the backend runs again and sees the connection
+// closed.
+func TestLossOnHungBackend(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, srv := pgtest.NewCluster(t, nil) // a local server, so its backends can be signalled
+	db := srv.NewDB(t)
+	cfg := fastConfig("pgfence-hung")
+	cfg.QueryTimeout = 500 * time.Millisecond
+	l := newLocker(t, db.Pool, cfg)
+	other := newLocker(t, db.NewPool(t, nil), nil)
+	key := advisory.Name("hung")
+
+	lk, err := l.TryLock(ctx, key, nil)
+	require.NoError(t, err)
+	pid := int(holderPID(t, db, key))
+	require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			require.NoError(t, syscall.Kill(pid, syscall.SIGCONT))
+		}
+	}
+	t.Cleanup(resume)
+
+	waitDone(t, lk)
+	require.ErrorIs(t, lk.Err(), pgfence.ErrLeaseLost)
+	require.ErrorContains(t, lk.Err(), "liveness check failed")
+	_, err = other.TryLock(ctx, key, nil)
+	require.ErrorIs(t, err, pgfence.ErrNotAcquired, "the stopped backend still holds the lock: the holder learned first")
+
+	resume()
+	lkO, err := other.Lock(ctx, key, &advisory.LockOpts{WaitTimeout: 30 * time.Second})
+	require.NoError(t, err, "the backend exits once resumed, releasing the lock")
+	require.Greater(t, lkO.Token(), lk.Token())
+	require.NoError(t, lkO.Unlock(ctx))
+}

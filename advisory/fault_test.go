@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -244,4 +245,49 @@ func TestLossOnHungBackend(t *testing.T) {
 	require.NoError(t, err, "the backend exits once resumed, releasing the lock")
 	require.Greater(t, lkO.Token(), lk.Token())
 	require.NoError(t, lkO.Unlock(ctx))
+}
+
+// TestLockTableFull fills the server's lock table: the failing TryLock
+// returns the server's error, and the session, with every lock on it, stays.
+func TestLockTableFull(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, srv := pgtest.NewCluster(t, &pgtest.ClusterOptions{Settings: map[string]string{
+		"max_locks_per_transaction": "10",
+		"max_connections":           "20",
+	}})
+	db := srv.NewDB(t)
+	const app = "pgfence-full"
+	l := newLocker(t, db.Pool, &advisory.Config{MaxSessions: 1, ApplicationName: app})
+
+	var locks []*advisory.Lock
+	var err error
+	for i := range 100000 {
+		var lk *advisory.Lock
+		if lk, err = l.TryLock(ctx, advisory.ID(int64(i)), nil); err != nil {
+			break
+		}
+		locks = append(locks, lk)
+	}
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "53200", pgErr.Code, "out of shared memory")
+	require.NotEmpty(t, locks)
+	t.Logf("the lock table filled up after %d locks: %v", len(locks), err)
+
+	for _, lk := range locks {
+		require.NoError(t, lk.Err())
+	}
+	// Make room (a new connection needs lock table entries too).
+	for _, lk := range locks[:50] {
+		require.NoError(t, lk.Unlock(ctx))
+	}
+	lk, err := l.TryLock(ctx, advisory.ID(-1), nil)
+	require.NoError(t, err, "the same session takes a lock again")
+	require.Equal(t, 1, sessionCount(t, db.Pool, app))
+	require.NoError(t, lk.Unlock(ctx))
+	for _, lk := range locks[50:] {
+		require.NoError(t, lk.Unlock(ctx))
+	}
+	require.Zero(t, heldAdvisoryLocks(t, db.Pool))
 }

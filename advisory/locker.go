@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
@@ -119,8 +120,12 @@ func (l *Locker) Close() {
 // the lock was granted, TryLock releases it and returns ctx.Err(): when it
 // returns an error, the lock is not held.
 //
-// When the session fails during the statement, every lock on that session
-// is lost and TryLock returns the failure.
+// An error the server reports for the statement (such as SQLSTATE 53200,
+// out of shared memory, when its lock table is full) is returned wrapped,
+// and the session keeps its other locks. When the session itself fails
+// during the statement (or its state cannot be told, as when a shared key
+// it already holds fails again), every lock on that session is lost and
+// TryLock returns the failure.
 func (l *Locker) TryLock(ctx context.Context, key Key, opts *LockOpts) (*Lock, error) {
 	if err := key.validate(); err != nil {
 		return nil, err
@@ -321,9 +326,17 @@ func (l *Locker) lockOnSession(s *session, key Key, shared bool) (*Lock, error) 
 		return s.checkPID(pid)
 	})
 	if err != nil {
-		// Whether the lock was granted is unknown (session locks survive
-		// the statement's rollback), so the session cannot be trusted:
-		// drop it with its locks, and the server releases them.
+		// Session locks survive the rollback of the statement that took
+		// them, so a failed statement may have left the lock granted.
+		// When the server reported an error on a live connection (say,
+		// "out of shared memory" from a full lock table), undo a possible
+		// grant and keep the session.
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && !s.conn.IsClosed() && l.undoFailedLock(s, key, shared) == nil {
+			return nil, fmt.Errorf("advisory: lock %v: %w", key, err)
+		}
+		// Otherwise the session's state is unknown: drop it with its
+		// locks, and the server releases them.
 		l.failSession(s, err)
 		return nil, fmt.Errorf("advisory: lock %v: session failed, its locks are lost: %w", key, err)
 	}
@@ -337,6 +350,37 @@ func (l *Locker) lockOnSession(s *session, key Key, shared bool) (*Lock, error) 
 	s.locks[lk] = struct{}{}
 	l.mu.Unlock()
 	return lk, nil
+}
+
+// errAmbiguousUndo is returned by undoFailedLock when it cannot tell.
+var errAmbiguousUndo = errors.New("advisory: the session already holds the key")
+
+// undoFailedLock releases key on s if the failed lock statement left it
+// granted. That is only decidable when s holds no other hold of key (an
+// unlock then succeeds exactly when the failed statement's grant stuck);
+// otherwise, or when the unlock fails, it returns an error and the caller
+// must drop the session. The caller holds s.sem.
+func (l *Locker) undoFailedLock(s *session, key Key, shared bool) error {
+	l.mu.Lock()
+	for lk := range s.locks {
+		if lk.key.id == key.id {
+			l.mu.Unlock()
+			return errAmbiguousUndo
+		}
+	}
+	l.mu.Unlock()
+	q := unlockSQL
+	if shared {
+		q = unlockSharedSQL
+	}
+	return s.query(l, func(ctx context.Context) error {
+		var released bool
+		var pid int32
+		if err := s.conn.QueryRow(ctx, q, key.id).Scan(&released, &pid); err != nil {
+			return err
+		}
+		return s.checkPID(pid)
+	})
 }
 
 // dropKeyRefLocked drops one reference to key id, forgetting the key and

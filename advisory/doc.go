@@ -34,7 +34,10 @@
 // Point the pool you give to [New] directly at PostgreSQL, or at a pooler in
 // session mode (pool_mode=session), or use [TryLockTx]/[LockTx], which work
 // behind any pooler because the lock lives exactly as long as the
-// transaction.
+// transaction. (Behind PgBouncer, pgx's default statement cache also needs
+// PgBouncer 1.21 or later with max_prepared_statements set, or a pool with
+// a QueryExecMode that does not prepare statements; that is between pgx and
+// the pooler.)
 //
 // The Locker checks, best effort, on every statement of a lock session
 // (lock, unlock, liveness check) that it still runs on the backend where

@@ -47,9 +47,9 @@ type keyState struct {
 
 // New returns a Locker whose sessions are dialed with pool's connection
 // settings (pool.Config().ConnConfig, with the application_name and TCP
-// settings of cfg). The sessions are the Locker's own connections: they do
-// not count against the pool, and the pool's BeforeConnect, AfterConnect and
-// other pool hooks do not run for them. pool is not used otherwise, and is
+// settings of cfg), tracer included. The sessions are the Locker's own
+// connections: they do not count against the pool, and the pool's
+// BeforeConnect, AfterConnect and other pool hooks do not run for them. pool is not used otherwise, and is
 // never closed by the Locker.
 //
 // A nil cfg means the defaults. New opens no connection; the first lock

@@ -3,11 +3,14 @@ package advisory_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence"
@@ -302,4 +305,45 @@ func TestBadInput(t *testing.T) {
 	_, err = advisory.LockTx(ctx, nil, advisory.ID(1), nil)
 	require.ErrorContains(t, err, "nil transaction")
 	require.Zero(t, heldAdvisoryLocks(t, db.Pool))
+}
+
+// cancelOnLockTracer cancels a context when a lock statement of the Locker
+// has run, to end the caller's context just as the server grants a lock.
+type cancelOnLockTracer struct {
+	cancel context.CancelFunc
+}
+
+type lockStatementKey struct{}
+
+func (tr *cancelOnLockTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	return context.WithValue(ctx, lockStatementKey{}, strings.Contains(data.SQL, "pg_try_advisory_lock("))
+}
+
+func (tr *cancelOnLockTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryEndData) {
+	if isLock, _ := ctx.Value(lockStatementKey{}).(bool); isLock && data.Err == nil {
+		tr.cancel()
+	}
+}
+
+func TestGrantedAsContextEnds(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	for _, wait := range []bool{false, true} {
+		ctx, cancel := context.WithCancel(context.Background())
+		tracer := &cancelOnLockTracer{cancel: cancel}
+		// Lock sessions are dialed with the pool's connection settings,
+		// tracer included.
+		pool := db.NewPool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = tracer })
+		l := newLocker(t, pool, nil)
+		key := advisory.ID(77)
+
+		var err error
+		if wait {
+			_, err = l.Lock(ctx, key, nil)
+		} else {
+			_, err = l.TryLock(ctx, key, nil)
+		}
+		require.ErrorIs(t, err, context.Canceled, "wait=%v", wait)
+		require.Zero(t, heldAdvisoryLocks(t, db.Pool), "the lock granted as ctx ended was released (wait=%v)", wait)
+	}
 }

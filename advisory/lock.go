@@ -86,8 +86,9 @@ func (lk *Lock) Context() context.Context { return lk.ctx }
 // Unlock releases the lock (pg_advisory_unlock on its session) and closes
 // [Lock.Done].
 //
-// ctx is only used for its values: Unlock usually runs deferred, after the
-// caller's context ended, so it ignores ctx's cancellation. It waits for the
+// ctx is only used for its values, which reach the pgx tracer: Unlock
+// usually runs deferred, after the caller's context ended, so it ignores
+// ctx's cancellation. It waits for the
 // statements queued before it on the same session, each bounded by
 // Config.QueryTimeout.
 //
@@ -97,7 +98,6 @@ func (lk *Lock) Context() context.Context { return lk.ctx }
 // releases the lock when it sees the connection end). Calling Unlock again,
 // or concurrently, returns nil.
 func (lk *Lock) Unlock(ctx context.Context) error {
-	_ = ctx
 	l := lk.l
 	l.mu.Lock()
 	switch lk.state {
@@ -125,7 +125,7 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 		q = unlockSharedSQL
 	}
 	var released bool
-	err := s.query(l, func(ctx context.Context) error {
+	err := s.query(ctx, l, func(ctx context.Context) error {
 		var pid int32
 		if err := s.conn.QueryRow(ctx, q, lk.key.id).Scan(&released, &pid); err != nil {
 			return err

@@ -116,7 +116,7 @@ func (l *Locker) Close() {
 // ctx bounds the wait for a session of the Locker (opening one, or for
 // statements queued on it); the lock statement itself is bounded by
 // Config.QueryTimeout only, because cancelling a statement closes the
-// session with every lock on it. If ctx ends while the statement runs and
+// session with every lock on it (ctx's values still reach the pgx tracer). If ctx ends while the statement runs and
 // the lock was granted, TryLock releases it and returns ctx.Err(): when it
 // returns an error, the lock is not held.
 //
@@ -287,7 +287,7 @@ func (l *Locker) tryAcquire(ctx context.Context, key Key, shared bool) (*Lock, <
 		abandon()
 		return nil, nil, ctx.Err()
 	}
-	lk, err := l.lockOnSession(s, key, shared)
+	lk, err := l.lockOnSession(ctx, s, key, shared)
 	<-s.sem
 	if err != nil {
 		abandon()
@@ -303,7 +303,7 @@ func (l *Locker) tryAcquire(ctx context.Context, key Key, shared bool) (*Lock, <
 
 // lockOnSession runs the lock statement on s, holding s.sem. On success the
 // reservation becomes the Lock's.
-func (l *Locker) lockOnSession(s *session, key Key, shared bool) (*Lock, error) {
+func (l *Locker) lockOnSession(ctx context.Context, s *session, key Key, shared bool) (*Lock, error) {
 	l.mu.Lock()
 	dead, closed := s.dead, l.closed
 	l.mu.Unlock()
@@ -318,7 +318,7 @@ func (l *Locker) lockOnSession(s *session, key Key, shared bool) (*Lock, error) 
 		q = tryLockSharedSQL
 	}
 	var token *int64
-	err := s.query(l, func(ctx context.Context) error {
+	err := s.query(ctx, l, func(ctx context.Context) error {
 		var pid int32
 		if err := s.conn.QueryRow(ctx, q, key.id).Scan(&token, &pid); err != nil {
 			return err
@@ -332,7 +332,7 @@ func (l *Locker) lockOnSession(s *session, key Key, shared bool) (*Lock, error) 
 		// "out of shared memory" from a full lock table), undo a possible
 		// grant and keep the session.
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && !s.conn.IsClosed() && l.undoFailedLock(s, key, shared) == nil {
+		if errors.As(err, &pgErr) && !s.conn.IsClosed() && l.undoFailedLock(ctx, s, key, shared) == nil {
 			return nil, fmt.Errorf("advisory: lock %v: %w", key, err)
 		}
 		// Otherwise the session's state is unknown: drop it with its
@@ -360,7 +360,7 @@ var errAmbiguousUndo = errors.New("advisory: the session already holds the key")
 // unlock then succeeds exactly when the failed statement's grant stuck);
 // otherwise, or when the unlock fails, it returns an error and the caller
 // must drop the session. The caller holds s.sem.
-func (l *Locker) undoFailedLock(s *session, key Key, shared bool) error {
+func (l *Locker) undoFailedLock(ctx context.Context, s *session, key Key, shared bool) error {
 	l.mu.Lock()
 	for lk := range s.locks {
 		if lk.key.id == key.id {
@@ -373,7 +373,7 @@ func (l *Locker) undoFailedLock(s *session, key Key, shared bool) error {
 	if shared {
 		q = unlockSharedSQL
 	}
-	return s.query(l, func(ctx context.Context) error {
+	return s.query(ctx, l, func(ctx context.Context) error {
 		var released bool
 		var pid int32
 		if err := s.conn.QueryRow(ctx, q, key.id).Scan(&released, &pid); err != nil {

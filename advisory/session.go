@@ -69,11 +69,12 @@ type session struct {
 
 func (s *session) load() int { return len(s.locks) + s.inflight }
 
-// query runs f with a context bounded by QueryTimeout (never the caller's:
-// cancelling a statement makes pgx close the connection, dropping every lock
-// on it). The caller holds s.sem.
-func (s *session) query(l *Locker, f func(ctx context.Context) error) error {
-	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.QueryTimeout)
+// query runs f with a context that carries parent's values (for tracers)
+// but not its cancellation, bounded by QueryTimeout instead: cancelling a
+// statement makes pgx close the connection, dropping every lock on it. The
+// caller holds s.sem.
+func (s *session) query(parent context.Context, l *Locker, f func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), l.cfg.QueryTimeout)
 	defer cancel()
 	return f(ctx)
 }
@@ -204,7 +205,7 @@ func (l *Locker) watch(s *session) {
 		dead := s.dead
 		l.mu.Unlock()
 		if !dead {
-			err := s.query(l, func(ctx context.Context) error {
+			err := s.query(context.Background(), l, func(ctx context.Context) error {
 				var pid int32
 				if err := s.conn.QueryRow(ctx, pingSQL).Scan(&pid); err != nil {
 					return err

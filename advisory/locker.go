@@ -76,15 +76,16 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 	}, nil
 }
 
-// Close releases every lock of the Locker and closes its sessions, stops its
-// goroutines and makes its methods return pgfence.ErrClosed. Locks still
-// held end as lost: their Err matches pgfence.ErrLeaseLost and
-// pgfence.ErrClosed; their holders are told first, then the locks are
+// Close releases every lock of the Locker, closes its sessions, stops its
+// goroutines and makes its methods return pgfence.ErrClosed.
+//
+// Locks still held end as lost: their Err matches pgfence.ErrLeaseLost and
+// pgfence.ErrClosed. Their holders are told first, then the locks are
 // released (pg_advisory_unlock_all), so they are free for others when Close
-// returns, unless a session had failed (then the server frees them when it
-// notices the connection end). Waiting Lock calls return pgfence.ErrClosed. Close
-// waits for statements in progress (each bounded by Config.QueryTimeout).
-// Calling it again does nothing.
+// returns; on a session that had failed, the server frees them when it
+// notices the connection end. Waiting Lock calls return pgfence.ErrClosed.
+// Close waits for statements in progress (each bounded by
+// Config.QueryTimeout). Calling it again does nothing.
 func (l *Locker) Close() {
 	l.mu.Lock()
 	if l.closed {
@@ -114,11 +115,12 @@ func (l *Locker) Close() {
 // the Locker is closed it returns pgfence.ErrClosed.
 //
 // ctx bounds the wait for a session of the Locker (opening one, or for
-// statements queued on it); the lock statement itself is bounded by
+// statements queued on it). The lock statement itself is bounded by
 // Config.QueryTimeout only, because cancelling a statement closes the
-// session with every lock on it (ctx's values still reach the pgx tracer). If ctx ends while the statement runs and
-// the lock was granted, TryLock releases it and returns ctx.Err(): when it
-// returns an error, the lock is not held.
+// session with every lock on it; ctx's values still reach the pgx tracer.
+// If ctx ends while the statement runs and the lock was granted, TryLock
+// releases it and returns ctx.Err(): when it returns an error, the lock is
+// not held.
 //
 // An error the server reports for the statement (such as SQLSTATE 53200,
 // out of shared memory, when its lock table is full) is returned wrapped,

@@ -186,6 +186,9 @@ func TestCancelledWaiterHoldsNothing(t *testing.T) {
 
 	held, err := a.TryLock(ctx, key, nil)
 	require.NoError(t, err)
+	// b holds another lock on its sessions, which b's waits share.
+	bystander, err := b.TryLock(ctx, advisory.Name("bystander"), nil)
+	require.NoError(t, err)
 
 	// A waiter on another Locker (polling the server) and one on the same
 	// Locker (waiting in-process) are cancelled mid-wait.
@@ -195,8 +198,10 @@ func TestCancelledWaiterHoldsNothing(t *testing.T) {
 		cancel()
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		require.Equal(t, []int32{holderPID(t, db, key)}, holderPIDs(t, db.Pool, key))
-		require.Equal(t, 1, heldAdvisoryLocks(t, db.Pool))
+		require.Equal(t, 2, heldAdvisoryLocks(t, db.Pool))
+		require.NoError(t, bystander.Err(), "cancelling a wait cost no other lock")
 	}
+	require.NoError(t, bystander.Unlock(ctx))
 	// A ctx that ends before the call.
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()

@@ -1,0 +1,157 @@
+// Package advisory provides distributed locks built on PostgreSQL advisory
+// locks, with fencing tokens and loss detection.
+//
+// There are two kinds of lock, and the type of the handle says which:
+//
+//   - Session locks, taken through a [Locker] ([Locker.TryLock],
+//     [Locker.Lock], [Locker.Do]), are held by a database session (a
+//     connection) that the Locker owns, until [Lock.Unlock], [Locker.Close],
+//     or the death of that session.
+//   - Transaction locks ([TryLockTx], [LockTx]) are taken inside the caller's
+//     pgx.Tx and released by PostgreSQL when it commits or rolls back. There
+//     is nothing to unlock and nothing to watch.
+//
+// Both kinds share one key space per database (pg_advisory_lock(bigint) and
+// pg_advisory_xact_lock(bigint) conflict with each other), and both hand out
+// fencing tokens from the sequence that package leasetable uses.
+//
+//	locker, err := advisory.New(pool, nil) // nil Config: the defaults
+//	defer locker.Close()
+//	err = locker.Do(ctx, advisory.Name("account:42"), nil, func(ctx context.Context, lk *advisory.Lock) error {
+//		// ... work that stops when ctx is cancelled; writes guarded by lk.Token() ...
+//	})
+//
+// # PgBouncer and other poolers: READ THIS
+//
+// SESSION LOCKS DO NOT WORK BEHIND A TRANSACTION- OR STATEMENT-POOLING PROXY
+// (PgBouncer with pool_mode=transaction or pool_mode=statement, Odyssey,
+// pgcat, RDS Proxy, Supavisor in transaction mode, ...). Such a proxy runs
+// each transaction on whatever server connection is free: a lock taken by
+// one statement stays on a server connection that the next statement, or
+// another client, gets. The lock then belongs to nobody you know, is never
+// released, and Unlock runs on a connection that does not hold it.
+//
+// Point the pool you give to [New] directly at PostgreSQL, or at a pooler in
+// session mode (pool_mode=session), or use [TryLockTx]/[LockTx], which work
+// behind any pooler because the lock lives exactly as long as the
+// transaction. (Behind PgBouncer, pgx's default statement cache also needs
+// PgBouncer 1.21 or later with max_prepared_statements set, or a pool with
+// a QueryExecMode that does not prepare statements; that is between pgx and
+// the pooler.)
+//
+// The Locker checks, best effort, on every statement of a lock session
+// (lock, unlock, liveness check) that it still runs on the backend where
+// the session started (pg_backend_pid). When the backend changed, the
+// session is treated as lost, with an error that names the likely cause.
+// This catches a transaction pooler only once it actually moves the session;
+// a pooler that happens to keep giving the same backend is not detected, and
+// neither is one that does not forward pg_backend_pid faithfully. Do not rely
+// on the check: configure the connection correctly.
+//
+// # Keys
+//
+// A [Key] is one signed 64-bit integer. [ID] uses a number as given. [Name]
+// hashes a string: the first 8 bytes of its SHA-256 digest, read as a
+// big-endian signed integer, moved out of [0, 2^32) by setting bit 62 when
+// its upper half is zero, so it never meets golang-migrate's lock (which
+// uses keys in that range). [NameKeySQL] computes the same key in SQL. Two
+// names collide with a chance of about n²/2^65 among n names; a collision
+// only makes the two names exclude each other.
+//
+// # Fencing tokens
+//
+// Every acquisition, session or transaction, exclusive or shared, draws a
+// token with pgfence_next_token() in the same statement as the lock, and
+// only once the lock is granted:
+//
+//	SELECT CASE WHEN pg_try_advisory_lock($1) THEN pgfence_next_token() END
+//
+// So a holder's token is larger than the token of every holder of the same
+// key before it (whose lock ended before this grant), through any Locker,
+// transaction or lease. The draw makes the statement's commit wait for its
+// WAL to be flushed, so no token is handed out twice after a server crash.
+// Shared holders each get their own token. Use the token with package fence
+// so that protected rows reject writes from a holder whose lock was lost.
+//
+// # Sessions
+//
+// A Locker dials up to [Config.MaxSessions] connections of its own, with the
+// pool's connection settings, and keeps every session lock on one of them:
+// ten thousand locks need no more connections than that. The sessions never
+// go back to a pool; one that holds no lock for [Config.SessionIdleTimeout]
+// is closed, and [Locker.Close] closes the rest.
+//
+// PostgreSQL advisory locks are re-entrant within a session: the server
+// would grant a key again to the same session. The Locker therefore grants
+// keys in-process first: at most one exclusive holder per key, or any
+// number of shared holders (which then share one session). Two goroutines
+// of one Locker exclude each other exactly as two processes do.
+//
+// # Loss detection
+//
+// A session lock is lost when its session ends: the connection dropped, an
+// operator ran pg_terminate_backend, the server restarted or failed over,
+// the network partitioned, or a statement on the session timed out. Then
+// every lock on that session ends at once: [Lock.Done] closes,
+// [Lock.Context] is cancelled with a cause matching pgfence.ErrLeaseLost,
+// and [Lock.Err] returns it. The Locker never re-acquires a lost lock: a
+// caller that wants it again must ask, and gets a new token.
+//
+// The Locker learns of a loss from its watchdog, which checks each idle
+// session every [Config.CheckInterval] with a statement bounded by
+// [Config.QueryTimeout] (a session in use is checked by the statement in
+// progress, bounded the same way). A dead or hung session is noticed at most
+// CheckInterval + QueryTimeout (4s with the defaults) after it stopped
+// answering. When the session is only hung (the server or the network
+// stalled, the connection still open), the holders are told before the
+// connection is closed, so before the server can release the locks.
+//
+// In the other direction, the server must release the locks of a client
+// that vanished without closing its connection (crash of the host, network
+// partition). Lock sessions set tcp_keepalives_idle, tcp_keepalives_interval,
+// tcp_keepalives_count and tcp_user_timeout on the server; with the defaults
+// the server drops such a session, and releases its locks, between about 10
+// and 11 seconds after the client went silent (tcp_user_timeout 10s when
+// the server has unacknowledged data; otherwise keepalives: 5s idle, then
+// 3 probes 2s apart). [New] rejects settings under which a partitioned
+// holder would not learn of the loss before the server frees the lock.
+//
+// The order is not guaranteed when the server ends the session itself
+// (pg_terminate_backend, a restart, a failover): the lock is free for others
+// at once, and the old holder learns of it up to CheckInterval +
+// QueryTimeout later. That window, and process pauses (GC, a stopped VM) in
+// general, are why work protected by a lock must fence its writes with the
+// token rather than trust that it still holds the lock.
+//
+// # Cancellation
+//
+// pgx closes a connection whose statement was cancelled through its
+// context, and a closed session silently drops every lock on it. So the
+// Locker never runs statements on a lock session with a caller's context:
+// ctx bounds only the waits for a session (and a [Locker.Lock]'s polling),
+// and each statement is bounded by [Config.QueryTimeout]; a statement that
+// fails or times out fails its whole session, as described above.
+//
+// [Locker.Lock] waits by polling pg_try_advisory_lock on the shared sessions
+// (with exponential backoff up to [Config.MaxPollInterval], and at once
+// when a holder in the same Locker unlocks), never by blocking a session in
+// pg_advisory_lock. When its context ends just as the lock is granted, it
+// releases the lock before returning the error: a Lock call that returns an
+// error leaves nothing held. Polling is not fair: waiters are served in no
+// particular order.
+//
+// Transaction locks use the caller's ctx as pgx does: if it ends during
+// [LockTx]'s wait, pgx closes the transaction's connection, which ends the
+// transaction and releases its locks.
+//
+// # What is not guaranteed
+//
+//   - Mutual exclusion in real time: a holder can keep running after its
+//     lock was lost (see Loss detection); fencing tokens make its late
+//     writes fail.
+//   - Fairness or FIFO order among waiters of [Locker.Lock].
+//   - Exclusion across databases: advisory locks are per database.
+//   - Survival of session locks across a failover or restart: they are
+//     lost, and reported lost.
+//   - Detection of transaction pooling (see above).
+package advisory

@@ -1,0 +1,293 @@
+package advisory_test
+
+import (
+	"context"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/advisory"
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+func TestLossOnTerminatedBackend(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	l := newLocker(t, db.Pool, fastConfig("pgfence-terminate"))
+	other := newLocker(t, db.NewPool(t, nil), nil)
+	keyA, keyB := advisory.Name("victim"), advisory.Name("bystander")
+
+	lkA, err := l.TryLock(ctx, keyA, nil)
+	require.NoError(t, err)
+	lkB, err := l.TryLock(ctx, keyB, nil)
+	require.NoError(t, err)
+	pidA, pidB := holderPID(t, db, keyA), holderPID(t, db, keyB)
+	require.NotEqual(t, pidA, pidB, "the Locker spreads locks over its sessions")
+	require.Equal(t, 2, sessionCount(t, db.Pool, "pgfence-terminate"))
+
+	var ok bool
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT pg_terminate_backend($1, 5000)", pidA).Scan(&ok))
+	require.True(t, ok)
+
+	waitDone(t, lkA)
+	require.ErrorIs(t, lkA.Err(), pgfence.ErrLeaseLost)
+	require.ErrorIs(t, context.Cause(lkA.Context()), pgfence.ErrLeaseLost)
+
+	// Negative control: the lock on the other session is still held.
+	require.NoError(t, lkB.Err())
+	select {
+	case <-lkB.Done():
+		t.Fatal("the lock on the surviving session was reported lost")
+	default:
+	}
+	require.Equal(t, []int32{pidB}, holderPIDs(t, db.Pool, keyB))
+
+	require.ErrorIs(t, lkA.Unlock(ctx), pgfence.ErrNotHeld)
+	require.NoError(t, lkA.Unlock(ctx), "a second Unlock is a no-op")
+
+	// The key is free for others, and the Locker did not re-acquire it.
+	lkO, err := other.TryLock(ctx, keyA, nil)
+	require.NoError(t, err)
+	require.Greater(t, lkO.Token(), lkA.Token())
+	_, err = l.TryLock(ctx, keyA, nil)
+	require.ErrorIs(t, err, pgfence.ErrNotAcquired)
+	require.NoError(t, lkO.Unlock(ctx))
+
+	// The Locker opens a new session for new locks.
+	lkA2, err := l.TryLock(ctx, keyA, nil)
+	require.NoError(t, err)
+	require.NoError(t, lkA2.Unlock(ctx))
+	require.NoError(t, lkB.Unlock(ctx))
+}
+
+func TestDoCancelsOnLoss(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	l := newLocker(t, db.Pool, fastConfig("pgfence-do-loss"))
+	key := advisory.ID(99)
+
+	err := l.Do(ctx, key, nil, func(ctx context.Context, lk *advisory.Lock) error {
+		// Not fn's ctx: it may be cancelled before the statement returns.
+		_, err := db.Pool.Exec(context.Background(), "SELECT pg_terminate_backend($1, 5000)", holderPID(t, db, key))
+		require.NoError(t, err)
+		<-ctx.Done()
+		require.ErrorIs(t, context.Cause(ctx), pgfence.ErrLeaseLost)
+		return nil
+	})
+	require.ErrorIs(t, err, pgfence.ErrLeaseLost)
+	require.ErrorIs(t, err, pgfence.ErrNotHeld)
+}
+
+func TestLossOnServerRestart(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, srv := pgtest.NewCluster(t, nil)
+	db := srv.NewDB(t)
+	l := newLocker(t, db.Pool, fastConfig("pgfence-restart"))
+	key := advisory.Name("restart")
+
+	lk, err := l.TryLock(ctx, key, nil)
+	require.NoError(t, err)
+
+	require.NoError(t, c.Crash(syscall.SIGKILL))
+	waitDone(t, lk)
+	require.ErrorIs(t, lk.Err(), pgfence.ErrLeaseLost)
+	require.NoError(t, c.Start(ctx))
+
+	// Another Locker, on a fresh pool, gets the key, with a larger token:
+	// the crash did not make the sequence hand out an old token again.
+	pool := db.NewPool(t, nil)
+	other := newLocker(t, pool, nil)
+	lkO, err := other.TryLock(ctx, key, nil)
+	require.NoError(t, err)
+	require.Greater(t, lkO.Token(), lk.Token())
+	require.ErrorIs(t, lk.Unlock(ctx), pgfence.ErrNotHeld)
+
+	// The first Locker did not silently re-acquire, and still works.
+	_, err = l.TryLock(ctx, key, nil)
+	require.ErrorIs(t, err, pgfence.ErrNotAcquired)
+	require.NoError(t, lkO.Unlock(ctx))
+	lk2, err := l.TryLock(ctx, key, nil)
+	require.NoError(t, err)
+	require.Greater(t, lk2.Token(), lkO.Token())
+	require.NoError(t, lk2.Unlock(ctx))
+}
+
+func TestManyLocksFewSessions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	pool := db.NewPool(t, func(c *pgxpool.Config) { c.MaxConns = 2 })
+	const app = "pgfence-many"
+	l := newLocker(t, pool, &advisory.Config{ApplicationName: app})
+
+	n, workers := 10000, 16
+	if testing.Short() {
+		n = 1000
+	}
+	locks := make([]*advisory.Lock, n)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += workers {
+				lk, err := l.TryLock(ctx, advisory.ID(int64(1)<<40+int64(i)), nil)
+				require.NoError(t, err)
+				locks[i] = lk
+			}
+		}()
+	}
+	wg.Wait()
+
+	require.Equal(t, n, heldAdvisoryLocks(t, db.Pool))
+	require.Equal(t, advisory.DefaultMaxSessions, sessionCount(t, db.Pool, app))
+	var backends int
+	require.NoError(t, db.Pool.QueryRow(ctx,
+		"SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()").Scan(&backends))
+	t.Logf("%d locks held by %d lock sessions; %d backends on the database in all", n, advisory.DefaultMaxSessions, backends)
+	require.LessOrEqual(t, backends, advisory.DefaultMaxSessions+int(pool.Config().MaxConns)+int(db.Pool.Config().MaxConns))
+
+	for _, lk := range locks {
+		require.NoError(t, lk.Unlock(ctx))
+	}
+	require.Zero(t, heldAdvisoryLocks(t, db.Pool))
+}
+
+// TestStatementOnDeadSession covers a session that dies between watchdog
+// checks: the next statement on it fails, and that fails the whole session.
+func TestStatementOnDeadSession(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	// One session, and a watchdog too slow to notice during the test.
+	l := newLocker(t, db.Pool, &advisory.Config{
+		MaxSessions:       1,
+		CheckInterval:     time.Hour,
+		TCPKeepalivesIdle: 3 * time.Hour,
+		TCPUserTimeout:    3 * time.Hour,
+	})
+	terminate := func(key advisory.Key) {
+		_, err := db.Pool.Exec(ctx, "SELECT pg_terminate_backend($1, 5000)", holderPID(t, db, key))
+		require.NoError(t, err)
+	}
+
+	lkA, err := l.TryLock(ctx, advisory.ID(1), nil)
+	require.NoError(t, err)
+	lkB, err := l.TryLock(ctx, advisory.ID(2), nil)
+	require.NoError(t, err)
+	terminate(lkA.Key())
+	require.NoError(t, lkB.Err(), "not noticed yet")
+
+	// Unlock fails on the dead session: lkA is reported not held, and lkB,
+	// on the same session, is lost at once.
+	require.ErrorIs(t, lkA.Unlock(ctx), pgfence.ErrNotHeld)
+	waitDone(t, lkB)
+	require.ErrorIs(t, lkB.Err(), pgfence.ErrLeaseLost)
+
+	// A lock statement on a dead session fails likewise.
+	lkC, err := l.TryLock(ctx, advisory.ID(3), nil)
+	require.NoError(t, err, "a new session replaces the dead one")
+	terminate(lkC.Key())
+	_, err = l.TryLock(ctx, advisory.ID(4), nil)
+	require.Error(t, err)
+	require.NotErrorIs(t, err, pgfence.ErrNotAcquired)
+	waitDone(t, lkC)
+	require.ErrorIs(t, lkC.Err(), pgfence.ErrLeaseLost)
+	require.Zero(t, heldAdvisoryLocks(t, db.Pool))
+}
+
+// TestLossOnHungBackend stops the lock session's backend (SIGSTOP): the
+// connection stays open but nothing answers. The holder learns of the loss
+// from the watchdog's timeout while the server still holds the lock, and
+// the lock is free once the backend runs again and sees the connection
+// closed.
+func TestLossOnHungBackend(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, srv := pgtest.NewCluster(t, nil) // a local server, so its backends can be signalled
+	db := srv.NewDB(t)
+	cfg := fastConfig("pgfence-hung")
+	cfg.QueryTimeout = 500 * time.Millisecond
+	l := newLocker(t, db.Pool, cfg)
+	other := newLocker(t, db.NewPool(t, nil), nil)
+	key := advisory.Name("hung")
+
+	lk, err := l.TryLock(ctx, key, nil)
+	require.NoError(t, err)
+	pid := int(holderPID(t, db, key))
+	require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			require.NoError(t, syscall.Kill(pid, syscall.SIGCONT))
+		}
+	}
+	t.Cleanup(resume)
+
+	waitDone(t, lk)
+	require.ErrorIs(t, lk.Err(), pgfence.ErrLeaseLost)
+	require.ErrorContains(t, lk.Err(), "liveness check failed")
+	_, err = other.TryLock(ctx, key, nil)
+	require.ErrorIs(t, err, pgfence.ErrNotAcquired, "the stopped backend still holds the lock: the holder learned first")
+
+	resume()
+	lkO, err := other.Lock(ctx, key, &advisory.LockOpts{WaitTimeout: 30 * time.Second})
+	require.NoError(t, err, "the backend exits once resumed, releasing the lock")
+	require.Greater(t, lkO.Token(), lk.Token())
+	require.NoError(t, lkO.Unlock(ctx))
+}
+
+// TestLockTableFull fills the server's lock table: the failing TryLock
+// returns the server's error, and the session, with every lock on it, stays.
+func TestLockTableFull(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, srv := pgtest.NewCluster(t, &pgtest.ClusterOptions{Settings: map[string]string{
+		"max_locks_per_transaction": "10",
+		"max_connections":           "20",
+	}})
+	db := srv.NewDB(t)
+	const app = "pgfence-full"
+	l := newLocker(t, db.Pool, &advisory.Config{MaxSessions: 1, ApplicationName: app})
+
+	var locks []*advisory.Lock
+	var err error
+	for i := range 100000 {
+		var lk *advisory.Lock
+		if lk, err = l.TryLock(ctx, advisory.ID(int64(i)), nil); err != nil {
+			break
+		}
+		locks = append(locks, lk)
+	}
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "53200", pgErr.Code, "out of shared memory")
+	require.NotEmpty(t, locks)
+	t.Logf("the lock table filled up after %d locks: %v", len(locks), err)
+
+	for _, lk := range locks {
+		require.NoError(t, lk.Err())
+	}
+	// Make room (a new connection needs lock table entries too).
+	for _, lk := range locks[:50] {
+		require.NoError(t, lk.Unlock(ctx))
+	}
+	lk, err := l.TryLock(ctx, advisory.ID(-1), nil)
+	require.NoError(t, err, "the same session takes a lock again")
+	require.Equal(t, 1, sessionCount(t, db.Pool, app))
+	require.NoError(t, lk.Unlock(ctx))
+	for _, lk := range locks[50:] {
+		require.NoError(t, lk.Unlock(ctx))
+	}
+	require.Zero(t, heldAdvisoryLocks(t, db.Pool))
+}

@@ -1,0 +1,118 @@
+package advisory_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence/advisory"
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// fastConfig checks sessions often, so loss tests finish quickly.
+func fastConfig(appName string) *advisory.Config {
+	return &advisory.Config{
+		CheckInterval:   100 * time.Millisecond,
+		QueryTimeout:    2 * time.Second,
+		ApplicationName: appName,
+	}
+}
+
+// newLocker returns a Locker on pool, closed when t ends.
+func newLocker(t testing.TB, pool *pgxpool.Pool, cfg *advisory.Config) *advisory.Locker {
+	t.Helper()
+	l, err := advisory.New(pool, cfg)
+	require.NoError(t, err)
+	t.Cleanup(l.Close)
+	return l
+}
+
+// heldAdvisoryLocks counts the advisory locks granted in pool's database,
+// held by any session.
+func heldAdvisoryLocks(t testing.TB, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), `
+		SELECT count(*) FROM pg_locks
+		WHERE locktype = 'advisory' AND granted
+		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n))
+	return n
+}
+
+// holderPIDs returns the backend pids holding key in pool's database.
+func holderPIDs(t testing.TB, pool *pgxpool.Pool, key advisory.Key) []int32 {
+	t.Helper()
+	k := uint64(key.Int64())
+	rows, err := pool.Query(context.Background(), `
+		SELECT pid FROM pg_locks
+		WHERE locktype = 'advisory' AND granted AND objsubid = 1
+		  AND classid = $1::bigint::oid AND objid = $2::bigint::oid
+		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		ORDER BY pid`, int64(k>>32), int64(k&0xffffffff))
+	require.NoError(t, err)
+	var pids []int32
+	for rows.Next() {
+		var pid int32
+		require.NoError(t, rows.Scan(&pid))
+		pids = append(pids, pid)
+	}
+	require.NoError(t, rows.Err())
+	return pids
+}
+
+// sessionCount counts the backends on pool's database with application_name
+// appName.
+func sessionCount(t testing.TB, pool *pgxpool.Pool, appName string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), `
+		SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name = $1`, appName).Scan(&n))
+	return n
+}
+
+// waitDone waits for a lock's Done, failing the test after a generous bound
+// that only guards against hanging (it is not the property under test).
+func waitDone(t testing.TB, lk *advisory.Lock) {
+	t.Helper()
+	select {
+	case <-lk.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatalf("lock %v: Done did not close", lk.Key())
+	}
+}
+
+// exampleTB lets an Example use pgtest outside of a test: failures panic,
+// cleanups run when the example calls the returned function.
+type exampleTB struct {
+	testing.TB
+	cleanups []func()
+}
+
+func (e *exampleTB) Helper()                           {}
+func (e *exampleTB) Name() string                      { return "example" }
+func (e *exampleTB) Failed() bool                      { return false }
+func (e *exampleTB) Cleanup(f func())                  { e.cleanups = append(e.cleanups, f) }
+func (e *exampleTB) Logf(format string, args ...any)   {}
+func (e *exampleTB) Fatal(args ...any)                 { panic(fmt.Sprint(args...)) }
+func (e *exampleTB) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
+func (e *exampleTB) Errorf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
+
+// exampleDatabase creates a migrated database for an Example and returns its
+// URL and a function that drops it.
+func exampleDatabase() (url string, drop func()) {
+	tb := &exampleTB{}
+	db := pgtest.NewDB(tb)
+	db.Pool.Close()
+	return db.URL, func() {
+		for i := len(tb.cleanups) - 1; i >= 0; i-- {
+			tb.cleanups[i]()
+		}
+	}
+}

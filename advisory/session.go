@@ -1,0 +1,282 @@
+package advisory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence"
+)
+
+// sessionSetupSQL runs once on a new lock session. It returns the backend's
+// pid (checked on every later statement, to notice a transaction-pooling
+// proxy that moves the session between backends), whether pgfence's
+// migrations are applied, and sets the server-side TCP timeouts that make
+// the server drop a vanished client's session and release its locks. It
+// takes no lock.
+const sessionSetupSQL = `SELECT pg_backend_pid(), to_regprocedure('pgfence_next_token()') IS NOT NULL, ` +
+	`set_config('tcp_keepalives_idle', $1, false), set_config('tcp_keepalives_interval', $2, false), ` +
+	`set_config('tcp_keepalives_count', $3, false), set_config('tcp_user_timeout', $4, false)`
+
+// pingSQL is the watchdog's liveness check of a lock session; it takes no
+// lock.
+const pingSQL = `SELECT pg_backend_pid()`
+
+// tryLockSQL takes the session-level exclusive advisory lock on $1 if no
+// other session holds it and, only when granted, draws a fencing token in
+// the same statement (NULL when not granted).
+const tryLockSQL = `SELECT CASE WHEN pg_try_advisory_lock($1) THEN pgfence_next_token() END, pg_backend_pid()`
+
+// tryLockSharedSQL is tryLockSQL for the shared lock on $1.
+const tryLockSharedSQL = `SELECT CASE WHEN pg_try_advisory_lock_shared($1) THEN pgfence_next_token() END, pg_backend_pid()`
+
+// unlockSQL releases one hold of the session-level exclusive lock on $1.
+const unlockSQL = `SELECT pg_advisory_unlock($1), pg_backend_pid()`
+
+// unlockSharedSQL releases one hold of the session-level shared lock on $1.
+const unlockSharedSQL = `SELECT pg_advisory_unlock_shared($1), pg_backend_pid()`
+
+// unlockAllSQL releases every session-level advisory lock of the session;
+// Close runs it so that the locks are free when Close returns, not only once
+// the server has processed the disconnection.
+const unlockAllSQL = `SELECT pg_advisory_unlock_all()`
+
+// errNoMigrations is returned when pgfence_next_token is missing.
+var errNoMigrations = errors.New("advisory: function pgfence_next_token() not found: apply pgfence's migrations first (pgfence.Migrate)")
+
+// session is one database connection owned by a Locker, holding session
+// locks for many Lock handles.
+type session struct {
+	id    int
+	sem   chan struct{} // one slot: held while the connection is in use
+	ready chan struct{} // closed once opening finished (see openErr)
+	stop  chan struct{} // closed when the session is dead: stops the watchdog
+
+	// Set before ready is closed, read-only after.
+	openErr error
+	conn    *pgx.Conn // used only while holding sem
+	pid     int32
+
+	// Guarded by Locker.mu.
+	dead     bool
+	locks    map[*Lock]struct{}
+	inflight int // acquisitions routed to the session, not yet finished
+}
+
+func (s *session) load() int { return len(s.locks) + s.inflight }
+
+// query runs f with a context that carries parent's values (for tracers)
+// but not its cancellation, bounded by QueryTimeout instead: cancelling a
+// statement makes pgx close the connection, dropping every lock on it. The
+// caller holds s.sem.
+func (s *session) query(parent context.Context, l *Locker, f func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), l.cfg.QueryTimeout)
+	defer cancel()
+	return f(ctx)
+}
+
+// checkPID reports a statement that ran on another backend than the one the
+// session started on: the connection goes through a transaction- or
+// statement-pooling proxy, and session locks cannot be trusted.
+func (s *session) checkPID(pid int32) error {
+	if pid != s.pid {
+		return fmt.Errorf("advisory: the session's statements ran on backend %d, then on backend %d: "+
+			"the connection goes through a transaction- or statement-pooling proxy (such as PgBouncer "+
+			"with pool_mode=transaction), where session advisory locks do not work; connect the Locker "+
+			"directly to PostgreSQL, or use TryLockTx/LockTx", s.pid, pid)
+	}
+	return nil
+}
+
+// pickSessionLocked chooses the session for a new key: the least loaded live
+// one, or a new one while fewer than MaxSessions exist and every existing
+// one is in use. It returns open = true when the caller must open it. The
+// caller holds l.mu.
+func (l *Locker) pickSessionLocked() (s *session, open bool) {
+	for _, c := range l.sessions {
+		if s == nil || c.load() < s.load() {
+			s = c
+		}
+	}
+	if s != nil && (s.load() == 0 || len(l.sessions) >= l.cfg.MaxSessions) {
+		return s, false
+	}
+	l.nextSessionID++
+	s = &session{
+		id:    l.nextSessionID,
+		sem:   make(chan struct{}, 1),
+		ready: make(chan struct{}),
+		stop:  make(chan struct{}),
+		locks: make(map[*Lock]struct{}),
+	}
+	l.sessions = append(l.sessions, s)
+	return s, true
+}
+
+// openSession dials s and starts its watchdog, or records why it failed.
+func (l *Locker) openSession(s *session) {
+	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.QueryTimeout)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(ctx, l.connConfig)
+	var pid int32
+	if err == nil {
+		var migrated bool
+		var idle, interval, count, userTimeout string
+		err = conn.QueryRow(ctx, sessionSetupSQL,
+			strconv.FormatInt(int64(l.cfg.TCPKeepalivesIdle/time.Second), 10),
+			strconv.FormatInt(int64(l.cfg.TCPKeepalivesInterval/time.Second), 10),
+			strconv.Itoa(l.cfg.TCPKeepalivesCount),
+			strconv.FormatInt(l.cfg.TCPUserTimeout.Milliseconds(), 10),
+		).Scan(&pid, &migrated, &idle, &interval, &count, &userTimeout)
+		if err == nil && !migrated {
+			err = errNoMigrations
+		}
+		if err == nil {
+			l.log.Debug("advisory: lock session opened", "session", s.id, "pid", pid,
+				"tcp_keepalives_idle", idle, "tcp_keepalives_interval", interval,
+				"tcp_keepalives_count", count, "tcp_user_timeout", userTimeout)
+		}
+		if err != nil {
+			_ = conn.Close(ctx)
+		}
+	}
+	if err != nil {
+		err = fmt.Errorf("advisory: open lock session: %w", err)
+	}
+	l.mu.Lock()
+	if err == nil && l.closed {
+		_ = conn.Close(ctx)
+		err = pgfence.ErrClosed
+	}
+	if err != nil {
+		s.openErr = err
+		s.dead = true
+		close(s.stop)
+		l.removeSessionLocked(s)
+		l.log.Warn("advisory: cannot open lock session", "error", err)
+	} else {
+		s.conn, s.pid = conn, pid
+		l.wg.Add(1)
+		go l.watch(s)
+	}
+	l.mu.Unlock()
+	close(s.ready)
+}
+
+func (l *Locker) removeSessionLocked(s *session) {
+	for i, c := range l.sessions {
+		if c == s {
+			l.sessions = append(l.sessions[:i], l.sessions[i+1:]...)
+			return
+		}
+	}
+}
+
+// watch is the watchdog of s: every CheckInterval it checks an idle session
+// with a round trip bounded by QueryTimeout, and fails the session when that
+// does not succeed. A session in use is not checked: the statement in
+// progress is bounded by QueryTimeout itself and fails the session too. A
+// session that held no lock for SessionIdleTimeout is closed.
+func (l *Locker) watch(s *session) {
+	defer l.wg.Done()
+	t := time.NewTicker(l.cfg.CheckInterval)
+	defer t.Stop()
+	idleSince := time.Now()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		select {
+		case s.sem <- struct{}{}:
+		default:
+			continue
+		}
+		if l.retireIfIdle(s, &idleSince) {
+			<-s.sem
+			return
+		}
+		l.mu.Lock()
+		dead := s.dead
+		l.mu.Unlock()
+		if !dead {
+			err := s.query(context.Background(), l, func(ctx context.Context) error {
+				var pid int32
+				if err := s.conn.QueryRow(ctx, pingSQL).Scan(&pid); err != nil {
+					return err
+				}
+				return s.checkPID(pid)
+			})
+			if err != nil {
+				l.failSession(s, fmt.Errorf("advisory: liveness check failed: %w", err))
+			}
+		}
+		<-s.sem
+	}
+}
+
+// retireIfIdle closes s when it has held no lock, and had no acquisition in
+// flight, for SessionIdleTimeout. The caller holds s.sem.
+func (l *Locker) retireIfIdle(s *session, idleSince *time.Time) bool {
+	l.mu.Lock()
+	if s.dead || s.load() > 0 {
+		*idleSince = time.Now()
+		l.mu.Unlock()
+		return false
+	}
+	if time.Since(*idleSince) < l.cfg.SessionIdleTimeout {
+		l.mu.Unlock()
+		return false
+	}
+	// No lock and nothing in flight: no caller can be routed here any more.
+	s.dead = true
+	l.removeSessionLocked(s)
+	close(s.stop)
+	l.mu.Unlock()
+	l.log.Debug("advisory: idle lock session closed", "session", s.id, "pid", s.pid)
+	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.QueryTimeout)
+	defer cancel()
+	_ = s.conn.Close(ctx)
+	return true
+}
+
+// failSession marks s dead: every lock on it is lost (its context is
+// cancelled with a cause matching pgfence.pgfence.ErrLeaseLost) and the connection
+// is closed, which makes the server release whatever it still holds. The
+// caller holds s.sem. Nothing is re-acquired.
+func (l *Locker) failSession(s *session, cause error) {
+	l.mu.Lock()
+	if s.dead {
+		l.mu.Unlock()
+		return
+	}
+	s.dead = true
+	l.removeSessionLocked(s)
+	lostCause := fmt.Errorf("%w: advisory session (backend pid %d) ended: %w", pgfence.ErrLeaseLost, s.pid, cause)
+	n := len(s.locks)
+	// Tell the holders first, then close: when the session is still alive
+	// (a timeout), the server releases the locks only once it is closed.
+	for lk := range s.locks {
+		lk.state = stateLost
+		l.dropKeyRefLocked(lk.key.id)
+		lk.cancel(lostCause)
+	}
+	clear(s.locks)
+	close(s.stop)
+	l.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.QueryTimeout)
+	defer cancel()
+	if errors.Is(cause, pgfence.ErrClosed) {
+		// A deliberate close of a healthy session: release the locks
+		// before returning, so they are free for others when Close returns.
+		_, _ = s.conn.Exec(ctx, unlockAllSQL)
+	} else {
+		l.log.Warn("advisory: lock session lost", "session", s.id, "pid", s.pid, "locks", n, "error", cause)
+	}
+	_ = s.conn.Close(ctx)
+}

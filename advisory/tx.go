@@ -1,0 +1,140 @@
+package advisory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgfence/pgfence"
+)
+
+// tryLockXactSQL takes the transaction-level exclusive advisory lock on $1
+// if no other transaction holds it and, only when granted, draws a fencing
+// token in the same statement (NULL when not granted).
+const tryLockXactSQL = `SELECT CASE WHEN pg_try_advisory_xact_lock($1) THEN pgfence_next_token() END`
+
+// tryLockXactSharedSQL is tryLockXactSQL for the shared lock on $1.
+const tryLockXactSharedSQL = `SELECT CASE WHEN pg_try_advisory_xact_lock_shared($1) THEN pgfence_next_token() END`
+
+// lockXactSQL waits for the transaction-level exclusive advisory lock on $1,
+// then draws a fencing token; the materialized CTE makes the lock come first.
+const lockXactSQL = `WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock($1)) SELECT pgfence_next_token() FROM l`
+
+// lockXactSharedSQL is lockXactSQL for the shared lock on $1.
+const lockXactSharedSQL = `WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared($1)) SELECT pgfence_next_token() FROM l`
+
+// setLockTimeoutSQL sets lock_timeout ($1, in milliseconds) for the rest of
+// the transaction (or until the savepoint is rolled back) and returns the
+// value it replaces.
+const setLockTimeoutSQL = `SELECT current_setting('lock_timeout'), set_config('lock_timeout', $1, true)`
+
+// restoreLockTimeoutSQL puts back the lock_timeout returned by
+// setLockTimeoutSQL, for the rest of the transaction.
+const restoreLockTimeoutSQL = `SELECT set_config('lock_timeout', $1, true)`
+
+// lockNotAvailable is the SQLSTATE of a lock wait ended by lock_timeout.
+const lockNotAvailable = "55P03"
+
+// TryLockTx takes the transaction-level advisory lock on key in tx if it is
+// free, and returns at once with its fencing token. The lock is released
+// when tx commits or rolls back; there is no unlock. It works behind
+// transaction-pooling proxies such as PgBouncer.
+//
+// When another transaction or session holds the lock, TryLockTx returns an
+// error matching pgfence.ErrNotAcquired and tx is unchanged. Locks of one
+// transaction are re-entrant: taking the same key twice in tx succeeds
+// (with a new token). The token is drawn in the same statement, after the
+// grant; drawing it makes tx's commit wait for its WAL to be flushed.
+//
+// ctx is used as pgx uses it: if it ends during the statement, pgx closes
+// tx's connection, which ends tx and every lock in it.
+func TryLockTx(ctx context.Context, tx pgx.Tx, key Key, opts *LockOpts) (token int64, err error) {
+	if err := checkTx(tx, key); err != nil {
+		return 0, err
+	}
+	q := tryLockXactSQL
+	if opts != nil && opts.Shared {
+		q = tryLockXactSharedSQL
+	}
+	var tok *int64
+	if err := tx.QueryRow(ctx, q, key.id).Scan(&tok); err != nil {
+		return 0, fmt.Errorf("advisory: lock %v in transaction: %w", key, err)
+	}
+	if tok == nil {
+		return 0, fmt.Errorf("advisory: lock %v in transaction: %w", key, pgfence.ErrNotAcquired)
+	}
+	return *tok, nil
+}
+
+// LockTx waits in tx for the transaction-level advisory lock on key
+// (pg_advisory_xact_lock) and returns its fencing token, drawn after the
+// grant in the same statement. The lock is released when tx commits or
+// rolls back. It works behind transaction-pooling proxies such as PgBouncer.
+// The server queues waiters and detects deadlocks between them (an error
+// with SQLSTATE 40P01, which aborts tx).
+//
+// With opts.WaitTimeout set, LockTx waits inside a savepoint with
+// lock_timeout set, and when it runs out returns an error matching
+// pgfence.ErrNotAcquired with tx still usable (the savepoint is rolled back
+// and lock_timeout is as before). Without it, LockTx waits until ctx ends;
+// then pgx closes tx's connection, which ends tx.
+func LockTx(ctx context.Context, tx pgx.Tx, key Key, opts *LockOpts) (token int64, err error) {
+	if err := checkTx(tx, key); err != nil {
+		return 0, err
+	}
+	var o LockOpts
+	if opts != nil {
+		o = *opts
+	}
+	if o.WaitTimeout < 0 {
+		return 0, fmt.Errorf("advisory: LockOpts.WaitTimeout is negative (%v)", o.WaitTimeout)
+	}
+	q := lockXactSQL
+	if o.Shared {
+		q = lockXactSharedSQL
+	}
+	if o.WaitTimeout == 0 {
+		if err := tx.QueryRow(ctx, q, key.id).Scan(&token); err != nil {
+			return 0, fmt.Errorf("advisory: lock %v in transaction: %w", key, err)
+		}
+		return token, nil
+	}
+
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("advisory: lock %v in transaction: savepoint: %w", key, err)
+	}
+	ms := max(1, (o.WaitTimeout.Microseconds()+999)/1000)
+	var old, set string
+	err = sp.QueryRow(ctx, setLockTimeoutSQL, strconv.FormatInt(ms, 10)).Scan(&old, &set)
+	if err == nil {
+		err = sp.QueryRow(ctx, q, key.id).Scan(&token)
+	}
+	if err == nil {
+		err = sp.QueryRow(ctx, restoreLockTimeoutSQL, old).Scan(&set)
+	}
+	if err == nil {
+		err = sp.Commit(ctx)
+	}
+	if err != nil {
+		_ = sp.Rollback(ctx)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable {
+			return 0, fmt.Errorf("advisory: lock %v in transaction not acquired within %v: %w",
+				key, o.WaitTimeout, pgfence.ErrNotAcquired)
+		}
+		return 0, fmt.Errorf("advisory: lock %v in transaction: %w", key, err)
+	}
+	return token, nil
+}
+
+func checkTx(tx pgx.Tx, key Key) error {
+	if tx == nil {
+		return errors.New("advisory: nil transaction")
+	}
+	return key.validate()
+}

@@ -2,7 +2,6 @@ package advisory_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -88,31 +87,10 @@ func waitDone(t testing.TB, lk *advisory.Lock) {
 	}
 }
 
-// exampleTB lets an Example use pgtest outside of a test: failures panic,
-// cleanups run when the example calls the returned function.
-type exampleTB struct {
-	testing.TB
-	cleanups []func()
-}
-
-func (e *exampleTB) Helper()                           {}
-func (e *exampleTB) Name() string                      { return "example" }
-func (e *exampleTB) Failed() bool                      { return false }
-func (e *exampleTB) Cleanup(f func())                  { e.cleanups = append(e.cleanups, f) }
-func (e *exampleTB) Logf(format string, args ...any)   {}
-func (e *exampleTB) Fatal(args ...any)                 { panic(fmt.Sprint(args...)) }
-func (e *exampleTB) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
-func (e *exampleTB) Errorf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
-
 // exampleDatabase creates a migrated database for an Example and returns its
 // URL and a function that drops it.
 func exampleDatabase() (url string, drop func()) {
-	tb := &exampleTB{}
-	db := pgtest.NewDB(tb)
+	db, drop := pgtest.ExampleDB()
 	db.Pool.Close()
-	return db.URL, func() {
-		for i := len(tb.cleanups) - 1; i >= 0; i-- {
-			tb.cleanups[i]()
-		}
-	}
+	return db.URL, drop
 }

@@ -97,3 +97,10 @@ func waitFor(t *testing.T, ch <-chan struct{}, what string) {
 		t.Fatalf("timed out waiting for %s", what)
 	}
 }
+
+// exampleDB returns a pool on a fresh migrated database for an Example, and
+// a function that drops it.
+func exampleDB() (*pgxpool.Pool, func()) {
+	db, drop := pgtest.ExampleDB()
+	return db.Pool, drop
+}

@@ -29,11 +29,13 @@ type App struct {
 }
 
 // Main runs the pgfence command with the process's arguments and standard
-// streams, and returns its exit code. SIGINT and SIGTERM cancel the
-// command's database work.
+// streams, and returns its exit code. The first SIGINT or SIGTERM cancels
+// the command's database work; a second one ends the process.
 func Main() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// After the first signal, the next one ends the process at once.
+	context.AfterFunc(ctx, stop)
 	a := &App{
 		Stdin:           os.Stdin,
 		Stdout:          os.Stdout,

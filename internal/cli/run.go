@@ -12,25 +12,6 @@ import (
 	"github.com/pgfence/pgfence/internal/supervise"
 )
 
-// Exit codes of `pgfence run`. Any other status is the command's own: its
-// exit code, or 128 plus the signal that ended it. The conflict code (lease
-// held by another owner, with --no-wait or after --wait) is set with
-// -E/--conflict-exit-code and defaults to ExitFailure, as flock(1)'s does.
-const (
-	// ExitLeaseLost: the lease was lost while the command ran (it expired
-	// before it could be renewed, or an operator force-released it); the
-	// command's process group was sent SIGTERM, then SIGKILL after a grace
-	// period.
-	ExitLeaseLost = 124
-	// ExitRunFailure: pgfence run itself failed around the command: the
-	// database was unreachable, or the lease could not be released.
-	ExitRunFailure = 125
-	// ExitCannotExecute: the command was found but could not be executed.
-	ExitCannotExecute = 126
-	// ExitNotFound: the command was not found.
-	ExitNotFound = 127
-)
-
 // Environment variables that tell the command which lease it runs under,
 // so that its own SQL can be fenced with the token.
 const (

@@ -55,6 +55,10 @@ type Options struct {
 	PreferDocker bool
 	// LeakOptions are passed to goleak when checking for leaked goroutines.
 	LeakOptions []goleak.Option
+	// AfterRun, when set, runs after the tests, before the shared server
+	// stops: for cleaning up what TestMain prepared (e.g. a built binary),
+	// since MainWithOptions does not return.
+	AfterRun func()
 }
 
 var (
@@ -72,6 +76,9 @@ func Main(m *testing.M) { MainWithOptions(m, Options{}) }
 func MainWithOptions(m *testing.M, o Options) {
 	mainOpts = o
 	code := m.Run()
+	if o.AfterRun != nil {
+		o.AfterRun()
+	}
 	if shared != nil {
 		shared.close()
 	}

@@ -1,0 +1,173 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strings"
+	"syscall"
+
+	"golang.org/x/term"
+)
+
+// App is one invocation of the pgfence command, with its standard streams.
+type App struct {
+	// Stdin is read for confirmations.
+	Stdin io.Reader
+	// Stdout receives results.
+	Stdout io.Writer
+	// Stderr receives diagnostics and prompts.
+	Stderr io.Writer
+	// StdinIsTerminal reports whether Stdin is an interactive terminal; a
+	// destructive command asks for confirmation only on a terminal.
+	StdinIsTerminal func() bool
+}
+
+// Main runs the pgfence command with the process's arguments and standard
+// streams, and returns its exit code. The first SIGINT or SIGTERM cancels
+// the command's database work; a second one ends the process.
+func Main() int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	// After the first signal, the next one ends the process at once.
+	context.AfterFunc(ctx, stop)
+	a := &App{
+		Stdin:           os.Stdin,
+		Stdout:          os.Stdout,
+		Stderr:          os.Stderr,
+		StdinIsTerminal: func() bool { return term.IsTerminal(int(os.Stdin.Fd())) },
+	}
+	return a.Run(ctx, os.Args[1:])
+}
+
+// command is one subcommand.
+type command struct {
+	name    string
+	summary string
+	run     func(a *App, ctx context.Context, args []string) error
+}
+
+func commands() []command {
+	return []command{
+		{"ls", "list lease holders and advisory locks", (*App).ls},
+		{"release", "force-release a lease, fencing out its holder", (*App).release},
+		{"migrate", "apply, revert or show pgfence's schema migrations", (*App).migrate},
+		{"version", "print pgfence's version", (*App).version},
+	}
+}
+
+const mainHelp = `pgfence: distributed locks and fenced writes inside PostgreSQL.
+
+Usage:
+  pgfence <command> [flags] [arguments]
+  pgfence help <command>
+
+Commands:
+%s
+Database:
+  Commands that use a database take --database URL, else $DATABASE_URL, else
+  the standard libpq variables (PGHOST, PGPORT, PGDATABASE, PGUSER,
+  PGPASSWORD, PGSSLMODE, PGSERVICE, ...).
+
+%s
+Run 'pgfence <command> --help' for a command's flags and examples.
+`
+
+func (a *App) mainHelp() string {
+	var b strings.Builder
+	for _, c := range commands() {
+		fmt.Fprintf(&b, "  %-9s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(&b, "  %-9s %s\n", "help", "show help for a command")
+	return fmt.Sprintf(mainHelp, b.String(), exitCodesHelp)
+}
+
+// Run runs the command line args (without the program name) and returns
+// the exit code.
+func (a *App) Run(ctx context.Context, args []string) int {
+	if len(args) == 0 {
+		fmt.Fprint(a.Stderr, a.mainHelp())
+		return ExitUsage
+	}
+	name, rest := args[0], args[1:]
+	switch name {
+	case "-h", "-help", "--help":
+		fmt.Fprint(a.Stdout, a.mainHelp())
+		return ExitOK
+	case "--version":
+		name = "version"
+	case "help":
+		if len(rest) == 0 {
+			fmt.Fprint(a.Stdout, a.mainHelp())
+			return ExitOK
+		}
+		name, rest = rest[0], []string{"--help"}
+	}
+	for _, c := range commands() {
+		if c.name == name {
+			return a.exit(name, c.run(a, ctx, rest))
+		}
+	}
+	fmt.Fprintf(a.Stderr, "pgfence: unknown command %q\nRun 'pgfence --help' for the list of commands.\n", name)
+	return ExitUsage
+}
+
+// errAborted is returned when the user declines a confirmation.
+var errAborted = errors.New("aborted; nothing was changed")
+
+// exit reports err on standard error and maps it to an exit code.
+func (a *App) exit(name string, err error) int {
+	var uerr *usageError
+	switch {
+	case err == nil:
+		return ExitOK
+	case errors.Is(err, flag.ErrHelp):
+		return ExitOK
+	case errors.As(err, &uerr):
+		fmt.Fprintf(a.Stderr, "pgfence %s: %v\nRun 'pgfence %s --help' for usage.\n", name, err, name)
+		return ExitUsage
+	default:
+		fmt.Fprintf(a.Stderr, "pgfence %s: %v\n", name, err)
+		return ExitFailure
+	}
+}
+
+// parseOrHelp parses args with f; on --help it prints help (the command's
+// text, then the flags and the exit codes) to standard output and returns
+// flag.ErrHelp.
+func (a *App) parseOrHelp(f *flags, help string, args []string) (positional, afterDash []string, err error) {
+	positional, afterDash, err = f.parse(args)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintf(a.Stdout, "%s\n%s\n%s", strings.TrimSpace(help)+"\n", f.help(), exitCodesHelp)
+	}
+	return positional, afterDash, err
+}
+
+const versionHelp = `
+Usage:
+  pgfence version
+
+Prints the version of pgfence, and of Go, it was built with.
+`
+
+func (a *App) version(_ context.Context, args []string) error {
+	f := newFlags("version")
+	pos, _, err := a.parseOrHelp(f, versionHelp, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usageErrorf("unexpected argument %q", pos[0])
+	}
+	v, goVersion := "(unknown)", "(unknown)"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		v, goVersion = bi.Main.Version, bi.GoVersion
+	}
+	fmt.Fprintf(a.Stdout, "pgfence %s (%s)\n", v, goVersion)
+	return nil
+}

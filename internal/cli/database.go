@@ -1,0 +1,99 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// databaseFlagUsage is the help line of every command's --database flag.
+const databaseFlagUsage = "database URL or key=value string (default $DATABASE_URL, else the PG* variables)"
+
+// connectTimeout bounds connecting when the connection string sets no
+// connect_timeout of its own.
+const connectTimeout = 15 * time.Second
+
+// libpqEnv are the libpq environment variables that pgx reads; any of them
+// set means the user chose a database through the environment.
+var libpqEnv = []string{
+	"PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER", "PGPASSWORD",
+	"PGPASSFILE", "PGSERVICE", "PGSERVICEFILE", "PGSSLMODE", "PGAPPNAME",
+}
+
+// connString returns the connection string to use: flagValue, else
+// DATABASE_URL, else one that makes pgx take everything from the PG*
+// variables. With none of them set it returns a usage error.
+func connString(flagValue string) (string, error) {
+	if s := strings.TrimSpace(flagValue); s != "" {
+		return s, validate(s, "--database")
+	}
+	if s := strings.TrimSpace(os.Getenv("DATABASE_URL")); s != "" {
+		return s, validate(s, "DATABASE_URL")
+	}
+	for _, k := range libpqEnv {
+		if os.Getenv(k) != "" {
+			// pgx fills in every setting from the PG* variables; the string
+			// only names the application (PGAPPNAME's value if set), so
+			// that it is never empty and shows in pg_stat_activity.
+			app := os.Getenv("PGAPPNAME")
+			if app == "" {
+				app = "pgfence"
+			}
+			return "application_name=" + quoteKV(app), nil
+		}
+	}
+	return "", usageErrorf("no database: pass --database URL, or set DATABASE_URL (or the PG* variables such as PGHOST and PGDATABASE)")
+}
+
+func validate(s, source string) error {
+	if _, err := pgx.ParseConfig(s); err != nil {
+		return usageErrorf("invalid database in %s: %v", source, err)
+	}
+	return nil
+}
+
+// quoteKV quotes a value for a libpq keyword/value connection string.
+func quoteKV(v string) string {
+	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'"
+}
+
+// connect opens one connection to the database. ctx bounds the connection
+// attempt and the connection's later use; connecting alone gives up after
+// connectTimeout unless the connection string sets connect_timeout.
+func connect(ctx context.Context, dsn string) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, usageErrorf("invalid database: %v", err)
+	}
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = connectTimeout
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to the database: %w", err)
+	}
+	return conn, nil
+}
+
+// closeConn closes conn, even when ctx has ended.
+func closeConn(ctx context.Context, conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = conn.Close(ctx)
+}
+
+// explainSchemaError turns "relation pgfence_leases does not exist" and
+// "function pgfence_next_token() does not exist" into advice.
+func explainSchemaError(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42883") {
+		return fmt.Errorf("%w\npgfence's schema is missing from this database: run 'pgfence migrate up' first", err)
+	}
+	return err
+}

@@ -1,0 +1,27 @@
+// Package cli implements the pgfence command: parsing, help, the database
+// connection, and the subcommands. cmd/pgfence is a thin main around [Main].
+//
+// # Commands
+//
+//   - ls: lease holders from pgfence_leases and advisory locks from pg_locks.
+//   - release --force: an operator's override that ends a lease and bumps
+//     its fencing token, so a holder that still believes in it is fenced out.
+//   - migrate up|down|version: pgfence's embedded schema migrations.
+//   - version: the build's version.
+//
+// # Conventions
+//
+// Every command has --help (usage, flags, examples, exit codes) written to
+// standard output with exit status 0. Results go to standard output;
+// diagnostics and prompts go to standard error. Flags have a long name
+// (--yes) and, where common, a short one (-y); flags and arguments may be
+// mixed, and "--" ends the flags. Exit codes are listed in one place,
+// [ExitOK] and the constants after it, and printed by every --help.
+//
+// # Database
+//
+// The database comes from --database, else DATABASE_URL, else the standard
+// libpq environment variables (PGHOST, PGPORT, PGDATABASE, PGUSER, ...),
+// which pgx reads. With none of them set, commands fail with a message that
+// says so rather than guessing a server.
+package cli

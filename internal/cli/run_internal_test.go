@@ -1,0 +1,204 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence"
+)
+
+func TestParseRun(t *testing.T) {
+	t.Parallel()
+	o, _, err := parseRun([]string{"-n", "-E", "0", "--ttl", "1m", "--at-least=5m", "nightly", "--", "sh", "-c", "exit 3"})
+	require.NoError(t, err)
+	require.Equal(t, runOptions{noWait: true, conflictExit: 0, ttl: time.Minute, atLeast: 5 * time.Minute,
+		name: "nightly", argv: []string{"sh", "-c", "exit 3"}}, o)
+
+	o, _, err = parseRun([]string{"nightly", "--wait", "30s", "--conflict-exit-code", "75", "-d", "postgres://h/db", "--", "job", "-n"})
+	require.NoError(t, err)
+	require.Equal(t, runOptions{wait: 30 * time.Second, conflictExit: 75, database: "postgres://h/db",
+		name: "nightly", argv: []string{"job", "-n"}}, o)
+
+	o, _, err = parseRun([]string{"x", "--", "true"})
+	require.NoError(t, err)
+	require.Equal(t, ExitFailure, o.conflictExit, "the conflict code defaults to 1, as flock's")
+
+	for _, args := range [][]string{
+		nil,
+		{"--", "true"},
+		{"nightly"},
+		{"nightly", "--"},
+		{"nightly", "job", "--", "true"},
+		{"-n", "-w", "1s", "nightly", "--", "true"},
+		{"-w", "-1s", "nightly", "--", "true"},
+		{"--ttl", "-1s", "nightly", "--", "true"},
+		{"-E", "256", "nightly", "--", "true"},
+		{"-E", "-1", "nightly", "--", "true"},
+		{"-E", "x", "nightly", "--", "true"},
+		{"--bogus", "nightly", "--", "true"},
+	} {
+		_, _, err := parseRun(args)
+		var uerr *usageError
+		require.True(t, errors.As(err, &uerr), "%q: %v", args, err)
+	}
+}
+
+func TestLeaseEnv(t *testing.T) {
+	t.Parallel()
+	l := newFakeLease("nightly", 42)
+	env := leaseEnv([]string{"A=1", "PGFENCE_TOKEN=7", "PGFENCE_LEASE=old", "B=2"}, l)
+	require.Equal(t, []string{"A=1", "B=2", "PGFENCE_LEASE=nightly", "PGFENCE_TOKEN=42"}, env)
+}
+
+// fakeLease stands in for a leasetable lease: run only uses its name, token,
+// loss signal and release; losing it is the test's choice.
+type fakeLease struct {
+	name       string
+	token      int64
+	done       chan struct{}
+	releaseErr error
+
+	mu       sync.Mutex
+	err      error
+	released int
+}
+
+func newFakeLease(name string, token int64) *fakeLease {
+	return &fakeLease{name: name, token: token, done: make(chan struct{})}
+}
+
+func (l *fakeLease) Name() string          { return l.name }
+func (l *fakeLease) Token() int64          { return l.token }
+func (l *fakeLease) Done() <-chan struct{} { return l.done }
+
+func (l *fakeLease) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+func (l *fakeLease) Release(context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.released++
+	return l.releaseErr
+}
+
+func (l *fakeLease) lose() {
+	l.mu.Lock()
+	l.err = pgfence.ErrLeaseLost
+	l.mu.Unlock()
+	close(l.done)
+}
+
+func TestSuperviseUnderLease(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	notExec := filepath.Join(dir, "not-executable")
+	require.NoError(t, os.WriteFile(notExec, []byte("#!/bin/sh\n"), 0o644))
+	tests := []struct {
+		name    string
+		argv    []string
+		status  int
+		message string
+	}{
+		{"exit status", []string{"sh", "-c", "exit 3"}, 3, ""},
+		{"success", []string{"true"}, 0, ""},
+		{"killed by a signal", []string{"sh", "-c", "kill -TERM $$"}, 128 + int(syscall.SIGTERM), ""},
+		{"not found", []string{"pgfence-no-such-command"}, ExitNotFound, "command not found"},
+		{"not executable", []string{notExec}, ExitCannotExecute, "cannot be executed"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var stderr bytes.Buffer
+			a := &App{Stderr: &stderr}
+			l := newFakeLease("nightly", 42)
+			require.Equal(t, tt.status, a.superviseUnderLease(l, tt.argv, nil, time.Second))
+			require.Equal(t, 1, l.released, "the lease is released once")
+			require.Contains(t, stderr.String(), tt.message)
+		})
+	}
+}
+
+func TestSuperviseUnderLeaseEnvironment(t *testing.T) {
+	t.Parallel()
+	out := filepath.Join(t.TempDir(), "env")
+	a := &App{Stderr: &bytes.Buffer{}}
+	l := newFakeLease("account:42", 1234)
+	status := a.superviseUnderLease(l, []string{"sh", "-c", `printf '%s %s' "$PGFENCE_LEASE" "$PGFENCE_TOKEN" > "$0"`, out}, nil, time.Second)
+	require.Equal(t, 0, status)
+	b, err := os.ReadFile(out)
+	require.NoError(t, err)
+	require.Equal(t, "account:42 1234", string(b))
+}
+
+func TestSuperviseUnderLeaseLost(t *testing.T) {
+	t.Parallel()
+	fifo := filepath.Join(t.TempDir(), "ready")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
+	var stderr bytes.Buffer
+	a := &App{Stderr: &stderr}
+	l := newFakeLease("nightly", 42)
+	statusc := make(chan int, 1)
+	go func() {
+		// The command ignores SIGTERM: it takes the SIGKILL.
+		statusc <- a.superviseUnderLease(l, []string{"sh", "-c", `trap '' TERM; echo ready > "$0"; while :; do sleep 1; done`, fifo},
+			nil, 100*time.Millisecond)
+	}()
+	ready, err := os.ReadFile(fifo)
+	require.NoError(t, err)
+	require.Equal(t, "ready\n", string(ready))
+	l.lose()
+	require.Equal(t, ExitLeaseLost, <-statusc)
+	require.Contains(t, stderr.String(), `lease "nightly" (token 42) was lost: pgfence: lock was lost; the command was terminated (killed by signal 9 (killed))`)
+	require.Equal(t, 1, l.released)
+}
+
+func TestSuperviseUnderLeaseLostAsTheCommandEnded(t *testing.T) {
+	t.Parallel()
+	var stderr bytes.Buffer
+	a := &App{Stderr: &stderr}
+	l := newFakeLease("nightly", 42)
+	l.err = pgfence.ErrLeaseLost // lost, but the command ended first
+	require.Equal(t, ExitLeaseLost, a.superviseUnderLease(l, []string{"true"}, nil, time.Second))
+	require.Contains(t, stderr.String(), "was lost as the command ended (exit status 0)")
+}
+
+func TestSuperviseUnderLeaseReleaseFails(t *testing.T) {
+	t.Parallel()
+	var stderr bytes.Buffer
+	a := &App{Stderr: &stderr}
+	l := newFakeLease("nightly", 42)
+	l.releaseErr = errors.New("connection refused")
+	require.Equal(t, ExitRunFailure, a.superviseUnderLease(l, []string{"true"}, nil, time.Second))
+	require.Contains(t, stderr.String(), `releasing lease "nightly" failed: connection refused; it expires after its TTL`)
+}
+
+func TestSuperviseUnderLeaseForwardsSignals(t *testing.T) {
+	t.Parallel()
+	fifo := filepath.Join(t.TempDir(), "ready")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
+	a := &App{Stderr: &bytes.Buffer{}}
+	l := newFakeLease("nightly", 42)
+	sigs := make(chan os.Signal, 1)
+	statusc := make(chan int, 1)
+	go func() {
+		statusc <- a.superviseUnderLease(l, []string{"sh", "-c", `trap 'exit 42' HUP; echo ready > "$0"; while :; do sleep 1; done`, fifo},
+			sigs, time.Second)
+	}()
+	_, err := os.ReadFile(fifo)
+	require.NoError(t, err)
+	sigs <- syscall.SIGHUP
+	require.Equal(t, 42, <-statusc)
+	require.Equal(t, 1, l.released)
+}

@@ -53,6 +53,8 @@ type config struct {
 	HoldShort        time.Duration
 	HoldLong         time.Duration
 	HandoversLong    int
+	HandoversMin     int
+	Rounds           int
 	LongDuration     time.Duration
 	ContendedClients int
 	ContendedNames   int
@@ -85,6 +87,8 @@ func parseFlags(args []string) (*config, error) {
 	fs.DurationVar(&c.HoldShort, "hold-short", time.Millisecond, "short hold time in the hand-over scenario")
 	fs.DurationVar(&c.HoldLong, "hold-long", time.Second, "long hold time in the hand-over scenario")
 	fs.IntVar(&c.HandoversLong, "handovers-long", 0, "hand-overs measured with long holds (default 20, 5 with -quick)")
+	fs.IntVar(&c.HandoversMin, "handovers-min", 5, "short-hold hand-over runs go on past -duration until this many hand-overs (at most -long-duration)")
+	fs.IntVar(&c.Rounds, "rounds", 0, "rounds of scenarios 1, 3 and 4, interleaved across systems; figures are medians over rounds (default 3, 1 with -quick)")
 	fs.DurationVar(&c.LongDuration, "long-duration", 0, "time bound of a long-hold hand-over run (default 30s, 8s with -quick)")
 	fs.IntVar(&c.ContendedClients, "contended-clients", 16, "clients of the contended scenario")
 	fs.IntVar(&c.ContendedNames, "contended-names", 4, "names the contended clients share")
@@ -117,6 +121,12 @@ func parseFlags(args []string) (*config, error) {
 			c.HandoversLong = 5
 		}
 	}
+	if c.Rounds == 0 {
+		c.Rounds = 3
+		if c.Quick {
+			c.Rounds = 1
+		}
+	}
 	if c.ScaleCycles == 0 {
 		c.ScaleCycles = 1_000_000
 		if c.Quick {
@@ -146,7 +156,7 @@ func parseFlags(args []string) (*config, error) {
 		n    int
 	}{{"-handover-waiters", c.HandoverWaiters}, {"-contended-clients", c.ContendedClients},
 		{"-contended-names", c.ContendedNames}, {"-write-clients", c.WriteClients},
-		{"-scale-clients", c.ScaleClients}, {"-scale-names", c.ScaleNames}} {
+		{"-scale-clients", c.ScaleClients}, {"-scale-names", c.ScaleNames}, {"-rounds", c.Rounds}} {
 		if v.n < 1 {
 			return nil, fmt.Errorf("%s must be at least 1", v.name)
 		}
@@ -298,9 +308,9 @@ func run(ctx context.Context, cfg *config) error {
 }
 
 func printParams(c *config) {
-	fmt.Printf("parameters: quick=%v duration=%v warmup=%v clients=%v scenarios=%v\n", c.Quick, c.Duration, c.Warmup, c.Clients, c.Scenarios)
-	fmt.Printf("  hand-over: waiters=%d hold-short=%v hold-long=%v handovers-long=%d long-duration=%v\n",
-		c.HandoverWaiters, c.HoldShort, c.HoldLong, c.HandoversLong, c.LongDuration)
+	fmt.Printf("parameters: quick=%v duration=%v warmup=%v rounds=%d clients=%v scenarios=%v\n", c.Quick, c.Duration, c.Warmup, c.Rounds, c.Clients, c.Scenarios)
+	fmt.Printf("  hand-over: waiters=%d hold-short=%v (at least %d hand-overs) hold-long=%v handovers-long=%d long-duration=%v\n",
+		c.HandoverWaiters, c.HoldShort, c.HandoversMin, c.HoldLong, c.HandoversLong, c.LongDuration)
 	fmt.Printf("  contended: clients=%d names=%d; writes: clients=%d\n", c.ContendedClients, c.ContendedNames, c.WriteClients)
 	fmt.Printf("  scale: clients=%d rows=%v cycles=%d names=%d timeout=%v\n", c.ScaleClients, c.ScaleRows, c.ScaleCycles, c.ScaleNames, c.ScaleTimeout)
 	fmt.Printf("  pglock lease=%v heartbeat=%v; redislock retry=%v\n", c.PglockLease, c.PglockLease/4, c.RedisRetry)

@@ -31,17 +31,7 @@ type results struct {
 
 type systemInfo struct{ Name, Kind, Note string }
 
-type cyclePoint struct {
-	System  string
-	Clients int
-	harness.CycleResult
-}
 
-type pgbenchPoint struct {
-	Script  string
-	Clients int
-	systems.PgbenchResult
-}
 
 type handoverPoint struct {
 	System  string
@@ -50,11 +40,6 @@ type handoverPoint struct {
 	harness.HandoverResult
 }
 
-type writePoint struct {
-	Writer  string
-	Clients int
-	harness.WriteResult
-}
 
 type scaleLatency struct {
 	System  string
@@ -128,23 +113,25 @@ func (r *runner) logCycle(scenario, system string, clients int, res *harness.Cyc
 // uncontended is scenario 1: every client cycles on its own name.
 func (r *runner) uncontended(ctx context.Context) error {
 	fmt.Printf("scenario 1: uncontended acquire+release, clients %v, %v per point (+%v warm-up)\n", r.cfg.Clients, r.cfg.Duration, r.cfg.Warmup)
-	for _, c := range r.cfg.Clients {
-		ns := names("s1-", c)
-		for _, s := range r.specs {
-			sys, err := r.open(ctx, s, c, ns)
-			if err != nil {
+	for round := 1; round <= r.cfg.Rounds; round++ {
+		for _, c := range r.cfg.Clients {
+			ns := names("s1-", c)
+			for _, s := range r.specs {
+				sys, err := r.open(ctx, s, c, ns)
+				if err != nil {
+					return err
+				}
+				res := harness.RunCycles(ctx, sys, harness.CycleConfig{
+					Clients: c, Warmup: r.cfg.Warmup, Duration: r.cfg.Duration,
+					Name: func(w, _ int) string { return ns[w] },
+				})
+				_ = sys.Close()
+				r.logCycle("1", s.Name, c, &res)
+				addCycle(&r.res.Uncontended, s.Name, c, res)
+			}
+			if err := r.pgbench(ctx, c); err != nil {
 				return err
 			}
-			res := harness.RunCycles(ctx, sys, harness.CycleConfig{
-				Clients: c, Warmup: r.cfg.Warmup, Duration: r.cfg.Duration,
-				Name: func(w, _ int) string { return ns[w] },
-			})
-			_ = sys.Close()
-			r.logCycle("1", s.Name, c, &res)
-			r.res.Uncontended = append(r.res.Uncontended, cyclePoint{System: s.Name, Clients: c, CycleResult: res})
-		}
-		if err := r.pgbench(ctx, c); err != nil {
-			return err
 		}
 	}
 	return nil
@@ -169,7 +156,7 @@ func (r *runner) pgbench(ctx context.Context, clients int) error {
 			continue
 		}
 		fmt.Printf("  [1] %-18s clients=%-3d %9.0f cycles/s  avg=%v\n", s.Name, clients, res.TPS, res.LatencyAvg.Round(time.Microsecond))
-		r.res.Pgbench = append(r.res.Pgbench, pgbenchPoint{Script: s.Name, Clients: clients, PgbenchResult: res})
+		addPgbench(&r.res.Pgbench, s.Name, clients, res)
 	}
 	return nil
 }
@@ -190,7 +177,8 @@ func (r *runner) handover(ctx context.Context) error {
 				_ = sys.Close()
 				continue
 			}
-			cfg := harness.HandoverConfig{Waiters: w, Name: "s2", Hold: hold, Duration: r.cfg.Duration + r.cfg.Warmup}
+			cfg := harness.HandoverConfig{Waiters: w, Name: "s2", Hold: hold, Duration: r.cfg.Duration + r.cfg.Warmup,
+				MinHandovers: r.cfg.HandoversMin, Timeout: r.cfg.LongDuration}
 			if hold == r.cfg.HoldLong {
 				cfg.Duration, cfg.MaxHandovers = r.cfg.LongDuration, r.cfg.HandoversLong
 			}
@@ -212,19 +200,21 @@ func (r *runner) contended(ctx context.Context) error {
 	c, k := r.cfg.ContendedClients, r.cfg.ContendedNames
 	fmt.Printf("scenario 3: contended, %d clients on %d names, %v per point\n", c, k, r.cfg.Duration)
 	ns := names("s3-", k)
-	for _, s := range r.specs {
-		sys, err := r.open(ctx, s, c, ns)
-		if err != nil {
-			return err
+	for round := 1; round <= r.cfg.Rounds; round++ {
+		for _, s := range r.specs {
+			sys, err := r.open(ctx, s, c, ns)
+			if err != nil {
+				return err
+			}
+			res := harness.RunCycles(ctx, sys, harness.CycleConfig{
+				Clients: c, Warmup: r.cfg.Warmup, Duration: r.cfg.Duration,
+				// A fixed pseudo-random walk over the names, different per worker.
+				Name: func(w, i int) string { return ns[int((uint64(w+1)*2654435761+uint64(i)*40503)>>7)%k] },
+			})
+			_ = sys.Close()
+			r.logCycle("3", s.Name, c, &res)
+			addCycle(&r.res.Contended, s.Name, c, res)
 		}
-		res := harness.RunCycles(ctx, sys, harness.CycleConfig{
-			Clients: c, Warmup: r.cfg.Warmup, Duration: r.cfg.Duration,
-			// A fixed pseudo-random walk over the names, different per worker.
-			Name: func(w, i int) string { return ns[int((uint64(w+1)*2654435761+uint64(i)*40503)>>7)%k] },
-		})
-		_ = sys.Close()
-		r.logCycle("3", s.Name, c, &res)
-		r.res.Contended = append(r.res.Contended, cyclePoint{System: s.Name, Clients: c, CycleResult: res})
 	}
 	return nil
 }
@@ -233,19 +223,21 @@ func (r *runner) contended(ctx context.Context) error {
 func (r *runner) fencedWrites(ctx context.Context) error {
 	c := r.cfg.WriteClients
 	fmt.Printf("scenario 4: fenced-write overhead, %d clients each updating its own row, %v per point\n", c, r.cfg.Duration)
-	for _, s := range writerSpecs() {
-		wr, err := s.Open(ctx, r.env, c)
-		if err != nil {
-			return fmt.Errorf("open %s: %w", s.Name, err)
+	for round := 1; round <= r.cfg.Rounds; round++ {
+		for _, s := range writerSpecs() {
+			wr, err := s.Open(ctx, r.env, c)
+			if err != nil {
+				return fmt.Errorf("open %s: %w", s.Name, err)
+			}
+			res := harness.RunWrites(ctx, wr, harness.WriteConfig{Clients: c, Warmup: r.cfg.Warmup, Duration: r.cfg.Duration})
+			_ = wr.Close()
+			fmt.Printf("  [4] %-26s %9.0f writes/s  p50=%-10v p99=%-10v errors=%d\n", s.Name, res.Throughput(),
+				res.Latency.P50.Round(time.Microsecond), res.Latency.P99.Round(time.Microsecond), res.Errors)
+			if res.FirstErr != nil {
+				r.note("4 %s: %d errors, first: %v", s.Name, res.Errors, res.FirstErr)
+			}
+			addWrite(&r.res.Writes, s.Name, c, res)
 		}
-		res := harness.RunWrites(ctx, wr, harness.WriteConfig{Clients: c, Warmup: r.cfg.Warmup, Duration: r.cfg.Duration})
-		_ = wr.Close()
-		fmt.Printf("  [4] %-26s %9.0f writes/s  p50=%-10v p99=%-10v errors=%d\n", s.Name, res.Throughput(),
-			res.Latency.P50.Round(time.Microsecond), res.Latency.P99.Round(time.Microsecond), res.Errors)
-		if res.FirstErr != nil {
-			r.note("4 %s: %d errors, first: %v", s.Name, res.Errors, res.FirstErr)
-		}
-		r.res.Writes = append(r.res.Writes, writePoint{Writer: s.Name, Clients: c, WriteResult: res})
 	}
 	return nil
 }

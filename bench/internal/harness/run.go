@@ -141,10 +141,16 @@ type HandoverConfig struct {
 	Waiters  int           // workers besides the holder; all want the same name
 	Name     string        // the one contended name
 	Hold     time.Duration // how long each holder keeps the lock
-	Duration time.Duration // stop starting hand-overs after this long
+	// Duration is the soft bound: once it has passed and at least
+	// MinHandovers were recorded, the run ends at the next hand-over.
+	Duration     time.Duration
+	MinHandovers int
 	// MaxHandovers, when positive, ends the run after this many recorded
 	// hand-overs.
 	MaxHandovers int
+	// Timeout is the hard bound: the run ends then, however many
+	// hand-overs were recorded (waiting acquires are cancelled).
+	Timeout time.Duration
 }
 
 // HandoverResult is what a hand-over run measured.
@@ -162,7 +168,11 @@ type HandoverResult struct {
 // queues again after someone else took the lock, so every recorded hand-over
 // goes to a worker that was already waiting.
 func RunHandover(ctx context.Context, sys Waiter, cfg HandoverConfig) HandoverResult {
-	ctx, cancel := context.WithTimeout(ctx, cfg.Duration)
+	start := time.Now()
+	if cfg.Timeout < cfg.Duration {
+		cfg.Timeout = cfg.Duration
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 
 	var (
@@ -202,7 +212,9 @@ func RunHandover(ctx context.Context, sys Waiter, cfg HandoverConfig) HandoverRe
 				}
 				close(taken)
 				taken = make(chan struct{})
-				enough := cfg.MaxHandovers > 0 && len(res.Samples) >= cfg.MaxHandovers
+				n := len(res.Samples)
+				enough := (cfg.MaxHandovers > 0 && n >= cfg.MaxHandovers) ||
+					(time.Since(start) >= cfg.Duration && n >= cfg.MinHandovers)
 				mu.Unlock()
 				if enough {
 					cancel()

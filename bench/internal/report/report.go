@@ -11,10 +11,12 @@ import (
 	"time"
 )
 
-// Table is a Markdown table. Columns after the first are right-aligned.
+// Table is a Markdown table. The first TextColumns columns (at least one)
+// are left-aligned, the others right-aligned for figures.
 type Table struct {
-	Header []string
-	Rows   [][]string
+	Header      []string
+	Rows        [][]string
+	TextColumns int
 }
 
 // Markdown renders the table. Cells are escaped so a "|" cannot break the
@@ -35,7 +37,7 @@ func (t *Table) Markdown() string {
 	cells(t.Header)
 	b.WriteString("|")
 	for i := range t.Header {
-		if i == 0 {
+		if i == 0 || i < t.TextColumns {
 			b.WriteString(" --- |")
 		} else {
 			b.WriteString(" ---: |")

@@ -14,6 +14,8 @@ func TestTableMarkdown(t *testing.T) {
 	t.Parallel()
 	tb := &report.Table{Header: []string{"system", "cycles/s"}, Rows: [][]string{{"a|b", "1"}, {"c"}}}
 	require.Equal(t, "| system | cycles/s |\n| --- | ---: |\n| a\\|b | 1 |\n| c |  |\n", tb.Markdown())
+	tb.TextColumns = 2
+	require.Contains(t, tb.Markdown(), "| --- | --- |\n")
 }
 
 func TestRatios(t *testing.T) {

@@ -106,3 +106,18 @@ type CDFPoint struct {
 	Fraction float64
 	Latency  time.Duration
 }
+
+// Median returns the median of values (the mean of the two middle values
+// for an even count), or NaN for none. values is not modified.
+func Median(values []float64) float64 {
+	if len(values) == 0 {
+		return math.NaN()
+	}
+	v := slices.Clone(values)
+	slices.Sort(v)
+	n := len(v)
+	if n%2 == 1 {
+		return v[n/2]
+	}
+	return (v[n/2-1] + v[n/2]) / 2
+}

@@ -88,3 +88,12 @@ func TestCDF(t *testing.T) {
 	require.Len(t, stats.CDF(ms(1, 2), 50), 2)
 	require.Nil(t, stats.CDF(nil, 5))
 }
+
+func TestMedian(t *testing.T) {
+	t.Parallel()
+	in := []float64{5, 1, 3}
+	require.InDelta(t, 3.0, stats.Median(in), 1e-9)
+	require.Equal(t, []float64{5, 1, 3}, in, "input untouched")
+	require.InDelta(t, 2.5, stats.Median([]float64{4, 1, 2, 3}), 1e-9)
+	require.True(t, math.IsNaN(stats.Median(nil)))
+}

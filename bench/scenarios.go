@@ -31,15 +31,12 @@ type results struct {
 
 type systemInfo struct{ Name, Kind, Note string }
 
-
-
 type handoverPoint struct {
 	System  string
 	Hold    time.Duration
 	Waiters int
 	harness.HandoverResult
 }
-
 
 type scaleLatency struct {
 	System  string

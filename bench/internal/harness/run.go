@@ -138,9 +138,9 @@ func RunCycles(ctx context.Context, sys System, cfg CycleConfig) CycleResult {
 
 // HandoverConfig bounds a hand-over run.
 type HandoverConfig struct {
-	Waiters  int           // workers besides the holder; all want the same name
-	Name     string        // the one contended name
-	Hold     time.Duration // how long each holder keeps the lock
+	Waiters int           // workers besides the holder; all want the same name
+	Name    string        // the one contended name
+	Hold    time.Duration // how long each holder keeps the lock
 	// Duration is the soft bound: once it has passed and at least
 	// MinHandovers were recorded, the run ends at the next hand-over.
 	Duration     time.Duration

@@ -73,8 +73,8 @@ func parseFlags(args []string) (*config, error) {
 	c := &config{}
 	var clients, scenarios, sysList, rows string
 	fs.BoolVar(&c.Quick, "quick", false, "short points and a small scale run: the whole suite in about two minutes")
-	fs.DurationVar(&c.Duration, "duration", 0, "measured time per point (default 5s, 1.5s with -quick)")
-	fs.DurationVar(&c.Warmup, "warmup", 0, "unmeasured warm-up per point (default 1s, 300ms with -quick)")
+	fs.DurationVar(&c.Duration, "duration", 0, "measured time per point (default 5s, 1s with -quick)")
+	fs.DurationVar(&c.Warmup, "warmup", 0, "unmeasured warm-up per point (default 1s, 250ms with -quick)")
 	fs.StringVar(&clients, "clients", "1,4,16,64", "client counts of the uncontended scenario")
 	fs.StringVar(&scenarios, "scenarios", "1,2,3,4,5", "scenarios to run (6 and 7 need pgfence's lock packages: phase 2)")
 	fs.StringVar(&sysList, "systems", "", "comma-separated system names to run (default all)")
@@ -86,16 +86,16 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&c.HandoverWaiters, "handover-waiters", 8, "waiters on the one name in the hand-over scenario")
 	fs.DurationVar(&c.HoldShort, "hold-short", time.Millisecond, "short hold time in the hand-over scenario")
 	fs.DurationVar(&c.HoldLong, "hold-long", time.Second, "long hold time in the hand-over scenario")
-	fs.IntVar(&c.HandoversLong, "handovers-long", 0, "hand-overs measured with long holds (default 20, 5 with -quick)")
+	fs.IntVar(&c.HandoversLong, "handovers-long", 0, "hand-overs measured with long holds (default 20, 4 with -quick)")
 	fs.IntVar(&c.HandoversMin, "handovers-min", 5, "short-hold hand-over runs go on past -duration until this many hand-overs (at most -long-duration)")
 	fs.IntVar(&c.Rounds, "rounds", 0, "rounds of scenarios 1, 3 and 4, interleaved across systems; figures are medians over rounds (default 3, 1 with -quick)")
-	fs.DurationVar(&c.LongDuration, "long-duration", 0, "time bound of a long-hold hand-over run (default 30s, 8s with -quick)")
+	fs.DurationVar(&c.LongDuration, "long-duration", 0, "time bound of a hand-over run (default 30s, 6s with -quick)")
 	fs.IntVar(&c.ContendedClients, "contended-clients", 16, "clients of the contended scenario")
 	fs.IntVar(&c.ContendedNames, "contended-names", 4, "names the contended clients share")
 	fs.IntVar(&c.WriteClients, "write-clients", 16, "clients of the fenced-write scenario")
 	fs.IntVar(&c.ScaleClients, "scale-clients", 4, "clients of the scale scenario")
 	fs.StringVar(&rows, "scale-rows", "1000,1000000", "live rows in the lock table for the scale latency points")
-	fs.Int64Var(&c.ScaleCycles, "scale-cycles", 0, "acquire/release cycles on -scale-names names before measuring table size and HOT ratio (default 1000000, 20000 with -quick)")
+	fs.Int64Var(&c.ScaleCycles, "scale-cycles", 0, "acquire/release cycles on -scale-names names before measuring table size and HOT ratio (default 1000000, 10000 with -quick)")
 	fs.IntVar(&c.ScaleNames, "scale-names", 100, "names cycled in the scale scenario")
 	fs.DurationVar(&c.ScaleTimeout, "scale-timeout", 0, "time bound of the scale cycles per system (default 10m, 30s with -quick)")
 	fs.DurationVar(&c.PglockLease, "pglock-lease", 2*time.Second, "pglock lease duration (heartbeat a quarter of it); its hand-over waits up to one lease")
@@ -111,14 +111,14 @@ func parseFlags(args []string) (*config, error) {
 			}
 		}
 	}
-	def(&c.Duration, 5*time.Second, 1500*time.Millisecond)
-	def(&c.Warmup, time.Second, 300*time.Millisecond)
-	def(&c.LongDuration, 30*time.Second, 8*time.Second)
+	def(&c.Duration, 5*time.Second, time.Second)
+	def(&c.Warmup, time.Second, 250*time.Millisecond)
+	def(&c.LongDuration, 30*time.Second, 6*time.Second)
 	def(&c.ScaleTimeout, 10*time.Minute, 30*time.Second)
 	if c.HandoversLong == 0 {
 		c.HandoversLong = 20
 		if c.Quick {
-			c.HandoversLong = 5
+			c.HandoversLong = 4
 		}
 	}
 	if c.Rounds == 0 {
@@ -130,7 +130,7 @@ func parseFlags(args []string) (*config, error) {
 	if c.ScaleCycles == 0 {
 		c.ScaleCycles = 1_000_000
 		if c.Quick {
-			c.ScaleCycles = 20_000
+			c.ScaleCycles = 10_000
 		}
 	}
 	var err error

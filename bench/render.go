@@ -180,6 +180,9 @@ func render(res *results, cfg *config) (map[string][]byte, error) {
 					lc.Series = append(lc.Series, chart.Series{Name: h.System, Points: pts})
 				}
 			}
+			if len(entries) == 0 {
+				continue
+			}
 			t := report.Ratios("p50", []string{"hand-overs", "p90", "p99", "max", "errors"}, entries,
 				[]string{"raw-advisory", "pglock", "redislock", "etcd-mutex"}, msCell)
 			p("Hold %v (ratios are of the p50):\n\n%s\n", hold, t.Markdown())

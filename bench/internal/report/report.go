@@ -94,13 +94,23 @@ func prefixAll(p string, ss []string) []string {
 	return out
 }
 
-// Ratio formats a/b as "0.61x", or "n/a" when either is missing (NaN) or b
-// is not positive.
+// Ratio formats a/b as "0.61x" (two significant digits below 0.1, whole
+// numbers from 1,000), or "n/a" when either is missing (NaN) or b is not
+// positive.
 func Ratio(a, b float64) string {
 	if math.IsNaN(a) || math.IsNaN(b) || b <= 0 {
 		return "n/a"
 	}
-	return strconv.FormatFloat(a/b, 'f', 2, 64) + "x"
+	r := a / b
+	switch {
+	case r != 0 && r < 0.1:
+		digits := int(-math.Floor(math.Log10(r))) + 1
+		return strconv.FormatFloat(r, 'f', digits, 64) + "x"
+	case r >= 1000:
+		return Thousands(int64(math.Round(r))) + "x"
+	default:
+		return strconv.FormatFloat(r, 'f', 2, 64) + "x"
+	}
 }
 
 // Rate formats a per-second figure with thousands separators, or "n/a" for

@@ -41,6 +41,10 @@ func TestFormatters(t *testing.T) {
 	tests := []struct{ got, want string }{
 		{report.Ratio(1, 3), "0.33x"},
 		{report.Ratio(1, 0), "n/a"},
+		{report.Ratio(0.158, 2017), "0.000078x"},
+		{report.Ratio(3.1, 1000), "0.0031x"},
+		{report.Ratio(12790.4, 1), "12,790x"},
+		{report.Ratio(0, 5), "0.00x"},
 		{report.Ratio(math.NaN(), 1), "n/a"},
 		{report.Rate(7612.4), "7,612"},
 		{report.Rate(math.NaN()), "n/a"},

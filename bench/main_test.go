@@ -86,7 +86,7 @@ func TestRenderReport(t *testing.T) {
 		"| CPU | Test CPU, 2 cores visible to Go |",
 		"| PostgreSQL fsync | on |",
 		"## 1. Uncontended acquire+release",
-		"| pglock | 4,000 | 80,000 |",   // median of 64,000 and 96,000 at 16 clients
+		"| pglock | 4,000 | 80,000 |", // median of 64,000 and 96,000 at 16 clients
 		"| pglock | 80,000 | 2.00 ms | 8.00 ms | 1.00 ms | 4.00 ms | 0 | 0.62x | 1.00x |",
 		"| pgbench-2update | 7,600 | avg 2.00 ms |",
 		"## 2. Hand-over latency",

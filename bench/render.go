@@ -52,7 +52,11 @@ func render(res *results, cfg *config) (map[string][]byte, error) {
 		mt.Rows = append(mt.Rows, []string{"etcd", m.Etcd + " (WAL fsync on every commit)"})
 	}
 	p("%s\n", mt.Markdown())
-	p("Clients, servers and the benchmark share the same cores over loopback, so the figures include the client's CPU cost.\n\n")
+	p("Clients, servers and the benchmark share the same cores over loopback, so the figures include the client's CPU cost.")
+	if l := firstLoad(m.LoadAvg); l > float64(m.Cores) {
+		p(" **The machine was busy with other work when the run started (1-minute load average %.1f on %d cores):** absolute figures are depressed and noisy; compare systems by the ratios, which were measured under the same load, and re-run on an idle machine before quoting absolute numbers.", l, m.Cores)
+	}
+	p("\n\n")
 
 	p("## Systems\n\n")
 	st := &report.Table{Header: []string{"system", "kind", "what one cycle does"}, TextColumns: 3}
@@ -309,4 +313,17 @@ func holdName(hold time.Duration, cfg *config) string {
 		return "short"
 	}
 	return "long"
+}
+
+// firstLoad parses the 1-minute figure of a load-average string.
+func firstLoad(s string) float64 {
+	f := strings.Fields(s)
+	if len(f) == 0 {
+		return 0
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		return 0
+	}
+	return v
 }

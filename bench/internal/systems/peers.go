@@ -34,7 +34,7 @@ func Pglock(cfg PglockConfig) harness.Spec {
 	return harness.Spec{
 		Name: "pglock",
 		Kind: harness.Peer,
-		Note: fmt.Sprintf("cirello.io/pglock v1.16.1 via pgx stdlib + UnsafeNew; acquire = nextval + upsert, release = DELETE (3 statements); lease %v, heartbeat %v; waiting Acquire retries once per lease", cfg.Lease, cfg.Heartbeat),
+		Note: fmt.Sprintf("cirello.io/pglock v1.16.1 via pgx stdlib + UnsafeNew; acquire = nextval + upsert, release = DELETE (3 statements), plus a first heartbeat (nextval + UPDATE) that pglock starts in the background right after acquiring (a quick release cancels it); lease %v, heartbeat %v; waiting Acquire retries once per lease", cfg.Lease, cfg.Heartbeat),
 		Open: func(ctx context.Context, env *harness.Env, clients int) (harness.System, error) {
 			connCfg, err := pgx.ParseConfig(env.DatabaseURL)
 			if err != nil {

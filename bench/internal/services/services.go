@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"syscall"
 	"time"
@@ -90,7 +91,9 @@ type Process struct {
 }
 
 // start runs bin with args, logging to dir/name.log, dying with this
-// process (parent-death signal SIGTERM).
+// process: the parent-death signal (SIGTERM) is tied by Linux to the thread
+// that started the child, so the child is started from a goroutine locked
+// to its thread, which it keeps until the child exits.
 func start(bin string, args []string, dir, name string) (*Process, error) {
 	log, err := os.Create(filepath.Join(dir, name+".log"))
 	if err != nil {
@@ -99,16 +102,23 @@ func start(bin string, args []string, dir, name string) (*Process, error) {
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr, cmd.Dir = log, log, dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	if err := cmd.Start(); err != nil {
-		log.Close()
-		return nil, fmt.Errorf("start %s: %w", bin, err)
-	}
 	p := &Process{cmd: cmd, dir: dir, done: make(chan struct{})}
+	started := make(chan error, 1)
 	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		defer close(p.done)
+		defer log.Close()
+		if err := cmd.Start(); err != nil {
+			started <- fmt.Errorf("start %s: %w", bin, err)
+			return
+		}
+		started <- nil
 		_ = cmd.Wait()
-		log.Close()
-		close(p.done)
 	}()
+	if err := <-started; err != nil {
+		return nil, err
+	}
 	return p, nil
 }
 

@@ -1,0 +1,107 @@
+// Package harness defines what the benchmark measures and how: the small
+// System interface every lock implementation is adapted to (peers, raw-SQL
+// ceilings and, in phase 2, pgfence itself), the Writer interface for
+// fenced-write scenarios, and the time-bounded loops that drive them.
+//
+// # Adding a system
+//
+// Write an adapter that implements [System] (and [Waiter] when it can wait
+// for a lock, [Preparer], [Resetter] and [Storage] when its state lives in
+// PostgreSQL tables), and register a [Spec] for it in the runner. Every
+// scenario then measures it side by side with the others.
+package harness
+
+import (
+	"context"
+	"errors"
+)
+
+// ErrBusy is returned by TryAcquire when the lock is held by another owner.
+// Adapters translate their library's "not acquired" error to it.
+var ErrBusy = errors.New("bench: lock is held by another owner")
+
+// Release releases a lock that was acquired. It is called exactly once.
+type Release func(ctx context.Context) error
+
+// System is a lock implementation under test, opened for a given number of
+// concurrent clients. All methods are safe for concurrent use.
+type System interface {
+	// TryAcquire takes the named lock if it is free and returns at once;
+	// it returns ErrBusy when the lock is held.
+	TryAcquire(ctx context.Context, name string) (Release, error)
+	// Close releases every resource the system opened (connections,
+	// sessions). It does not stop servers.
+	Close() error
+}
+
+// Waiter is implemented by systems that can wait for a lock.
+type Waiter interface {
+	// Acquire waits until it holds the named lock or ctx ends.
+	Acquire(ctx context.Context, name string) (Release, error)
+}
+
+// Preparer is implemented by systems that need lock names to exist before
+// they are used (for example raw UPDATE ceilings that need their row).
+type Preparer interface {
+	Prepare(ctx context.Context, names []string) error
+}
+
+// Resetter is implemented by systems whose state persists between
+// scenarios; Reset removes it so each scenario starts from empty tables.
+type Resetter interface {
+	Reset(ctx context.Context) error
+}
+
+// Storage is implemented by systems that keep their locks in PostgreSQL
+// tables, for the scale scenario.
+type Storage interface {
+	// Tables names the tables that hold the locks, first the main one.
+	Tables() []string
+	// FillLive makes the table hold at least n live (held, unexpired)
+	// locks on names that the benchmark never acquires.
+	FillLive(ctx context.Context, n int) error
+}
+
+// Kind says what role a system plays in the comparison.
+type Kind string
+
+// The kinds of systems.
+const (
+	Ceiling Kind = "ceiling" // raw statements: what any design with this many round trips can reach
+	Peer    Kind = "peer"    // another lock library
+	Pgfence Kind = "pgfence" // this project
+)
+
+// Env tells systems where the servers are.
+type Env struct {
+	DatabaseURL   string   // a migrated, disposable PostgreSQL database
+	RedisAddr     string   // host:port of a Redis server
+	EtcdEndpoints []string // etcd client URLs
+}
+
+// Spec describes a system and how to open it.
+type Spec struct {
+	Name string
+	Kind Kind
+	// Note describes the parameters that matter for reading the figures
+	// (round trips per cycle, lease and retry settings).
+	Note string
+	// Open connects for clients concurrent clients (plus waiters, for the
+	// hand-over scenario).
+	Open func(ctx context.Context, env *Env, clients int) (System, error)
+}
+
+// Writer performs one protected write per call, for the fenced-write
+// scenario. Each worker writes its own row.
+type Writer interface {
+	Write(ctx context.Context, worker int) error
+	Close() error
+}
+
+// WriterSpec describes a write path and how to open it.
+type WriterSpec struct {
+	Name string
+	Kind Kind
+	Note string
+	Open func(ctx context.Context, env *Env, clients int) (Writer, error)
+}

@@ -12,7 +12,9 @@ import (
 )
 
 // sqlBuilder is what the golden tests need of a builder.
-type sqlBuilder interface{ SQL(nargs int) (string, error) }
+type sqlBuilder interface {
+	SQL(nargs int) (string, error)
+}
 
 func TestSQLGolden(t *testing.T) {
 	t.Parallel()

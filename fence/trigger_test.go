@@ -10,6 +10,7 @@ import (
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fence"
+	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
 func TestTriggerRejectsRawUpdateWithOldToken(t *testing.T) {
@@ -52,8 +53,9 @@ func TestTriggerRejectsRawDeleteWithOldToken(t *testing.T) {
 	stale, cur := b.nextToken(t), b.nextToken(t)
 	b.account(t, 1, 100, cur)
 
-	const del = "WITH s AS (SELECT set_config('pgfence.token', $1::bigint::text, true)) " +
-		"DELETE FROM accounts WHERE id = $2 AND EXISTS (SELECT FROM s)"
+	// The plain-SQL delete from the package documentation.
+	const del = `DELETE FROM accounts
+	WHERE id = $1 AND set_config('pgfence.token', $2::bigint::text, true) IS NOT NULL`
 	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
@@ -64,7 +66,9 @@ func TestTriggerRejectsRawDeleteWithOldToken(t *testing.T) {
 	require.NoError(t, tx.Rollback(ctx))
 	require.Equal(t, 1, countAccounts(t, b))
 
-	_, err = fence.Check(b.pool.Exec(ctx, del, cur, 1))
+	_, err = fence.Check(b.pool.Exec(ctx, del, 1, stale))
+	require.ErrorIs(t, err, pgfence.ErrFenced)
+	_, err = fence.Check(b.pool.Exec(ctx, del, 1, cur))
 	require.NoError(t, err)
 	require.Equal(t, 0, countAccounts(t, b))
 }
@@ -87,4 +91,36 @@ func TestClassifyLeavesOtherErrorsAlone(t *testing.T) {
 	se, ok := fence.Classify(&pgconn.PgError{Code: fence.SQLState, Detail: "garbled"}).(*fence.StaleTokenError)
 	require.True(t, ok)
 	require.Zero(t, se.Presented)
+}
+
+// migrationUp and migrationDown are the user migration shown in the package
+// documentation and README.md.
+const (
+	migrationUp = `ALTER TABLE accounts ADD COLUMN fence_token bigint NOT NULL DEFAULT 0;
+CREATE TRIGGER accounts_fence
+    BEFORE UPDATE OR DELETE ON accounts
+    FOR EACH ROW EXECUTE FUNCTION pgfence_guard('fence_token');`
+	migrationDown = `DROP TRIGGER IF EXISTS accounts_fence ON accounts;
+ALTER TABLE accounts DROP COLUMN IF EXISTS fence_token;`
+)
+
+func TestUserMigrationProtectsExistingTable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	exec := func(sql string, args ...any) error { _, err := db.Pool.Exec(ctx, sql, args...); return err }
+	require.NoError(t, exec("CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL)"))
+	require.NoError(t, exec("INSERT INTO accounts VALUES (1, 100)"))
+
+	require.NoError(t, exec(migrationUp))
+	_, err := addBalance.Exec(ctx, db.Pool, 7, 5, 1)
+	require.NoError(t, err)
+	_, err = addBalance.Exec(ctx, db.Pool, 6, 5, 1)
+	require.ErrorIs(t, err, pgfence.ErrFenced)
+	_, err = fence.Check(db.Pool.Exec(ctx, "UPDATE accounts SET fence_token = 6 WHERE id = 1"))
+	require.ErrorIs(t, err, pgfence.ErrFenced)
+
+	require.NoError(t, exec(migrationDown))
+	require.NoError(t, exec("UPDATE accounts SET balance = 0 WHERE id = 1"))
+	require.NoError(t, exec(migrationUp), "the down migration removed everything the up created")
 }

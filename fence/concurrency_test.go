@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence"
@@ -213,4 +214,27 @@ func TestConcurrentRollbackWhileWaitingWrites(t *testing.T) {
 	bal, tok := b.row(t, 1)
 	require.Equal(t, int64(105), bal)
 	require.Equal(t, a, tok)
+}
+
+func TestRepeatableReadReportsSerializationFailure(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	a, newer := b.nextToken(t), b.nextToken(t)
+	b.account(t, 1, 100, 0)
+
+	tx, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	var n int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FROM accounts").Scan(&n)) // takes the snapshot
+
+	_, err = addBalance.Exec(ctx, b.pool, newer, 1000, 1)
+	require.NoError(t, err)
+
+	_, err = addBalance.Exec(ctx, tx, a, 5, 1)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "40001", pgErr.Code)
+	require.NotErrorIs(t, err, pgfence.ErrFenced)
 }

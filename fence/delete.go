@@ -62,7 +62,7 @@ func (s *DeleteStmt) SQL(nargs int) (string, error) {
 		return "", err
 	}
 	tok := nargs + 1
-	where := "(" + s.where + ")"
+	where := "(" + closed(s.where) + ")"
 	return s.g.with(where, tok) + fmt.Sprintf(deleteCTE,
 		s.g.tableName(), s.g.writeWhere(where, tok, fmt.Sprintf(setTokenSQL, tok))) + s.g.result(), nil
 }

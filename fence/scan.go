@@ -16,7 +16,9 @@ const maxParams = 65535
 // identifiers that contain $ (a$1) are not placeholders, as in PostgreSQL's
 // lexer (with standard_conforming_strings on, the default since 9.1). An
 // unterminated quote or comment, $0, or a number above 65535 is an error.
-func scanParams(frag string, used map[int]struct{}) (highest int, err error) {
+// openComment reports that frag ends inside a -- comment, so SQL appended
+// after it must start on a new line.
+func scanParams(frag string, used map[int]struct{}) (highest int, openComment bool, err error) {
 	n := len(frag)
 	for i := 0; i < n; {
 		c := frag[i]
@@ -26,7 +28,7 @@ func scanParams(frag string, used map[int]struct{}) (highest int, err error) {
 			j := i + 1
 			for {
 				if j >= n {
-					return 0, fmt.Errorf("unterminated string constant at byte %d", i)
+					return 0, false, fmt.Errorf("unterminated string constant at byte %d", i)
 				}
 				if escapes && frag[j] == '\\' {
 					j += 2
@@ -46,7 +48,7 @@ func scanParams(frag string, used map[int]struct{}) (highest int, err error) {
 			j := i + 1
 			for {
 				if j >= n {
-					return 0, fmt.Errorf("unterminated quoted identifier at byte %d", i)
+					return 0, false, fmt.Errorf("unterminated quoted identifier at byte %d", i)
 				}
 				if frag[j] == '"' {
 					if j+1 < n && frag[j+1] == '"' {
@@ -61,7 +63,7 @@ func scanParams(frag string, used map[int]struct{}) (highest int, err error) {
 		case c == '-' && i+1 < n && frag[i+1] == '-':
 			j := strings.IndexByte(frag[i:], '\n')
 			if j < 0 {
-				i = n
+				i, openComment = n, true
 			} else {
 				i += j + 1
 			}
@@ -69,7 +71,7 @@ func scanParams(frag string, used map[int]struct{}) (highest int, err error) {
 			depth, j := 1, i+2
 			for depth > 0 {
 				if j+1 >= n {
-					return 0, fmt.Errorf("unterminated /* comment at byte %d", i)
+					return 0, false, fmt.Errorf("unterminated /* comment at byte %d", i)
 				}
 				switch {
 				case frag[j] == '/' && frag[j+1] == '*':
@@ -95,7 +97,7 @@ func scanParams(frag string, used map[int]struct{}) (highest int, err error) {
 				j++
 			}
 			if num == 0 || num > maxParams {
-				return 0, fmt.Errorf("placeholder %s at byte %d is out of range 1..%d", frag[i:j], i, maxParams)
+				return 0, false, fmt.Errorf("placeholder %s at byte %d is out of range 1..%d", frag[i:j], i, maxParams)
 			}
 			used[num] = struct{}{}
 			highest = max(highest, num)
@@ -117,14 +119,14 @@ func scanParams(frag string, used map[int]struct{}) (highest int, err error) {
 			tag := frag[i : j+1]
 			end := strings.Index(frag[j+1:], tag)
 			if end < 0 {
-				return 0, fmt.Errorf("unterminated dollar-quoted string %s at byte %d", tag, i)
+				return 0, false, fmt.Errorf("unterminated dollar-quoted string %s at byte %d", tag, i)
 			}
 			i = j + 1 + end + len(tag)
 		default:
 			i++
 		}
 	}
-	return highest, nil
+	return highest, openComment, nil
 }
 
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }
@@ -145,7 +147,7 @@ func checkParams(nargs int, frags ...fragment) error {
 	used := make(map[int]struct{})
 	highest := 0
 	for _, f := range frags {
-		h, err := scanParams(f.sql, used)
+		h, _, err := scanParams(f.sql, used)
 		if err != nil {
 			return fmt.Errorf("fence: %s fragment %q: %w", f.what, f.sql, err)
 		}
@@ -168,4 +170,14 @@ func checkParams(nargs int, frags ...fragment) error {
 type fragment struct {
 	what string
 	sql  string
+}
+
+// closed returns frag ready to have SQL appended: with a newline added when
+// it ends inside a -- comment, which would otherwise swallow what follows.
+// Call it on fragments checkParams accepted.
+func closed(frag string) string {
+	if _, open, err := scanParams(frag, map[int]struct{}{}); err == nil && open {
+		return frag + "\n"
+	}
+	return frag
 }

@@ -13,7 +13,7 @@ import (
 func params(t *testing.T, frag string) ([]int, error) {
 	t.Helper()
 	used := map[int]struct{}{}
-	_, err := scanParams(frag, used)
+	_, _, err := scanParams(frag, used)
 	return slices.Sorted(maps.Keys(used)), err
 }
 
@@ -80,7 +80,7 @@ func FuzzScanParams(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		used := map[int]struct{}{}
-		highest, err := scanParams(s, used)
+		highest, _, err := scanParams(s, used)
 		if err == nil {
 			for p := range used {
 				require.True(t, p >= 1 && p <= maxParams && p <= highest)
@@ -91,6 +91,10 @@ func FuzzScanParams(f *testing.F) {
 			}
 			// A newline ends any line comment; a placeholder after it counts.
 			got, err := params(t, s+"\n+$1")
+			require.NoError(t, err)
+			require.Contains(t, got, 1)
+			// closed leaves no comment open.
+			got, err = params(t, closed(s)+"+$1")
 			require.NoError(t, err)
 			require.Contains(t, got, 1)
 		}

@@ -82,9 +82,9 @@ func (s *UpdateStmt) SQL(nargs int) (string, error) {
 		return "", err
 	}
 	tok := nargs + 1
-	where := "(" + s.where + ")"
+	where := "(" + closed(s.where) + ")"
 	return s.g.with(where, tok) + fmt.Sprintf(updateCTE,
-		s.g.tableName(), s.set, s.g.col(), tok,
+		s.g.tableName(), closed(s.set), s.g.col(), tok,
 		s.g.writeWhere(where, tok)) + s.g.result(), nil
 }
 

@@ -186,3 +186,22 @@ func TestUpdateDatabaseErrorIsWrapped(t *testing.T) {
 	require.ErrorContains(t, err, `guarded write to "nope"`)
 	require.False(t, errors.Is(err, pgfence.ErrFenced))
 }
+
+func TestFragmentsEndingInLineComments(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	b.account(t, 1, 100, 0)
+	tok := b.nextToken(t)
+	_, err := fence.Update("accounts").Set("balance = balance + $1 -- add").Where("id = $2 -- the account").
+		Exec(ctx, b.pool, tok, 5, 1)
+	require.NoError(t, err)
+	_, err = fence.Upsert("accounts").Columns("id", "balance").Values("$1 -- id", "$2 -- balance").OnConflict("id").
+		Set("balance = excluded.balance -- replace").Exec(ctx, b.pool, tok, 1, 7)
+	require.NoError(t, err)
+	bal, _ := b.row(t, 1)
+	require.Equal(t, int64(7), bal)
+	_, err = fence.Delete("accounts").Where("id = $1 -- gone").Exec(ctx, b.pool, tok, 1)
+	require.NoError(t, err)
+	require.Equal(t, 0, countAccounts(t, b))
+}

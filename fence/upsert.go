@@ -102,10 +102,11 @@ func (s *UpsertStmt) SQL(nargs int) (string, error) {
 	col := s.g.col()
 	valueOf := make(map[string]string, len(s.columns))
 	cols := make([]string, 0, len(s.columns)+1)
+	values := make([]string, len(s.values))
 	for i, name := range s.columns {
-		q := pgx.Identifier{name}.Sanitize()
-		valueOf[name] = s.values[i]
-		cols = append(cols, q)
+		values[i] = closed(s.values[i])
+		valueOf[name] = values[i]
+		cols = append(cols, pgx.Identifier{name}.Sanitize())
 	}
 	cols = append(cols, col)
 	var match, conflict []string
@@ -116,7 +117,7 @@ func (s *UpsertStmt) SQL(nargs int) (string, error) {
 		match = append(match, fmt.Sprintf("%s = (%s)", q, valueOf[name]))
 		conflict = append(conflict, q)
 	}
-	set := s.set
+	set := closed(s.set)
 	if set == "" {
 		var sets []string
 		for _, name := range s.columns {
@@ -134,7 +135,7 @@ func (s *UpsertStmt) SQL(nargs int) (string, error) {
 	// part), which ON CONFLICT DO UPDATE accepts for a schema-qualified
 	// table too.
 	existing := pgx.Identifier{s.g.table[len(s.g.table)-1]}.Sanitize()
-	vals := strings.Join(s.values, ", ")
+	vals := strings.Join(values, ", ")
 	return s.g.with(strings.Join(match, " AND "), tok) + fmt.Sprintf(upsertCTE,
 		s.g.tableName(), strings.Join(cols, ", "), vals, tok, and(s.g.gates(tok)...),
 		strings.Join(conflict, ", "), set, col, existing, s.g.op()) + s.g.result(), nil

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence"
@@ -202,6 +203,41 @@ func TestFragmentsEndingInLineComments(t *testing.T) {
 	bal, _ := b.row(t, 1)
 	require.Equal(t, int64(7), bal)
 	_, err = fence.Delete("accounts").Where("id = $1 -- gone").Exec(ctx, b.pool, tok, 1)
+	require.NoError(t, err)
+	require.Equal(t, 0, countAccounts(t, b))
+}
+
+// Every pgx handle a caller may hold can run a guarded write.
+var (
+	_ pgfence.DB = (*pgxpool.Pool)(nil)
+	_ pgfence.DB = (*pgxpool.Conn)(nil)
+	_ pgfence.DB = (*pgx.Conn)(nil)
+	_ pgfence.DB = pgx.Tx(nil)
+)
+
+// Behind a transaction-pooling proxy, pgx is often set to the simple
+// protocol, which interpolates arguments client-side.
+func TestSimpleProtocolAndPoolConn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	pool := b.db.NewPool(t, func(c *pgxpool.Config) {
+		c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	})
+	stale, tok := b.nextToken(t), b.nextToken(t)
+	tokL := b.acquireLease(t, "ledger", "A")
+
+	_, err := upsertAccount.Exec(ctx, pool, tok, 1, 100)
+	require.NoError(t, err)
+	_, err = addBalance.Exec(ctx, pool, stale, 5, 1)
+	require.ErrorIs(t, err, pgfence.ErrFenced)
+	_, err = addBalance.UnderLease("ledger").Exec(ctx, pool, tokL, 5, 1)
+	require.NoError(t, err)
+
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = deleteAccount.Exec(ctx, conn, tokL, 1)
 	require.NoError(t, err)
 	require.Equal(t, 0, countAccounts(t, b))
 }

@@ -140,6 +140,7 @@ func (g *guard) gates(tok int) []string {
 // and joins conditions into a WHERE clause continued on new lines.
 func and(conds ...string) string { return strings.Join(conds, "\n    AND ") }
 
+// result renders the statement's final SELECT.
 func (g *guard) result() string {
 	if g.leased {
 		return fmt.Sprintf(resultSQL, leaseGate)
@@ -171,11 +172,10 @@ func (g *guard) run(ctx context.Context, db pgfence.DB, sql string, token int64,
 	}
 	err := db.QueryRow(ctx, sql, all...).Scan(&o.written, &o.matched, &o.current, &o.nulls, &o.leaseHeld)
 	if err != nil {
-		if c := Classify(err); c != err {
-			if stale := (*StaleTokenError)(nil); errors.As(c, &stale) {
-				stale.Table = g.tableName()
-			}
-			return o, c
+		var stale *StaleTokenError
+		if errors.As(Classify(err), &stale) {
+			stale.Table = g.tableName()
+			return o, stale
 		}
 		return o, fmt.Errorf("fence: guarded write to %s: %w", g.tableName(), err)
 	}

@@ -124,3 +124,26 @@ func TestUserMigrationProtectsExistingTable(t *testing.T) {
 	require.NoError(t, exec("UPDATE accounts SET balance = 0 WHERE id = 1"))
 	require.NoError(t, exec(migrationUp), "the down migration removed everything the up created")
 }
+
+func TestBuilderMapsTriggerRejection(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	cur, tok := b.nextToken(t), b.nextToken(t)
+	b.account(t, 1, 100, cur)
+	// A misbehaving trigger (it fires before accounts_fence, by name) moves
+	// the token backwards behind the builder's back; pgfence_guard catches it.
+	b.exec(t, `CREATE FUNCTION rewind() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN NEW.fence_token := 0; RETURN NEW; END $$;
+		CREATE TRIGGER accounts_a_rewind BEFORE UPDATE ON accounts
+		    FOR EACH ROW EXECUTE FUNCTION rewind();`)
+	_, err := addBalance.Exec(ctx, b.pool, tok, 5, 1)
+	var se *fence.StaleTokenError
+	require.ErrorAs(t, err, &se)
+	require.Equal(t, `"accounts"`, se.Table)
+	require.Zero(t, se.Presented)
+	require.Equal(t, cur, se.Current)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, fence.SQLState, pgErr.Code)
+}

@@ -1,0 +1,103 @@
+package fence
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgfence/pgfence"
+)
+
+// DeleteStmt is a guarded DELETE, built with [Delete] or [DeleteIdent]. Its
+// methods return a modified copy, so a statement can be built once and
+// reused. The zero value is not usable.
+type DeleteStmt struct {
+	g     guard
+	where string
+}
+
+// Delete starts a guarded DELETE from table, given as "table" or
+// "schema.table", as for [Update].
+func Delete(table string) *DeleteStmt {
+	id, err := parseTable(table)
+	return &DeleteStmt{g: newGuard(id, err)}
+}
+
+// DeleteIdent starts a guarded DELETE from the table named by an identifier
+// of one part (table) or two (schema, table), taken literally.
+func DeleteIdent(table pgx.Identifier) *DeleteStmt {
+	return &DeleteStmt{g: newGuard(table, nil)}
+}
+
+// Where sets the caller's condition choosing the rows, as for
+// [UpdateStmt.Where]. It is required.
+func (s *DeleteStmt) Where(frag string) *DeleteStmt { c := *s; c.where = frag; return &c }
+
+// Column sets the guard column; the default is [DefaultColumn].
+func (s *DeleteStmt) Column(name string) *DeleteStmt { c := *s; c.g.column = name; return &c }
+
+// Strict makes the guard a strict comparison, column < token.
+func (s *DeleteStmt) Strict() *DeleteStmt { c := *s; c.g.strict = true; return &c }
+
+// UnderLease makes the delete also require that the lease name is held
+// with the token, as for [UpdateStmt.UnderLease].
+func (s *DeleteStmt) UnderLease(name string) *DeleteStmt {
+	c := *s
+	c.g.lease, c.g.leased = name, true
+	return &c
+}
+
+// SQL returns the statement Exec sends for a call with nargs arguments, as
+// for [UpdateStmt.SQL].
+func (s *DeleteStmt) SQL(nargs int) (string, error) {
+	if err := s.g.check(); err != nil {
+		return "", err
+	}
+	if s.where == "" {
+		return "", fmt.Errorf("fence: Delete(%s) has no Where fragment; Where(\"true\") guards every row", s.g.tableName())
+	}
+	if err := checkParams(nargs, fragment{"Where", s.where}); err != nil {
+		return "", err
+	}
+	tok := nargs + 1
+	where := "(" + closed(s.where) + ")"
+	return s.g.with(where, tok) + fmt.Sprintf(deleteCTE,
+		s.g.tableName(), s.g.writeWhere(where, tok, fmt.Sprintf(setTokenSQL, tok))) + s.g.result(), nil
+}
+
+// deleteCTE deletes the rows, only if the gates pass, and only rows whose
+// token the presented one does not make stale. It also sets pgfence.token
+// for the rest of the transaction, so the pgfence_guard trigger checks each
+// row against the token too.
+const deleteCTE = `pgfence_write AS (
+    DELETE FROM %[1]s
+    WHERE %[2]s
+    RETURNING 1
+)`
+
+// setTokenSQL sets pgfence.token for the rest of the transaction, before
+// any row is deleted, so the pgfence_guard trigger can check deletes.
+const setTokenSQL = `set_config('pgfence.token', $%d::bigint::text, true) IS NOT NULL`
+
+// Exec runs the guarded DELETE on db with the caller's args and the fencing
+// token, in one round trip: the rows the Where matches are deleted only if
+// none of them carries a newer token. Results and errors are as for
+// [UpdateStmt.Exec], with a "DELETE n" tag. As a side effect, the
+// transaction's pgfence.token setting is set to token (see the package
+// documentation on the trigger).
+func (s *DeleteStmt) Exec(ctx context.Context, db pgfence.DB, token int64, args ...any) (pgconn.CommandTag, error) {
+	sql, err := s.SQL(len(args))
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	o, err := s.g.run(ctx, db, sql, token, args)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	if err := s.g.classify(o, token, true); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return tag("DELETE", o.written), nil
+}

@@ -1,0 +1,200 @@
+package fence_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/fence"
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+// exampleTB lets an Example use the test harness, which takes a
+// testing.TB. Only the methods the harness calls are implemented; a failure
+// panics, which fails the Example.
+type exampleTB struct {
+	testing.TB
+	cleanups []func()
+}
+
+func (e *exampleTB) Helper()                      {}
+func (e *exampleTB) Name() string                 { return "Example" }
+func (e *exampleTB) Failed() bool                 { return false }
+func (e *exampleTB) Logf(string, ...any)          {}
+func (e *exampleTB) Cleanup(f func())             { e.cleanups = append(e.cleanups, f) }
+func (e *exampleTB) Fatal(args ...any)            { panic(fmt.Sprint(args...)) }
+func (e *exampleTB) Fatalf(f string, args ...any) { panic(fmt.Sprintf(f, args...)) }
+func (e *exampleTB) Errorf(f string, args ...any) { panic(fmt.Sprintf(f, args...)) }
+func (e *exampleTB) done() {
+	for i := len(e.cleanups) - 1; i >= 0; i-- {
+		e.cleanups[i]()
+	}
+}
+
+// must panics on err, to keep the Examples short.
+func must(err error) {
+	if err != nil {
+		panic(err)
+	}
+}
+
+// The stale-holder story: holder A's lock passes to B, which writes; A's
+// late write is rejected and the row keeps B's value.
+func Example() {
+	tb := &exampleTB{}
+	defer tb.done()
+	pool := pgtest.NewDB(tb).Pool
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `CREATE TABLE accounts (
+		id int PRIMARY KEY, balance bigint NOT NULL, fence_token bigint NOT NULL DEFAULT 0);
+		INSERT INTO accounts (id, balance) VALUES (42, 100)`)
+	must(err)
+	var tokenA, tokenB int64 // as the lock strategies hand them out
+	must(pool.QueryRow(ctx, "SELECT pgfence_next_token(), pgfence_next_token()").Scan(&tokenA, &tokenB))
+
+	addBalance := fence.Update("accounts").Set("balance = balance + $1").Where("id = $2")
+
+	tag, err := addBalance.Exec(ctx, pool, tokenB, 10, 42) // B, the new holder
+	fmt.Println("B:", tag, err)
+
+	_, err = addBalance.Exec(ctx, pool, tokenA, 99, 42) // A, paused past its TTL, wakes up
+	fmt.Println("A fenced:", errors.Is(err, pgfence.ErrFenced))
+	var stale *fence.StaleTokenError
+	if errors.As(err, &stale) {
+		fmt.Println("A presented", stale.Presented, "but the row carries", stale.Current)
+	}
+
+	_, err = addBalance.Exec(ctx, pool, tokenB, 10, 7)
+	fmt.Println("missing row:", errors.Is(err, pgx.ErrNoRows))
+
+	var balance int64
+	must(pool.QueryRow(ctx, "SELECT balance FROM accounts WHERE id = 42").Scan(&balance))
+	fmt.Println("balance:", balance)
+	// Output:
+	// B: UPDATE 1 <nil>
+	// A fenced: true
+	// A presented 1 but the row carries 2
+	// missing row: true
+	// balance: 110
+}
+
+func ExampleUpdateStmt_SQL() {
+	stmt := fence.Update("accounts").Set("balance = balance + $1").Where("id = $2")
+	sql, err := stmt.SQL(2)
+	fmt.Println(sql, err)
+	// Output:
+	// WITH pgfence_target AS (
+	//     SELECT "fence_token" AS pgfence_token FROM "accounts"
+	//     WHERE (id = $2)
+	//     FOR UPDATE
+	// ), pgfence_write AS (
+	//     UPDATE "accounts" SET balance = balance + $1, "fence_token" = $3
+	//     WHERE (id = $2)
+	//     AND "fence_token" <= $3
+	//     AND NOT EXISTS (SELECT FROM pgfence_target WHERE (pgfence_token <= $3) IS NOT TRUE)
+	//     RETURNING 1
+	// )
+	// SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
+	//     count(*) FILTER (WHERE pgfence_token IS NULL), true
+	// FROM pgfence_target <nil>
+}
+
+func ExampleUpdateStmt_SQL_badInput() {
+	stmt := fence.Update("accounts").Set("note = 'costs $2'").Where("id = $1")
+	_, err := stmt.SQL(2)
+	fmt.Println(err)
+	// Output:
+	// fence: the fragments use placeholders up to $1 but 2 argument(s) were given; the fencing token takes $3
+}
+
+// A lease-checked write from holder A, after B took the lease over.
+func ExampleUpdateStmt_UnderLease() {
+	tb := &exampleTB{}
+	defer tb.done()
+	pool := pgtest.NewDB(tb).Pool
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `CREATE TABLE jobs (id int PRIMARY KEY, state text NOT NULL,
+		fence_token bigint NOT NULL DEFAULT 0);
+		INSERT INTO jobs (id, state) VALUES (1, 'queued')`)
+	must(err)
+	// A holds the lease "scheduler", then B takes it over (as the lease
+	// table strategy would, with a newer token).
+	const take = `INSERT INTO pgfence_leases (name, owner, fence, expires_at)
+		VALUES ('scheduler', $1, pgfence_next_token(), now() + interval '30 seconds')
+		ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, fence = excluded.fence,
+		    expires_at = excluded.expires_at
+		RETURNING fence`
+	var tokenA, tokenB int64
+	must(pool.QueryRow(ctx, take, "A").Scan(&tokenA))
+	must(pool.QueryRow(ctx, take, "B").Scan(&tokenB))
+
+	run := fence.Update("jobs").Set("state = $1").Where("id = $2").UnderLease("scheduler")
+	_, err = run.Exec(ctx, pool, tokenA, "running on A", 1)
+	fmt.Println("lease lost:", errors.Is(err, pgfence.ErrLeaseLost), "fenced:", errors.Is(err, pgfence.ErrFenced))
+	_, err = run.Exec(ctx, pool, tokenB, "running on B", 1)
+	fmt.Println("B:", err)
+	// Output:
+	// lease lost: true fenced: true
+	// B: <nil>
+}
+
+func ExampleUpsert() {
+	stmt := fence.Upsert("accounts").Columns("id", "balance").Values("$1", "$2").OnConflict("id")
+	sql, _ := stmt.SQL(2)
+	fmt.Println(sql)
+	// Output:
+	// WITH pgfence_target AS (
+	//     SELECT "fence_token" AS pgfence_token FROM "accounts"
+	//     WHERE "id" = ($1)
+	//     FOR UPDATE
+	// ), pgfence_write AS (
+	//     INSERT INTO "accounts" ("id", "balance", "fence_token")
+	//     SELECT $1, $2, $3::bigint
+	//     WHERE NOT EXISTS (SELECT FROM pgfence_target WHERE (pgfence_token <= $3) IS NOT TRUE)
+	//     ON CONFLICT ("id") DO UPDATE SET "balance" = excluded."balance", "fence_token" = excluded."fence_token"
+	//     WHERE "accounts"."fence_token" <= excluded."fence_token"
+	//     RETURNING 1
+	// )
+	// SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
+	//     count(*) FILTER (WHERE pgfence_token IS NULL), true
+	// FROM pgfence_target
+}
+
+func ExamplePredicate() {
+	const addBalance = `UPDATE accounts SET balance = balance + $1, fence_token = $3
+WHERE id = $2 AND `
+	fmt.Println(addBalance + fence.Predicate("fence_token", 3, false))
+	fmt.Println(fence.Predicate("", 2, true))
+	// Output:
+	// UPDATE accounts SET balance = balance + $1, fence_token = $3
+	// WHERE id = $2 AND "fence_token" <= $3
+	// "fence_token" < $2
+}
+
+// Plain SQL on a table with the pgfence_guard trigger: Check tells a stale
+// write from a missing row.
+func ExampleCheck() {
+	tb := &exampleTB{}
+	defer tb.done()
+	pool := pgtest.NewDB(tb).Pool
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, accountsDDL+`
+		INSERT INTO accounts (id, balance, fence_token) VALUES (42, 100, 7)`)
+	must(err)
+	const addBalance = `UPDATE accounts SET balance = balance + $1, fence_token = $2 WHERE id = $3`
+
+	_, err = fence.Check(pool.Exec(ctx, addBalance, 10, int64(6), 42))
+	fmt.Println(err)
+	_, err = fence.Check(pool.Exec(ctx, addBalance, 10, int64(8), 43))
+	fmt.Println(errors.Is(err, pgx.ErrNoRows))
+	tag, err := fence.Check(pool.Exec(ctx, addBalance, 10, int64(8), 42))
+	fmt.Println(tag, err)
+	// Output:
+	// pgfence: write rejected: stale fencing token 6, row carries 7
+	// true
+	// UPDATE 1 <nil>
+}

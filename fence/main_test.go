@@ -1,0 +1,107 @@
+package fence_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// accountsDDL is a protected table as a user would create it: a guard
+// column and the pgfence_guard trigger.
+const accountsDDL = `
+CREATE TABLE accounts (
+    id          int    PRIMARY KEY,
+    balance     bigint NOT NULL,
+    fence_token bigint NOT NULL DEFAULT 0
+);
+CREATE TRIGGER accounts_fence
+    BEFORE UPDATE OR DELETE ON accounts
+    FOR EACH ROW EXECUTE FUNCTION pgfence_guard('fence_token');`
+
+type testBundle struct {
+	db   *pgtest.DB
+	pool *pgxpool.Pool
+}
+
+// setup returns a fresh database with the accounts table.
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	db := pgtest.NewDB(t)
+	_, err := db.Pool.Exec(context.Background(), accountsDDL)
+	require.NoError(t, err)
+	return &testBundle{db: db, pool: db.Pool}
+}
+
+// exec runs SQL that must succeed.
+func (b *testBundle) exec(t *testing.T, sql string, args ...any) {
+	t.Helper()
+	_, err := b.pool.Exec(context.Background(), sql, args...)
+	require.NoError(t, err)
+}
+
+// account inserts an account row carrying token.
+func (b *testBundle) account(t *testing.T, id int, balance, token int64) {
+	t.Helper()
+	b.exec(t, "INSERT INTO accounts (id, balance, fence_token) VALUES ($1, $2, $3)", id, balance, token)
+}
+
+// row returns an account's balance and token.
+func (b *testBundle) row(t *testing.T, id int) (balance, token int64) {
+	t.Helper()
+	require.NoError(t, b.pool.QueryRow(context.Background(),
+		"SELECT balance, fence_token FROM accounts WHERE id = $1", id).Scan(&balance, &token))
+	return balance, token
+}
+
+// nextToken draws a fencing token the way the lock strategies do.
+func (b *testBundle) nextToken(t *testing.T) int64 {
+	t.Helper()
+	var tok int64
+	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT pgfence_next_token()").Scan(&tok))
+	return tok
+}
+
+// acquireLease writes the pgfence_leases row for name as a lock strategy
+// would on acquisition or takeover, and returns the holder's token.
+func (b *testBundle) acquireLease(t *testing.T, name, owner string) int64 {
+	t.Helper()
+	var tok int64
+	require.NoError(t, b.pool.QueryRow(context.Background(), acquireLeaseSQL, name, owner).Scan(&tok))
+	return tok
+}
+
+// acquireLeaseSQL takes the lease for one minute, whoever held it.
+const acquireLeaseSQL = `
+INSERT INTO pgfence_leases (name, owner, fence, expires_at)
+VALUES ($1, $2, pgfence_next_token(), now() + interval '1 minute')
+ON CONFLICT (name) DO UPDATE
+SET owner = excluded.owner, fence = excluded.fence, acquired_at = now(), expires_at = excluded.expires_at
+RETURNING fence`
+
+// waitForLockWait returns once a backend running a query that contains
+// marker waits for a lock. It polls pg_stat_activity: the only signal
+// PostgreSQL gives that a statement is blocked.
+func (b *testBundle) waitForLockWait(t *testing.T, marker string) {
+	t.Helper()
+	ctx := context.Background()
+	for i := 0; ; i++ {
+		var waiting bool
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT EXISTS (
+			SELECT FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'
+			  AND query LIKE '%' || $1 || '%' AND pid <> pg_backend_pid())`, marker).Scan(&waiting))
+		if waiting {
+			return
+		}
+		require.Less(t, i, 100000, fmt.Sprintf("no backend running %q started waiting for a lock", marker))
+		_, err := b.pool.Exec(ctx, "SELECT pg_sleep(0.005)")
+		require.NoError(t, err)
+	}
+}

@@ -1,0 +1,323 @@
+package fence_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence/fence"
+)
+
+// sqlBuilder is what the golden tests need of a builder.
+type sqlBuilder interface {
+	SQL(nargs int) (string, error)
+}
+
+func TestSQLGolden(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		stmt  sqlBuilder
+		nargs int
+		want  string
+	}{
+		{
+			name:  "update",
+			stmt:  fence.Update("accounts").Set("balance = balance + $1").Where("id = $2"),
+			nargs: 2,
+			want: `WITH pgfence_target AS (
+    SELECT "fence_token" AS pgfence_token FROM "accounts"
+    WHERE (id = $2)
+    FOR UPDATE
+), pgfence_write AS (
+    UPDATE "accounts" SET balance = balance + $1, "fence_token" = $3
+    WHERE (id = $2)
+    AND "fence_token" <= $3
+    AND NOT EXISTS (SELECT FROM pgfence_target WHERE (pgfence_token <= $3) IS NOT TRUE)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
+    count(*) FILTER (WHERE pgfence_token IS NULL), true
+FROM pgfence_target`,
+		},
+		{
+			name:  "update strict, custom column, schema-qualified",
+			stmt:  fence.Update("billing.accounts").Set("note = 'pay $5'").Where("id = $1").Column("Token").Strict(),
+			nargs: 1,
+			want: `WITH pgfence_target AS (
+    SELECT "Token" AS pgfence_token FROM "billing"."accounts"
+    WHERE (id = $1)
+    FOR UPDATE
+), pgfence_write AS (
+    UPDATE "billing"."accounts" SET note = 'pay $5', "Token" = $2
+    WHERE (id = $1)
+    AND "Token" < $2
+    AND NOT EXISTS (SELECT FROM pgfence_target WHERE (pgfence_token < $2) IS NOT TRUE)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
+    count(*) FILTER (WHERE pgfence_token IS NULL), true
+FROM pgfence_target`,
+		},
+		{
+			name:  "update under lease, identifier with a dot",
+			stmt:  fence.UpdateIdent(pgx.Identifier{"odd.name"}).Set("v = 1").Where("true").UnderLease("jobs"),
+			nargs: 0,
+			want: `WITH pgfence_lease AS (
+    SELECT FROM pgfence_leases
+    WHERE name = $2 AND fence = $1::bigint AND expires_at > clock_timestamp()
+    FOR SHARE
+), pgfence_target AS (
+    SELECT "fence_token" AS pgfence_token FROM "odd.name"
+    WHERE (true)
+    AND EXISTS (SELECT FROM pgfence_lease)
+    FOR UPDATE
+), pgfence_write AS (
+    UPDATE "odd.name" SET v = 1, "fence_token" = $1
+    WHERE (true)
+    AND "fence_token" <= $1
+    AND EXISTS (SELECT FROM pgfence_lease)
+    AND NOT EXISTS (SELECT FROM pgfence_target WHERE (pgfence_token <= $1) IS NOT TRUE)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
+    count(*) FILTER (WHERE pgfence_token IS NULL), EXISTS (SELECT FROM pgfence_lease)
+FROM pgfence_target`,
+		},
+		{
+			name:  "delete",
+			stmt:  fence.Delete("accounts").Where("id = $1"),
+			nargs: 1,
+			want: `WITH pgfence_target AS (
+    SELECT "fence_token" AS pgfence_token FROM "accounts"
+    WHERE (id = $1)
+    FOR UPDATE
+), pgfence_write AS (
+    DELETE FROM "accounts"
+    WHERE (id = $1)
+    AND "fence_token" <= $2
+    AND NOT EXISTS (SELECT FROM pgfence_target WHERE (pgfence_token <= $2) IS NOT TRUE)
+    AND set_config('pgfence.token', $2::bigint::text, true) IS NOT NULL
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
+    count(*) FILTER (WHERE pgfence_token IS NULL), true
+FROM pgfence_target`,
+		},
+		{
+			name:  "upsert, default set",
+			stmt:  fence.Upsert("accounts").Columns("id", "balance").Values("$1", "$2").OnConflict("id"),
+			nargs: 2,
+			want: `WITH pgfence_target AS (
+    SELECT "fence_token" AS pgfence_token FROM "accounts"
+    WHERE "id" = ($1)
+    FOR UPDATE
+), pgfence_write AS (
+    INSERT INTO "accounts" ("id", "balance", "fence_token")
+    SELECT $1, $2, $3::bigint
+    WHERE NOT EXISTS (SELECT FROM pgfence_target WHERE (pgfence_token <= $3) IS NOT TRUE)
+    ON CONFLICT ("id") DO UPDATE SET "balance" = excluded."balance", "fence_token" = excluded."fence_token"
+    WHERE "accounts"."fence_token" <= excluded."fence_token"
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
+    count(*) FILTER (WHERE pgfence_token IS NULL), true
+FROM pgfence_target`,
+		},
+		{
+			name: "upsert, schema, custom set, strict, lease",
+			stmt: fence.Upsert("s.accounts").Columns("id", "balance").Values("$1", "$2").OnConflict("id").
+				Set("balance = accounts.balance + excluded.balance").Strict().UnderLease("l"),
+			nargs: 2,
+			want: `WITH pgfence_lease AS (
+    SELECT FROM pgfence_leases
+    WHERE name = $4 AND fence = $3::bigint AND expires_at > clock_timestamp()
+    FOR SHARE
+), pgfence_target AS (
+    SELECT "fence_token" AS pgfence_token FROM "s"."accounts"
+    WHERE "id" = ($1)
+    AND EXISTS (SELECT FROM pgfence_lease)
+    FOR UPDATE
+), pgfence_write AS (
+    INSERT INTO "s"."accounts" ("id", "balance", "fence_token")
+    SELECT $1, $2, $3::bigint
+    WHERE EXISTS (SELECT FROM pgfence_lease)
+    AND NOT EXISTS (SELECT FROM pgfence_target WHERE (pgfence_token < $3) IS NOT TRUE)
+    ON CONFLICT ("id") DO UPDATE SET balance = accounts.balance + excluded.balance, "fence_token" = excluded."fence_token"
+    WHERE "accounts"."fence_token" < excluded."fence_token"
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
+    count(*) FILTER (WHERE pgfence_token IS NULL), EXISTS (SELECT FROM pgfence_lease)
+FROM pgfence_target`,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got, err := tt.stmt.SQL(tt.nargs)
+			require.NoError(t, err)
+			require.Equal(t, tt.want, got)
+		})
+	}
+}
+
+// noDB fails the test if a statement reaches it: bad input must be
+// reported before anything is sent.
+type noDB struct{ t *testing.T }
+
+func (d noDB) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
+	d.t.Error("Exec reached the database")
+	return pgconn.CommandTag{}, nil
+}
+
+func (d noDB) Query(context.Context, string, ...any) (pgx.Rows, error) {
+	d.t.Error("Query reached the database")
+	return nil, nil
+}
+
+func (d noDB) QueryRow(context.Context, string, ...any) pgx.Row {
+	d.t.Error("QueryRow reached the database")
+	return nil
+}
+
+func TestBadInputIsRejectedBeforeSending(t *testing.T) {
+	t.Parallel()
+	ok := fence.Update("accounts").Set("balance = $1").Where("id = $2")
+	long := "a123456789b123456789c123456789d123456789e123456789f123456789g1234"
+	tests := []struct {
+		name  string
+		exec  func(db noDB) error
+		token int64
+		want  string
+	}{
+		{"empty table", func(db noDB) error {
+			_, err := fence.Update("").Set("v = 1").Where("true").Exec(context.Background(), db, 1)
+			return err
+		}, 1, "empty table name"},
+		{"empty schema", func(db noDB) error {
+			_, err := fence.Update(".accounts").Set("v = 1").Where("true").Exec(context.Background(), db, 1)
+			return err
+		}, 1, "empty table name"},
+		{"three parts", func(db noDB) error {
+			_, err := fence.Delete("a.b.c").Where("true").Exec(context.Background(), db, 1)
+			return err
+		}, 1, "more than two"},
+		{"quoted name", func(db noDB) error {
+			_, err := fence.Delete(`"Accounts"`).Where("true").Exec(context.Background(), db, 1)
+			return err
+		}, 1, "double quote"},
+		{"empty ident", func(db noDB) error {
+			_, err := fence.UpdateIdent(nil).Set("v = 1").Where("true").Exec(context.Background(), db, 1)
+			return err
+		}, 1, "empty table name"},
+		{"NUL in ident", func(db noDB) error {
+			_, err := fence.UpdateIdent(pgx.Identifier{"a\x00b"}).Set("v = 1").Where("true").Exec(context.Background(), db, 1)
+			return err
+		}, 1, "NUL byte"},
+		{"too long", func(db noDB) error {
+			_, err := fence.Update(long).Set("v = 1").Where("true").Exec(context.Background(), db, 1)
+			return err
+		}, 1, "longer than 63 bytes"},
+		{"empty column", func(db noDB) error {
+			_, err := ok.Column("").Exec(context.Background(), db, 1, 1, 2)
+			return err
+		}, 1, "empty guard column name"},
+		{"zero token", func(db noDB) error {
+			_, err := ok.Exec(context.Background(), db, 0, 1, 2)
+			return err
+		}, 0, "token 0 is not positive"},
+		{"negative token", func(db noDB) error {
+			_, err := fence.Delete("accounts").Where("id = $1").Exec(context.Background(), db, -5, 1)
+			return err
+		}, -5, "token -5 is not positive"},
+		{"too few args", func(db noDB) error {
+			_, err := ok.Exec(context.Background(), db, 1, 1)
+			return err
+		}, 1, "placeholders up to $2 but 1 argument(s)"},
+		{"too many args", func(db noDB) error {
+			_, err := ok.Exec(context.Background(), db, 1, 1, 2, 3)
+			return err
+		}, 1, "placeholders up to $2 but 3 argument(s)"},
+		{"gap", func(db noDB) error {
+			_, err := fence.Update("accounts").Set("balance = $1").Where("id = $3").Exec(context.Background(), db, 1, 1, 2, 3)
+			return err
+		}, 1, "$2 is never used"},
+		{"placeholder in a string does not count", func(db noDB) error {
+			_, err := fence.Update("accounts").Set("note = '$2'").Where("id = $1").Exec(context.Background(), db, 1, 1, 2)
+			return err
+		}, 1, "placeholders up to $1 but 2 argument(s)"},
+		{"unterminated string", func(db noDB) error {
+			_, err := fence.Update("accounts").Set("note = 'x").Where("id = $1").Exec(context.Background(), db, 1, 1)
+			return err
+		}, 1, "unterminated string constant"},
+		{"$0", func(db noDB) error {
+			_, err := fence.Delete("accounts").Where("id = $0").Exec(context.Background(), db, 1)
+			return err
+		}, 1, "out of range"},
+		{"no set", func(db noDB) error {
+			_, err := fence.Update("accounts").Where("id = $1").Exec(context.Background(), db, 1, 1)
+			return err
+		}, 1, "no Set fragment"},
+		{"no where", func(db noDB) error {
+			_, err := fence.Update("accounts").Set("balance = $1").Exec(context.Background(), db, 1, 1)
+			return err
+		}, 1, "no Where fragment"},
+		{"delete without where", func(db noDB) error {
+			_, err := fence.Delete("accounts").Exec(context.Background(), db, 1)
+			return err
+		}, 1, "no Where fragment"},
+		{"empty lease", func(db noDB) error {
+			_, err := ok.UnderLease("").Exec(context.Background(), db, 1, 1, 2)
+			return err
+		}, 1, "empty lease name"},
+		{"upsert without columns", func(db noDB) error {
+			_, err := fence.Upsert("accounts").OnConflict("id").Exec(context.Background(), db, 1)
+			return err
+		}, 1, "no Columns"},
+		{"upsert values mismatch", func(db noDB) error {
+			_, err := fence.Upsert("accounts").Columns("id", "balance").Values("$1").OnConflict("id").Exec(context.Background(), db, 1, 1)
+			return err
+		}, 1, "2 Columns but 1 Values"},
+		{"upsert without conflict", func(db noDB) error {
+			_, err := fence.Upsert("accounts").Columns("id").Values("$1").Exec(context.Background(), db, 1, 1)
+			return err
+		}, 1, "no OnConflict"},
+		{"upsert conflict not a column", func(db noDB) error {
+			_, err := fence.Upsert("accounts").Columns("id").Values("$1").OnConflict("key").Exec(context.Background(), db, 1, 1)
+			return err
+		}, 1, `"key" is not one of Columns`},
+		{"upsert sets guard column", func(db noDB) error {
+			_, err := fence.Upsert("accounts").Columns("id", "fence_token").Values("$1", "$2").OnConflict("id").Exec(context.Background(), db, 1, 1, 2)
+			return err
+		}, 1, "guard column"},
+		{"upsert duplicate column", func(db noDB) error {
+			_, err := fence.Upsert("accounts").Columns("id", "id").Values("$1", "$1").OnConflict("id").Exec(context.Background(), db, 1, 1)
+			return err
+		}, 1, "listed twice"},
+		{"nil db", func(noDB) error {
+			_, err := ok.Exec(context.Background(), nil, 1, 1, 2)
+			return err
+		}, 1, "nil DB"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			err := tt.exec(noDB{t})
+			require.Error(t, err)
+			require.Contains(t, err.Error(), tt.want)
+		})
+	}
+}
+
+func TestPredicate(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, `"fence_token" <= $3`, fence.Predicate("", 3, false))
+	require.Equal(t, `"fence_token" < $3`, fence.Predicate("fence_token", 3, true))
+	require.Equal(t, `"Odd""Col" <= $1`, fence.Predicate(`Odd"Col`, 1, false))
+	require.Panics(t, func() { fence.Predicate("", 0, false) })
+	require.Panics(t, func() { fence.Predicate("", 65536, false) })
+}

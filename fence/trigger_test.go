@@ -1,0 +1,149 @@
+package fence_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/fence"
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+func TestTriggerRejectsRawUpdateWithOldToken(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	stale, cur := b.nextToken(t), b.nextToken(t)
+	b.account(t, 1, 100, cur)
+
+	_, err := fence.Check(b.pool.Exec(ctx,
+		"UPDATE accounts SET balance = 0, fence_token = $1 WHERE id = $2", stale, 1))
+	require.ErrorIs(t, err, pgfence.ErrFenced)
+	var se *fence.StaleTokenError
+	require.ErrorAs(t, err, &se)
+	require.Equal(t, stale, se.Presented)
+	require.Equal(t, cur, se.Current)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, fence.SQLState, pgErr.Code)
+	bal, _ := b.row(t, 1)
+	require.Equal(t, int64(100), bal)
+
+	_, err = fence.Check(b.pool.Exec(ctx, "UPDATE accounts SET fence_token = NULL WHERE id = 1"))
+	require.ErrorIs(t, err, pgfence.ErrFenced, "NULL is not a token")
+
+	_, err = fence.Check(b.pool.Exec(ctx,
+		"UPDATE accounts SET balance = 1, fence_token = $1 WHERE id = $2", cur+1, 2))
+	require.ErrorIs(t, err, pgx.ErrNoRows, "no such row")
+
+	tag, err := fence.Check(b.pool.Exec(ctx,
+		"UPDATE accounts SET balance = 1, fence_token = $1 WHERE id = $2", cur, 1))
+	require.NoError(t, err)
+	require.Equal(t, int64(1), tag.RowsAffected())
+}
+
+func TestTriggerRejectsRawDeleteWithOldToken(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	stale, cur := b.nextToken(t), b.nextToken(t)
+	b.account(t, 1, 100, cur)
+
+	// The plain-SQL delete from the package documentation.
+	const del = `DELETE FROM accounts
+	WHERE id = $1 AND set_config('pgfence.token', $2::bigint::text, true) IS NOT NULL`
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	_, err = tx.Exec(ctx, "SELECT set_config('pgfence.token', $1::bigint::text, true)", stale)
+	require.NoError(t, err)
+	_, err = fence.Check(tx.Exec(ctx, "DELETE FROM accounts WHERE id = 1"))
+	require.ErrorIs(t, err, pgfence.ErrFenced)
+	require.NoError(t, tx.Rollback(ctx))
+	require.Equal(t, 1, countAccounts(t, b))
+
+	_, err = fence.Check(b.pool.Exec(ctx, del, 1, stale))
+	require.ErrorIs(t, err, pgfence.ErrFenced)
+	_, err = fence.Check(b.pool.Exec(ctx, del, 1, cur))
+	require.NoError(t, err)
+	require.Equal(t, 0, countAccounts(t, b))
+}
+
+func TestTriggerAllowsUpdatesThatCarryNoToken(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.account(t, 1, 100, 5)
+	// An UPDATE that leaves the column alone carries no token: the trigger
+	// cannot tell who sent it and lets it through (documented).
+	_, err := fence.Check(b.pool.Exec(context.Background(), "UPDATE accounts SET balance = 1 WHERE id = 1"))
+	require.NoError(t, err)
+}
+
+func TestClassifyLeavesOtherErrorsAlone(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, fence.Classify(nil))
+	other := &pgconn.PgError{Code: "23505"}
+	require.Same(t, other, fence.Classify(other).(*pgconn.PgError))
+	se, ok := fence.Classify(&pgconn.PgError{Code: fence.SQLState, Detail: "garbled"}).(*fence.StaleTokenError)
+	require.True(t, ok)
+	require.Zero(t, se.Presented)
+}
+
+// migrationUp and migrationDown are the user migration shown in the package
+// documentation and README.md.
+const (
+	migrationUp = `ALTER TABLE accounts ADD COLUMN fence_token bigint NOT NULL DEFAULT 0;
+CREATE TRIGGER accounts_fence
+    BEFORE UPDATE OR DELETE ON accounts
+    FOR EACH ROW EXECUTE FUNCTION pgfence_guard('fence_token');`
+	migrationDown = `DROP TRIGGER IF EXISTS accounts_fence ON accounts;
+ALTER TABLE accounts DROP COLUMN IF EXISTS fence_token;`
+)
+
+func TestUserMigrationProtectsExistingTable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	exec := func(sql string, args ...any) error { _, err := db.Pool.Exec(ctx, sql, args...); return err }
+	require.NoError(t, exec("CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL)"))
+	require.NoError(t, exec("INSERT INTO accounts VALUES (1, 100)"))
+
+	require.NoError(t, exec(migrationUp))
+	_, err := addBalance.Exec(ctx, db.Pool, 7, 5, 1)
+	require.NoError(t, err)
+	_, err = addBalance.Exec(ctx, db.Pool, 6, 5, 1)
+	require.ErrorIs(t, err, pgfence.ErrFenced)
+	_, err = fence.Check(db.Pool.Exec(ctx, "UPDATE accounts SET fence_token = 6 WHERE id = 1"))
+	require.ErrorIs(t, err, pgfence.ErrFenced)
+
+	require.NoError(t, exec(migrationDown))
+	require.NoError(t, exec("UPDATE accounts SET balance = 0 WHERE id = 1"))
+	require.NoError(t, exec(migrationUp), "the down migration removed everything the up created")
+}
+
+func TestBuilderMapsTriggerRejection(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	cur, tok := b.nextToken(t), b.nextToken(t)
+	b.account(t, 1, 100, cur)
+	// A misbehaving trigger (it fires before accounts_fence, by name) moves
+	// the token backwards behind the builder's back; pgfence_guard catches it.
+	b.exec(t, `CREATE FUNCTION rewind() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN NEW.fence_token := 0; RETURN NEW; END $$;
+		CREATE TRIGGER accounts_a_rewind BEFORE UPDATE ON accounts
+		    FOR EACH ROW EXECUTE FUNCTION rewind();`)
+	_, err := addBalance.Exec(ctx, b.pool, tok, 5, 1)
+	var se *fence.StaleTokenError
+	require.ErrorAs(t, err, &se)
+	require.Equal(t, `"accounts"`, se.Table)
+	require.Zero(t, se.Presented)
+	require.Equal(t, cur, se.Current)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, fence.SQLState, pgErr.Code)
+}

@@ -1,0 +1,134 @@
+package fence
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgfence/pgfence"
+)
+
+// UpdateStmt is a guarded UPDATE, built with [Update] or [UpdateIdent]. Its
+// methods return a modified copy, so a statement can be built once and
+// reused, concurrently too. The zero value is not usable.
+type UpdateStmt struct {
+	g     guard
+	set   string
+	where string
+}
+
+// Update starts a guarded UPDATE of table, given as "table" or
+// "schema.table" (a dot always separates the schema). For a name that
+// contains a dot or a double quote, use [UpdateIdent]. An invalid name is
+// reported by SQL and Exec.
+func Update(table string) *UpdateStmt {
+	id, err := parseTable(table)
+	return &UpdateStmt{g: newGuard(id, err)}
+}
+
+// UpdateIdent starts a guarded UPDATE of the table named by an identifier
+// of one part (table) or two (schema, table), taken literally.
+func UpdateIdent(table pgx.Identifier) *UpdateStmt {
+	return &UpdateStmt{g: newGuard(table, nil)}
+}
+
+// Set sets the caller's SET list, without the SET keyword, for example
+// "balance = balance + $1". It replaces an earlier Set. The guard column
+// must not be assigned here: the statement sets it to the token.
+func (s *UpdateStmt) Set(frag string) *UpdateStmt { c := *s; c.set = frag; return &c }
+
+// Where sets the caller's condition choosing the rows, without the WHERE
+// keyword, for example "id = $2". It replaces an earlier Where. It is
+// required; Where("true") guards every row of the table. It is evaluated
+// twice (once to lock the rows, once to write them), so it should not call
+// volatile functions.
+func (s *UpdateStmt) Where(frag string) *UpdateStmt { c := *s; c.where = frag; return &c }
+
+// Column sets the guard column; the default is [DefaultColumn].
+func (s *UpdateStmt) Column(name string) *UpdateStmt { c := *s; c.g.column = name; return &c }
+
+// Strict makes the guard a strict comparison, column < token, so each token
+// writes a row at most once. The default, column <= token, lets one holder
+// write the same row many times.
+func (s *UpdateStmt) Strict() *UpdateStmt { c := *s; c.g.strict = true; return &c }
+
+// UnderLease makes the write also require, in the same statement, that the
+// pgfence_leases row name is held with the token (fence = token and
+// expires_at > clock_timestamp()), locking that row FOR SHARE until the
+// transaction ends. See "Lease-checked writes" in the package documentation.
+func (s *UpdateStmt) UnderLease(name string) *UpdateStmt {
+	c := *s
+	c.g.lease, c.g.leased = name, true
+	return &c
+}
+
+// SQL returns the statement Exec sends for a call with nargs arguments: the
+// fragments use $1..$nargs, the token is $nargs+1 and the lease name, with
+// UnderLease, $nargs+2. It reports invalid names, a missing Set or Where, and
+// fragments whose placeholders are not exactly $1..$nargs.
+func (s *UpdateStmt) SQL(nargs int) (string, error) {
+	if err := s.g.check(); err != nil {
+		return "", err
+	}
+	if s.set == "" {
+		return "", fmt.Errorf("fence: Update(%s) has no Set fragment", s.g.tableName())
+	}
+	if s.where == "" {
+		return "", fmt.Errorf("fence: Update(%s) has no Where fragment; Where(\"true\") guards every row", s.g.tableName())
+	}
+	if err := checkParams(nargs, fragment{"Set", s.set}, fragment{"Where", s.where}); err != nil {
+		return "", err
+	}
+	tok := nargs + 1
+	where := "(" + closed(s.where) + ")"
+	return s.g.with(where, tok) + fmt.Sprintf(updateCTE,
+		s.g.tableName(), closed(s.set), s.g.col(), tok,
+		s.g.writeWhere(where, tok)) + s.g.result(), nil
+}
+
+// updateCTE writes the rows, only if the gates pass, and only rows whose
+// token the presented one does not make stale (rechecked on the newest
+// version, which pgfence_target has locked).
+const updateCTE = `pgfence_write AS (
+    UPDATE %[1]s SET %[2]s, %[3]s = $%[4]d
+    WHERE %[5]s
+    RETURNING 1
+)`
+
+// Exec runs the guarded UPDATE on db (a pool, a connection or a pgx.Tx) with
+// the caller's args ($1..$n) and the fencing token, in one round trip. The
+// rows the Where matches are written, and their guard column set to token,
+// only if none of them carries a newer token: all or nothing.
+//
+// On success the tag says how many rows were written. Otherwise nothing was
+// written and the error is, checked in this order:
+//
+//   - a [*LeaseLostError] (errors.Is pgfence.ErrLeaseLost and
+//     pgfence.ErrFenced) when UnderLease is set and the lease is not held
+//     with token;
+//   - a [*StaleTokenError] (errors.Is pgfence.ErrFenced) when a matched row
+//     carries a newer token (or, with Strict, the same one), also when the
+//     pgfence_guard trigger rejected the write;
+//   - an error matching pgx.ErrNoRows when no row matches the Where;
+//   - an error describing bad input (see SQL, and token <= 0), before
+//     anything is sent, or the database's error, wrapped.
+//
+// A rejected write is not a database error: in a transaction, the
+// transaction is still usable (unless the trigger raised the error). ctx
+// covers the one query.
+func (s *UpdateStmt) Exec(ctx context.Context, db pgfence.DB, token int64, args ...any) (pgconn.CommandTag, error) {
+	sql, err := s.SQL(len(args))
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	o, err := s.g.run(ctx, db, sql, token, args)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	if err := s.g.classify(o, token, true); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return tag("UPDATE", o.written), nil
+}

@@ -1,0 +1,215 @@
+package fence
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgfence/pgfence"
+)
+
+// UpsertStmt is a guarded INSERT ... ON CONFLICT DO UPDATE, built with
+// [Upsert] or [UpsertIdent]. It inserts one row carrying the token, or
+// updates the conflicting row only if the row's token does not make the
+// presented one stale (WHERE t.fence_token <= excluded.fence_token). Its
+// methods return a modified copy. The zero value is not usable.
+type UpsertStmt struct {
+	g        guard
+	columns  []string
+	values   []string
+	conflict []string
+	set      string
+}
+
+// Upsert starts a guarded upsert into table, given as "table" or
+// "schema.table", as for [Update].
+func Upsert(table string) *UpsertStmt {
+	id, err := parseTable(table)
+	return &UpsertStmt{g: newGuard(id, err)}
+}
+
+// UpsertIdent starts a guarded upsert into the table named by an identifier
+// of one part (table) or two (schema, table), taken literally.
+func UpsertIdent(table pgx.Identifier) *UpsertStmt {
+	return &UpsertStmt{g: newGuard(table, nil)}
+}
+
+// Columns sets the columns the row is inserted with, not counting the guard
+// column, which the statement adds. It replaces earlier Columns.
+func (s *UpsertStmt) Columns(names ...string) *UpsertStmt {
+	c := *s
+	c.columns = append([]string(nil), names...)
+	return &c
+}
+
+// Values sets one SQL expression per column, in the order of Columns, for
+// example Values("$1", "$2"). It replaces earlier Values. The expressions of
+// the OnConflict columns are evaluated twice (once to lock the existing
+// row), so they should not call volatile functions.
+func (s *UpsertStmt) Values(exprs ...string) *UpsertStmt {
+	c := *s
+	c.values = append([]string(nil), exprs...)
+	return &c
+}
+
+// OnConflict names the columns of the unique index or constraint that
+// identifies the row (the ON CONFLICT target). Each must be one of Columns.
+func (s *UpsertStmt) OnConflict(columns ...string) *UpsertStmt {
+	c := *s
+	c.conflict = append([]string(nil), columns...)
+	return &c
+}
+
+// Set sets the caller's SET list for the conflict case, without the SET
+// keyword; it may refer to the existing row by the table's name and to the
+// proposed row as excluded, for example
+// "balance = accounts.balance + excluded.balance". Without Set, every column
+// that is not an OnConflict column is set from excluded. The statement adds
+// the guard column's assignment.
+func (s *UpsertStmt) Set(frag string) *UpsertStmt { c := *s; c.set = frag; return &c }
+
+// Column sets the guard column; the default is [DefaultColumn].
+func (s *UpsertStmt) Column(name string) *UpsertStmt { c := *s; c.g.column = name; return &c }
+
+// Strict makes the guard a strict comparison, t.column < excluded.column.
+func (s *UpsertStmt) Strict() *UpsertStmt { c := *s; c.g.strict = true; return &c }
+
+// UnderLease makes the upsert also require that the lease name is held with
+// the token, as for [UpdateStmt.UnderLease].
+func (s *UpsertStmt) UnderLease(name string) *UpsertStmt {
+	c := *s
+	c.g.lease, c.g.leased = name, true
+	return &c
+}
+
+// SQL returns the statement Exec sends for a call with nargs arguments, as
+// for [UpdateStmt.SQL].
+func (s *UpsertStmt) SQL(nargs int) (string, error) {
+	if err := s.check(); err != nil {
+		return "", err
+	}
+	frags := []fragment{{"Set", s.set}}
+	for _, v := range s.values {
+		frags = append(frags, fragment{"Values", v})
+	}
+	if err := checkParams(nargs, frags...); err != nil {
+		return "", err
+	}
+	tok := nargs + 1
+	col := s.g.col()
+	valueOf := make(map[string]string, len(s.columns))
+	cols := make([]string, 0, len(s.columns)+1)
+	values := make([]string, len(s.values))
+	for i, name := range s.columns {
+		values[i] = closed(s.values[i])
+		valueOf[name] = values[i]
+		cols = append(cols, pgx.Identifier{name}.Sanitize())
+	}
+	cols = append(cols, col)
+	var match, conflict []string
+	isConflict := make(map[string]bool, len(s.conflict))
+	for _, name := range s.conflict {
+		q := pgx.Identifier{name}.Sanitize()
+		isConflict[name] = true
+		match = append(match, fmt.Sprintf("%s = (%s)", q, valueOf[name]))
+		conflict = append(conflict, q)
+	}
+	set := closed(s.set)
+	if set == "" {
+		var sets []string
+		for _, name := range s.columns {
+			if !isConflict[name] {
+				q := pgx.Identifier{name}.Sanitize()
+				sets = append(sets, q+" = excluded."+q)
+			}
+		}
+		set = strings.Join(sets, ", ")
+	}
+	if set != "" {
+		set += ", "
+	}
+	// The existing row is referred to by the table's own name (its last
+	// part), which ON CONFLICT DO UPDATE accepts for a schema-qualified
+	// table too.
+	existing := pgx.Identifier{s.g.table[len(s.g.table)-1]}.Sanitize()
+	vals := strings.Join(values, ", ")
+	return s.g.with(strings.Join(match, " AND "), tok) + fmt.Sprintf(upsertCTE,
+		s.g.tableName(), strings.Join(cols, ", "), vals, tok, and(s.g.gates(tok)...),
+		strings.Join(conflict, ", "), set, col, existing, s.g.op()) + s.g.result(), nil
+}
+
+// upsertCTE inserts the row, or updates the conflicting one whose token the
+// presented one does not make stale, only if the gates pass. It is an
+// INSERT ... SELECT so the gates can hold it back; the SELECT leaves its
+// parameters' types to the INSERT's columns.
+const upsertCTE = `pgfence_write AS (
+    INSERT INTO %[1]s (%[2]s)
+    SELECT %[3]s, $%[4]d::bigint
+    WHERE %[5]s
+    ON CONFLICT (%[6]s) DO UPDATE SET %[7]s%[8]s = excluded.%[8]s
+    WHERE %[9]s.%[8]s %[10]s excluded.%[8]s
+    RETURNING 1
+)`
+
+func (s *UpsertStmt) check() error {
+	if err := s.g.check(); err != nil {
+		return err
+	}
+	t := s.g.tableName()
+	if len(s.columns) == 0 {
+		return fmt.Errorf("fence: Upsert(%s) has no Columns", t)
+	}
+	if len(s.values) != len(s.columns) {
+		return fmt.Errorf("fence: Upsert(%s) has %d Columns but %d Values", t, len(s.columns), len(s.values))
+	}
+	if len(s.conflict) == 0 {
+		return fmt.Errorf("fence: Upsert(%s) has no OnConflict columns", t)
+	}
+	seen := make(map[string]bool, len(s.columns))
+	for i, name := range s.columns {
+		if err := checkName("column", name); err != nil {
+			return err
+		}
+		if name == s.g.column {
+			return fmt.Errorf("fence: Upsert(%s): the guard column %q is set by the statement; leave it out of Columns", t, name)
+		}
+		if seen[name] {
+			return fmt.Errorf("fence: Upsert(%s): column %q is listed twice", t, name)
+		}
+		seen[name] = true
+		if strings.TrimSpace(s.values[i]) == "" {
+			return fmt.Errorf("fence: Upsert(%s): empty value for column %q", t, name)
+		}
+	}
+	for _, name := range s.conflict {
+		if !seen[name] {
+			return fmt.Errorf("fence: Upsert(%s): OnConflict column %q is not one of Columns", t, name)
+		}
+	}
+	return nil
+}
+
+// Exec runs the guarded upsert on db with the caller's args and the fencing
+// token, in one round trip, and returns the tag "INSERT 0 1" when the row
+// was inserted or updated. Otherwise nothing was written, and the error is a
+// [*LeaseLostError] (with UnderLease), a [*StaleTokenError] when the existing
+// row carries a newer token (Current is 0 when that row was inserted
+// concurrently, after this statement's snapshot), or an error describing bad
+// input or the database's error. An upsert never reports pgx.ErrNoRows.
+func (s *UpsertStmt) Exec(ctx context.Context, db pgfence.DB, token int64, args ...any) (pgconn.CommandTag, error) {
+	sql, err := s.SQL(len(args))
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	o, err := s.g.run(ctx, db, sql, token, args)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	if err := s.g.classify(o, token, false); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return pgconn.NewCommandTag("INSERT 0 1"), nil
+}

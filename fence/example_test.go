@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"testing"
 
 	"github.com/jackc/pgx/v5"
 
@@ -12,28 +11,6 @@ import (
 	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
-
-// exampleTB lets an Example use the test harness, which takes a
-// testing.TB. Only the methods the harness calls are implemented; a failure
-// panics, which fails the Example.
-type exampleTB struct {
-	testing.TB
-	cleanups []func()
-}
-
-func (e *exampleTB) Helper()                      {}
-func (e *exampleTB) Name() string                 { return "Example" }
-func (e *exampleTB) Failed() bool                 { return false }
-func (e *exampleTB) Logf(string, ...any)          {}
-func (e *exampleTB) Cleanup(f func())             { e.cleanups = append(e.cleanups, f) }
-func (e *exampleTB) Fatal(args ...any)            { panic(fmt.Sprint(args...)) }
-func (e *exampleTB) Fatalf(f string, args ...any) { panic(fmt.Sprintf(f, args...)) }
-func (e *exampleTB) Errorf(f string, args ...any) { panic(fmt.Sprintf(f, args...)) }
-func (e *exampleTB) done() {
-	for i := len(e.cleanups) - 1; i >= 0; i-- {
-		e.cleanups[i]()
-	}
-}
 
 // must panics on err, to keep the Examples short.
 func must(err error) {
@@ -45,9 +22,9 @@ func must(err error) {
 // The stale-holder story: holder A's lock passes to B, which writes; A's
 // late write is rejected and the row keeps B's value.
 func Example() {
-	tb := &exampleTB{}
-	defer tb.done()
-	pool := pgtest.NewDB(tb).Pool
+	db, drop := pgtest.ExampleDB()
+	defer drop()
+	pool := db.Pool
 	ctx := context.Background()
 	_, err := pool.Exec(ctx, `CREATE TABLE accounts (
 		id int PRIMARY KEY, balance bigint NOT NULL, fence_token bigint NOT NULL DEFAULT 0);
@@ -113,9 +90,9 @@ func ExampleUpdateStmt_SQL_badInput() {
 
 // A lease-checked write from holder A, after B took the lease over.
 func ExampleUpdateStmt_UnderLease() {
-	tb := &exampleTB{}
-	defer tb.done()
-	pool := pgtest.NewDB(tb).Pool
+	db, drop := pgtest.ExampleDB()
+	defer drop()
+	pool := db.Pool
 	ctx := context.Background()
 	_, err := pool.Exec(ctx, `CREATE TABLE jobs (id int PRIMARY KEY, state text NOT NULL,
 		fence_token bigint NOT NULL DEFAULT 0);
@@ -178,9 +155,9 @@ WHERE id = $2 AND `
 // Plain SQL on a table with the pgfence_guard trigger: Check tells a stale
 // write from a missing row.
 func ExampleCheck() {
-	tb := &exampleTB{}
-	defer tb.done()
-	pool := pgtest.NewDB(tb).Pool
+	db, drop := pgtest.ExampleDB()
+	defer drop()
+	pool := db.Pool
 	ctx := context.Background()
 	_, err := pool.Exec(ctx, accountsDDL+`
 		INSERT INTO accounts (id, balance, fence_token) VALUES (42, 100, 7)`)

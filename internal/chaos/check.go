@@ -3,6 +3,7 @@ package chaos
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -14,12 +15,13 @@ import (
 
 // CheckTokensUnique reports every fencing token granted by more than one
 // successful Acquire, across all lock names: tokens come from one sequence
-// and must never be issued twice.
+// and must never be issued twice. Token 0 means a grant without a token and
+// is ignored.
 func CheckTokensUnique(h History) []string {
 	seen := map[int64]Op{}
 	var out []string
 	for _, op := range h {
-		if op.Kind != Acquire || op.Outcome != Ok {
+		if op.Kind != Acquire || op.Outcome != Ok || op.Token == 0 {
 			continue
 		}
 		if prev, ok := seen[op.Token]; ok {
@@ -34,11 +36,12 @@ func CheckTokensUnique(h History) []string {
 
 // CheckTokensIncreasing reports, per lock name, every pair of successful
 // grants A and B where A completed before B was invoked and B's token is not
-// greater than A's: tokens must increase in grant order.
+// greater than A's: tokens must increase in grant order. Grants without a
+// token (0) are ignored.
 func CheckTokensIncreasing(h History) []string {
 	byName := map[string][]Op{}
 	for _, op := range h {
-		if op.Kind == Acquire && op.Outcome == Ok {
+		if op.Kind == Acquire && op.Outcome == Ok && op.Token != 0 {
 			byName[op.Name] = append(byName[op.Name], op)
 		}
 	}
@@ -55,6 +58,53 @@ func CheckTokensIncreasing(h History) []string {
 				return fmt.Sprintf("lock %q: grant #%d (token %d) follows grant #%d (token %d) but its token is not greater",
 					name, b.Index, b.Token, a.Index, a.Token)
 			})...)
+	}
+	return out
+}
+
+// CheckMutualExclusion reports every pair of processes that certainly held
+// the same lock at the same time: a process certainly holds a lock from the
+// return of its successful Acquire to the invocation of its next Release of
+// that name (or the end of the history). It applies to locks that never
+// expire (advisory locks); leases may overlap once expired, which is what
+// fencing is for.
+func CheckMutualExclusion(h History) []string {
+	type hold struct {
+		op       Op
+		from, to int64
+	}
+	holds := map[string][]hold{}
+	open := map[string]int{} // name/process -> index in holds[name]
+	for _, op := range h {
+		key := fmt.Sprintf("%s\x00%d", op.Name, op.Process)
+		switch {
+		case op.Kind == Acquire && op.Outcome == Ok:
+			open[key] = len(holds[op.Name])
+			holds[op.Name] = append(holds[op.Name], hold{op: op, from: op.Return, to: math.MaxInt64})
+		case op.Kind == Release:
+			if i, ok := open[key]; ok {
+				holds[op.Name][i].to = op.Call
+				delete(open, key)
+			}
+		}
+	}
+	names := make([]string, 0, len(holds))
+	for n := range holds {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var out []string
+	for _, name := range names {
+		hs := holds[name]
+		for i := range hs {
+			for j := i + 1; j < len(hs); j++ {
+				a, b := hs[i], hs[j]
+				if a.op.Process != b.op.Process && a.from < b.to && b.from < a.to {
+					out = append(out, fmt.Sprintf("lock %q held by p%d (#%d) and p%d (#%d) at the same time",
+						name, a.op.Process, a.op.Index, b.op.Process, b.op.Index))
+				}
+			}
+		}
 	}
 	return out
 }
@@ -303,6 +353,8 @@ type CheckOpts struct {
 	Final *int64
 	// Claim says the workload's Reads claim the row (guarded mode).
 	Claim bool
+	// Exclusive adds [CheckMutualExclusion], for locks that never expire.
+	Exclusive bool
 	// Model overrides the porcupine model; nil means
 	// FencedRegisterModel(Initial).
 	Model *porcupine.Model
@@ -400,6 +452,9 @@ func Check(h History, opts *CheckOpts) (*Report, error) {
 	r.Violations = append(r.Violations, CheckTokensUnique(h)...)
 	r.Violations = append(r.Violations, CheckTokensIncreasing(h)...)
 	r.Violations = append(r.Violations, CheckRowTokenMonotonic(h)...)
+	if o.Exclusive {
+		r.Violations = append(r.Violations, CheckMutualExclusion(h)...)
+	}
 	if o.Final != nil {
 		r.Violations = append(r.Violations, CheckNoLostUpdate(h, o.Initial.Value, *o.Final)...)
 	}

@@ -186,3 +186,20 @@ func TestCheckRequiresName(t *testing.T) {
 	_, err := chaos.Check(nil, nil)
 	require.ErrorContains(t, err, "Name is required")
 }
+
+func TestCheckMutualExclusion(t *testing.T) {
+	t.Parallel()
+	rel := func(p int, name string) chaos.Op {
+		return chaos.Op{Process: p, Kind: chaos.Release, Name: name, Outcome: chaos.Ok}
+	}
+	require.Empty(t, chaos.CheckMutualExclusion(seq(grant(0, "a", 0), rel(0, "a"), grant(1, "a", 0), rel(1, "a"), grant(0, "b", 0))))
+	// Negative control: a second grant while the first is not released.
+	v := chaos.CheckMutualExclusion(seq(grant(0, "a", 0), grant(1, "a", 0), rel(0, "a")))
+	require.Len(t, v, 1)
+	require.Contains(t, v[0], `lock "a" held by p0 (#0) and p1 (#1)`)
+	r, err := chaos.Check(seq(grant(0, "a", 0), grant(1, "a", 0)), &chaos.CheckOpts{Name: "excl", Exclusive: true, Dir: t.TempDir()})
+	require.NoError(t, err)
+	require.Equal(t, "violation detected", r.Verdict())
+	// Token 0 is "no token", never a duplicate.
+	require.Empty(t, chaos.CheckTokensUnique(seq(grant(0, "a", 0), grant(1, "a", 0))))
+}

@@ -37,11 +37,15 @@ type proxyConn struct {
 
 // NewProxy listens on a free loopback port and forwards to target
 // (host:port). Close it when done.
-func NewProxy(target string) (*Proxy, error) {
+func NewProxy(target string) (*Proxy, error) { return NewProxyOn("127.0.0.1:0", target) }
+
+// NewProxyOn is [NewProxy] listening on listen (host:port; port 0 picks a
+// free one), e.g. the host side of a [Netns]'s veth pair.
+func NewProxyOn(listen, target string) (*Proxy, error) {
 	if _, _, err := net.SplitHostPort(target); err != nil {
 		return nil, fmt.Errorf("chaos: proxy target: %w", err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return nil, fmt.Errorf("chaos: proxy listen: %w", err)
 	}
@@ -59,7 +63,8 @@ func (p *Proxy) Port() int { return p.ln.Addr().(*net.TCPAddr).Port }
 
 // URL returns a PostgreSQL connection URL for database through the proxy.
 func (p *Proxy) URL(database string) string {
-	return "postgres://postgres@127.0.0.1:" + strconv.Itoa(p.Port()) + "/" + database + "?sslmode=disable"
+	host := p.ln.Addr().(*net.TCPAddr).IP.String()
+	return "postgres://postgres@" + net.JoinHostPort(host, strconv.Itoa(p.Port())) + "/" + database + "?sslmode=disable"
 }
 
 func (p *Proxy) accept() {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
 )
@@ -47,7 +48,7 @@ type Register interface {
 
 // Classify maps an operation's error to its outcome: nil is Ok; a fenced
 // write, a server error that rolled the statement back, or an error raised
-// before anything was sent is Fail; anything else (a broken connection, a
+// before anything was sent (including no connection from a pool) is Fail; anything else (a broken connection, a
 // timeout while waiting for the reply, a server shutting the session down)
 // is Unknown.
 func Classify(err error) Outcome {
@@ -55,6 +56,10 @@ func Classify(err error) Outcome {
 		return Ok
 	}
 	if errors.Is(err, pgfence.ErrFenced) || errors.Is(err, pgfence.ErrNotAcquired) {
+		return Fail
+	}
+	var ns *notSentError
+	if errors.As(err, &ns) {
 		return Fail
 	}
 	if pgconn.SafeToRetry(err) {
@@ -269,14 +274,40 @@ func (r *SQLRegister) sql(q string) string { return fmt.Sprintf(q, r.table) }
 // Claims reports whether reads claim the row: true when guarded.
 func (r *SQLRegister) Claims() bool { return r.guarded }
 
+// notSentError is a failure before any statement was sent, such as no
+// connection to be had from a pool: the operation certainly did not happen.
+type notSentError struct{ err error }
+
+func (e *notSentError) Error() string { return "chaos: nothing sent: " + e.err.Error() }
+func (e *notSentError) Unwrap() error { return e.err }
+
+// conn returns a connection of the register's pool (so that failing to get
+// one is known to have sent nothing), or its DB when it is not a pool.
+func (r *SQLRegister) conn(ctx context.Context) (pgfence.DB, func(), error) {
+	p, ok := r.db.(*pgxpool.Pool)
+	if !ok {
+		return r.db, func() {}, nil
+	}
+	c, err := p.Acquire(ctx)
+	if err != nil {
+		return nil, nil, &notSentError{err}
+	}
+	return c, c.Release, nil
+}
+
 // Read implements [Register].
 func (r *SQLRegister) Read(ctx context.Context, token int64) (int64, int64, error) {
+	db, release, err := r.conn(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer release()
 	var val, tok int64
 	if !r.guarded {
-		err := r.db.QueryRow(ctx, r.sql(registerRead)).Scan(&val, &tok)
+		err := db.QueryRow(ctx, r.sql(registerRead)).Scan(&val, &tok)
 		return val, tok, err
 	}
-	err := r.db.QueryRow(ctx, r.sql(registerClaim), token).Scan(&val, &tok)
+	err = db.QueryRow(ctx, r.sql(registerClaim), token).Scan(&val, &tok)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, 0, fmt.Errorf("chaos: claim with token %d: %w", token, pgfence.ErrFenced)
 	}
@@ -285,11 +316,16 @@ func (r *SQLRegister) Read(ctx context.Context, token int64) (int64, int64, erro
 
 // Write implements [Register].
 func (r *SQLRegister) Write(ctx context.Context, token, value int64) error {
+	db, release, err := r.conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
 	q := registerUnguardedWrite
 	if r.guarded {
 		q = registerGuardedWrite
 	}
-	tag, err := r.db.Exec(ctx, r.sql(q), value, token)
+	tag, err := db.Exec(ctx, r.sql(q), value, token)
 	if err != nil {
 		return err
 	}

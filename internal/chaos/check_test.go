@@ -109,6 +109,7 @@ func TestCheckFlagsLostUpdate(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, r.OK())
 	require.Equal(t, "violation detected", r.Verdict())
+	t.Log(r.Summary())
 	require.NotEmpty(t, r.Visualization)
 	b, err := os.ReadFile(r.Visualization)
 	require.NoError(t, err)
@@ -178,6 +179,7 @@ func TestNaiveModelFlagsUnknownWrite(t *testing.T) {
 	r, err = chaos.Check(h, &chaos.CheckOpts{Name: "naive-model", Final: &final, Claim: true, Model: &naive, Dir: t.TempDir()})
 	require.NoError(t, err)
 	require.Equal(t, "violation detected", r.Verdict())
+	t.Log(r.Summary())
 	require.True(t, strings.HasPrefix(r.Summary(), "chaos: scenario=naive-model ops=4 verdict=violation detected"))
 }
 

@@ -15,14 +15,23 @@ import (
 	"github.com/pgfence/pgfence/internal/chaos"
 )
 
-// soak scales a scenario's bounds: CHAOS_DURATION (a Go duration) bounds
-// each workload's wall time and lifts its operation bound, for long local
-// runs (make chaos); unset, scenarios run their short CI schedule.
-func soak(ops int, d time.Duration) (int, time.Duration) {
+// soakDuration is CHAOS_DURATION (a Go duration), or zero.
+func soakDuration() time.Duration {
 	if v := os.Getenv("CHAOS_DURATION"); v != "" {
-		if sd, err := time.ParseDuration(v); err == nil && sd > 0 {
-			return 0, sd
+		if d, err := time.ParseDuration(v); err == nil && d > 0 {
+			return d
 		}
+	}
+	return 0
+}
+
+// soak scales a scenario's bounds: CHAOS_DURATION bounds each workload's
+// wall time and lifts its operation bound, CHAOS_OPS replaces the operation
+// bound, for long local runs (make chaos); unset, scenarios run their short
+// CI schedule.
+func soak(ops int, d time.Duration) (int, time.Duration) {
+	if sd := soakDuration(); sd > 0 {
+		return 0, sd
 	}
 	if v := os.Getenv("CHAOS_OPS"); v != "" {
 		if n, err := strconv.Atoi(v); err == nil && n > 0 {
@@ -37,6 +46,11 @@ func soak(ops int, d time.Duration) (int, time.Duration) {
 // linearizable.
 func verdict(t *testing.T, h chaos.History, opts *chaos.CheckOpts, wantViolation bool) *chaos.Report {
 	t.Helper()
+	if v := os.Getenv("CHAOS_CHECK_TIMEOUT"); v != "" && opts.Timeout == 0 {
+		d, err := time.ParseDuration(v)
+		require.NoError(t, err, "CHAOS_CHECK_TIMEOUT")
+		opts.Timeout = d
+	}
 	if opts.Dir == "" {
 		// A real failure's visualisation must outlive the test; a negative
 		// control's need not.
@@ -64,8 +78,9 @@ func firstOr(s []string, d string) string {
 	return d
 }
 
+// ctxFor bounds a scenario: d, plus the soak duration on long runs.
 func ctxFor(t *testing.T, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
+	ctx, cancel := context.WithTimeout(context.Background(), d+soakDuration())
 	t.Cleanup(cancel)
 	return ctx
 }

@@ -187,12 +187,6 @@ func (p *Proxy) SetLatency(d time.Duration) {
 	p.mu.Unlock()
 }
 
-// LatencyFor adds latency d for duration dur.
-func (p *Proxy) LatencyFor(d, dur time.Duration) {
-	p.SetLatency(d)
-	p.after(dur, func() { p.SetLatency(0) })
-}
-
 func (p *Proxy) after(d time.Duration, f func()) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

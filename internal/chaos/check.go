@@ -129,7 +129,7 @@ func CheckRowTokenMonotonic(h History) []string {
 	observe := func(op Op) (int64, bool) { return op.RowToken, op.Kind == Read }
 	return checkFloors(ops, floor, observe, false, func(b, a Op) string {
 		return fmt.Sprintf("row token moved backwards: read #%d (p%d) saw row token %d after #%d (p%d %s) had established %d",
-			b.Index, b.Process, b.RowToken, a.Index, a.Process, a.Kind, func() int64 { v, _ := floor(a); return v }())
+			b.Index, b.Process, b.RowToken, a.Index, a.Process, a.Kind, mustFloor(floor, a))
 	})
 }
 

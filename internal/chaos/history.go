@@ -216,7 +216,7 @@ func (h History) Count(k Kind, o Outcome) int {
 	return n
 }
 
-// sortedByReturn returns the indexes of ops sorted by returnOrInf.
+// sortedByReturn returns a copy of ops sorted by returnOrInf.
 func sortedByReturn(ops []Op) []Op {
 	s := append([]Op(nil), ops...)
 	sort.SliceStable(s, func(i, j int) bool { return s[i].returnOrInf() < s[j].returnOrInf() })

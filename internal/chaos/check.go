@@ -324,11 +324,15 @@ func fencedMark(f bool) string {
 // RegisterOperations converts the Read and Write operations of h to
 // porcupine operations for [FencedRegisterModel]. claim says whether Reads
 // claim the row (the guarded workload). Operations without an Ok or Fail
-// outcome get an infinite return time.
+// outcome get an infinite return time; a non-claiming Read of unknown
+// outcome observed nothing and changed nothing, and is left out.
 func RegisterOperations(h History, claim bool) []porcupine.Operation {
 	var ops []porcupine.Operation
 	for _, op := range h {
 		if op.Kind != Read && op.Kind != Write {
+			continue
+		}
+		if op.Kind == Read && !claim && op.Outcome != Ok && op.Outcome != Fail {
 			continue
 		}
 		ops = append(ops, porcupine.Operation{

@@ -1,0 +1,36 @@
+SHELL := /bin/bash
+
+# pgfence developer targets.
+#
+# The fault suite (internal/chaos, build tag "chaos") needs root, the
+# PostgreSQL server binaries, and: nftables iproute2 faketime libfaketime
+# pgbouncer. Each scenario prints a line
+#   chaos: scenario=NAME ops=N verdict=linearizable|violation detected
+# (negative controls must say "violation detected").
+
+GO ?= go
+# Long soak: each workload scenario runs this long (a Go duration).
+CHAOS_DURATION ?= 10m
+# porcupine's budget per history on long runs.
+CHAOS_CHECK_TIMEOUT ?= 10m
+
+CHAOS_SUMMARY := '^(---|ok|FAIL|panic)|chaos: scenario=|detected as expected|danger shown|reissued|server clock'
+
+.PHONY: chaos chaos-ci
+
+# chaos-ci is the short schedule CI runs: every fault, a few minutes in all.
+# The summary lines are printed; on failure the whole log follows (with the
+# history and the path of porcupine's visualisation).
+chaos-ci:
+	log=$${TMPDIR:-/tmp}/pgfence-chaos-ci.log; \
+	$(GO) test -race -shuffle=on -count=1 -tags chaos -timeout 15m -v ./internal/chaos/... >$$log 2>&1; \
+	status=$$?; grep -E $(CHAOS_SUMMARY) $$log; \
+	if [ $$status -ne 0 ]; then cat $$log; fi; exit $$status
+
+# chaos is the long local soak: make chaos CHAOS_DURATION=1h
+chaos:
+	log=$${TMPDIR:-/tmp}/pgfence-chaos-soak.log; \
+	CHAOS_DURATION=$(CHAOS_DURATION) CHAOS_CHECK_TIMEOUT=$(CHAOS_CHECK_TIMEOUT) \
+		$(GO) test -race -count=1 -tags chaos -timeout 0 -v ./internal/chaos/... >$$log 2>&1; \
+	status=$$?; grep -E $(CHAOS_SUMMARY) $$log; \
+	if [ $$status -ne 0 ]; then cat $$log; fi; exit $$status

@@ -1,0 +1,14 @@
+package chaos_test
+
+import (
+	"testing"
+
+	"github.com/pgfence/pgfence/internal/chaos"
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+func TestMain(m *testing.M) {
+	// A re-executed test binary running as a child holder never returns.
+	chaos.ChildMain()
+	pgtest.Main(m)
+}

@@ -38,6 +38,28 @@
 // repeated (an exactly-once transition), at the price that the same holder's
 // second write is reported as fenced.
 //
+// # Reading, then writing
+//
+// Fencing orders writes, not reads. With the default <= guard, a stale
+// holder whose write lands before the new holder's first write is accepted;
+// if the new holder had read the row before that, its own write then
+// overwrites the stale holder's change with a value computed from an old
+// read: a lost update, even though every write was fenced. Two ways avoid it:
+//
+//   - Compute the new value in the guarded statement itself
+//     (Set("balance = balance + $1")), so nothing is read outside it.
+//   - Claim the row before reading it. Either first make a guarded Update
+//     that changes nothing but the token, such as Set("id = id"), which
+//     marks the row as yours for good, then read it; or, in
+//     one transaction, lock it with SELECT ... FOR UPDATE, read it, and make
+//     the guarded write before committing. Once the new holder has claimed
+//     the row, every write of an older holder is rejected or waits, so what
+//     it read stays current until it writes.
+//
+// The fault suite (internal/chaos) checks a fenced register with claiming
+// reads for linearizability under pauses, crashes and partitions, and shows
+// that without them the checker reports the lost update.
+//
 // # One round trip, and what several rows mean
 //
 // Each builder sends one statement that locks the matched rows (SELECT ...

@@ -1,0 +1,3 @@
+package main
+
+func renderMisses(p func(string, ...any), res *results, cfg *config) {}

@@ -24,6 +24,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -72,6 +73,7 @@ type config struct {
 	RenewalTTL       time.Duration
 	RenewalIntervals int
 	AdvisoryLocks    int
+	CPUProfile       string
 }
 
 func parseFlags(args []string) (*config, error) {
@@ -110,6 +112,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.DurationVar(&c.RenewalTTL, "renewal-ttl", 3*time.Second, "lease TTL in the renewal scenario (renewed every TTL/3)")
 	fs.IntVar(&c.RenewalIntervals, "renewal-intervals", 0, "renewal intervals measured (default 10, 3 with -quick)")
 	fs.IntVar(&c.AdvisoryLocks, "advisory-locks", 10_000, "session locks one advisory Locker holds in scenario 7")
+	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a Go CPU profile of the whole run (benchmark clients and libraries) to this file")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -245,6 +248,17 @@ func main() {
 
 func run(ctx context.Context, cfg *config) error {
 	started := time.Now()
+	if cfg.CPUProfile != "" {
+		f, err := os.Create(cfg.CPUProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	r := &runner{cfg: cfg, res: &results{Started: started.UTC(), Args: os.Args[1:]}}
 	printParams(cfg)
 

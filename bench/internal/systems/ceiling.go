@@ -119,9 +119,23 @@ var UpdateNotifyCeiling = harness.Spec{
 		}
 		u := sys.(*updateCeiling)
 		u.notify = true
-		return u, nil
+		return notifyCeiling{u}, nil
 	},
 }
+
+// notifyCeiling is an updateCeiling without Storage: the scale scenario
+// measures raw-2update's table already, and the notifying release only
+// changes the cycle rate.
+type notifyCeiling struct{ u *updateCeiling }
+
+func (s notifyCeiling) TryAcquire(ctx context.Context, name string) (harness.Release, error) {
+	return s.u.TryAcquire(ctx, name)
+}
+func (s notifyCeiling) Prepare(ctx context.Context, names []string) error {
+	return s.u.Prepare(ctx, names)
+}
+func (s notifyCeiling) Reset(ctx context.Context) error { return s.u.Reset(ctx) }
+func (s notifyCeiling) Close() error                    { return s.u.Close() }
 
 type updateCeiling struct {
 	pool   *pgxpool.Pool

@@ -24,6 +24,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,6 +36,7 @@ import (
 	"github.com/pgfence/pgfence/bench/internal/services"
 	"github.com/pgfence/pgfence/bench/internal/systems"
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/leasetable"
 )
 
 // config holds the run's parameters, all printed and reported.
@@ -67,6 +69,11 @@ type config struct {
 	ScaleTimeout     time.Duration
 	PglockLease      time.Duration
 	RedisRetry       time.Duration
+	RenewalLeases    int
+	RenewalTTL       time.Duration
+	RenewalIntervals int
+	AdvisoryLocks    int
+	CPUProfile       string
 }
 
 func parseFlags(args []string) (*config, error) {
@@ -77,7 +84,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.DurationVar(&c.Duration, "duration", 0, "measured time per point (default 5s, 1s with -quick)")
 	fs.DurationVar(&c.Warmup, "warmup", 0, "unmeasured warm-up per point (default 1s, 250ms with -quick)")
 	fs.StringVar(&clients, "clients", "1,4,16,64", "client counts of the uncontended scenario")
-	fs.StringVar(&scenarios, "scenarios", "1,2,3,4,5", "scenarios to run (6 and 7 need pgfence's lock packages: phase 2)")
+	fs.StringVar(&scenarios, "scenarios", "1,2,3,4,5,6,7", "scenarios to run")
 	fs.StringVar(&sysList, "systems", "", "comma-separated system names to run (default all)")
 	fs.StringVar(&c.DatabaseURL, "database", "", "a disposable, empty PostgreSQL database to use instead of starting a cluster; pgfence migrations are applied")
 	fs.StringVar(&c.RedisAddr, "redis", "", "host:port of a Redis to use instead of starting redis-server")
@@ -101,6 +108,11 @@ func parseFlags(args []string) (*config, error) {
 	fs.DurationVar(&c.ScaleTimeout, "scale-timeout", 0, "time bound of the scale cycles per system (default 10m, 30s with -quick)")
 	fs.DurationVar(&c.PglockLease, "pglock-lease", 2*time.Second, "pglock lease duration (heartbeat a quarter of it); its hand-over waits up to one lease")
 	fs.DurationVar(&c.RedisRetry, "redis-retry", 5*time.Millisecond, "redislock's linear retry interval while waiting")
+	fs.IntVar(&c.RenewalLeases, "renewal-leases", 10_000, "leases one Locker holds in the renewal scenario")
+	fs.DurationVar(&c.RenewalTTL, "renewal-ttl", 3*time.Second, "lease TTL in the renewal scenario (renewed every TTL/3)")
+	fs.IntVar(&c.RenewalIntervals, "renewal-intervals", 0, "renewal intervals measured (default 10, 3 with -quick)")
+	fs.IntVar(&c.AdvisoryLocks, "advisory-locks", 10_000, "session locks one advisory Locker holds in scenario 7")
+	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a Go CPU profile of the whole run (benchmark clients and libraries) to this file")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -120,6 +132,12 @@ func parseFlags(args []string) (*config, error) {
 		c.HandoversLong = 20
 		if c.Quick {
 			c.HandoversLong = 4
+		}
+	}
+	if c.RenewalIntervals == 0 {
+		c.RenewalIntervals = 10
+		if c.Quick {
+			c.RenewalIntervals = 3
 		}
 	}
 	if c.Rounds == 0 {
@@ -157,13 +175,17 @@ func parseFlags(args []string) (*config, error) {
 		n    int
 	}{{"-handover-waiters", c.HandoverWaiters}, {"-contended-clients", c.ContendedClients},
 		{"-contended-names", c.ContendedNames}, {"-write-clients", c.WriteClients},
-		{"-scale-clients", c.ScaleClients}, {"-scale-names", c.ScaleNames}, {"-rounds", c.Rounds}} {
+		{"-scale-clients", c.ScaleClients}, {"-scale-names", c.ScaleNames}, {"-rounds", c.Rounds},
+		{"-renewal-leases", c.RenewalLeases}, {"-advisory-locks", c.AdvisoryLocks}} {
 		if v.n < 1 {
 			return nil, fmt.Errorf("%s must be at least 1", v.name)
 		}
 	}
 	if c.ScaleNames < c.ScaleClients {
 		return nil, fmt.Errorf("-scale-names (%d) must be at least -scale-clients (%d)", c.ScaleNames, c.ScaleClients)
+	}
+	if c.RenewalTTL < leasetable.MinTTL {
+		return nil, fmt.Errorf("-renewal-ttl %v is shorter than leasetable.MinTTL (%v)", c.RenewalTTL, leasetable.MinTTL)
 	}
 	if c.PglockLease < 40*time.Millisecond {
 		return nil, fmt.Errorf("-pglock-lease %v is too short", c.PglockLease)
@@ -184,12 +206,17 @@ func parseInts(s string) ([]int, error) {
 }
 
 // specs returns every system the run compares, in report order: ceilings,
-// then peers. Phase 2 appends pgfence's systems here.
+// pgfence, then peers.
 func specs(c *config) []harness.Spec {
 	return []harness.Spec{
 		systems.UpdateCeiling,
+		systems.UpdateNotifyCeiling,
 		systems.AdvisoryCeiling,
 		systems.AdvisoryXactCeiling,
+		systems.AdvisoryTokenCeiling,
+		systems.Leasetable,
+		systems.Advisory,
+		systems.AdvisoryXact,
 		systems.Pglock(systems.PglockConfig{Lease: c.PglockLease, Heartbeat: c.PglockLease / 4}),
 		systems.Redislock(systems.RedisConfig{TTL: 30 * time.Second, Retry: c.RedisRetry}),
 		systems.EtcdMutex(systems.EtcdConfig{SessionTTL: 30}),
@@ -197,8 +224,10 @@ func specs(c *config) []harness.Spec {
 }
 
 // writerSpecs returns the write paths of the fenced-write scenario, the
-// baseline first. Phase 2 appends pgfence's fence builder here.
-func writerSpecs() []harness.WriterSpec { return systems.RawWriters }
+// baseline first: the raw statements, then pgfence's fence builder.
+func writerSpecs() []harness.WriterSpec {
+	return append(slices.Clone(systems.RawWriters), systems.FenceWriters...)
+}
 
 func main() {
 	cfg, err := parseFlags(os.Args[1:])
@@ -219,6 +248,17 @@ func main() {
 
 func run(ctx context.Context, cfg *config) error {
 	started := time.Now()
+	if cfg.CPUProfile != "" {
+		f, err := os.Create(cfg.CPUProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	r := &runner{cfg: cfg, res: &results{Started: started.UTC(), Args: os.Args[1:]}}
 	printParams(cfg)
 
@@ -234,6 +274,7 @@ func run(ctx context.Context, cfg *config) error {
 		}
 		defer pg.Stop()
 		env.DatabaseURL = pg.URL
+		r.ownCluster = true
 	} else if err := pgfence.Migrate(ctx, env.DatabaseURL); err != nil {
 		return fmt.Errorf("migrate %s: %w", cfg.DatabaseURL, err)
 	}
@@ -276,12 +317,12 @@ func run(ctx context.Context, cfg *config) error {
 
 	scenarios := map[int]func(context.Context) error{
 		1: r.uncontended, 2: r.handover, 3: r.contended, 4: r.fencedWrites, 5: r.scale,
+		6: r.renewal, 7: r.advisoryScale,
 	}
 	for _, n := range cfg.Scenarios {
 		f, ok := scenarios[n]
 		if !ok {
-			r.note("scenario %d needs pgfence's lock packages (phase 2); not run", n)
-			continue
+			return fmt.Errorf("no scenario %d", n)
 		}
 		if err := ctx.Err(); err != nil {
 			return err
@@ -318,6 +359,7 @@ func printParams(c *config) {
 		c.HandoverWaiters, c.HoldShort, c.HandoversMin, c.HoldLong, c.HandoversLong, c.LongDuration)
 	fmt.Printf("  contended: clients=%d names=%d; writes: clients=%d\n", c.ContendedClients, c.ContendedNames, c.WriteClients)
 	fmt.Printf("  scale: clients=%d rows=%v cycles=%d names=%d timeout=%v\n", c.ScaleClients, c.ScaleRows, c.ScaleCycles, c.ScaleNames, c.ScaleTimeout)
+	fmt.Printf("  renewal: leases=%d ttl=%v intervals=%d; advisory: locks=%d\n", c.RenewalLeases, c.RenewalTTL, c.RenewalIntervals, c.AdvisoryLocks)
 	fmt.Printf("  pglock lease=%v heartbeat=%v; redislock retry=%v\n", c.PglockLease, c.PglockLease/4, c.RedisRetry)
 }
 

@@ -15,7 +15,7 @@ import (
 )
 
 // Reference systems that every ratio column divides by, when present.
-var cycleRefs = []string{"raw-2update", "raw-advisory", "pglock", "redislock", "etcd-mutex"}
+var cycleRefs = []string{"raw-2update", "raw-advisory", "pgfence-leasetable", "pglock", "redislock", "etcd-mutex"}
 
 // render returns latest.md and the charts, by file name.
 func render(res *results, cfg *config) (map[string][]byte, error) {
@@ -67,6 +67,8 @@ func render(res *results, cfg *config) (map[string][]byte, error) {
 		st.Rows = append(st.Rows, s)
 	}
 	p("%s\n", st.Markdown())
+
+	renderTargets(p, res, cfg)
 
 	// Scenario 1.
 	if len(res.Uncontended) > 0 {
@@ -215,7 +217,7 @@ func render(res *results, cfg *config) (map[string][]byte, error) {
 	// Scenario 4.
 	if len(res.Writes) > 0 {
 		p("## 4. Fenced-write overhead\n\n")
-		p("%d clients each update their own row (autocommit) for %v. Phase 2 adds the pgfence fence builder (`fence.Update(...).Exec`, with and without `.UnderLease`).\n\n", cfg.WriteClients, cfg.Duration)
+		p("%d clients each update their own row (autocommit) for %v: raw statements, then pgfence's fence builder (`fence.Update(...).Exec`, with and without `.UnderLease`) on the same rows.\n\n", cfg.WriteClients, cfg.Duration)
 		var entries []report.Entry
 		for _, w := range res.Writes {
 			a := w.agg()
@@ -261,8 +263,8 @@ func render(res *results, cfg *config) (map[string][]byte, error) {
 		p("After the cycles:\n\n%s\n", ct.Markdown())
 	}
 
-	p("## 6, 7. Renewal cost and advisory connections\n\n")
-	p("These scenarios measure pgfence's own lock packages (renewing 10,000 leases in one Locker; server connections used to hold 10,000 advisory locks) and run once those packages are registered as systems (phase 2).\n\n")
+	renderPhase2(p, res, cfg)
+	renderMisses(p, res, cfg)
 
 	if len(res.Notes) > 0 {
 		p("## Notes from the run\n\n")

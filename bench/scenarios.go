@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -19,14 +20,18 @@ type results struct {
 	Systems []systemInfo
 	Writers []systemInfo
 
-	Uncontended []cyclePoint
-	Pgbench     []pgbenchPoint
-	Handover    []handoverPoint
-	Contended   []cyclePoint
-	Writes      []writePoint
-	ScaleLat    []scaleLatency
-	ScaleStore  []scaleStorage
-	Notes       []string
+	Uncontended   []cyclePoint
+	Pgbench       []pgbenchPoint
+	Handover      []handoverPoint
+	Contended     []cyclePoint
+	Writes        []writePoint
+	ScaleLat      []scaleLatency
+	ScaleStore    []scaleStorage
+	Renewal       *renewalResult
+	AdvisoryConns []advisoryConns
+	WaitEvents    []waitSample // scenario 1 at profileClients, last round
+	WriteWaits    []waitSample // scenario 4, last round
+	Notes         []string
 }
 
 type systemInfo struct{ Name, Kind, Note string }
@@ -58,10 +63,13 @@ type scaleStorage struct {
 }
 
 type runner struct {
-	cfg   *config
-	env   *harness.Env
-	specs []harness.Spec
-	res   *results
+	// ownCluster is set when the benchmark started the PostgreSQL server
+	// itself, and so may change its settings (pg_stat_statements.track).
+	ownCluster bool
+	cfg        *config
+	env        *harness.Env
+	specs      []harness.Spec
+	res        *results
 }
 
 func (r *runner) note(format string, args ...any) {
@@ -107,6 +115,15 @@ func (r *runner) logCycle(scenario, system string, clients int, res *harness.Cyc
 	}
 }
 
+// profileClients is the client count of scenario 1 whose points are
+// profiled: 16 (the count the targets name) when measured, else the largest.
+func (r *runner) profileClients() int {
+	if slices.Contains(r.cfg.Clients, 16) {
+		return 16
+	}
+	return slices.Max(r.cfg.Clients)
+}
+
 // uncontended is scenario 1: every client cycles on its own name.
 func (r *runner) uncontended(ctx context.Context) error {
 	fmt.Printf("scenario 1: uncontended acquire+release, clients %v, %v per point (+%v warm-up)\n", r.cfg.Clients, r.cfg.Duration, r.cfg.Warmup)
@@ -118,10 +135,17 @@ func (r *runner) uncontended(ctx context.Context) error {
 				if err != nil {
 					return err
 				}
+				var prof *profiler
+				if round == r.cfg.Rounds && c == r.profileClients() {
+					prof = r.startProfiler(ctx, s.Name, c)
+				}
 				res := harness.RunCycles(ctx, sys, harness.CycleConfig{
 					Clients: c, Warmup: r.cfg.Warmup, Duration: r.cfg.Duration,
 					Name: func(w, _ int) string { return ns[w] },
 				})
+				if prof != nil {
+					r.res.WaitEvents = append(r.res.WaitEvents, prof.stop(ctx))
+				}
 				_ = sys.Close()
 				r.logCycle("1", s.Name, c, &res)
 				addCycle(&r.res.Uncontended, s.Name, c, res)
@@ -226,7 +250,18 @@ func (r *runner) fencedWrites(ctx context.Context) error {
 			if err != nil {
 				return fmt.Errorf("open %s: %w", s.Name, err)
 			}
+			var prof *profiler
+			if round == r.cfg.Rounds {
+				prof = r.startProfiler(ctx, s.Name, c)
+			}
 			res := harness.RunWrites(ctx, wr, harness.WriteConfig{Clients: c, Warmup: r.cfg.Warmup, Duration: r.cfg.Duration})
+			if prof != nil {
+				ws := prof.stop(ctx)
+				if ex, ok := wr.(harness.Explainer); ok {
+					ws.Plan, ws.PlanErr = ex.Explain(ctx, 0)
+				}
+				r.res.WriteWaits = append(r.res.WriteWaits, ws)
+			}
 			_ = wr.Close()
 			fmt.Printf("  [4] %-26s %9.0f writes/s  p50=%-10v p99=%-10v errors=%d\n", s.Name, res.Throughput(),
 				res.Latency.P50.Round(time.Microsecond), res.Latency.P99.Round(time.Microsecond), res.Errors)

@@ -1,6 +1,6 @@
 // Package harness defines what the benchmark measures and how: the small
 // System interface every lock implementation is adapted to (peers, raw-SQL
-// ceilings and, in phase 2, pgfence itself), the Writer interface for
+// ceilings and pgfence itself), the Writer interface for
 // fenced-write scenarios, and the time-bounded loops that drive them.
 //
 // # Adding a system
@@ -104,4 +104,11 @@ type WriterSpec struct {
 	Kind Kind
 	Note string
 	Open func(ctx context.Context, env *Env, clients int) (Writer, error)
+}
+
+// Explainer is implemented by writers that can show the server's plan of
+// their write: EXPLAIN (ANALYZE, BUFFERS, WAL) of one write by worker, run
+// in a transaction that is rolled back.
+type Explainer interface {
+	Explain(ctx context.Context, worker int) (string, error)
 }

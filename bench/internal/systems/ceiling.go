@@ -66,6 +66,16 @@ RETURNING fence`
 const ceilingRelease = `UPDATE bench_ceiling_leases SET expires_at = '-infinity'
 WHERE name = $1 AND owner = $2 AND fence = $3`
 
+// ceilingReleaseNotify is ceilingRelease that also notifies waiters in the
+// same statement, as leasetable's release does: NOTIFY makes the commit take
+// a database-wide lock that it holds until its WAL is flushed.
+const ceilingReleaseNotify = `WITH released AS (
+    UPDATE bench_ceiling_leases SET expires_at = '-infinity'
+    WHERE name = $1 AND owner = $2 AND fence = $3
+    RETURNING name
+)
+SELECT count(*) FROM released r LEFT JOIN LATERAL (SELECT pg_notify('bench_released', r.name)) n ON true`
+
 // ceilingPrepare creates free rows for names.
 const ceilingPrepare = `INSERT INTO bench_ceiling_leases (name, owner, fence, expires_at)
 SELECT n, 'nobody', 0, '-infinity' FROM unnest($1::text[]) AS n
@@ -95,9 +105,42 @@ var UpdateCeiling = harness.Spec{
 	},
 }
 
+// UpdateNotifyCeiling is the two-statement ceiling whose release also sends
+// a NOTIFY, as leasetable's release does: it isolates what the notification
+// costs.
+var UpdateNotifyCeiling = harness.Spec{
+	Name: "raw-2update-notify",
+	Kind: harness.Ceiling,
+	Note: "raw-2update whose release UPDATE also calls pg_notify in the same statement, as leasetable's release does (2 statements)",
+	Open: func(ctx context.Context, env *harness.Env, clients int) (harness.System, error) {
+		sys, err := UpdateCeiling.Open(ctx, env, clients)
+		if err != nil {
+			return nil, err
+		}
+		u := sys.(*updateCeiling)
+		u.notify = true
+		return notifyCeiling{u}, nil
+	},
+}
+
+// notifyCeiling is an updateCeiling without Storage: the scale scenario
+// measures raw-2update's table already, and the notifying release only
+// changes the cycle rate.
+type notifyCeiling struct{ u *updateCeiling }
+
+func (s notifyCeiling) TryAcquire(ctx context.Context, name string) (harness.Release, error) {
+	return s.u.TryAcquire(ctx, name)
+}
+func (s notifyCeiling) Prepare(ctx context.Context, names []string) error {
+	return s.u.Prepare(ctx, names)
+}
+func (s notifyCeiling) Reset(ctx context.Context) error { return s.u.Reset(ctx) }
+func (s notifyCeiling) Close() error                    { return s.u.Close() }
+
 type updateCeiling struct {
-	pool  *pgxpool.Pool
-	owner string
+	pool   *pgxpool.Pool
+	owner  string
+	notify bool // release with ceilingReleaseNotify
 }
 
 func (s *updateCeiling) TryAcquire(ctx context.Context, name string) (harness.Release, error) {
@@ -110,11 +153,19 @@ func (s *updateCeiling) TryAcquire(ctx context.Context, name string) (harness.Re
 		return nil, err
 	}
 	return func(ctx context.Context) error {
-		tag, err := s.pool.Exec(ctx, ceilingRelease, name, s.owner, fence)
-		if err != nil {
-			return err
+		n := int64(0)
+		if s.notify {
+			if err := s.pool.QueryRow(ctx, ceilingReleaseNotify, name, s.owner, fence).Scan(&n); err != nil {
+				return err
+			}
+		} else {
+			tag, err := s.pool.Exec(ctx, ceilingRelease, name, s.owner, fence)
+			if err != nil {
+				return err
+			}
+			n = tag.RowsAffected()
 		}
-		if tag.RowsAffected() != 1 {
+		if n != 1 {
 			return fmt.Errorf("ceiling release of %q: lease was not held", name)
 		}
 		return nil
@@ -154,6 +205,9 @@ const (
 	advTryLock = `SELECT pg_try_advisory_lock($1)`
 	advLock    = `SELECT pg_advisory_lock($1)`
 	advUnlock  = `SELECT pg_advisory_unlock($1)`
+	// advTryLockToken is advTryLock with pgfence's token draw on a grant;
+	// it returns NULL when the lock is busy.
+	advTryLockToken = `SELECT CASE WHEN pg_try_advisory_lock($1) THEN pgfence_next_token() END`
 )
 
 // AdvisoryCeiling is raw pg_try_advisory_lock + pg_advisory_unlock on a
@@ -167,14 +221,17 @@ var AdvisoryCeiling = harness.Spec{
 		if err != nil {
 			return nil, err
 		}
-		return &advisoryCeiling{pool: pool}, nil
+		return &advisoryCeiling{pool: pool, tryLock: advTryLock}, nil
 	},
 }
 
-type advisoryCeiling struct{ pool *pgxpool.Pool }
+type advisoryCeiling struct {
+	pool    *pgxpool.Pool
+	tryLock string // advTryLock or advTryLockToken
+}
 
 func (s *advisoryCeiling) TryAcquire(ctx context.Context, name string) (harness.Release, error) {
-	return s.lock(ctx, advTryLock, name)
+	return s.lock(ctx, s.tryLock, name)
 }
 
 func (s *advisoryCeiling) Acquire(ctx context.Context, name string) (harness.Release, error) {
@@ -197,8 +254,8 @@ func (s *advisoryCeiling) lock(ctx context.Context, sql, name string) (harness.R
 			return nil, err
 		}
 	} else {
-		var ok bool
-		if err := conn.QueryRow(ctx, sql, key).Scan(&ok); err != nil {
+		ok, err := s.scanTry(ctx, conn, sql, key)
+		if err != nil {
 			_ = conn.Conn().Close(context.Background())
 			conn.Release()
 			return nil, err
@@ -222,6 +279,19 @@ func (s *advisoryCeiling) lock(ctx context.Context, sql, name string) (harness.R
 		}
 		return nil
 	}, nil
+}
+
+// scanTry runs a try-lock statement and reports whether it was granted:
+// advTryLock returns a boolean, advTryLockToken a token or NULL.
+func (s *advisoryCeiling) scanTry(ctx context.Context, conn *pgxpool.Conn, sql string, key int64) (bool, error) {
+	if sql == advTryLockToken {
+		var token *int64
+		err := conn.QueryRow(ctx, sql, key).Scan(&token)
+		return token != nil, err
+	}
+	var ok bool
+	err := conn.QueryRow(ctx, sql, key).Scan(&ok)
+	return ok, err
 }
 
 func (s *advisoryCeiling) Close() error { s.pool.Close(); return nil }

@@ -1,6 +1,15 @@
 // Package systems adapts the lock implementations the benchmark compares to
-// harness.System: raw-SQL ceilings issued with pgx, and the peers
-// (cirello.io/pglock, bsm/redislock, etcd's concurrency.Mutex).
+// harness.System: raw-SQL ceilings issued with pgx, pgfence's own strategies
+// (leasetable, advisory session and transaction locks, and the fence
+// builder's write paths), and the peers (cirello.io/pglock, bsm/redislock,
+// etcd's concurrency.Mutex).
+//
+// # pgfence
+//
+// TryAcquire goes through one shared Locker, as a service would use it.
+// A waiting Acquire takes a Locker of its own from a set (one per concurrent
+// waiter), so every hand-over passes between Lockers as between processes,
+// never through one Locker's in-process bookkeeping.
 //
 // # Ceilings
 //
@@ -14,5 +23,6 @@
 //
 // The ceilings and pglock keep their rows in tables of their own
 // (bench_ceiling_leases, locks, bench_accounts*), created when the system is
-// opened. The database must be a disposable one: Reset truncates them.
+// opened; pgfence-leasetable uses pgfence_leases. The database must be a
+// disposable one: Reset truncates them.
 package systems

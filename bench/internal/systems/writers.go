@@ -3,10 +3,13 @@ package systems
 import (
 	"context"
 	"fmt"
+	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/bench/internal/harness"
+	"github.com/pgfence/pgfence/fence"
 )
 
 // The protected tables of the fenced-write scenario: one row per worker.
@@ -135,7 +138,7 @@ type rawWrite struct {
 	leases []string
 }
 
-func (w *rawWrite) Write(ctx context.Context, worker int) error {
+func (w *rawWrite) args(worker int) []any {
 	var args []any
 	switch w.mode {
 	case modePlain:
@@ -145,7 +148,11 @@ func (w *rawWrite) Write(ctx context.Context, worker int) error {
 	case modeLeaseChecked:
 		args = []any{1, worker, w.tokens[worker], w.leases[worker]}
 	}
-	tag, err := w.pool.Exec(ctx, w.sql, args...)
+	return args
+}
+
+func (w *rawWrite) Write(ctx context.Context, worker int) error {
+	tag, err := w.pool.Exec(ctx, w.sql, w.args(worker)...)
 	if err != nil {
 		return err
 	}
@@ -165,4 +172,94 @@ var RawWriters = []harness.WriterSpec{
 	rawWriter("plain UPDATE + trigger", "the plain UPDATE on a table with the pgfence_guard trigger", "bench_accounts_guarded", modePlain),
 	rawWriter("guarded UPDATE + trigger", "the guarded UPDATE on a table with the pgfence_guard trigger", "bench_accounts_guarded", modeGuarded),
 	rawWriter("lease-checked UPDATE", "guarded UPDATE that also requires the lease row (name, token, unexpired) FOR SHARE in a CTE", "bench_accounts", modeLeaseChecked),
+}
+
+// FenceWriters are the pgfence fence builder's write paths, written to the
+// same rows as RawWriters: fence.Update(...).Exec, and the same with
+// UnderLease on a lease in pgfence_leases.
+var FenceWriters = []harness.WriterSpec{
+	fenceWriter("fence.Update", "fence.Update(\"bench_accounts\").Set(\"balance = balance + $1\").Where(\"id = $2\").Exec: one statement that locks the row FOR UPDATE in a CTE, writes it if its token is not newer and returns the counts and the newest token",
+		fence.Update("bench_accounts").Set("balance = balance + $1").Where("id = $2"), modeGuarded),
+	fenceWriter("fence.Update.UnderLease", "the same with .UnderLease(name): also requires the pgfence_leases row (name, token, expires_at > clock_timestamp()) FOR SHARE",
+		fence.Update("bench_accounts").Set("balance = balance + $1").Where("id = $2"), modeLeaseChecked),
+}
+
+func fenceWriter(name, note string, stmt *fence.UpdateStmt, mode writeMode) harness.WriterSpec {
+	return harness.WriterSpec{
+		Name: name,
+		Kind: harness.Pgfence,
+		Note: note,
+		Open: func(ctx context.Context, env *harness.Env, clients int) (harness.Writer, error) {
+			pool, err := openPool(ctx, env.DatabaseURL, clients)
+			if err != nil {
+				return nil, err
+			}
+			w, err := setupRawWriter(ctx, pool, clients, "bench_accounts", mode)
+			if err != nil {
+				pool.Close()
+				return nil, err
+			}
+			fw := &fenceWrite{rawWrite: w, stmts: make([]*fence.UpdateStmt, clients)}
+			for i := range fw.stmts {
+				fw.stmts[i] = stmt
+				if mode == modeLeaseChecked {
+					fw.stmts[i] = stmt.UnderLease(w.leases[i])
+				}
+			}
+			return fw, nil
+		},
+	}
+}
+
+type fenceWrite struct {
+	*rawWrite
+	stmts []*fence.UpdateStmt // per worker: UnderLease names the worker's lease
+}
+
+func (w *fenceWrite) Write(ctx context.Context, worker int) error {
+	tag, err := w.stmts[worker].Exec(ctx, w.pool, w.tokens[worker], 1, worker)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("write to row %d changed %d rows", worker, tag.RowsAffected())
+	}
+	return nil
+}
+
+func (w *rawWrite) Explain(ctx context.Context, worker int) (string, error) {
+	return explain(ctx, w.pool, w.sql, w.args(worker))
+}
+
+func (w *fenceWrite) Explain(ctx context.Context, worker int) (string, error) {
+	sql, err := w.stmts[worker].SQL(2)
+	if err != nil {
+		return "", err
+	}
+	args := []any{1, worker, w.tokens[worker]}
+	if w.mode == modeLeaseChecked {
+		args = append(args, w.leases[worker])
+	}
+	return explain(ctx, w.pool, sql, args)
+}
+
+// explain runs EXPLAIN (ANALYZE, BUFFERS, WAL, COSTS OFF) of sql in a
+// transaction that it rolls back, and returns the plan's text.
+func explain(ctx context.Context, pool *pgxpool.Pool, sql string, args []any) (string, error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, WAL, COSTS OFF) "+sql, args...)
+	if err != nil {
+		return "", err
+	}
+	var lines []string
+	var line string
+	_, err = pgx.ForEachRow(rows, []any{&line}, func() error {
+		lines = append(lines, line)
+		return nil
+	})
+	return strings.Join(lines, "\n"), err
 }

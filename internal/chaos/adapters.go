@@ -120,18 +120,32 @@ type txHolder struct {
 func (h *txHolder) Token() int64   { return h.token }
 func (h *txHolder) DB() pgfence.DB { return h.tx }
 
-// Release commits the transaction. A commit that reports the transaction
-// rolled back (it had failed) is a failure, not an unknown outcome.
-func (h *txHolder) Release(ctx context.Context) error {
-	err := h.tx.Commit(ctx)
-	if errors.Is(err, pgx.ErrTxClosed) {
+// Release commits the transaction.
+func (h *txHolder) Release(ctx context.Context) error { return commitErr(h.tx.Commit(ctx)) }
+
+// commitErr classifies the error of a COMMIT: a commit that reports the
+// transaction rolled back (it had failed) is a failure; any other error
+// leaves the outcome unknown. pgx can report a commit whose connection broke
+// with an error that says it is safe to retry (pgconn's "conn closed") even
+// though the server committed: the suite saw such a write land, so no
+// commit error other than a rollback is taken as "not done".
+func commitErr(err error) error {
+	switch {
+	case err == nil:
 		return nil
-	}
-	if errors.Is(err, pgx.ErrTxCommitRollback) {
+	case errors.Is(err, pgx.ErrTxCommitRollback):
 		return &notSentError{err}
+	default:
+		return &unknownError{err}
 	}
-	return err
 }
+
+// unknownError is an error after which the operation's outcome is unknown,
+// whatever the wrapped error says.
+type unknownError struct{ err error }
+
+func (e *unknownError) Error() string { return "chaos: outcome unknown: " + e.err.Error() }
+func (e *unknownError) Unwrap() error { return e.err }
 
 // SQL of FenceRegister. %[1]s is the sanitized table name.
 const (
@@ -211,11 +225,7 @@ func (r *FenceRegister) Read(ctx context.Context, token int64) (int64, int64, er
 	var val, tok int64
 	err := r.claimAndRead(ctx, tx, token, &val, &tok)
 	if err == nil && !isTx {
-		err = tx.Commit(ctx)
-		if errors.Is(err, pgx.ErrTxCommitRollback) {
-			err = &notSentError{err}
-		}
-		return val, tok, err
+		return val, tok, commitErr(tx.Commit(ctx))
 	}
 	if err != nil && !isTx && !errors.Is(err, pgfence.ErrFenced) {
 		// The transaction never committed: nothing took effect.

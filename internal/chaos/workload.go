@@ -57,6 +57,10 @@ func Classify(err error) Outcome {
 	if err == nil {
 		return Ok
 	}
+	var ue *unknownError
+	if errors.As(err, &ue) {
+		return Unknown
+	}
 	if errors.Is(err, pgfence.ErrFenced) || errors.Is(err, pgfence.ErrNotAcquired) {
 		return Fail
 	}

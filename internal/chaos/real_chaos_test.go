@@ -5,6 +5,8 @@ package chaos_test
 import (
 	"context"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -220,3 +222,84 @@ func connectDirect(t *testing.T, ctx context.Context, url string) *pgx.Conn {
 }
 
 var _ = fmt.Sprint
+
+// spikeRegister delays the proxy (latency) whenever a holder of the slow
+// half starts its read-modify-write while no spike is on: the fault hits a
+// holder inside its critical section, every time.
+type spikeRegister struct {
+	chaos.Register
+	p      *chaos.Proxy
+	on     atomic.Bool
+	spikes atomic.Int64
+	wg     sync.WaitGroup
+}
+
+func (r *spikeRegister) Read(ctx context.Context, token int64) (int64, int64, error) {
+	if r.on.CompareAndSwap(false, true) {
+		r.spikes.Add(1)
+		r.p.SetLatency(700 * time.Millisecond)
+		r.wg.Add(1)
+		time.AfterFunc(1500*time.Millisecond, func() {
+			defer r.wg.Done()
+			r.p.SetLatency(0)
+			r.on.Store(false)
+		})
+	}
+	return r.Register.Read(ctx, token)
+}
+
+// Half of the workers (their locker and register connections) reach the
+// server through the proxy, the other half directly. Each time a proxied
+// holder starts its read-modify-write, the proxy delays every chunk by
+// 700ms for 1.5s: the delayed holder's lease lapses (its renewals arrive
+// too late; an advisory session's liveness check times out and the session
+// is closed), a direct worker takes over and writes, and the delayed
+// holder's claim or write arrives after that: the fence must reject it.
+// With unguarded writes (the negative control) the late write lands and
+// the checker must flag the history.
+func TestRealLockersProxyLatencySplit(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []lockerKind{kindLease, kindLeaseChecked, kindAdvisory, kindLeaseUnguarded} {
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			ctx := ctxFor(t, 2*time.Minute)
+			db := pgtest.NewDB(t)
+			p, url := newProxy(t, db)
+			slow := appPool(t, ctx, url, "chaos-slow", 4, nil)
+			fast := appPool(t, ctx, db.URL, "chaos-fast", 4, nil)
+			slowInner, fin := realRegister(t, ctx, kind, slow, db.Pool)
+			slowReg := &spikeRegister{Register: slowInner, p: p}
+			t.Cleanup(slowReg.wg.Wait)
+			fastReg, _ := realRegister(t, ctx, kind, fast, db.Pool)
+			o := realOpts{Workers: 2, TTL: 300 * time.Millisecond}
+			lockers := append(realLockers(t, kind, slow, o), realLockers(t, kind, fast, o)...)
+			rec := chaos.NewRecorder()
+			ops, dur := soak(0, 5*time.Second)
+			var errs [2]error
+			var wg sync.WaitGroup
+			for i, reg := range []chaos.Register{slowReg, fastReg} {
+				wg.Add(1)
+				go func(i int, reg chaos.Register) {
+					defer wg.Done()
+					// Process ids 0-1 slow, 2-3 direct: one recorder.
+					_, errs[i] = chaos.Run(ctx, chaos.WorkloadConfig{
+						Lockers: lockers[2*i : 2*i+2], Register: reg, Recorder: rec, Workers: 2,
+						Ops: ops, Duration: dur, MaxSleep: 20 * time.Millisecond, OpTimeout: 3 * time.Second,
+						Seed: uint64(31 + i), ProcessBase: 2 * i,
+					})
+				}(i, reg)
+			}
+			wg.Wait()
+			require.NoError(t, errs[0])
+			require.NoError(t, errs[1])
+			h := rec.History()
+			t.Logf("latency spikes: %d", slowReg.spikes.Load())
+			if kind == kindLeaseUnguarded {
+				final := finalState(t, ctx, fin)
+				verdict(t, h, &chaos.CheckOpts{Name: "negative-control-proxy-latency-split-" + string(kind), Final: &final.Value}, true)
+				return
+			}
+			checkReal(t, "proxy-latency-split", kind, h, finalState(t, ctx, fin), false, false)
+		})
+	}
+}

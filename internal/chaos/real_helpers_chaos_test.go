@@ -4,6 +4,7 @@ package chaos_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -129,9 +130,16 @@ func finalState(t *testing.T, ctx context.Context, r finalReader) chaos.Register
 // can end a lock early (exclusive).
 func checkReal(t *testing.T, scenario string, kind lockerKind, h chaos.History, final chaos.RegisterState, exclusive, wantViolation bool) *chaos.Report {
 	t.Helper()
-	t.Logf("%s/%s: acquires ok %d fail %d; writes ok %d fenced %d unknown %d; ops by holders told of the loss %d",
+	leaseLost := 0
+	for _, op := range h {
+		if op.Outcome == chaos.Fail && (op.Kind == chaos.Read || op.Kind == chaos.Write) && strings.Contains(op.Err, "lease") {
+			leaseLost++
+		}
+	}
+	t.Logf("%s/%s: acquires ok %d fail %d; writes ok %d unknown %d; fenced claims %d, fenced writes %d, lease-checked rejections %d; ops by holders told of the loss %d",
 		scenario, kind, h.Count(chaos.Acquire, chaos.Ok), h.Count(chaos.Acquire, chaos.Fail),
-		h.Count(chaos.Write, chaos.Ok), countFencedKind(h, chaos.Write), h.Count(chaos.Write, chaos.Unknown), countLost(h))
+		h.Count(chaos.Write, chaos.Ok), h.Count(chaos.Write, chaos.Unknown),
+		countFencedKind(h, chaos.Read), countFencedKind(h, chaos.Write), leaseLost, countLost(h))
 	return verdict(t, h, &chaos.CheckOpts{
 		Name: scenario + "-" + string(kind), Final: &final.Value, Claim: true, Exclusive: exclusive,
 	}, wantViolation)

@@ -110,6 +110,9 @@ type WorkloadConfig struct {
 	OpTimeout time.Duration
 	// Seed seeds the random sleeps.
 	Seed uint64
+	// ProcessBase is added to the workers' process ids, so that several
+	// runs can share one Recorder.
+	ProcessBase int
 }
 
 // DefaultLockName is the lock name a workload uses when none is configured.
@@ -168,7 +171,7 @@ func Run(ctx context.Context, cfg WorkloadConfig) (History, error) {
 				if len(cfg.Lockers) > 0 {
 					lk = cfg.Lockers[p%len(cfg.Lockers)]
 				}
-				criticalSection(ctx, cfg, lk, p, rng)
+				criticalSection(ctx, cfg, lk, cfg.ProcessBase+p, rng)
 			}
 		}(w)
 	}

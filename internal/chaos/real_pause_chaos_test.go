@@ -156,3 +156,77 @@ func TestRealLeaseProcessPauseUnguardedIsDetected(t *testing.T) {
 	t.Parallel()
 	pausedLease(t, "sql", false)
 }
+
+// Negative control of the model, with a real lease: a write sent through
+// the proxy while it delays every chunk by 500ms, with a 200ms deadline,
+// fails on the client (outcome unknown) but reaches the server and lands;
+// the holder then reads it back. The fenced model (unknown operations may
+// have taken effect) accepts the history; the naive model (unknown means
+// failed) must flag it.
+func TestRealLeaseUnknownWriteNaiveModelIsDetected(t *testing.T) {
+	t.Parallel()
+	ctx := ctxFor(t, time.Minute)
+	db := pgtest.NewDB(t)
+	p, url := newProxy(t, db)
+	// One connection, so the write below runs on the connection where
+	// its statement is already prepared: the delayed round trip is then
+	// the write itself, not pgx's prepare.
+	pool := appPool(t, ctx, url, "chaos-locker", 1, nil)
+	reg, err := chaos.NewFenceRegister(ctx, pool, "chaos_register", "")
+	require.NoError(t, err)
+	admin, err := chaos.NewSQLRegister(ctx, db.Pool, "chaos_register", true)
+	require.NoError(t, err)
+	locker, err := leasetable.New(db.Pool, &leasetable.Config{TTL: 10 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(locker.Close)
+	rec := chaos.NewRecorder()
+
+	acq := rec.Invoke(chaos.Op{Process: 0, Kind: chaos.Acquire, Name: "r"})
+	lease, err := locker.Acquire(ctx, "r", nil)
+	require.NoError(t, err)
+	tok := lease.Token()
+	acq.Complete(chaos.Ok, func(o *chaos.Op) { o.Token = tok })
+	read := func() int64 {
+		rd := rec.Invoke(chaos.Op{Process: 0, Kind: chaos.Read, Token: tok})
+		v, rt, err := reg.Read(ctx, tok)
+		require.NoError(t, err)
+		rd.Complete(chaos.Ok, func(o *chaos.Op) { o.Value, o.RowToken = v, rt })
+		return v
+	}
+	v := read()
+	wr := rec.Invoke(chaos.Op{Process: 0, Kind: chaos.Write, Token: tok, Value: v + 1})
+	require.NoError(t, reg.Write(ctx, tok, v+1))
+	wr.Complete(chaos.Ok, nil)
+	v++
+
+	p.SetLatency(500 * time.Millisecond)
+	wr = rec.Invoke(chaos.Op{Process: 0, Kind: chaos.Write, Token: tok, Value: v + 1})
+	wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	err = reg.Write(wctx, tok, v+1)
+	cancel()
+	require.Error(t, err)
+	outcome := chaos.Classify(err)
+	wr.Complete(outcome, func(o *chaos.Op) { o.Err = err.Error() })
+	require.Equal(t, chaos.Unknown, outcome, "%v", err)
+	// The delayed write lands after the client gave up on it.
+	for {
+		s, err := admin.Final(ctx)
+		require.NoError(t, err)
+		if s.Value == v+1 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the delayed write never landed")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	p.SetLatency(0)
+	require.Equal(t, v+1, read())
+	require.NoError(t, lease.Release(ctx))
+
+	h := rec.History()
+	verdict(t, h, &chaos.CheckOpts{Name: "unknown-write-landed-real-lease-fenced-model", Claim: true}, false)
+	naive := chaos.NaiveRegisterModel(chaos.RegisterState{})
+	verdict(t, h, &chaos.CheckOpts{Name: "negative-control-naive-model-real-lease", Claim: true, Model: &naive}, true)
+}

@@ -167,10 +167,21 @@ const (
 // as fenced) and then reads the row, which the claim holds locked until the
 // commit. See the package documentation on why the claim is needed.
 type FenceRegister struct {
-	db    pgfence.DB
-	table string
-	write *fence.UpdateStmt
-	claim *fence.UpdateStmt
+	db      pgfence.DB
+	table   string
+	write   *fence.UpdateStmt
+	claim   *fence.UpdateStmt
+	noClaim bool
+}
+
+// WithoutClaim returns a copy of r whose reads do not claim the row (a
+// plain SELECT), writes still fenced: the negative control showing that a
+// fenced write alone does not protect a read-modify-write (see the package
+// documentation).
+func (r *FenceRegister) WithoutClaim() *FenceRegister {
+	c := *r
+	c.noClaim = true
+	return &c
 }
 
 // NewFenceRegister creates table (if missing) with its one row, as
@@ -193,8 +204,8 @@ func NewFenceRegister(ctx context.Context, db pgfence.DB, table, lease string) (
 	return r, nil
 }
 
-// Claims implements [Register]: reads claim the row.
-func (r *FenceRegister) Claims() bool { return true }
+// Claims implements [Register]: reads claim the row unless WithoutClaim.
+func (r *FenceRegister) Claims() bool { return !r.noClaim }
 
 // On implements [ScopedRegister].
 func (r *FenceRegister) On(db pgfence.DB) Register {
@@ -208,6 +219,11 @@ func (r *FenceRegister) On(db pgfence.DB) Register {
 // commit's outcome can be unknown. On a transaction (a [Scoped] holder's) it
 // runs in it.
 func (r *FenceRegister) Read(ctx context.Context, token int64) (int64, int64, error) {
+	if r.noClaim {
+		var val, tok int64
+		err := r.db.QueryRow(ctx, fmt.Sprintf(fenceRegisterRead, r.table)).Scan(&val, &tok)
+		return val, tok, err
+	}
 	tx, isTx := r.db.(pgx.Tx)
 	if !isTx {
 		b, ok := r.db.(interface {

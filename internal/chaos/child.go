@@ -31,8 +31,9 @@ const (
 	// EnvChildGuarded is "1" when the child uses the guarded register.
 	EnvChildGuarded = "PGFENCE_CHAOS_CHILD_GUARDED"
 	// EnvChildRegister selects the child's register: "sql" (the default,
-	// guarded or not by EnvChildGuarded), "fence", or "fence-lease" (fence
-	// writes checked against the lease the child holds).
+	// guarded or not by EnvChildGuarded), "fence", "fence-lease" (fence
+	// writes checked against the lease the child holds) or "fence-noclaim"
+	// (fenced writes, plain reads).
 	EnvChildRegister = "PGFENCE_CHAOS_CHILD_REGISTER"
 	// EnvChildLeaseTTL, when set (a Go duration), makes the child take real
 	// leasetable leases with this TTL ("acquire NAME").
@@ -74,6 +75,11 @@ func childMain(in io.Reader, out io.Writer) int {
 		reg, err = NewSQLRegister(ctx, pool, table, os.Getenv(EnvChildGuarded) == "1")
 	case "fence", "fence-lease":
 		reg, err = NewFenceRegister(ctx, pool, table, "")
+	case "fence-noclaim":
+		var fr *FenceRegister
+		if fr, err = NewFenceRegister(ctx, pool, table, ""); err == nil {
+			reg = fr.WithoutClaim()
+		}
 	default:
 		err = fmt.Errorf("chaos: unknown child register %q", kind)
 	}

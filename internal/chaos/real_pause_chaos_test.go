@@ -46,6 +46,12 @@ func pausedLease(t *testing.T, register string, guarded bool) chaos.History {
 	switch register {
 	case "fence":
 		reg, err = chaos.NewFenceRegister(ctx, db.Pool, table, "")
+	case "fence-noclaim":
+		var fr *chaos.FenceRegister
+		fr, err = chaos.NewFenceRegister(ctx, db.Pool, table, "")
+		if err == nil {
+			reg = fr.WithoutClaim()
+		}
 	case "fence-lease":
 		reg, err = chaos.NewFenceRegister(ctx, db.Pool, table, name)
 	default:
@@ -93,15 +99,26 @@ func pausedLease(t *testing.T, register string, guarded bool) chaos.History {
 		v2, rt, err := reg.Read(ctx, t2)
 		rd2.Complete(chaos.Classify(err), func(o *chaos.Op) { o.Value, o.RowToken = v2, rt })
 		require.NoError(t, err)
-		wr2 := rec.Invoke(chaos.Op{Process: 1, Kind: chaos.Write, Token: t2, Value: v2 + 1})
-		err = reg.Write(ctx, t2, v2+1)
-		wr2.Complete(chaos.Classify(err), nil)
-		require.NoError(t, err)
+		write2 := func() {
+			wr2 := rec.Invoke(chaos.Op{Process: 1, Kind: chaos.Write, Token: t2, Value: v2 + 1})
+			err = reg.Write(ctx, t2, v2+1)
+			wr2.Complete(chaos.Classify(err), nil)
+			require.NoError(t, err)
+		}
+		noClaim := register == "fence-noclaim"
+		if !noClaim {
+			write2()
+		}
 
 		// SIGCONT: the stale write arrives, then the child learns of the
-		// loss.
+		// loss. Without a claim, the new holder has only read so far: the
+		// stale write passes the fence, and the new holder's write then
+		// overwrites it (a lost update).
 		require.NoError(t, child.Cont())
 		completeFromChild(t, ctx, wr, child)
+		if noClaim {
+			write2()
+		}
 		lost := childCall(t, ctx, child, "waitlost")
 		require.True(t, strings.HasPrefix(lost, "lost "), "the resumed child must observe its lease lost: %s", lost)
 		require.Contains(t, lost, "lost")
@@ -115,6 +132,10 @@ func pausedLease(t *testing.T, register string, guarded bool) chaos.History {
 	scenario := "process-pause-real-lease-" + register
 	if register == "sql" {
 		verdict(t, h, &chaos.CheckOpts{Name: "negative-control-" + scenario + "-unguarded", Final: &final.Value, Claim: guarded}, true)
+		return h
+	}
+	if register == "fence-noclaim" {
+		verdict(t, h, &chaos.CheckOpts{Name: "negative-control-" + scenario, Final: &final.Value}, true)
 		return h
 	}
 	verdict(t, h, &chaos.CheckOpts{Name: scenario, Final: &final.Value, Claim: true}, false)
@@ -148,6 +169,16 @@ func TestRealLeaseProcessPauseLeaseChecked(t *testing.T) {
 			require.Contains(t, op.Err, "lease lost")
 		}
 	}
+}
+
+// Negative control for the claiming read: fenced writes alone, with plain
+// reads, do not protect a read-modify-write. The new holder reads before
+// the stale write arrives, which passes the fence (nobody newer has written
+// yet), and then writes the same value: an update is lost.
+func TestRealLeaseProcessPauseFencedWithoutClaimIsDetected(t *testing.T) {
+	t.Parallel()
+	h := pausedLease(t, "fence-noclaim", true)
+	require.Zero(t, countFencedKind(h, chaos.Write), "without a claim, the stale writes pass the fence")
 }
 
 // Negative control: the same real lease, paused past its TTL, with

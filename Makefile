@@ -29,14 +29,14 @@ FUZZ_TARGETS := ./leasetable:FuzzLeaseName ./advisory:FuzzNameKey ./fence:FuzzSc
 # The summary lines are printed; on failure the whole log follows (with the
 # history and the path of porcupine's visualisation).
 chaos-ci:
-	log=$${TMPDIR:-/tmp}/pgfence-chaos-ci.log; \
+	@log=$${TMPDIR:-/tmp}/pgfence-chaos-ci.log; \
 	$(GO) test -race -shuffle=on -count=1 -tags chaos -timeout 15m -v ./internal/chaos/... >$$log 2>&1; \
 	status=$$?; grep -E $(CHAOS_SUMMARY) $$log; \
 	if [ $$status -ne 0 ]; then cat $$log; fi; exit $$status
 
 # chaos is the long local soak: make chaos CHAOS_DURATION=1h
 chaos:
-	log=$${TMPDIR:-/tmp}/pgfence-chaos-soak.log; \
+	@log=$${TMPDIR:-/tmp}/pgfence-chaos-soak.log; \
 	CHAOS_DURATION=$(CHAOS_DURATION) CHAOS_CHECK_TIMEOUT=$(CHAOS_CHECK_TIMEOUT) \
 		$(GO) test -race -count=1 -tags chaos -timeout 0 -v ./internal/chaos/... >$$log 2>&1; \
 	status=$$?; grep -E $(CHAOS_SUMMARY) $$log; \
@@ -44,7 +44,7 @@ chaos:
 
 # fuzz runs every fuzz target for FUZZTIME: make fuzz FUZZTIME=5m
 fuzz:
-	set -e; for t in $(FUZZ_TARGETS); do \
+	@set -e; for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; name=$${t##*:}; \
 		echo "fuzz: $$pkg $$name"; \
 		$(GO) test -run '^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) $$pkg; \

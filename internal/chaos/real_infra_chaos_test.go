@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -263,11 +264,15 @@ func TestRealAdvisorySessionPgBouncerTransactionMode(t *testing.T) {
 	require.True(t, refused > 0 || len(overlaps) > 0, "session locks through a transaction pooler were neither refused nor seen overlapping")
 }
 
-// recordingTracer records the arguments of every query a pool sends.
+// recordingTracer records the arguments of every query a pool sends, and
+// closes renewed once it has seen three lease renewals (leasetable's batch
+// renewal statement, recognised by its unnest of the lease arrays).
 type recordingTracer struct {
-	mu   sync.Mutex
-	sql  []string
-	args [][]any
+	mu       sync.Mutex
+	sql      []string
+	args     [][]any
+	renewals int
+	renewed  chan struct{}
 }
 
 func (r *recordingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
@@ -275,6 +280,12 @@ func (r *recordingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pg
 	defer r.mu.Unlock()
 	r.sql = append(r.sql, d.SQL)
 	r.args = append(r.args, d.Args)
+	if strings.Contains(d.SQL, "unnest(") {
+		r.renewals++
+		if r.renewals == 3 {
+			close(r.renewed)
+		}
+	}
 	return ctx
 }
 
@@ -290,7 +301,7 @@ func TestRealLeaseSendsNoClientTime(t *testing.T) {
 	t.Parallel()
 	ctx := ctxFor(t, time.Minute)
 	db := pgtest.NewDB(t)
-	tr := &recordingTracer{}
+	tr := &recordingTracer{renewed: make(chan struct{})}
 	pool := appPool(t, ctx, db.URL, "chaos-locker", 4, func(c *pgxpool.Config) { c.ConnConfig.Tracer = tr })
 	a, err := leasetable.New(pool, &leasetable.Config{TTL: 300 * time.Millisecond})
 	require.NoError(t, err)
@@ -310,7 +321,11 @@ func TestRealLeaseSendsNoClientTime(t *testing.T) {
 		}
 		got <- lb
 	}()
-	time.Sleep(time.Second) // let a's watchdog renew the lease a few times
+	select {
+	case <-tr.renewed: // a's watchdog renewed the lease three times
+	case <-ctx.Done():
+		t.Fatal("no lease renewals seen")
+	}
 	_, _, err = b.Get(ctx, "skew")
 	require.NoError(t, err)
 	_, err = b.List(ctx)
@@ -332,5 +347,5 @@ func TestRealLeaseSendsNoClientTime(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("leasetable statements traced: %d, none with a client timestamp argument", len(tr.args))
+	t.Logf("leasetable statements traced: %d (%d renewals), none with a client timestamp argument", len(tr.args), tr.renewals)
 }

@@ -284,7 +284,7 @@ func TestRealLockersProxyLatencySplit(t *testing.T) {
 					// Process ids 0-1 slow, 2-3 direct: one recorder.
 					_, errs[i] = chaos.Run(ctx, chaos.WorkloadConfig{
 						Lockers: lockers[2*i : 2*i+2], Register: reg, Recorder: rec, Workers: 2,
-						Ops: ops, Duration: dur, MaxSleep: 20 * time.Millisecond, OpTimeout: 3 * time.Second,
+						Ops: ops, Duration: dur, MaxSleep: 20 * time.Millisecond, OpTimeout: 10 * time.Second,
 						Seed: uint64(31 + i), ProcessBase: 2 * i,
 					})
 				}(i, reg)

@@ -14,23 +14,38 @@ CHAOS_DURATION ?= 10m
 # porcupine's budget per history on long runs.
 CHAOS_CHECK_TIMEOUT ?= 10m
 
-CHAOS_SUMMARY := '^(---|ok|FAIL|panic)|chaos: scenario=|detected as expected|danger shown|reissued|server clock'
+CHAOS_SUMMARY := '^(---|ok|FAIL|panic)|chaos: scenario=|detected as expected|danger shown|reissued|server clock|preserved|through PgBouncer|client timestamp|granted across|child observed'
 
-.PHONY: chaos chaos-ci
+# Each fuzz target runs this long under make fuzz (their seed corpora run
+# in every plain go test).
+FUZZTIME ?= 30s
+FUZZ_TARGETS := ./leasetable:FuzzLeaseName ./advisory:FuzzNameKey ./fence:FuzzScanParams \
+	./fence:FuzzParseTable ./fence:FuzzBuilderFragments ./fence:FuzzBuilderIdentifiers \
+	./internal/chaos:FuzzCheckSequentialRegister
+
+.PHONY: chaos chaos-ci fuzz
 
 # chaos-ci is the short schedule CI runs: every fault, a few minutes in all.
 # The summary lines are printed; on failure the whole log follows (with the
 # history and the path of porcupine's visualisation).
 chaos-ci:
-	log=$${TMPDIR:-/tmp}/pgfence-chaos-ci.log; \
+	@log=$${TMPDIR:-/tmp}/pgfence-chaos-ci.log; \
 	$(GO) test -race -shuffle=on -count=1 -tags chaos -timeout 15m -v ./internal/chaos/... >$$log 2>&1; \
 	status=$$?; grep -E $(CHAOS_SUMMARY) $$log; \
 	if [ $$status -ne 0 ]; then cat $$log; fi; exit $$status
 
 # chaos is the long local soak: make chaos CHAOS_DURATION=1h
 chaos:
-	log=$${TMPDIR:-/tmp}/pgfence-chaos-soak.log; \
+	@log=$${TMPDIR:-/tmp}/pgfence-chaos-soak.log; \
 	CHAOS_DURATION=$(CHAOS_DURATION) CHAOS_CHECK_TIMEOUT=$(CHAOS_CHECK_TIMEOUT) \
 		$(GO) test -race -count=1 -tags chaos -timeout 0 -v ./internal/chaos/... >$$log 2>&1; \
 	status=$$?; grep -E $(CHAOS_SUMMARY) $$log; \
 	if [ $$status -ne 0 ]; then cat $$log; fi; exit $$status
+
+# fuzz runs every fuzz target for FUZZTIME: make fuzz FUZZTIME=5m
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t##*:}; \
+		echo "fuzz: $$pkg $$name"; \
+		$(GO) test -run '^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) $$pkg; \
+	done

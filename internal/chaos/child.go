@@ -14,9 +14,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/leasetable"
 )
 
 // Environment of a child holder process started by [StartChild].
@@ -29,6 +30,14 @@ const (
 	EnvChildTable = "PGFENCE_CHAOS_CHILD_TABLE"
 	// EnvChildGuarded is "1" when the child uses the guarded register.
 	EnvChildGuarded = "PGFENCE_CHAOS_CHILD_GUARDED"
+	// EnvChildRegister selects the child's register: "sql" (the default,
+	// guarded or not by EnvChildGuarded), "fence", "fence-lease" (fence
+	// writes checked against the lease the child holds) or "fence-noclaim"
+	// (fenced writes, plain reads).
+	EnvChildRegister = "PGFENCE_CHAOS_CHILD_REGISTER"
+	// EnvChildLeaseTTL, when set (a Go duration), makes the child take real
+	// leasetable leases with this TTL ("acquire NAME").
+	EnvChildLeaseTTL = "PGFENCE_CHAOS_CHILD_LEASE_TTL"
 )
 
 // ChildMain runs the child holder and exits the process when EnvChild is
@@ -38,7 +47,11 @@ const (
 // The child connects to EnvChildURL, prints "ready", then answers each line
 // on stdin with one line on stdout: "read TOKEN" with "ok VALUE ROWTOKEN";
 // "write TOKEN VALUE" with "ok"; either with "fenced", "fail MSG" or
-// "unknown MSG" on error. It exits at end of input.
+// "unknown MSG" on error. With EnvChildLeaseTTL set it also answers
+// "acquire NAME" with "ok TOKEN" (a real leasetable lease, renewed in the
+// background), "waitlost" with "lost ERR" once the lease's Done is closed
+// (or "held" after 30s), and "release" with "ok" or "fail MSG". It exits
+// at end of input.
 func ChildMain() {
 	if os.Getenv(EnvChild) == "" {
 		return
@@ -48,16 +61,43 @@ func ChildMain() {
 
 func childMain(in io.Reader, out io.Writer) int {
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, os.Getenv(EnvChildURL))
+	pool, err := pgxpool.New(ctx, os.Getenv(EnvChildURL))
 	if err != nil {
 		fmt.Fprintf(out, "fail connect: %v\n", err)
 		return 1
 	}
-	defer conn.Close(ctx)
-	reg, err := NewSQLRegister(ctx, conn, os.Getenv(EnvChildTable), os.Getenv(EnvChildGuarded) == "1")
+	defer pool.Close()
+	table := os.Getenv(EnvChildTable)
+	var reg Register
+	var lease *leasetable.Lease
+	switch kind := os.Getenv(EnvChildRegister); kind {
+	case "", "sql":
+		reg, err = NewSQLRegister(ctx, pool, table, os.Getenv(EnvChildGuarded) == "1")
+	case "fence", "fence-lease":
+		reg, err = NewFenceRegister(ctx, pool, table, "")
+	case "fence-noclaim":
+		var fr *FenceRegister
+		if fr, err = NewFenceRegister(ctx, pool, table, ""); err == nil {
+			reg = fr.WithoutClaim()
+		}
+	default:
+		err = fmt.Errorf("chaos: unknown child register %q", kind)
+	}
 	if err != nil {
 		fmt.Fprintf(out, "fail %v\n", err)
 		return 1
+	}
+	var locker *leasetable.Locker
+	if v := os.Getenv(EnvChildLeaseTTL); v != "" {
+		ttl, err := time.ParseDuration(v)
+		if err == nil {
+			locker, err = leasetable.New(pool, &leasetable.Config{TTL: ttl, Owner: fmt.Sprintf("chaos-child/%d", os.Getpid())})
+		}
+		if err != nil {
+			fmt.Fprintf(out, "fail %v\n", err)
+			return 1
+		}
+		defer locker.Close()
 	}
 	fmt.Fprintln(out, "ready")
 	sc := bufio.NewScanner(in)
@@ -73,6 +113,29 @@ func childMain(in io.Reader, out io.Writer) int {
 			tok, _ := strconv.ParseInt(f[1], 10, 64)
 			v, _ := strconv.ParseInt(f[2], 10, 64)
 			reply = childReply(reg.Write(ctx, tok, v), "ok")
+		case len(f) == 2 && f[0] == "acquire" && locker != nil:
+			actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			lease, err = locker.Acquire(actx, f[1], nil)
+			cancel()
+			if err == nil {
+				if os.Getenv(EnvChildRegister) == "fence-lease" {
+					reg, err = NewFenceRegister(ctx, pool, table, f[1])
+				}
+			}
+			if err == nil {
+				reply = fmt.Sprintf("ok %d", lease.Token())
+			} else {
+				reply = "fail " + oneLine(err.Error())
+			}
+		case len(f) == 1 && f[0] == "waitlost" && lease != nil:
+			select {
+			case <-lease.Done():
+				reply = "lost " + oneLine(errString(lease.Err()))
+			case <-time.After(30 * time.Second):
+				reply = "held"
+			}
+		case len(f) == 1 && f[0] == "release" && lease != nil:
+			reply = childReply(lease.Release(ctx), "ok")
 		default:
 			reply = "fail bad command " + strconv.Quote(sc.Text())
 		}
@@ -85,8 +148,10 @@ func childReply(err error, ok string) string {
 	switch {
 	case err == nil:
 		return ok
-	case errors.Is(err, pgfence.ErrFenced):
+	case IsFenced(err):
 		return "fenced"
+	case errors.Is(err, pgfence.ErrLeaseLost):
+		return "fail lease lost: " + oneLine(err.Error())
 	case Classify(err) == Fail:
 		return "fail " + oneLine(err.Error())
 	default:
@@ -113,6 +178,12 @@ type ChildOpts struct {
 	Table string
 	// Guarded selects the guarded register.
 	Guarded bool
+	// Register is the child's register kind (see EnvChildRegister); empty
+	// means "sql".
+	Register string
+	// LeaseTTL, when positive, lets the child take real leasetable leases
+	// with this TTL.
+	LeaseTTL time.Duration
 }
 
 // StartChild runs the current executable (a test binary whose TestMain
@@ -132,7 +203,10 @@ func StartChild(ctx context.Context, opts ChildOpts) (*Child, error) {
 	}
 	cmd := exec.Command(exe, "-test.run=^$")
 	cmd.Env = append(os.Environ(), EnvChild+"=holder", EnvChildURL+"="+opts.URL,
-		EnvChildTable+"="+opts.Table, EnvChildGuarded+"="+guarded)
+		EnvChildTable+"="+opts.Table, EnvChildGuarded+"="+guarded, EnvChildRegister+"="+opts.Register)
+	if opts.LeaseTTL > 0 {
+		cmd.Env = append(cmd.Env, EnvChildLeaseTTL+"="+opts.LeaseTTL.String())
+	}
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdin, err := cmd.StdinPipe()

@@ -36,15 +36,46 @@
 //
 // # Workloads
 //
-// [Run] drives N workers, each looping: acquire through a [Locker], sleep a
-// random time inside the critical section, Read and Write(value+1) through a
-// [Register], release; bounded by an operation count and a duration.
-// [SQLRegister] is the register in SQL: guarded (a read that claims the row
-// with the holder's token, then a fenced write; a stale holder is rejected
-// at either step, so the read-modify-write is atomic across holders) or
-// unguarded (plain read and write: the negative control). [SimLocker] is a
-// test-only locker whose grants lapse after a TTL while their holders still
-// run, drawing tokens from pgfence_next_token().
+// [Run] drives N workers, each looping: acquire through a [Locker] (one per
+// worker with [WorkloadConfig.Lockers], as separate processes would have),
+// sleep a random time inside the critical section, Read and Write(value+1)
+// through a [Register], release; bounded by an operation count and a
+// duration. The register is one row holding a value and a fencing token:
+//
+//   - [FenceRegister] writes through package fence's generated guarded
+//     UPDATE (fence.Update(...).Exec), optionally lease-checked
+//     (UnderLease); errors matching pgfence.ErrFenced are recorded as
+//     fenced failures ([IsFenced]), a lease-checked rejection as a plain
+//     failure;
+//   - [SQLRegister] is the same with raw SQL: guarded, or unguarded (plain
+//     read and write: the negative control).
+//
+// The real lockers join through adapters: [LeaseLocker] (leasetable:
+// Acquire, Token, Release, and Done, which the workload watches: see
+// [Watched] and [Op.Lost]), [AdvisoryLocker] (session advisory locks:
+// Lock(advisory.Name(name)), Unlock) and [AdvisoryTxLocker] (a transaction
+// per critical section, locked with advisory.LockTx; the register's
+// operations run in it, see [Scoped], and take effect only if its commit
+// does). [SimLocker] is a test-only locker whose grants lapse after a TTL
+// while their holders still run.
+//
+// # Why the read claims the row
+//
+// Fencing with fence_token <= token stops a stale write only AFTER a newer
+// holder has written the row: until then the row still carries an older
+// token, and the stale holder's write passes. A read-modify-write is
+// therefore not protected by a fenced write alone. Holder A (token 1) reads
+// 5 and pauses; its lease lapses; B (token 2) reads 5, writes 6 with token
+// 2 and A's late write of 6 is fenced: fine. But if B reads 5 and has not
+// written yet when A wakes, A's write of 6 (token 1 >= the row's 0) lands,
+// and B then writes 6 too: one increment is lost, though every write was
+// "fenced". So the register's read claims the row: it moves the row's token
+// to the reader's token (a guarded UPDATE that changes nothing else) before
+// reading, in one transaction, and is itself fenced. Once B has claimed the
+// row, A's write is rejected, and A's own claim is rejected if B's came
+// first. Equivalently, do the modification in one guarded statement
+// (SET val = val + 1), which needs no separate read. Applications of
+// package fence must do one or the other.
 //
 // # Faults
 //
@@ -52,8 +83,9 @@
 //     [Netns] (nftables drop and reset rules inside a network namespace
 //     created by the test, clients dialling from inside it);
 //   - process pause: [StartChild] runs a holder in a child process (the test
-//     binary run again, dispatched by [ChildMain]) that [Child.Stop] pauses
-//     with SIGSTOP and [Child.Cont] resumes;
+//     binary run again, dispatched by [ChildMain]), optionally holding a
+//     real leasetable lease, that [Child.Stop] pauses with SIGSTOP and
+//     [Child.Cont] resumes;
 //   - connection kill: [TerminateBackends] (pg_terminate_backend);
 //   - server crash: internal/pgtest's Cluster.Crash and Start;
 //   - clock: [FakeClock] moves a server's wall clock through libfaketime;
@@ -63,10 +95,10 @@
 //
 // # Adding a locker
 //
-// A pgfence locker joins the suite through a small adapter implementing
-// [Locker] and [Holder] (Acquire returns the grant, Token its fencing token,
-// Release releases it) and, for the fence package, a [Register] whose
-// writes go through the generated guarded SQL.
+// A locker joins the suite through a small adapter implementing [Locker]
+// and [Holder] (Acquire returns the grant, Token its fencing token, Release
+// releases it, with pgfence.ErrNotHeld when it had been lost), and
+// [Watched] when it can tell its holder of a loss.
 //
 // # What is not checked
 //

@@ -93,6 +93,9 @@ type Op struct {
 	// Fenced is set on a failed Read or Write that the register rejected
 	// because of a newer token.
 	Fenced bool
+	// Lost is set on a Read, Write or Release invoked by a holder that had
+	// already been told its lock was lost (see [Watched]).
+	Lost bool
 	// Call and Return are the invocation and completion times.
 	Call, Return int64
 	// Err is the error text of a failed or unknown operation.
@@ -124,6 +127,9 @@ func (o Op) String() string {
 	fmt.Fprintf(&b, " -> %s", o.Outcome)
 	if o.Fenced {
 		b.WriteString(" (fenced)")
+	}
+	if o.Lost {
+		b.WriteString(" (lock known lost)")
 	}
 	fmt.Fprintf(&b, " [%d, ", o.Call)
 	if o.Outcome == Ok || o.Outcome == Fail {

@@ -28,7 +28,9 @@ type Locker interface {
 type Holder interface {
 	// Token returns the fencing token of the grant.
 	Token() int64
-	// Release releases the lock; it is idempotent.
+	// Release releases the lock; it is idempotent. An error matching
+	// pgfence.ErrNotHeld says the lock had been lost: the workload records
+	// the Release as Ok with [Op.Lost] set.
 	Release(ctx context.Context) error
 }
 
@@ -55,6 +57,10 @@ func Classify(err error) Outcome {
 	if err == nil {
 		return Ok
 	}
+	var ue *unknownError
+	if errors.As(err, &ue) {
+		return Unknown
+	}
 	if errors.Is(err, pgfence.ErrFenced) || errors.Is(err, pgfence.ErrNotAcquired) {
 		return Fail
 	}
@@ -79,8 +85,11 @@ func Classify(err error) Outcome {
 
 // WorkloadConfig configures [Run].
 type WorkloadConfig struct {
-	// Locker grants the lock. Required.
+	// Locker grants the lock. Required unless Lockers is set.
 	Locker Locker
+	// Lockers, when set, gives each worker its own locker (worker i uses
+	// Lockers[i % len(Lockers)]), as separate processes would have.
+	Lockers []Locker
 	// Register is the protected row. Required.
 	Register Register
 	// Recorder records the history; nil means a new one.
@@ -101,6 +110,9 @@ type WorkloadConfig struct {
 	OpTimeout time.Duration
 	// Seed seeds the random sleeps.
 	Seed uint64
+	// ProcessBase is added to the workers' process ids, so that several
+	// runs can share one Recorder.
+	ProcessBase int
 }
 
 // DefaultLockName is the lock name a workload uses when none is configured.
@@ -115,6 +127,9 @@ const DefaultOpTimeout = 10 * time.Second
 // are recorded in the history, not returned; Run returns an error only for a
 // bad configuration. A worker whose Read fails skips its Write.
 func Run(ctx context.Context, cfg WorkloadConfig) (History, error) {
+	if cfg.Locker == nil && len(cfg.Lockers) > 0 {
+		cfg.Locker = cfg.Lockers[0]
+	}
 	if cfg.Locker == nil || cfg.Register == nil {
 		return nil, errors.New("chaos: WorkloadConfig needs a Locker and a Register")
 	}
@@ -152,7 +167,11 @@ func Run(ctx context.Context, cfg WorkloadConfig) (History, error) {
 				if cfg.Ops > 0 && started.Add(1) > int64(cfg.Ops) {
 					return
 				}
-				criticalSection(ctx, cfg, p, rng)
+				lk := cfg.Locker
+				if len(cfg.Lockers) > 0 {
+					lk = cfg.Lockers[p%len(cfg.Lockers)]
+				}
+				criticalSection(ctx, cfg, lk, cfg.ProcessBase+p, rng)
 			}
 		}(w)
 	}
@@ -160,13 +179,13 @@ func Run(ctx context.Context, cfg WorkloadConfig) (History, error) {
 	return cfg.Recorder.History(), nil
 }
 
-func criticalSection(ctx context.Context, cfg WorkloadConfig, p int, rng *rand.Rand) {
+func criticalSection(ctx context.Context, cfg WorkloadConfig, lk Locker, p int, rng *rand.Rand) {
 	rec := cfg.Recorder
 	opCtx := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, cfg.OpTimeout) }
 
 	acq := rec.Invoke(Op{Process: p, Kind: Acquire, Name: cfg.Name})
 	cctx, cancel := opCtx()
-	h, err := cfg.Locker.Acquire(cctx, cfg.Name)
+	h, err := lk.Acquire(cctx, cfg.Name)
 	cancel()
 	if err != nil {
 		// A grant the client never saw cannot be used: record it as failed.
@@ -175,38 +194,103 @@ func criticalSection(ctx context.Context, cfg WorkloadConfig, p int, rng *rand.R
 	}
 	token := h.Token()
 	acq.Complete(Ok, func(o *Op) { o.Token = token })
+
+	reg := cfg.Register
+	// A transaction-scoped holder: the register runs in its transaction,
+	// and the operations' outcomes are decided by the commit (Release).
+	var provisional []provisionalOp
+	scoped, isScoped := h.(Scoped)
+	if isScoped {
+		sr, ok := reg.(ScopedRegister)
+		if !ok {
+			rec.Invoke(Op{Process: p, Kind: Release, Name: cfg.Name, Token: token}).
+				Complete(Fail, func(o *Op) { o.Err = "chaos: a Scoped holder needs a ScopedRegister" })
+			_ = h.Release(context.WithoutCancel(ctx))
+			return
+		}
+		reg = sr.On(scoped.DB())
+	}
+	lost := func() bool {
+		if w, ok := h.(Watched); ok {
+			select {
+			case <-w.Done():
+				return true
+			default:
+			}
+		}
+		return false
+	}
+	complete := func(pd *Pend, err error, edit func(*Op)) {
+		full := func(o *Op) {
+			if edit != nil {
+				edit(o)
+			}
+			o.Err = errString(err)
+			o.Fenced = IsFenced(err)
+		}
+		if isScoped {
+			if err != nil {
+				// Nothing done in a transaction that failed or will be
+				// rolled back takes effect.
+				pd.Complete(Fail, full)
+				return
+			}
+			provisional = append(provisional, provisionalOp{pd, full})
+			return
+		}
+		pd.Complete(Classify(err), full)
+	}
 	defer func() {
-		rel := rec.Invoke(Op{Process: p, Kind: Release, Name: cfg.Name, Token: token})
+		rel := rec.Invoke(Op{Process: p, Kind: Release, Name: cfg.Name, Token: token, Lost: lost()})
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.OpTimeout)
 		defer cancel()
 		err := h.Release(rctx)
-		rel.Complete(Classify(err), func(o *Op) { o.Err = errString(err) })
+		lostAtRelease := errors.Is(err, pgfence.ErrNotHeld)
+		if lostAtRelease {
+			// The lock had been lost: nothing was left to release.
+			err = nil
+		}
+		outcome := Classify(err)
+		for _, po := range provisional {
+			po.p.Complete(outcome, po.edit)
+		}
+		rel.Complete(outcome, func(o *Op) {
+			o.Err = errString(err)
+			o.Lost = o.Lost || lostAtRelease
+		})
 	}()
 
 	if cfg.MaxSleep > 0 {
 		sleep(ctx, time.Duration(rng.Int64N(int64(cfg.MaxSleep)+1)))
 	}
 
-	rd := rec.Invoke(Op{Process: p, Kind: Read, Token: token})
+	rd := rec.Invoke(Op{Process: p, Kind: Read, Token: token, Lost: lost()})
 	cctx, cancel = opCtx()
-	val, rowTok, err := cfg.Register.Read(cctx, token)
+	val, rowTok, err := reg.Read(cctx, token)
 	cancel()
-	rd.Complete(Classify(err), func(o *Op) {
-		o.Value, o.RowToken, o.Err = val, rowTok, errString(err)
-		o.Fenced = errors.Is(err, pgfence.ErrFenced)
-	})
+	complete(rd, err, func(o *Op) { o.Value, o.RowToken = val, rowTok })
 	if err != nil {
 		return
 	}
 
-	wr := rec.Invoke(Op{Process: p, Kind: Write, Token: token, Value: val + 1})
+	wr := rec.Invoke(Op{Process: p, Kind: Write, Token: token, Value: val + 1, Lost: lost()})
 	cctx, cancel = opCtx()
-	err = cfg.Register.Write(cctx, token, val+1)
+	err = reg.Write(cctx, token, val+1)
 	cancel()
-	wr.Complete(Classify(err), func(o *Op) {
-		o.Err = errString(err)
-		o.Fenced = errors.Is(err, pgfence.ErrFenced)
-	})
+	complete(wr, err, nil)
+}
+
+type provisionalOp struct {
+	p    *Pend
+	edit func(*Op)
+}
+
+// IsFenced reports whether err is a rejection by a newer fencing token on
+// the row: it matches pgfence.ErrFenced and not pgfence.ErrLeaseLost (a
+// lease-checked write rejected because the lease lapsed says nothing about
+// the row's token).
+func IsFenced(err error) bool {
+	return errors.Is(err, pgfence.ErrFenced) && !errors.Is(err, pgfence.ErrLeaseLost)
 }
 
 func sleep(ctx context.Context, d time.Duration) {

@@ -1,0 +1,187 @@
+//go:build chaos
+
+package chaos_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence/advisory"
+	"github.com/pgfence/pgfence/internal/chaos"
+	"github.com/pgfence/pgfence/leasetable"
+)
+
+// A real locker under test, with the register it protects.
+type lockerKind string
+
+const (
+	// kindLease: leasetable leases, fenced writes (fence.Update).
+	kindLease lockerKind = "leasetable"
+	// kindLeaseChecked: leasetable leases, fenced and lease-checked writes
+	// (fence.Update(...).UnderLease).
+	kindLeaseChecked lockerKind = "leasetable-underlease"
+	// kindAdvisory: advisory session locks, fenced writes.
+	kindAdvisory lockerKind = "advisory"
+	// kindAdvisoryTx: advisory transaction locks, the register's operations
+	// in the lock's transaction.
+	kindAdvisoryTx lockerKind = "advisory-xact"
+	// kindLeaseUnguarded: leasetable leases, unguarded writes (negative
+	// control).
+	kindLeaseUnguarded lockerKind = "leasetable-unguarded"
+)
+
+var allKinds = []lockerKind{kindLease, kindLeaseChecked, kindAdvisory, kindAdvisoryTx}
+
+// realOpts tunes the real lockers for short fault runs.
+type realOpts struct {
+	// Workers is the number of workers, each with its own Locker.
+	Workers int
+	// TTL is the leases' TTL; zero means 300ms.
+	TTL time.Duration
+	// ListenDirect, when set, is where leasetable's LISTEN connection goes
+	// (behind a transaction pooler); DisableListen when empty and Pooled.
+	Pooled bool
+}
+
+// realLockers returns one Locker per worker of kind, all on pool.
+func realLockers(t *testing.T, kind lockerKind, pool *pgxpool.Pool, o realOpts) []chaos.Locker {
+	t.Helper()
+	if o.Workers == 0 {
+		o.Workers = 4
+	}
+	if o.TTL == 0 {
+		o.TTL = 300 * time.Millisecond
+	}
+	var out []chaos.Locker
+	for i := 0; i < o.Workers; i++ {
+		switch kind {
+		case kindLease, kindLeaseChecked, kindLeaseUnguarded:
+			l, err := leasetable.New(pool, &leasetable.Config{TTL: o.TTL, DisableListen: o.Pooled})
+			require.NoError(t, err)
+			t.Cleanup(l.Close)
+			out = append(out, &chaos.LeaseLocker{L: l})
+		case kindAdvisory:
+			l, err := advisory.New(pool, &advisory.Config{
+				MaxSessions: 1, CheckInterval: 100 * time.Millisecond, QueryTimeout: time.Second,
+				MaxPollInterval: 20 * time.Millisecond,
+			})
+			require.NoError(t, err)
+			t.Cleanup(l.Close)
+			out = append(out, &chaos.AdvisoryLocker{L: l})
+		case kindAdvisoryTx:
+			out = append(out, &chaos.AdvisoryTxLocker{Pool: pool})
+		default:
+			t.Fatalf("unknown locker kind %q", kind)
+		}
+	}
+	return out
+}
+
+// finalReader reads a register's final state.
+type finalReader interface {
+	Final(ctx context.Context) (chaos.RegisterState, error)
+}
+
+// realRegister returns the register kind protects, on db, and a reader of
+// its final state on admin (a connection that no fault touches).
+func realRegister(t *testing.T, ctx context.Context, kind lockerKind, db, admin *pgxpool.Pool) (chaos.Register, finalReader) {
+	t.Helper()
+	const table = "chaos_register"
+	adm, err := chaos.NewSQLRegister(ctx, admin, table, true)
+	require.NoError(t, err)
+	switch kind {
+	case kindLeaseUnguarded:
+		r, err := chaos.NewSQLRegister(ctx, db, table, false)
+		require.NoError(t, err)
+		return r, adm
+	case kindLeaseChecked:
+		r, err := chaos.NewFenceRegister(ctx, db, table, chaos.DefaultLockName)
+		require.NoError(t, err)
+		return r, adm
+	default:
+		r, err := chaos.NewFenceRegister(ctx, db, table, "")
+		require.NoError(t, err)
+		return r, adm
+	}
+}
+
+// finalState reads the final state, retrying a few times after faults.
+func finalState(t *testing.T, ctx context.Context, r finalReader) chaos.RegisterState {
+	t.Helper()
+	var s chaos.RegisterState
+	var err error
+	for i := 0; i < 5; i++ {
+		if s, err = r.Final(ctx); err == nil {
+			return s
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	require.NoError(t, err)
+	return s
+}
+
+// checkReal checks a real locker's history: linearizable (or a violation,
+// for a negative control), mutual exclusion for advisory locks when no fault
+// can end a lock early (exclusive).
+func checkReal(t *testing.T, scenario string, kind lockerKind, h chaos.History, final chaos.RegisterState, exclusive, wantViolation bool) *chaos.Report {
+	t.Helper()
+	leaseLost := 0
+	for _, op := range h {
+		if op.Outcome == chaos.Fail && (op.Kind == chaos.Read || op.Kind == chaos.Write) && strings.Contains(op.Err, "lease") {
+			leaseLost++
+		}
+	}
+	t.Logf("%s/%s: acquires ok %d fail %d; writes ok %d unknown %d; fenced claims %d, fenced writes %d, lease-checked rejections %d; ops by holders told of the loss %d",
+		scenario, kind, h.Count(chaos.Acquire, chaos.Ok), h.Count(chaos.Acquire, chaos.Fail),
+		h.Count(chaos.Write, chaos.Ok), h.Count(chaos.Write, chaos.Unknown),
+		countFencedKind(h, chaos.Read), countFencedKind(h, chaos.Write), leaseLost, countLost(h))
+	return verdict(t, h, &chaos.CheckOpts{
+		Name: scenario + "-" + string(kind), Final: &final.Value, Claim: true, Exclusive: exclusive,
+	}, wantViolation)
+}
+
+func countFencedKind(h chaos.History, k chaos.Kind) int {
+	n := 0
+	for _, op := range h {
+		if op.Kind == k && op.Fenced {
+			n++
+		}
+	}
+	return n
+}
+
+// countLost counts operations (read, write, release) of holders that had
+// been told their lock was lost.
+func countLost(h chaos.History) int {
+	n := 0
+	for _, op := range h {
+		if op.Lost {
+			n++
+		}
+	}
+	return n
+}
+
+// appPool returns a pool on url whose connections carry application_name
+// app (so TerminateBackends can find them).
+func appPool(t *testing.T, ctx context.Context, url, app string, maxConns int32, edit func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.MaxConns = maxConns
+	if app != "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = app
+	}
+	if edit != nil {
+		edit(cfg)
+	}
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	return p
+}

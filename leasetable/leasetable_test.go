@@ -666,11 +666,13 @@ func TestCloseReleasesAndStops(t *testing.T) {
 	require.NoError(t, ol.Release(ctx))
 }
 
-// renewTracer records the batches of the renewal statement.
+// renewTracer records the batches of the renewal statement (the only
+// statement that starts with UPDATE; acquires and releases are batched too,
+// in statements that start with WITH).
 type renewTracer struct{ batches chan int }
 
 func (r *renewTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if strings.Contains(d.SQL, "unnest(") && len(d.Args) == 3 {
+	if strings.HasPrefix(strings.TrimSpace(d.SQL), "UPDATE") && strings.Contains(d.SQL, "unnest(") && len(d.Args) == 3 {
 		if names, ok := d.Args[0].([]string); ok {
 			select {
 			case r.batches <- len(names):

@@ -302,12 +302,26 @@ func (k *Locker) giveBack(name string, token int64) {
 	}
 }
 
-// releaseBatchSQL gives a batch of leases up, each as releaseSQL would:
-// owner-checked, only rows with the name, owner and token that are still
-// held, expired in place (never deleted), and a notification on
+// releaseBatchSQL gives a batch of leases up, each as a lone release
+// would: owner-checked, only rows with the name, owner and token that are
+// still held, expired in place (never deleted), and a notification on
 // NotifyChannel for each one that becomes free at once (delivered at
 // commit). It returns the token of each lease it released. It locks those
 // rows.
+//
+// When every released row becomes free at once (no AtLeast keeps one held),
+// the transaction commits with synchronous_commit off: it does not wait for
+// its WAL to be flushed. The notifications make each such commit take a
+// database-wide lock until it completes, so waiting for the flush there
+// would serialise every release on the server behind the disk. Losing such
+// a release in a crash only keeps the lease held until its TTL ends; it can
+// never make a lease look free early, and whoever takes the freed row
+// commits durably, which flushes the release's WAL first. A release that
+// keeps a row held (AtLeast) commits durably.
+//
+// The second column returns the durability setting the statement chose
+// ('off', or NULL when left alone): it must be selected, or the planner
+// removes the join to the subquery that sets it.
 //
 // $1 names, $2 tokens, $3 AtLeast in microseconds (parallel arrays), $4
 // owner.
@@ -317,12 +331,15 @@ WITH released AS (
     SET expires_at = greatest(now(), l.acquired_at + r.at_least_us * interval '1 microsecond')
     FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS r(name, fence, at_least_us)
     WHERE l.name = r.name AND l.owner = $4 AND l.fence = r.fence AND l.expires_at > now()
-    RETURNING l.name, l.fence, l.expires_at
+    RETURNING l.name, l.fence, l.expires_at <= now() AS freed
 )
-SELECT r.fence FROM released r
+SELECT r.fence, a.durability FROM released r
 LEFT JOIN LATERAL (
-    SELECT pg_notify('` + NotifyChannel + `', r.name) WHERE r.expires_at <= now()
-) n ON true`
+    SELECT pg_notify('` + NotifyChannel + `', r.name) WHERE r.freed
+) n ON true
+LEFT JOIN (
+    SELECT set_config('synchronous_commit', 'off', true) FROM released HAVING bool_and(freed)
+) a(durability) ON true`
 
 // releaseReq is one caller's request to release a lease.
 type releaseReq struct {
@@ -393,8 +410,11 @@ func (k *Locker) execReleases(batch []*releaseReq) error {
 	}
 	released := make(map[int64]bool, len(batch))
 	for rows.Next() {
-		var token int64
-		if err := rows.Scan(&token); err != nil {
+		var (
+			token      int64
+			durability *string
+		)
+		if err := rows.Scan(&token, &durability); err != nil {
 			rows.Close()
 			return err
 		}

@@ -710,3 +710,30 @@ func TestRenewalIsBatched(t *testing.T) {
 		require.NoError(t, l.Release(ctx))
 	}
 }
+
+func TestFailedTryAcquireDrawsNoToken(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	holder := newLocker(t, db.Pool, nil)
+	other := newLocker(t, db.Pool, nil)
+	l, err := holder.TryAcquire(ctx, "busy", nil)
+	require.NoError(t, err)
+	lastToken := func() int64 {
+		var v int64
+		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT last_value FROM pgfence_leases_fence_seq").Scan(&v))
+		return v
+	}
+	before := lastToken()
+	for range 3 {
+		_, err := other.TryAcquire(ctx, "busy", nil)
+		require.ErrorIs(t, err, pgfence.ErrNotAcquired)
+	}
+	require.Equal(t, before, lastToken(), "a failed attempt on a held lease draws no token")
+	require.NoError(t, l.Release(ctx))
+	l2, err := other.TryAcquire(ctx, "busy", nil)
+	require.NoError(t, err)
+	require.Greater(t, l2.Token(), l.Token())
+	require.Greater(t, lastToken(), before, "negative control: an acquisition draws one")
+	require.NoError(t, l2.Release(ctx))
+}

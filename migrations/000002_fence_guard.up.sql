@@ -19,7 +19,16 @@
 -- Cost: for the default column (no argument, or 'fence_token') the check
 -- reads NEW.fence_token and OLD.fence_token directly, which PL/pgSQL plans
 -- once per table and session; any other column is read through to_jsonb of
--- the row, which costs more per row but never parses SQL at run time.
+-- the row, which costs more per row but never parses SQL at run time. To
+-- skip the call for rows it would accept, attach it behind WHEN conditions
+-- (see the fence package documentation):
+--
+--   CREATE TRIGGER accounts_fence_update BEFORE UPDATE ON accounts FOR EACH ROW
+--       WHEN (NEW.fence_token IS NULL OR NEW.fence_token < OLD.fence_token)
+--       EXECUTE FUNCTION pgfence_guard('fence_token');
+--   CREATE TRIGGER accounts_fence_delete BEFORE DELETE ON accounts FOR EACH ROW
+--       WHEN (current_setting('pgfence.token', true) <> '')
+--       EXECUTE FUNCTION pgfence_guard('fence_token');
 CREATE FUNCTION pgfence_guard() RETURNS trigger
     LANGUAGE plpgsql
 AS $$

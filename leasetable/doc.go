@@ -43,18 +43,17 @@
 // Concurrent acquires of one Locker are combined into one statement, and so
 // are concurrent releases: a request that finds no statement of its kind in
 // flight is sent at once (no timer delays a lone request); requests that
-// arrive while statements are in flight (at most two of each kind per
-// Locker) queue and go out together in the next one, matched back to their
-// callers by name (acquires) or token (releases). N requests then cost one
-// round trip and one WAL flush. Each request in a batch gets exactly the
+// arrive while one is in flight queue and go out together in the next one,
+// matched back to their callers by name (acquires) or token (releases). N
+// requests then cost one round trip and one WAL flush. Each request in a batch gets exactly the
 // outcome it would get alone: when several goroutines acquire the same name
 // in one batch, the name is sent once and the others see it held by the
 // first. The local deadline of a lease acquired in a batch counts from the
 // moment the batch statement was sent. The statement is cancelled only when
 // every caller in it has given up; a lease taken for a caller that gave up
-// before learning of it is released at once. Batches lock rows in name
-// order; if one still deadlocks with another client's statement, its
-// requests are retried one by one.
+// before learning of it is released at once. Acquire batches insert and
+// lock rows in name order; if a batch still deadlocks with another
+// client's statement, its requests are retried one by one.
 //
 // [Locker.Acquire] waits without polling. Each Locker keeps one LISTEN
 // connection of its own (opened from the pool's connection configuration,

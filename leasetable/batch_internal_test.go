@@ -165,3 +165,68 @@ func TestAbandonedAcquireIsGivenBack(t *testing.T) {
 		"SELECT expires_at > now() FROM pgfence_leases WHERE name = 'abandoned'").Scan(&held))
 	require.False(t, held, "the abandoned lease was taken and given back")
 }
+
+// TestReleaseDurability checks the durability the release statement
+// chooses: not waiting for the WAL flush when every lease it releases
+// becomes free at once, durable when AtLeast keeps one held. (The setting
+// only takes effect because the statement selects it: the planner would
+// otherwise remove the join that sets it.)
+func TestReleaseDurability(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	k, err := New(db.Pool, &Config{Owner: "me"})
+	require.NoError(t, err)
+	t.Cleanup(k.Close)
+	tests := []struct {
+		name     string
+		atLeast  []int64 // per lease, microseconds
+		want     *string
+		held     int
+		released int
+	}{
+		{"all freed", []int64{0, 0}, ptr("off"), 0, 2},
+		{"one kept held", []int64{0, time.Hour.Microseconds()}, nil, 1, 2},
+	}
+	timing, err := k.s.timing(nil)
+	require.NoError(t, err)
+	for i, tt := range tests {
+		names := make([]string, len(tt.atLeast))
+		tokens := make([]int64, len(tt.atLeast))
+		for j := range tt.atLeast {
+			names[j] = fmt.Sprintf("durability-%d-%d", i, j)
+			rep, err := k.acquire(ctx, names[j], timing)
+			require.NoError(t, err)
+			require.True(t, rep.acquired)
+			tokens[j] = rep.token
+		}
+		tx, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		rows, err := tx.Query(ctx, releaseBatchSQL, names, tokens, tt.atLeast, "me")
+		require.NoError(t, err)
+		n := 0
+		for rows.Next() {
+			var token int64
+			var durability *string
+			require.NoError(t, rows.Scan(&token, &durability))
+			require.Equal(t, tt.want, durability, tt.name)
+			n++
+		}
+		require.NoError(t, rows.Err())
+		require.Equal(t, tt.released, n, tt.name)
+		var setting string
+		require.NoError(t, tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&setting))
+		if tt.want != nil {
+			require.Equal(t, "off", setting, tt.name)
+		} else {
+			require.NotEqual(t, "off", setting, tt.name)
+		}
+		require.NoError(t, tx.Commit(ctx))
+		var held int
+		require.NoError(t, db.Pool.QueryRow(ctx,
+			"SELECT count(*) FROM pgfence_leases WHERE name = ANY($1) AND expires_at > now()", names).Scan(&held))
+		require.Equal(t, tt.held, held, tt.name)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

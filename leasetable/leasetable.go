@@ -331,6 +331,10 @@ func (k *Locker) try(ctx context.Context, name string, t leaseTiming) (*Lease, t
 	if err == nil {
 		err = rep.err
 	}
+	if err != nil && ctx.Err() == nil && k.closeCtx.Err() != nil {
+		// Close cancelled the statement.
+		return nil, 0, fmt.Errorf("leasetable: acquire %q: %w", name, pgfence.ErrClosed)
+	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("leasetable: acquire %q: %w", name, err)
 	}

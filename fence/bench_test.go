@@ -2,6 +2,7 @@ package fence_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -57,6 +58,47 @@ func BenchmarkUpdate(b *testing.B) {
 				_, err := stmt.Exec(ctx, db.Pool, 5, 1, 1)
 				require.NoError(b, err)
 			}
+		})
+	}
+}
+
+// BenchmarkTriggerPerRow measures what the pgfence_guard trigger adds to
+// each row an UPDATE changes, without the round trip and commit that
+// dominate a single-row statement: each op updates benchRows rows in one
+// statement. Forms: no trigger; the trigger on the default column; the
+// trigger behind WHEN conditions that skip it for rows it would accept; and
+// the trigger on another column (read through to_jsonb).
+func BenchmarkTriggerPerRow(b *testing.B) {
+	const benchRows = 1000
+	forms := []struct{ name, triggers string }{
+		{"plain", ""},
+		{"trigger", `CREATE TRIGGER g BEFORE UPDATE OR DELETE ON t
+			FOR EACH ROW EXECUTE FUNCTION pgfence_guard('fence_token')`},
+		{"trigger-when", `CREATE TRIGGER g BEFORE UPDATE ON t FOR EACH ROW
+			WHEN (NEW.fence_token IS NULL OR NEW.fence_token < OLD.fence_token)
+			EXECUTE FUNCTION pgfence_guard()`},
+		{"trigger-other-column", `ALTER TABLE t RENAME fence_token TO tok;
+			CREATE TRIGGER g BEFORE UPDATE OR DELETE ON t
+			FOR EACH ROW EXECUTE FUNCTION pgfence_guard('tok')`},
+	}
+	ctx := context.Background()
+	db := pgtest.NewDB(b)
+	for i, f := range forms {
+		table := fmt.Sprintf("t%d", i)
+		_, err := db.Pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE t (id int PRIMARY KEY, balance bigint NOT NULL, fence_token bigint NOT NULL)
+			WITH (fillfactor = 50);
+			INSERT INTO t SELECT g, 0, 5 FROM generate_series(1, %d) AS g;
+			%s;
+			ALTER TABLE t RENAME TO %s`, benchRows, f.triggers, table))
+		require.NoError(b, err)
+		b.Run(f.name, func(b *testing.B) {
+			update := "UPDATE " + table + " SET balance = balance + 1"
+			for b.Loop() {
+				tag, err := db.Pool.Exec(ctx, update)
+				require.NoError(b, err)
+				require.Equal(b, int64(benchRows), tag.RowsAffected())
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*benchRows), "ns/row")
 		})
 	}
 }

@@ -147,3 +147,82 @@ func TestBuilderMapsTriggerRejection(t *testing.T) {
 	require.ErrorAs(t, err, &pgErr)
 	require.Equal(t, fence.SQLState, pgErr.Code)
 }
+
+// TestTriggerForms checks every way of attaching pgfence_guard: with no
+// argument, naming the default column, naming another column (read through
+// the row's jsonb form), and with the WHEN conditions that skip the
+// function for rows it would accept.
+func TestTriggerForms(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, column, triggers string
+	}{
+		{"no argument", "fence_token", `CREATE TRIGGER g BEFORE UPDATE OR DELETE ON guarded
+			FOR EACH ROW EXECUTE FUNCTION pgfence_guard();`},
+		{"default column", "fence_token", `CREATE TRIGGER g BEFORE UPDATE OR DELETE ON guarded
+			FOR EACH ROW EXECUTE FUNCTION pgfence_guard('fence_token');`},
+		{"other column", `"Lease Token"`, `CREATE TRIGGER g BEFORE UPDATE OR DELETE ON guarded
+			FOR EACH ROW EXECUTE FUNCTION pgfence_guard('Lease Token');`},
+		{"with WHEN", "fence_token", `CREATE TRIGGER g_update BEFORE UPDATE ON guarded FOR EACH ROW
+			WHEN (NEW.fence_token IS NULL OR NEW.fence_token < OLD.fence_token)
+			EXECUTE FUNCTION pgfence_guard();
+			CREATE TRIGGER g_delete BEFORE DELETE ON guarded FOR EACH ROW
+			WHEN (current_setting('pgfence.token', true) <> '')
+			EXECUTE FUNCTION pgfence_guard();`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := pgtest.NewDB(t)
+			exec := func(sql string, args ...any) error {
+				_, err := fence.Check(db.Pool.Exec(ctx, sql, args...))
+				return err
+			}
+			_, err := db.Pool.Exec(ctx, `CREATE TABLE guarded (id int PRIMARY KEY, v int NOT NULL, `+
+				tt.column+` bigint); `+tt.triggers)
+			require.NoError(t, err)
+			require.NoError(t, exec(`INSERT INTO guarded VALUES (1, 0, 10), (2, 0, 10), (3, 0, NULL)`))
+			set := "UPDATE guarded SET v = v + 1, " + tt.column + " = $1 WHERE id = $2"
+
+			err = exec(set, 9, 1)
+			var se *fence.StaleTokenError
+			require.ErrorAs(t, err, &se)
+			require.Equal(t, int64(9), se.Presented)
+			require.Equal(t, int64(10), se.Current)
+			require.ErrorIs(t, exec(set, nil, 1), pgfence.ErrFenced, "NULL is not a token")
+			require.NoError(t, exec(set, 10, 1), "same token")
+			require.NoError(t, exec(set, 11, 1), "newer token")
+			require.NoError(t, exec(set, 1, 3), "a row without a token yet takes any token")
+
+			del := `DELETE FROM guarded WHERE id = $1 AND set_config('pgfence.token', $2::bigint::text, true) IS NOT NULL`
+			require.ErrorIs(t, exec(del, 2, 9), pgfence.ErrFenced)
+			require.NoError(t, exec("DELETE FROM guarded WHERE id = 2"), "a DELETE without pgfence.token is not checked")
+			require.NoError(t, exec(del, 1, 11))
+			var n int
+			require.NoError(t, db.Pool.QueryRow(ctx, "SELECT count(*) FROM guarded").Scan(&n))
+			require.Equal(t, 1, n)
+		})
+	}
+}
+
+func TestTriggerOnMissingColumn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE guarded (id int PRIMARY KEY, v int NOT NULL);
+		CREATE TRIGGER g BEFORE UPDATE OR DELETE ON guarded
+			FOR EACH ROW EXECUTE FUNCTION pgfence_guard('tok');
+		INSERT INTO guarded VALUES (1, 0);`)
+	require.NoError(t, err)
+	for _, sql := range []string{
+		"UPDATE guarded SET v = 1",
+		"DELETE FROM guarded WHERE set_config('pgfence.token', '5', true) IS NOT NULL",
+	} {
+		_, err = db.Pool.Exec(ctx, sql)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr, sql)
+		require.Equal(t, "42703", pgErr.Code, sql)
+		require.Contains(t, pgErr.Message, `has no column tok`, sql)
+	}
+}

@@ -34,7 +34,26 @@
 // was released (expires_at <= now()), and returns the new token. Concurrent
 // acquirers of one name are serialised by the row (or unique index) lock;
 // exactly one sees the row free. A Locker does not re-enter: a name it
-// already holds is not acquired again.
+// already holds is not acquired again. An attempt on a lease that is held
+// (in the statement's snapshot) neither locks the row nor draws a token, so
+// it writes nothing and waits for no WAL flush.
+//
+// # Group commit
+//
+// Concurrent acquires of one Locker are combined into one statement, and so
+// are concurrent releases: a request that finds no statement of its kind in
+// flight is sent at once (no timer delays a lone request); requests that
+// arrive while one is in flight queue and go out together in the next one,
+// matched back to their callers by name (acquires) or token (releases). N
+// requests then cost one round trip and one WAL flush. Each request in a batch gets exactly the
+// outcome it would get alone: when several goroutines acquire the same name
+// in one batch, the name is sent once and the others see it held by the
+// first. The local deadline of a lease acquired in a batch counts from the
+// moment the batch statement was sent. The statement is cancelled only when
+// every caller in it has given up; a lease taken for a caller that gave up
+// before learning of it is released at once. Acquire batches insert and
+// lock rows in name order; if a batch still deadlocks with another
+// client's statement, its requests are retried one by one.
 //
 // [Locker.Acquire] waits without polling. Each Locker keeps one LISTEN
 // connection of its own (opened from the pool's connection configuration,
@@ -101,6 +120,16 @@
 // in place (expires_at = now(), or acquired_at + [AcquireOpts].AtLeast if
 // that is later). It never deletes a row and never touches another owner's
 // lease.
+//
+// A release that frees its lease at once commits without waiting for its
+// WAL to be flushed (synchronous_commit off for that transaction only): its
+// NOTIFY holds a database-wide lock until the commit completes, so waiting
+// for the disk there would serialise every release on the server. If the
+// server crashes before the flush, the release is undone and the lease stays
+// held until its TTL ends: a crash can delay a hand-over but never makes a
+// lease look free early, and whoever takes a released lease commits durably,
+// which flushes the release first. A release that keeps the lease held
+// (AtLeast) commits durably.
 //
 // # Failure model, and what is not guaranteed
 //

@@ -2,35 +2,12 @@ package leasetable
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgfence/pgfence"
 )
-
-// releaseSQL gives the lease up, owner-checked: only the row with this name,
-// owner and token that is still held is changed, and it is expired in place
-// (never deleted), so the token history of the name stays in the row. With
-// AtLeast the row stays held until acquired_at + AtLeast. It locks the one
-// row. When the lease becomes free at once, the same statement notifies
-// waiters on NotifyChannel; the notification is delivered at commit.
-//
-// $1 name, $2 owner, $3 token, $4 AtLeast in microseconds.
-const releaseSQL = `
-WITH released AS (
-    UPDATE pgfence_leases
-    SET expires_at = greatest(now(), acquired_at + $4::bigint * interval '1 microsecond')
-    WHERE name = $1 AND owner = $2 AND fence = $3 AND expires_at > now()
-    RETURNING name, expires_at
-)
-SELECT r.expires_at FROM released r
-LEFT JOIN LATERAL (
-    SELECT pg_notify('` + NotifyChannel + `', r.name) WHERE r.expires_at <= now()
-) n ON true`
 
 type leaseState int
 
@@ -162,12 +139,11 @@ func (l *Lease) release(ctx context.Context, cause error) error {
 			return fmt.Errorf("leasetable: release %q: waiting for a renewal: %w", l.name, ctx.Err())
 		}
 	}
-	var expiresAt time.Time
-	err := k.pool.QueryRow(ctx, releaseSQL, l.name, k.s.owner, l.token, l.timing.atLeast.Microseconds()).Scan(&expiresAt)
-	notHeld := errors.Is(err, pgx.ErrNoRows)
-	if err != nil && !notHeld {
+	held, err := k.releaseRow(ctx, l.name, l.token, l.timing.atLeast)
+	if err != nil {
 		return fmt.Errorf("leasetable: release %q (token %d): %w", l.name, l.token, err)
 	}
+	notHeld := !held
 	k.mu.Lock()
 	l.dbReleased = true
 	k.mu.Unlock()

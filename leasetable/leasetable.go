@@ -15,36 +15,6 @@ import (
 	"github.com/pgfence/pgfence"
 )
 
-// acquireSQL takes the lease in one statement: it inserts the row, or takes
-// over an existing row whose lease has expired (expires_at <= now(), database
-// clock). The conflicting row is locked by ON CONFLICT DO UPDATE until the
-// statement's transaction commits, so two acquirers of one name are
-// serialised on it. A fresh token is drawn under that row lock, after the
-// previous holder's token was drawn and committed, so tokens per name
-// strictly increase. pgfence_next_token() makes the commit durable.
-//
-// When the lease is held, the second branch reports the holder's row so
-// that a waiter knows when it expires; it may return no row if the holder
-// committed after this statement's snapshot was taken.
-//
-// $1 name, $2 owner, $3 TTL in microseconds.
-const acquireSQL = `
-WITH acquired AS (
-    INSERT INTO pgfence_leases AS l (name, owner, fence, acquired_at, expires_at)
-    VALUES ($1, $2, pgfence_next_token(), now(), now() + $3::bigint * interval '1 microsecond')
-    ON CONFLICT (name) DO UPDATE
-        SET owner = excluded.owner,
-            fence = pgfence_next_token(),
-            acquired_at = excluded.acquired_at,
-            expires_at = excluded.expires_at
-        WHERE l.expires_at <= now()
-    RETURNING l.owner, l.fence, l.acquired_at, l.expires_at
-)
-SELECT true, owner, fence, acquired_at, expires_at, now() FROM acquired
-UNION ALL
-SELECT false, owner, fence, acquired_at, expires_at, now() FROM pgfence_leases
-WHERE name = $1 AND NOT EXISTS (SELECT FROM acquired)`
-
 // listSQL reads the current holders; it takes no locks.
 const listSQL = `
 SELECT name, owner, fence, acquired_at, expires_at FROM pgfence_leases
@@ -73,6 +43,9 @@ type Locker struct {
 	watchdogWake    chan struct{} // buffered(1): a lease was added
 	listenerStarted bool
 	waiters         map[string]map[*waiter]struct{}
+
+	acquires batcher[*acquireReq] // combines concurrent acquires
+	releases batcher[*releaseReq] // combines concurrent releases
 }
 
 type waiter struct{ ch chan struct{} } // buffered(1)
@@ -114,7 +87,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 		s.listenConfig = pool.Config().ConnConfig.Copy()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Locker{
+	k := &Locker{
 		pool:         pool,
 		s:            s,
 		closeCtx:     ctx,
@@ -122,7 +95,10 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 		leases:       make(map[*Lease]struct{}),
 		watchdogWake: make(chan struct{}, 1),
 		waiters:      make(map[string]map[*waiter]struct{}),
-	}, nil
+	}
+	k.acquires.run = k.runAcquires
+	k.releases.run = k.runReleases
+	return k, nil
 }
 
 // Owner returns the owner id this Locker writes into the leases it takes.
@@ -154,6 +130,8 @@ func (k *Locker) Close() {
 			k.s.logger.Warn("pgfence: leasetable: release on close failed", "lease", l.name, "token", l.token, "error", err)
 		}
 	}
+	k.acquires.close()
+	k.releases.close()
 	k.background.Wait()
 }
 
@@ -345,37 +323,36 @@ func (k *Locker) prepare(name string, opts *AcquireOpts) (leaseTiming, error) {
 	return t, k.checkOpen()
 }
 
-// try runs acquireSQL once. It returns the lease when taken; otherwise how
-// long to wait before the next attempt, judged from the holder's expiry.
+// try runs one acquire attempt (batched with concurrent attempts of this
+// Locker). It returns the lease when taken; otherwise how long to wait
+// before the next attempt, judged from the holder's expiry.
 func (k *Locker) try(ctx context.Context, name string, t leaseTiming) (*Lease, time.Duration, error) {
-	sent := time.Now()
-	var (
-		acquired              bool
-		owner                 string
-		token                 int64
-		acquiredAt, expiresAt time.Time
-		dbNow                 time.Time
-	)
-	err := k.pool.QueryRow(ctx, acquireSQL, name, k.s.owner, t.ttl.Microseconds()).
-		Scan(&acquired, &owner, &token, &acquiredAt, &expiresAt, &dbNow)
-	if errors.Is(err, pgx.ErrNoRows) {
-		// The holder committed after our snapshot: retry soon.
-		return nil, jitter(10*time.Millisecond, 50*time.Millisecond), nil
+	rep, err := k.acquire(ctx, name, t)
+	if err == nil {
+		err = rep.err
+	}
+	if err != nil && ctx.Err() == nil && k.closeCtx.Err() != nil {
+		// Close cancelled the statement.
+		return nil, 0, fmt.Errorf("leasetable: acquire %q: %w", name, pgfence.ErrClosed)
 	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("leasetable: acquire %q: %w", name, err)
 	}
-	if !acquired {
-		wait := max(expiresAt.Sub(dbNow), 0)
+	if !rep.found {
+		// The holder committed after our snapshot: retry soon.
+		return nil, jitter(10*time.Millisecond, 50*time.Millisecond), nil
+	}
+	if !rep.acquired {
+		wait := max(rep.expiresAt.Sub(rep.dbNow), 0)
 		return nil, wait + jitter(time.Millisecond, min(50*time.Millisecond, t.ttl/10)), nil
 	}
-	l := k.newLease(name, token, acquiredAt, sent, t)
+	l := k.newLease(name, rep.token, rep.acquiredAt, rep.sent, t)
 	if !k.adopt(l) {
 		// Closed while acquiring: give it straight back.
 		_ = l.release(ctx, errLostClosed)
 		return nil, 0, fmt.Errorf("leasetable: acquire %q: %w", name, pgfence.ErrClosed)
 	}
-	k.s.logger.Debug("pgfence: leasetable: acquired", "lease", name, "token", token, "ttl", t.ttl)
+	k.s.logger.Debug("pgfence: leasetable: acquired", "lease", name, "token", rep.token, "ttl", t.ttl)
 	return l, 0, nil
 }
 

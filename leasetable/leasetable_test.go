@@ -666,11 +666,13 @@ func TestCloseReleasesAndStops(t *testing.T) {
 	require.NoError(t, ol.Release(ctx))
 }
 
-// renewTracer records the batches of the renewal statement.
+// renewTracer records the batches of the renewal statement (the only
+// statement that starts with UPDATE; acquires and releases are batched too,
+// in statements that start with WITH).
 type renewTracer struct{ batches chan int }
 
 func (r *renewTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if strings.Contains(d.SQL, "unnest(") && len(d.Args) == 3 {
+	if strings.HasPrefix(strings.TrimSpace(d.SQL), "UPDATE") && strings.Contains(d.SQL, "unnest(") && len(d.Args) == 3 {
 		if names, ok := d.Args[0].([]string); ok {
 			select {
 			case r.batches <- len(names):
@@ -707,4 +709,31 @@ func TestRenewalIsBatched(t *testing.T) {
 	for _, l := range leases {
 		require.NoError(t, l.Release(ctx))
 	}
+}
+
+func TestFailedTryAcquireDrawsNoToken(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	holder := newLocker(t, db.Pool, nil)
+	other := newLocker(t, db.Pool, nil)
+	l, err := holder.TryAcquire(ctx, "busy", nil)
+	require.NoError(t, err)
+	lastToken := func() int64 {
+		var v int64
+		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT last_value FROM pgfence_leases_fence_seq").Scan(&v))
+		return v
+	}
+	before := lastToken()
+	for range 3 {
+		_, err := other.TryAcquire(ctx, "busy", nil)
+		require.ErrorIs(t, err, pgfence.ErrNotAcquired)
+	}
+	require.Equal(t, before, lastToken(), "a failed attempt on a held lease draws no token")
+	require.NoError(t, l.Release(ctx))
+	l2, err := other.TryAcquire(ctx, "busy", nil)
+	require.NoError(t, err)
+	require.Greater(t, l2.Token(), l.Token())
+	require.Greater(t, lastToken(), before, "negative control: an acquisition draws one")
+	require.NoError(t, l2.Release(ctx))
 }

@@ -1,0 +1,232 @@
+package leasetable
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+// gate holds every acquire statement at its start until opened, and
+// reports each one's names.
+type gate struct {
+	started chan []string
+	open    chan struct{}
+}
+
+func (g *gate) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, "INSERT INTO pgfence_leases") {
+		names, _ := d.Args[0].([]string)
+		g.started <- names
+		<-g.open
+	}
+	return ctx
+}
+
+func (g *gate) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// waitQueued waits until n acquire requests are queued behind the
+// statements in flight. The queue is internal state with no signal of its
+// own, so it is polled.
+func waitQueued(t *testing.T, k *Locker, n int) {
+	t.Helper()
+	for i := 0; ; i++ {
+		k.acquires.mu.Lock()
+		queued := len(k.acquires.queue)
+		k.acquires.mu.Unlock()
+		if queued == n {
+			return
+		}
+		require.Less(t, i, 30000, "requests were not queued")
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestConcurrentAcquiresShareOneStatement fills every statement slot, queues
+// acquires of one name from many goroutines together with acquires of
+// distinct names, and checks that they go out as one statement in which
+// exactly one of the duplicates wins.
+func TestConcurrentAcquiresShareOneStatement(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	g := &gate{started: make(chan []string, 10), open: make(chan struct{})}
+	pool := db.NewPool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = g })
+	k, err := New(pool, nil)
+	require.NoError(t, err)
+	t.Cleanup(k.Close)
+
+	type result struct {
+		name string
+		l    *Lease
+		err  error
+	}
+	results := make(chan result, 100)
+	try := func(name string) {
+		l, err := k.TryAcquire(ctx, name, nil)
+		results <- result{name, l, err}
+	}
+	for i := range maxInflight {
+		go try(fmt.Sprintf("slot-%d", i))
+		require.Len(t, <-g.started, 1)
+	}
+	const dups, distinct = 10, 5
+	for range dups {
+		go try("dup")
+	}
+	for i := range distinct {
+		go try(fmt.Sprintf("distinct-%d", i))
+	}
+	waitQueued(t, k, dups+distinct)
+	close(g.open)
+	names := <-g.started
+	require.Len(t, names, 1+distinct, "one statement, one entry per distinct name")
+
+	won := map[string]int{}
+	tokens := map[int64]bool{}
+	for range maxInflight + dups + distinct {
+		r := <-results
+		if errors.Is(r.err, pgfence.ErrNotAcquired) {
+			continue
+		}
+		require.NoError(t, r.err)
+		won[r.name]++
+		require.False(t, tokens[r.l.Token()], "tokens are unique")
+		tokens[r.l.Token()] = true
+		require.NoError(t, r.l.Release(ctx))
+	}
+	require.Equal(t, 1, won["dup"], "exactly one duplicate acquires")
+	for i := range distinct {
+		require.Equal(t, 1, won[fmt.Sprintf("distinct-%d", i)])
+	}
+}
+
+// TestAbandonedAcquireIsGivenBack checks that a lease taken by a batch for a
+// caller that stopped waiting is released at once, while the batch still
+// serves the other callers.
+func TestAbandonedAcquireIsGivenBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	g := &gate{started: make(chan []string, 10), open: make(chan struct{})}
+	pool := db.NewPool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = g })
+	k, err := New(pool, nil)
+	require.NoError(t, err)
+
+	slots := make(chan error, maxInflight)
+	for i := range maxInflight {
+		go func() {
+			l, err := k.TryAcquire(ctx, fmt.Sprintf("slot-%d", i), nil)
+			if err == nil {
+				err = l.Release(ctx)
+			}
+			slots <- err
+		}()
+		<-g.started
+	}
+	abandonCtx, abandon := context.WithCancel(ctx)
+	abandoned := make(chan error, 1)
+	go func() {
+		_, err := k.TryAcquire(abandonCtx, "abandoned", nil)
+		abandoned <- err
+	}()
+	type result struct {
+		l   *Lease
+		err error
+	}
+	kept := make(chan result, 1)
+	go func() {
+		l, err := k.TryAcquire(ctx, "kept", nil)
+		kept <- result{l, err}
+	}()
+	waitQueued(t, k, 2)
+	abandon()
+	require.ErrorIs(t, <-abandoned, context.Canceled)
+	close(g.open)
+	r := <-kept
+	require.NoError(t, r.err)
+	require.Equal(t, "kept", r.l.Name())
+	for range maxInflight {
+		require.NoError(t, <-slots)
+	}
+	k.Close() // waits for the batch, and so for the give-back
+
+	var held bool
+	require.NoError(t, db.Pool.QueryRow(ctx,
+		"SELECT expires_at > now() FROM pgfence_leases WHERE name = 'abandoned'").Scan(&held))
+	require.False(t, held, "the abandoned lease was taken and given back")
+}
+
+// TestReleaseDurability checks the durability the release statement
+// chooses: not waiting for the WAL flush when every lease it releases
+// becomes free at once, durable when AtLeast keeps one held. (The setting
+// only takes effect because the statement selects it: the planner would
+// otherwise remove the join that sets it.)
+func TestReleaseDurability(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	k, err := New(db.Pool, &Config{Owner: "me"})
+	require.NoError(t, err)
+	t.Cleanup(k.Close)
+	tests := []struct {
+		name     string
+		atLeast  []int64 // per lease, microseconds
+		want     *string
+		held     int
+		released int
+	}{
+		{"all freed", []int64{0, 0}, ptr("off"), 0, 2},
+		{"one kept held", []int64{0, time.Hour.Microseconds()}, nil, 1, 2},
+	}
+	timing, err := k.s.timing(nil)
+	require.NoError(t, err)
+	for i, tt := range tests {
+		names := make([]string, len(tt.atLeast))
+		tokens := make([]int64, len(tt.atLeast))
+		for j := range tt.atLeast {
+			names[j] = fmt.Sprintf("durability-%d-%d", i, j)
+			rep, err := k.acquire(ctx, names[j], timing)
+			require.NoError(t, err)
+			require.True(t, rep.acquired)
+			tokens[j] = rep.token
+		}
+		tx, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		rows, err := tx.Query(ctx, releaseBatchSQL, names, tokens, tt.atLeast, "me")
+		require.NoError(t, err)
+		n := 0
+		for rows.Next() {
+			var token int64
+			var durability *string
+			require.NoError(t, rows.Scan(&token, &durability))
+			require.Equal(t, tt.want, durability, tt.name)
+			n++
+		}
+		require.NoError(t, rows.Err())
+		require.Equal(t, tt.released, n, tt.name)
+		var setting string
+		require.NoError(t, tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&setting))
+		if tt.want != nil {
+			require.Equal(t, "off", setting, tt.name)
+		} else {
+			require.NotEqual(t, "off", setting, tt.name)
+		}
+		require.NoError(t, tx.Commit(ctx))
+		var held int
+		require.NoError(t, db.Pool.QueryRow(ctx,
+			"SELECT count(*) FROM pgfence_leases WHERE name = ANY($1) AND expires_at > now()", names).Scan(&held))
+		require.Equal(t, tt.held, held, tt.name)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -43,6 +43,8 @@ type Event struct {
 	// Fenced reports that a write was rejected because the row carries a
 	// newer token (errors.Is(err, pgfence.ErrFenced)).
 	Fenced bool `json:"fenced,omitempty"`
+	// Current is the newer token on the row that rejected a fenced write.
+	Current int64 `json:"current,omitempty"`
 	// Lost reports that the worker's lease was lost.
 	Lost bool `json:"lost,omitempty"`
 }

@@ -163,6 +163,9 @@ func (a *App) superviseUnderLease(lease heldLease, argv []string, sigs <-chan os
 		Stderr: os.Stderr,
 	}, &supervise.RunOpts{Signals: sigs, Lost: lease.Done(), Grace: grace})
 
+	// Whether the lease was lost is read before the release, after which
+	// Err reports the release itself.
+	lostErr := lease.Err()
 	// The command's context is over; the release must still happen.
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
@@ -180,12 +183,12 @@ func (a *App) superviseUnderLease(lease heldLease, argv []string, sigs <-chan os
 		return ExitRunFailure
 	case res.Lost:
 		fmt.Fprintf(a.Stderr, "pgfence run: lease %q (token %d) was lost: %v; the command was terminated (%s)\n",
-			lease.Name(), lease.Token(), lease.Err(), res.Exit)
+			lease.Name(), lease.Token(), lostErr, res.Exit)
 		return ExitLeaseLost
-	case lease.Err() != nil:
+	case lostErr != nil:
 		// Lost as the command ended: its last moments were not protected.
 		fmt.Fprintf(a.Stderr, "pgfence run: lease %q (token %d) was lost as the command ended (%s): %v\n",
-			lease.Name(), lease.Token(), res.Exit, lease.Err())
+			lease.Name(), lease.Token(), res.Exit, lostErr)
 		return ExitLeaseLost
 	case relErr != nil:
 		fmt.Fprintf(a.Stderr, "pgfence run: the command ended (%s), but releasing lease %q failed: %v; it expires after its TTL\n",

@@ -313,3 +313,60 @@ func TestRunHoldsAndRenews(t *testing.T) {
 	require.Equal(t, token, again, "nobody else took the lease")
 	require.False(t, held, "released")
 }
+
+func TestRunAndDemoHelp(t *testing.T) {
+	t.Parallel()
+	r := pgfence(t, nil, "", "--help")
+	require.Equal(t, 0, r.code)
+	require.Contains(t, r.stdout, "\n  demo ")
+	require.Contains(t, r.stdout, "\n  run ")
+	require.NotContains(t, r.stdout, "demo-worker", "the worker command is hidden")
+
+	r = pgfence(t, nil, "", "run", "--help")
+	require.Equal(t, 0, r.code, r.stderr)
+	for _, want := range []string{
+		"pgfence run [flags] NAME -- COMMAND [ARGS...]",
+		"PGFENCE_TOKEN",
+		"SENT + TTL - MARGIN",
+		"GRACE = MARGIN/2",
+		"124             the lease was lost",
+		"125             pgfence run itself failed",
+		"--safety-margin DURATION",
+		"-E, --conflict-exit-code N",
+	} {
+		require.Contains(t, r.stdout, want)
+	}
+
+	r = pgfence(t, nil, "", "help", "demo")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "pgfence demo [--database URL]")
+	require.Contains(t, r.stdout, "throwaway PostgreSQL")
+
+	for _, args := range [][]string{
+		{"run", "--ttl", "50ms", "job", "--", "true"},
+		{"run", "--ttl", "3s", "--safety-margin", "2s", "job", "--", "true"},
+		{"run", "-n", "-w", "1s", "job", "--", "true"},
+		{"run", "job"},
+	} {
+		r = pgfence(t, []string{"DATABASE_URL=postgres://nobody@127.0.0.1:1/none?sslmode=disable"}, "", args...)
+		require.Equal(t, 2, r.code, "%q: %s", args, r.stderr)
+	}
+}
+
+func TestRunUnreachableDatabase(t *testing.T) {
+	t.Parallel()
+	r := pgfence(t, nil, "", "run", "-n", "--database", "postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=5",
+		"job", "--", "true")
+	require.Equal(t, 125, r.code)
+	require.Contains(t, r.stderr, "pgfence run: ")
+}
+
+func TestRunWithoutTheSchema(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	r := pgfence(t, dbEnv(db), "", "migrate", "down", "--yes")
+	require.Equal(t, 0, r.code, r.stderr)
+	r = pgfence(t, dbEnv(db), "", "run", "job", "--", "true")
+	require.Equal(t, 125, r.code)
+	require.Contains(t, r.stderr, "run 'pgfence migrate up' first")
+}

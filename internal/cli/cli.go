@@ -54,10 +54,10 @@ type command struct {
 
 func commands() []command {
 	return []command{
+		{"demo", "watch a fenced write reject a paused lock holder (start here)", (*App).demo},
+		{"run", "run a command while holding a lease (like flock, across machines)", (*App).run},
 		{"ls", "list lease holders and advisory locks", (*App).ls},
 		{"release", "force-release a lease, fencing out its holder", (*App).release},
-		{"run", "run a command while holding a lease (like flock, across machines)", (*App).run},
-		{"demo", "watch a fenced write reject a paused worker, on a real database", (*App).demo},
 		{"migrate", "apply, revert or show pgfence's schema migrations", (*App).migrate},
 		{"version", "print pgfence's version", (*App).version},
 	}
@@ -74,7 +74,8 @@ Commands:
 Database:
   Commands that use a database take --database URL, else $DATABASE_URL, else
   the standard libpq variables (PGHOST, PGPORT, PGDATABASE, PGUSER,
-  PGPASSWORD, PGSSLMODE, PGSERVICE, ...).
+  PGPASSWORD, PGSSLMODE, PGSERVICE, ...). pgfence demo without --database
+  or $DATABASE_URL starts a throwaway PostgreSQL of its own.
 
 %s
 Run 'pgfence <command> --help' for a command's flags and examples.

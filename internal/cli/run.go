@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -46,20 +47,21 @@ are forwarded to that group. Its exit status becomes pgfence's.
 
 Lease loss and the grace period:
   The lease is renewed every TTL/3. If renewals fail, pgfence gives the lease
-  up on its own monotonic clock at  SENT + TTL - MARGIN,  where SENT is when
-  the last successful acquire or renewal was sent. The database expires the
-  lease at its now() + TTL, and its now() for that statement is no earlier
-  than SENT, so when pgfence gives up at least MARGIN is left before anyone
-  else can acquire the lease. pgfence then sends SIGTERM to the command's
-  process group, and SIGKILL to what is left after GRACE = MARGIN/2; the
+  up at  SENT + TTL - MARGIN  on its own monotonic clock, where SENT is when
+  the last successful acquire or renewal was sent. The database counts the
+  TTL from its now() when that statement ran, which was after SENT, so when
+  pgfence gives up at least MARGIN is left before the database could let
+  anyone else acquire the lease. pgfence then sends SIGTERM to the command's
+  process group, and SIGKILL to whatever is left GRACE = MARGIN/2 later; the
   other half of the margin absorbs clock-rate differences between this host
   and the database and the time the kill takes. The defaults, TTL 30s and
-  MARGIN TTL/5 = 6s, give the command 3s to stop after SIGTERM. For more,
+  MARGIN = TTL/5 = 6s, give the command 3s to stop after SIGTERM. For more,
   raise --safety-margin (at most TTL/3) or --ttl.
-  The loss can also be found earlier, when a renewal finds the lease taken
-  (an operator ran 'pgfence release --force', or the database expired it
-  while this host was frozen): then another owner may already hold it, and
-  only the command's fenced writes (with PGFENCE_TOKEN) are protected.
+  The loss can also be found later than the lease's expiry: when a renewal
+  finds the lease taken (an operator ran 'pgfence release --force'), or when
+  pgfence itself was paused past the TTL. Another owner may then already
+  hold the lease; only the command's fenced writes (with PGFENCE_TOKEN) are
+  protected from that.
 
 Run exit codes (instead of the general ones below):
   the command's   its exit code, or 128+N when signal N ended it
@@ -97,7 +99,7 @@ func parseRun(args []string) (runOptions, *flags, error) {
 	f := newFlags("run")
 	f.Bool(&o.noWait, "n", "no-wait", "fail at once (exit with the conflict code) if the lease is held")
 	f.Duration(&o.wait, "w", "wait", "give up (exit with the conflict code) if the lease is not acquired within DURATION")
-	f.Duration(&o.ttl, "", "ttl", "lease time to live; renewed at about a third of it while the command runs")
+	f.Duration(&o.ttl, "", "ttl", "lease time to live, renewed every third of it while the command runs (default 30s)")
 	f.Duration(&o.atLeast, "", "at-least", "keep the lease at least DURATION after acquiring it, even if the command ends sooner")
 	f.Duration(&o.margin, "", "safety-margin", "give the lease up this long before the database would expire it; SIGKILL follows SIGTERM after half of it (default TTL/5)")
 	f.fs.IntVar(&o.conflictExit, "E", o.conflictExit, "")
@@ -269,13 +271,16 @@ func (a *App) run(ctx context.Context, args []string) error {
 		return exitWith(ExitRunFailure, fmt.Errorf("connect to the database: %w", err))
 	}
 	defer pool.Close()
+	if err := pool.Ping(ctx); err != nil {
+		return exitWith(ExitRunFailure, fmt.Errorf("connect to the database: %w", err))
+	}
 
 	ttl, margin, grace := o.timing()
 	locker, err := leasetable.New(pool, &leasetable.Config{
 		TTL:          ttl,
 		SafetyMargin: margin,
 		Owner:        runOwner(o.argv[0]),
-		Logger:       slog.New(slog.NewTextHandler(a.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Logger:       runLogger(a.Stderr),
 	})
 	if err != nil {
 		return usageErrorf("--ttl %v with --safety-margin %v: %v", ttl, margin, err)
@@ -355,6 +360,20 @@ func (a *App) conflict(ctx context.Context, locker *leasetable.Locker, o *runOpt
 	}
 	return fmt.Errorf("lease %q %s (holder %q, token %d, expires %s); the command was not run",
 		o.name, how, info.Owner, info.Token, info.ExpiresAt.Local().Format(time.RFC3339))
+}
+
+// runLogger logs leasetable's warnings (failed renewals, a lost lease) to
+// w, without timestamps, like run's own messages.
+func runLogger(w io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{
+		Level: slog.LevelWarn,
+		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+			if a.Key == slog.TimeKey && len(groups) == 0 {
+				return slog.Attr{}
+			}
+			return a
+		},
+	}))
 }
 
 // runOwner is the owner id run writes into the lease row, for operators

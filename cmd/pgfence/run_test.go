@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,8 +24,26 @@ import (
 type background struct {
 	cmd    *exec.Cmd
 	stdout *bufio.Reader
-	stderr *bytes.Buffer
+	stderr *lockedBuffer
 	done   chan struct{}
+}
+
+// lockedBuffer is a bytes.Buffer safe to read while a process writes it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
 
 // startPgfence starts the binary with env added to a clean environment.
@@ -38,7 +57,7 @@ func startPgfence(t *testing.T, env []string, args ...string) *background {
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(cleanEnv(), env...)
 	cmd.Stdout = w
-	b := &background{cmd: cmd, stdout: bufio.NewReader(r), stderr: &bytes.Buffer{}, done: make(chan struct{})}
+	b := &background{cmd: cmd, stdout: bufio.NewReader(r), stderr: &lockedBuffer{}, done: make(chan struct{})}
 	cmd.Stderr = b.stderr
 	require.NoError(t, cmd.Start())
 	require.NoError(t, w.Close())
@@ -188,6 +207,7 @@ func TestRunWaitsForTheLeaseByDefault(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Equal(t, "ran", b.line(t))
 	require.Equal(t, 0, b.wait(t), b.stderr.String())
+	require.Empty(t, b.stderr.String())
 }
 
 func TestRunInterruptedWhileWaiting(t *testing.T) {

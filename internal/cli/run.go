@@ -271,9 +271,6 @@ func (a *App) run(ctx context.Context, args []string) error {
 		return exitWith(ExitRunFailure, fmt.Errorf("connect to the database: %w", err))
 	}
 	defer pool.Close()
-	if err := pool.Ping(ctx); err != nil {
-		return exitWith(ExitRunFailure, fmt.Errorf("connect to the database: %w", err))
-	}
 
 	ttl, margin, grace := o.timing()
 	locker, err := leasetable.New(pool, &leasetable.Config{
@@ -286,6 +283,9 @@ func (a *App) run(ctx context.Context, args []string) error {
 		return usageErrorf("--ttl %v with --safety-margin %v: %v", ttl, margin, err)
 	}
 	defer locker.Close()
+	if err := pool.Ping(ctx); err != nil {
+		return exitWith(ExitRunFailure, fmt.Errorf("connect to the database: %w", err))
+	}
 
 	lease, err := a.acquireForRun(ctx, locker, &o, sigs)
 	if err != nil {

@@ -124,6 +124,8 @@ func parseRun(args []string) (runOptions, *flags, error) {
 		return o, f, usageErrorf("--no-wait and --wait exclude each other")
 	case o.wait < 0 || o.ttl < 0 || o.atLeast < 0 || o.margin < 0:
 		return o, f, usageErrorf("durations must not be negative")
+	case o.margin != 0 && o.margin < minMargin:
+		return o, f, usageErrorf("--safety-margin must be at least %v, not %v", minMargin, o.margin)
 	case len(pos[0]) > leasetable.MaxNameLength:
 		return o, f, usageErrorf("the lease name is %d bytes long; at most %d are allowed", len(pos[0]), leasetable.MaxNameLength)
 	case o.conflictExit < 0 || o.conflictExit > 255:
@@ -217,6 +219,10 @@ func leaseEnv(env []string, lease heldLease) []string {
 // than leasetable's TTL/10, so that half of it leaves the command a useful
 // grace period between SIGTERM and SIGKILL.
 const defaultMarginDivisor = 5
+
+// minMargin is the smallest --safety-margin: half of it is the grace
+// period between SIGTERM and SIGKILL, which must not round to nothing.
+const minMargin = 10 * time.Millisecond
 
 // runPoolMaxConns bounds run's connections: renewals, the release, and
 // acquiring; the LISTEN connection of a waiting Acquire is separate.

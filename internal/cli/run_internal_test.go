@@ -41,6 +41,7 @@ func TestParseRun(t *testing.T) {
 		{"-n", "-w", "1s", "nightly", "--", "true"},
 		{"-w", "-1s", "nightly", "--", "true"},
 		{"--ttl", "-1s", "nightly", "--", "true"},
+		{"--safety-margin", "1ms", "nightly", "--", "true"},
 		{"-E", "256", "nightly", "--", "true"},
 		{"-E", "-1", "nightly", "--", "true"},
 		{"-E", "x", "nightly", "--", "true"},

@@ -57,6 +57,9 @@ func startPgfence(t *testing.T, env []string, args ...string) *background {
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(cleanEnv(), env...)
 	cmd.Stdout = w
+	// A command left behind holding standard error must not keep Wait
+	// from returning once pgfence has exited.
+	cmd.WaitDelay = 5 * time.Second
 	b := &background{cmd: cmd, stdout: bufio.NewReader(r), stderr: &lockedBuffer{}, done: make(chan struct{})}
 	cmd.Stderr = b.stderr
 	require.NoError(t, cmd.Start())
@@ -389,4 +392,18 @@ func TestRunWithoutTheSchema(t *testing.T) {
 	r = pgfence(t, dbEnv(db), "", "run", "job", "--", "true")
 	require.Equal(t, 125, r.code)
 	require.Contains(t, r.stderr, "run 'pgfence migrate up' first")
+}
+
+func TestRunKilledTakesTheCommandWithIt(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	b := startPgfence(t, dbEnv(db), "run", "job", "--", "sh", "-c", `echo $$; while :; do sleep 0.05; done`)
+	pid, err := strconv.Atoi(b.line(t))
+	require.NoError(t, err)
+	require.True(t, processAlive(pid))
+	t.Cleanup(func() { _ = syscall.Kill(-pid, syscall.SIGKILL) })
+	require.NoError(t, b.cmd.Process.Kill())
+	b.wait(t)
+	require.Eventually(t, func() bool { return !processAlive(pid) }, time.Minute, 10*time.Millisecond,
+		"the command does not run on without its supervisor")
 }

@@ -62,6 +62,9 @@ Lease loss and the grace period:
   pgfence itself was paused past the TTL. Another owner may then already
   hold the lease; only the command's fenced writes (with PGFENCE_TOKEN) are
   protected from that.
+  If pgfence itself is killed (SIGKILL, the OOM killer), the kernel sends
+  SIGKILL to the command (on Linux); processes the command started may run
+  on until they notice, and the lease expires after its TTL.
 
 Run exit codes (instead of the general ones below):
   the command's   its exit code, or 128+N when signal N ended it

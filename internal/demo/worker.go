@@ -104,7 +104,8 @@ func StartWorker(name, path string, args, env []string, stderr io.Writer) (*Work
 		return nil, err
 	}
 	// The worker dies with the demo, even if the demo is killed.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{}
+	setParentDeathSignal(cmd.SysProcAttr, syscall.SIGKILL)
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start worker %s: %w", name, err)
 	}

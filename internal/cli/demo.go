@@ -18,7 +18,7 @@ const demoHelp = `
 Usage:
   pgfence demo [--database URL]
 
-Shows, in about 20 seconds on a real PostgreSQL, why a lock needs a fencing
+Shows, in a few seconds on a real PostgreSQL, why a lock needs a fencing
 token. Two workers - real processes, this binary re-executed - want to add
 to account 42 (balance 100) under the lease ` + demoLease + `:
 

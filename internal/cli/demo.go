@@ -158,8 +158,9 @@ func (d *demoRun) say(actor, format string, args ...any) {
 	d.tl.Event(actor, "%-16s  %s", d.holder(), fmt.Sprintf(format, args...))
 }
 
-// holder describes the lease's holder, "worker-A #5", or "-" when nobody
-// holds it (or before the database is ready).
+// holder describes the lease's holder as "worker-A #5" (owner and token),
+// "free (last #5)" once it expired or was released, or "-" before it
+// exists.
 func (d *demoRun) holder() string {
 	if d.conn == nil {
 		return "-"
@@ -176,7 +177,7 @@ func (d *demoRun) holder() string {
 	case err != nil:
 		return "?"
 	case !held:
-		return fmt.Sprintf("- (#%d expired)", token)
+		return fmt.Sprintf("free (last #%d)", token)
 	}
 	return fmt.Sprintf("%s #%d", owner, token)
 }

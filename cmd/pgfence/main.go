@@ -1,5 +1,3 @@
-// Command pgfence inspects and releases pgfence locks and manages pgfence's
-// schema. Run 'pgfence --help' for the commands.
 package main
 
 import (

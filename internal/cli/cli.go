@@ -54,6 +54,8 @@ type command struct {
 
 func commands() []command {
 	return []command{
+		{"demo", "watch a fenced write reject a paused lock holder (start here)", (*App).demo},
+		{"run", "run a command while holding a lease (like flock, across machines)", (*App).run},
 		{"ls", "list lease holders and advisory locks", (*App).ls},
 		{"release", "force-release a lease, fencing out its holder", (*App).release},
 		{"migrate", "apply, revert or show pgfence's schema migrations", (*App).migrate},
@@ -72,7 +74,8 @@ Commands:
 Database:
   Commands that use a database take --database URL, else $DATABASE_URL, else
   the standard libpq variables (PGHOST, PGPORT, PGDATABASE, PGUSER,
-  PGPASSWORD, PGSSLMODE, PGSERVICE, ...).
+  PGPASSWORD, PGSSLMODE, PGSERVICE, ...). pgfence demo without --database
+  or $DATABASE_URL starts a throwaway PostgreSQL of its own.
 
 %s
 Run 'pgfence <command> --help' for a command's flags and examples.
@@ -113,6 +116,9 @@ func (a *App) Run(ctx context.Context, args []string) int {
 			return a.exit(name, c.run(a, ctx, rest))
 		}
 	}
+	if name == demoWorkerCommand {
+		return a.exit(name, a.demoWorker(ctx, rest))
+	}
 	fmt.Fprintf(a.Stderr, "pgfence: unknown command %q\nRun 'pgfence --help' for the list of commands.\n", name)
 	return ExitUsage
 }
@@ -123,11 +129,17 @@ var errAborted = errors.New("aborted; nothing was changed")
 // exit reports err on standard error and maps it to an exit code.
 func (a *App) exit(name string, err error) int {
 	var uerr *usageError
+	var xerr *exitError
 	switch {
 	case err == nil:
 		return ExitOK
 	case errors.Is(err, flag.ErrHelp):
 		return ExitOK
+	case errors.As(err, &xerr):
+		if xerr.err != nil {
+			fmt.Fprintf(a.Stderr, "pgfence %s: %v\n", name, xerr.err)
+		}
+		return xerr.code
 	case errors.As(err, &uerr):
 		fmt.Fprintf(a.Stderr, "pgfence %s: %v\nRun 'pgfence %s --help' for usage.\n", name, err, name)
 		return ExitUsage
@@ -143,9 +155,15 @@ func (a *App) exit(name string, err error) int {
 func (a *App) parseOrHelp(f *flags, help string, args []string) (positional, afterDash []string, err error) {
 	positional, afterDash, err = f.parse(args)
 	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintf(a.Stdout, "%s\n%s\n%s", strings.TrimSpace(help)+"\n", f.help(), exitCodesHelp)
+		a.printHelp(f, help)
 	}
 	return positional, afterDash, err
+}
+
+// printHelp prints a command's help text, then its flags and the exit codes,
+// to standard output.
+func (a *App) printHelp(f *flags, help string) {
+	fmt.Fprintf(a.Stdout, "%s\n%s\n%s", strings.TrimSpace(help)+"\n", f.help(), exitCodesHelp)
 }
 
 const versionHelp = `

@@ -3,6 +3,14 @@
 //
 // # Commands
 //
+//   - demo: the fencing story on a real database, with worker processes
+//     (this binary re-executed as the hidden demo-worker command, driven
+//     through package demo's protocol), a throwaway cluster when no
+//     database is given, and cleanup on every exit.
+//   - run: runs a command under a leasetable lease, supervised by package
+//     supervise; the loss grace period is half the safety margin (see
+//     runHelp for the arithmetic). Failures around the command exit with
+//     [ExitRunFailure], through an exitError carrying the code to App.exit.
 //   - ls: lease holders from pgfence_leases and advisory locks from pg_locks.
 //   - release --force: an operator's override that ends a lease and bumps
 //     its fencing token, so a holder that still believes in it is fenced out.

@@ -19,6 +19,27 @@ func usageErrorf(format string, args ...any) error {
 	return &usageError{msg: fmt.Sprintf(format, args...)}
 }
 
+// exitError ends a command with a chosen exit code. A non-nil err is
+// printed first; a nil err exits silently (what there was to say has been
+// said, or the code is a supervised command's own status).
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
+
+func (e *exitError) Unwrap() error { return e.err }
+
+// exitWith returns an error that makes the command exit with code after
+// printing err (if not nil).
+func exitWith(code int, err error) error { return &exitError{code: code, err: err} }
+
 // flagSpec describes one flag for the help text.
 type flagSpec struct {
 	short, long, arg, usage, def string

@@ -3,13 +3,24 @@ package cli
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
+	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
+	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/supervise"
+	"github.com/pgfence/pgfence/leasetable"
 )
 
 // Environment variables that tell the command which lease it runs under,
@@ -24,28 +35,50 @@ Usage:
   pgfence run [flags] NAME -- COMMAND [ARGS...]
 
 Runs COMMAND while holding the lease NAME, like flock(1) across machines:
-acquires the lease (waiting for it unless --no-wait), runs the command,
-renews the lease while it runs, and releases it when the command exits.
+acquires the lease, runs the command, renews the lease while it runs, and
+releases it when the command exits. Without --no-wait or --wait, run waits
+for the lease as long as it takes (as flock does); it wakes as soon as the
+holder releases it. SIGINT or SIGTERM while waiting gives up (status 128+N).
 
 The command gets PGFENCE_LEASE (the name) and PGFENCE_TOKEN (the fencing
 token of this acquisition) in its environment, so its own SQL can be fenced.
 It runs in its own process group; SIGINT, SIGTERM and SIGHUP sent to pgfence
-are forwarded to that group. If the lease is lost while the command runs
-(it could not be renewed in time, or an operator ran pgfence release
---force), the whole group gets SIGTERM, then SIGKILL after a grace period.
+are forwarded to that group. Its exit status becomes pgfence's.
+
+Lease loss and the grace period:
+  The lease is renewed every TTL/3. If renewals fail, pgfence gives the lease
+  up at  SENT + TTL - MARGIN  on its own monotonic clock, where SENT is when
+  the last successful acquire or renewal was sent. The database counts the
+  TTL from its now() when that statement ran, which was after SENT, so when
+  pgfence gives up at least MARGIN is left before the database could let
+  anyone else acquire the lease. pgfence then sends SIGTERM to the command's
+  process group, and SIGKILL to whatever is left GRACE = MARGIN/2 later; the
+  other half of the margin absorbs clock-rate differences between this host
+  and the database and the time the kill takes. The defaults, TTL 30s and
+  MARGIN = TTL/5 = 6s, give the command 3s to stop after SIGTERM. For more,
+  raise --safety-margin (at most TTL/3) or --ttl.
+  The loss can also be found later than the lease's expiry: when a renewal
+  finds the lease taken (an operator ran 'pgfence release --force'), or when
+  pgfence itself was paused past the TTL. Another owner may then already
+  hold the lease; only the command's fenced writes (with PGFENCE_TOKEN) are
+  protected from that.
+  If pgfence itself is killed (SIGKILL, the OOM killer), the kernel sends
+  SIGKILL to the command (on Linux); processes the command started may run
+  on until they notice, and the lease expires after its TTL.
 
 Run exit codes (instead of the general ones below):
   the command's   its exit code, or 128+N when signal N ended it
   1, or -E N      the lease is held by another owner (--no-wait, or --wait ran out)
   2               usage error
   124             the lease was lost; the command was terminated
-  125             pgfence run itself failed (database unreachable, release failed)
+  125             pgfence run itself failed (database unreachable, schema missing, release failed)
   126             the command could not be executed
   127             the command was not found
+  128+N           interrupted by signal N while waiting for the lease
 
 Examples:
   pgfence run nightly-report -- ./report.sh --since yesterday
-  pgfence run -n -E 0 billing-sync -- billing sync     # cron: skip quietly if running elsewhere
+  pgfence run -n -q -E 0 billing-sync -- billing sync   # cron: skip quietly if running elsewhere
   pgfence run -w 30s --ttl 1m --at-least 5m import -- sh -c 'psql -v token=$PGFENCE_TOKEN -f import.sql'
 `
 
@@ -56,7 +89,9 @@ type runOptions struct {
 	wait         time.Duration // 0: wait until acquired (unless noWait)
 	ttl          time.Duration // 0: the lock package's default
 	atLeast      time.Duration
+	margin       time.Duration // 0: ttl / defaultMarginDivisor
 	conflictExit int
+	quiet        bool
 	name         string
 	argv         []string
 }
@@ -67,11 +102,13 @@ func parseRun(args []string) (runOptions, *flags, error) {
 	f := newFlags("run")
 	f.Bool(&o.noWait, "n", "no-wait", "fail at once (exit with the conflict code) if the lease is held")
 	f.Duration(&o.wait, "w", "wait", "give up (exit with the conflict code) if the lease is not acquired within DURATION")
-	f.Duration(&o.ttl, "", "ttl", "lease time to live; renewed at about a third of it while the command runs")
+	f.Duration(&o.ttl, "", "ttl", "lease time to live, renewed every third of it while the command runs (default 30s)")
 	f.Duration(&o.atLeast, "", "at-least", "keep the lease at least DURATION after acquiring it, even if the command ends sooner")
+	f.Duration(&o.margin, "", "safety-margin", "give the lease up this long before the database would expire it; SIGKILL follows SIGTERM after half of it (default TTL/5)")
 	f.fs.IntVar(&o.conflictExit, "E", o.conflictExit, "")
 	f.fs.IntVar(&o.conflictExit, "conflict-exit-code", o.conflictExit, "")
 	f.add("E", "conflict-exit-code", "N", "exit status when the lease is held by another owner", strconv.Itoa(o.conflictExit))
+	f.Bool(&o.quiet, "q", "quiet", "say nothing when the lease is held by another owner")
 	f.String(&o.database, "d", "database", "URL", databaseFlagUsage)
 	pos, argv, err := f.parse(args)
 	if err != nil {
@@ -88,8 +125,12 @@ func parseRun(args []string) (runOptions, *flags, error) {
 		return o, f, usageErrorf("the lease name is empty")
 	case o.noWait && o.wait != 0:
 		return o, f, usageErrorf("--no-wait and --wait exclude each other")
-	case o.wait < 0 || o.ttl < 0 || o.atLeast < 0:
+	case o.wait < 0 || o.ttl < 0 || o.atLeast < 0 || o.margin < 0:
 		return o, f, usageErrorf("durations must not be negative")
+	case o.margin != 0 && o.margin < minMargin:
+		return o, f, usageErrorf("--safety-margin must be at least %v, not %v", minMargin, o.margin)
+	case len(pos[0]) > leasetable.MaxNameLength:
+		return o, f, usageErrorf("the lease name is %d bytes long; at most %d are allowed", len(pos[0]), leasetable.MaxNameLength)
 	case o.conflictExit < 0 || o.conflictExit > 255:
 		return o, f, usageErrorf("--conflict-exit-code must be between 0 and 255, not %d", o.conflictExit)
 	}
@@ -129,6 +170,9 @@ func (a *App) superviseUnderLease(lease heldLease, argv []string, sigs <-chan os
 		Stderr: os.Stderr,
 	}, &supervise.RunOpts{Signals: sigs, Lost: lease.Done(), Grace: grace})
 
+	// Whether the lease was lost is read before the release, after which
+	// Err reports the release itself.
+	lostErr := lease.Err()
 	// The command's context is over; the release must still happen.
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
@@ -146,12 +190,12 @@ func (a *App) superviseUnderLease(lease heldLease, argv []string, sigs <-chan os
 		return ExitRunFailure
 	case res.Lost:
 		fmt.Fprintf(a.Stderr, "pgfence run: lease %q (token %d) was lost: %v; the command was terminated (%s)\n",
-			lease.Name(), lease.Token(), lease.Err(), res.Exit)
+			lease.Name(), lease.Token(), lostErr, res.Exit)
 		return ExitLeaseLost
-	case lease.Err() != nil:
+	case lostErr != nil:
 		// Lost as the command ended: its last moments were not protected.
 		fmt.Fprintf(a.Stderr, "pgfence run: lease %q (token %d) was lost as the command ended (%s): %v\n",
-			lease.Name(), lease.Token(), res.Exit, lease.Err())
+			lease.Name(), lease.Token(), res.Exit, lostErr)
 		return ExitLeaseLost
 	case relErr != nil:
 		fmt.Fprintf(a.Stderr, "pgfence run: the command ended (%s), but releasing lease %q failed: %v; it expires after its TTL\n",
@@ -172,4 +216,188 @@ func leaseEnv(env []string, lease heldLease) []string {
 		out = append(out, kv)
 	}
 	return append(out, EnvLease+"="+lease.Name(), EnvToken+"="+strconv.FormatInt(lease.Token(), 10))
+}
+
+// defaultMarginDivisor sets run's default safety margin to TTL/5: larger
+// than leasetable's TTL/10, so that half of it leaves the command a useful
+// grace period between SIGTERM and SIGKILL.
+const defaultMarginDivisor = 5
+
+// minMargin is the smallest --safety-margin: half of it is the grace
+// period between SIGTERM and SIGKILL, which must not round to nothing.
+const minMargin = 10 * time.Millisecond
+
+// runPoolMaxConns bounds run's connections: renewals, the release, and
+// acquiring; the LISTEN connection of a waiting Acquire is separate.
+const runPoolMaxConns = 2
+
+// timing returns the lease's TTL and safety margin, and the grace period
+// between SIGTERM and SIGKILL on loss: half the margin (see runHelp).
+func (o *runOptions) timing() (ttl, margin, grace time.Duration) {
+	ttl = o.ttl
+	if ttl == 0 {
+		ttl = leasetable.DefaultTTL
+	}
+	margin = o.margin
+	if margin == 0 {
+		margin = ttl / defaultMarginDivisor
+	}
+	return ttl, margin, margin / 2
+}
+
+// run is `pgfence run`.
+func (a *App) run(ctx context.Context, args []string) error {
+	o, f, err := parseRun(args)
+	if errors.Is(err, flag.ErrHelp) {
+		a.printHelp(f, runHelp)
+	}
+	if err != nil {
+		return err
+	}
+	dsn, err := connString(o.database)
+	if err != nil {
+		return err
+	}
+	// From now on SIGINT, SIGTERM and SIGHUP are ours: while waiting they
+	// end the wait; while the command runs they are forwarded to it.
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return usageErrorf("invalid database: %v", err)
+	}
+	if pcfg.ConnConfig.ConnectTimeout == 0 {
+		pcfg.ConnConfig.ConnectTimeout = connectTimeout
+	}
+	if _, ok := pcfg.ConnConfig.RuntimeParams["application_name"]; !ok {
+		pcfg.ConnConfig.RuntimeParams["application_name"] = "pgfence run"
+	}
+	pcfg.MaxConns = runPoolMaxConns
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return exitWith(ExitRunFailure, fmt.Errorf("connect to the database: %w", err))
+	}
+	defer pool.Close()
+
+	ttl, margin, grace := o.timing()
+	locker, err := leasetable.New(pool, &leasetable.Config{
+		TTL:          ttl,
+		SafetyMargin: margin,
+		Owner:        runOwner(o.argv[0]),
+		Logger:       runLogger(a.Stderr),
+	})
+	if err != nil {
+		return usageErrorf("--ttl %v with --safety-margin %v: %v", ttl, margin, err)
+	}
+	defer locker.Close()
+	if err := pool.Ping(ctx); err != nil {
+		return exitWith(ExitRunFailure, fmt.Errorf("connect to the database: %w", err))
+	}
+
+	lease, err := a.acquireForRun(ctx, locker, &o, sigs)
+	if err != nil {
+		return err
+	}
+	if status := a.superviseUnderLease(lease, o.argv, sigs, grace); status != ExitOK {
+		return exitWith(status, nil)
+	}
+	return nil
+}
+
+// acquireForRun takes the lease as o asks: TryAcquire with --no-wait, else
+// Acquire, bounded by --wait if given. A signal from sigs ends the wait.
+// The errors carry run's exit codes.
+func (a *App) acquireForRun(ctx context.Context, locker *leasetable.Locker, o *runOptions, sigs <-chan os.Signal) (*leasetable.Lease, error) {
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	var caught os.Signal
+	go func() {
+		defer close(stopped)
+		select {
+		case caught = <-sigs:
+			cancel()
+		case <-stop:
+		}
+	}()
+
+	opts := &leasetable.AcquireOpts{AtLeast: o.atLeast, WaitTimeout: o.wait}
+	var lease *leasetable.Lease
+	var err error
+	if o.noWait {
+		lease, err = locker.TryAcquire(actx, o.name, opts)
+	} else {
+		lease, err = locker.Acquire(actx, o.name, opts)
+	}
+	close(stop)
+	<-stopped
+
+	if s, ok := caught.(syscall.Signal); ok {
+		if lease != nil {
+			_ = lease.Release(ctx)
+		}
+		return nil, exitWith(128+int(s), fmt.Errorf("interrupted by %v while waiting for lease %q; the command was not run", s, o.name))
+	}
+	switch {
+	case err == nil:
+		return lease, nil
+	case errors.Is(err, pgfence.ErrNotAcquired):
+		if o.quiet {
+			return nil, exitWith(o.conflictExit, nil)
+		}
+		return nil, exitWith(o.conflictExit, a.conflict(ctx, locker, o))
+	case ctx.Err() != nil:
+		return nil, exitWith(ExitRunFailure, fmt.Errorf("interrupted while waiting for lease %q; the command was not run", o.name))
+	default:
+		return nil, exitWith(ExitRunFailure, explainSchemaError(err))
+	}
+}
+
+// conflict describes who holds the lease that could not be acquired.
+func (a *App) conflict(ctx context.Context, locker *leasetable.Locker, o *runOptions) error {
+	how := "is held by another owner"
+	if !o.noWait && o.wait > 0 {
+		how = fmt.Sprintf("was not acquired within %v", o.wait)
+	}
+	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	info, ok, err := locker.Get(gctx, o.name)
+	if err != nil || !ok {
+		return fmt.Errorf("lease %q %s; the command was not run", o.name, how)
+	}
+	return fmt.Errorf("lease %q %s (holder %q, token %d, expires %s); the command was not run",
+		o.name, how, info.Owner, info.Token, info.ExpiresAt.Local().Format(time.RFC3339))
+}
+
+// runLogger logs leasetable's warnings (failed renewals, a lost lease) to
+// w, without timestamps, like run's own messages.
+func runLogger(w io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{
+		Level: slog.LevelWarn,
+		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+			if a.Key == slog.TimeKey && len(groups) == 0 {
+				return slog.Attr{}
+			}
+			return a
+		},
+	}))
+}
+
+// runOwner is the owner id run writes into the lease row, for operators
+// reading 'pgfence ls': "pgfence run COMMAND on HOST (pid PID)".
+func runOwner(command string) string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown-host"
+	}
+	owner := fmt.Sprintf("pgfence run %s on %s (pid %d)", filepath.Base(command), host, os.Getpid())
+	if len(owner) > leasetable.MaxNameLength || !utf8.ValidString(owner) || strings.IndexByte(owner, 0) >= 0 {
+		owner = fmt.Sprintf("pgfence run on %s (pid %d)", host, os.Getpid())
+	}
+	if len(owner) > leasetable.MaxNameLength || !utf8.ValidString(owner) {
+		owner = fmt.Sprintf("pgfence run (pid %d)", os.Getpid())
+	}
+	return owner
 }

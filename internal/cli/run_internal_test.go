@@ -41,6 +41,7 @@ func TestParseRun(t *testing.T) {
 		{"-n", "-w", "1s", "nightly", "--", "true"},
 		{"-w", "-1s", "nightly", "--", "true"},
 		{"--ttl", "-1s", "nightly", "--", "true"},
+		{"--safety-margin", "1ms", "nightly", "--", "true"},
 		{"-E", "256", "nightly", "--", "true"},
 		{"-E", "-1", "nightly", "--", "true"},
 		{"-E", "x", "nightly", "--", "true"},
@@ -201,4 +202,33 @@ func TestSuperviseUnderLeaseForwardsSignals(t *testing.T) {
 	sigs <- syscall.SIGHUP
 	require.Equal(t, 42, <-statusc)
 	require.Equal(t, 1, l.released)
+}
+
+func TestRunTiming(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		ttl, margin                time.Duration
+		wantTTL, wantMargin, grace time.Duration
+	}{
+		{0, 0, 30 * time.Second, 6 * time.Second, 3 * time.Second},
+		{10 * time.Second, 0, 10 * time.Second, 2 * time.Second, time.Second},
+		{time.Minute, 20 * time.Second, time.Minute, 20 * time.Second, 10 * time.Second},
+		{0, time.Second, 30 * time.Second, time.Second, 500 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		o := runOptions{ttl: tt.ttl, margin: tt.margin}
+		ttl, margin, grace := o.timing()
+		require.Equal(t, []time.Duration{tt.wantTTL, tt.wantMargin, tt.grace}, []time.Duration{ttl, margin, grace}, "%+v", tt)
+		require.Less(t, grace, margin, "the group is killed before the database can expire the lease")
+	}
+}
+
+func TestExitErrorCarriesItsCode(t *testing.T) {
+	t.Parallel()
+	var stderr bytes.Buffer
+	a := &App{Stderr: &stderr}
+	require.Equal(t, 75, a.exit("run", exitWith(75, nil)))
+	require.Empty(t, stderr.String(), "a nil error exits silently")
+	require.Equal(t, ExitRunFailure, a.exit("run", exitWith(ExitRunFailure, errors.New("database unreachable"))))
+	require.Equal(t, "pgfence run: database unreachable\n", stderr.String())
 }

@@ -43,6 +43,8 @@ type Event struct {
 	// Fenced reports that a write was rejected because the row carries a
 	// newer token (errors.Is(err, pgfence.ErrFenced)).
 	Fenced bool `json:"fenced,omitempty"`
+	// Current is the newer token on the row that rejected a fenced write.
+	Current int64 `json:"current,omitempty"`
 	// Lost reports that the worker's lease was lost.
 	Lost bool `json:"lost,omitempty"`
 }
@@ -102,7 +104,8 @@ func StartWorker(name, path string, args, env []string, stderr io.Writer) (*Work
 		return nil, err
 	}
 	// The worker dies with the demo, even if the demo is killed.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{}
+	setParentDeathSignal(cmd.SysProcAttr, syscall.SIGKILL)
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start worker %s: %w", name, err)
 	}

@@ -303,8 +303,8 @@ func (c *Cluster) spawn() (*serverProc, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Credential: c.cred,
 		Setpgid:    true,
-		Pdeathsig:  syscall.SIGQUIT,
 	}
+	setParentDeathSignal(cmd.SysProcAttr, syscall.SIGQUIT)
 
 	p := &serverProc{done: make(chan struct{})}
 	started := make(chan error, 1)

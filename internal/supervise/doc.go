@@ -27,6 +27,15 @@
 // in its group when it exits on its own, so nothing keeps running once Run
 // has returned and the lock is released.
 //
+// # When this process dies
+//
+// On Linux the command gets SIGKILL from the kernel when the process that
+// started it dies (its parent-death signal), so a supervisor killed with
+// SIGKILL or by the OOM killer does not leave the command running
+// unsupervised. Only the command itself gets it: processes it started in
+// its group keep running until they notice. Elsewhere the command outlives
+// its supervisor.
+//
 // # Exit status
 //
 // [Exit.Status] follows the shell's convention: the command's exit code, or

@@ -101,6 +101,9 @@ func Start(cfg *Config) (*Process, error) {
 		cmd.Stderr = cfg.Stderr
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// If this process is killed, nothing forwards signals or ends the
+	// group any more: the command should not run on unsupervised.
+	setParentDeathSignal(cmd.SysProcAttr, syscall.SIGKILL)
 	if err := cmd.Start(); err != nil {
 		return nil, classifyStartError(cfg.Path, err)
 	}

@@ -63,8 +63,8 @@ func (s *DeleteStmt) SQL(nargs int) (string, error) {
 	}
 	tok := nargs + 1
 	where := "(" + closed(s.where) + ")"
-	return s.g.with(where, tok) + fmt.Sprintf(deleteCTE,
-		s.g.tableName(), s.g.writeWhere(where, tok, fmt.Sprintf(setTokenSQL, tok))) + s.g.result(), nil
+	return s.g.with(where, tok, true) + fmt.Sprintf(deleteCTE,
+		s.g.tableName(), s.g.writeWhere(where, tok, fmt.Sprintf(setTokenSQL, tok))) + s.g.tail(where, true), nil
 }
 
 // deleteCTE deletes the rows, only if the gates pass, and only rows whose

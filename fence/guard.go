@@ -77,75 +77,129 @@ const leaseCTE = `pgfence_lease AS (
     FOR SHARE
 ), `
 
-// targetCTE locks, FOR UPDATE, every row the caller's WHERE matches and
-// reads its guard token. Under READ COMMITTED a row being written
-// concurrently is waited for and then re-read in its newest committed
-// version (and dropped if it no longer matches), so the tokens are the
-// current ones, and they cannot change before this transaction ends.
-const targetCTE = `pgfence_target AS (
+// seenCTE counts, in the statement's snapshot, whether the caller's WHERE
+// matches more than one row (it stops at the second). The write considers
+// exactly these rows (a row the snapshot does not match is never written,
+// whatever a concurrent transaction does to it), so when at most one
+// matches, the write is all or nothing by itself and nothing needs locking
+// before it.
+const seenCTE = `pgfence_seen AS (
+    SELECT count(*) > 1 AS pgfence_several
+    FROM (SELECT FROM %[1]s WHERE %[2]s LIMIT 2) AS pgfence_rows
+), `
+
+// lockedCTE runs only when several rows match: it locks, FOR UPDATE, every
+// row the caller's WHERE matches and reads its guard token before anything
+// is written, so the write can be all or nothing. Under READ COMMITTED a row
+// being written concurrently is waited for and then re-read in its newest
+// committed version (and dropped if it no longer matches), so the tokens
+// are the current ones, and they cannot change before this transaction ends.
+const lockedCTE = `pgfence_locked AS (
     SELECT %[1]s AS pgfence_token FROM %[2]s
-    WHERE %[3]s%[4]s
+    WHERE %[3]s
+    AND (SELECT pgfence_several FROM pgfence_seen)%[4]s
     FOR UPDATE
 ), `
 
-// gateSQL holds the write back, as a one-time filter evaluated before the
-// write scans a single row, until pgfence_target has locked every matching
-// row; and lets it proceed only if none of them carries a newer (or NULL)
-// token: all or nothing.
-const gateSQL = `NOT EXISTS (SELECT FROM pgfence_target WHERE (pgfence_token %[1]s $%[2]d) IS NOT TRUE)`
+// currentCTE runs only when nothing was written and the rows were not
+// locked before the write (one row or none matched): it locks the matched
+// rows FOR UPDATE and reads their guard token. Under READ COMMITTED the lock
+// follows a row's update chain to its newest committed version, waiting for
+// a writer in flight, and drops the row if that version no longer matches
+// (or was deleted): so it reports the token that rejected the write, or no
+// row. Its condition on the write's count is uncorrelated, a one-time
+// filter evaluated after the write and before a single row is read: a
+// successful write reads and locks nothing more than a plain UPDATE.
+const currentCTE = `, pgfence_current AS (
+    SELECT %[1]s AS pgfence_token FROM %[2]s
+    WHERE %[3]s
+    AND NOT EXISTS (SELECT FROM pgfence_write)%[4]s%[5]s
+    FOR UPDATE
+)`
+
+// notSeveral skips currentCTE when lockedCTE has read the rows already.
+const notSeveral = "\n    AND NOT (SELECT pgfence_several FROM pgfence_seen)"
+
+// gateSQL lets the write proceed only if none of the rows lockedCTE locked
+// carries a newer (or NULL) token: all or nothing. It is a one-time filter
+// evaluated before the write scans a single row, so the write also waits
+// until lockedCTE has locked every matching row. When lockedCTE did not run,
+// it holds no row and the gate passes.
+const gateSQL = `NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token %[1]s $%[2]d) IS NOT TRUE)`
 
 // leaseGate is the condition that the lease check passed.
 const leaseGate = `EXISTS (SELECT FROM pgfence_lease)`
 
-// resultSQL is the statement's single result row: rows written, rows
-// matched, their newest token, how many have a NULL token, and whether the
-// lease check passed.
+// resultSQL is the statement's single result row: rows written, rows read
+// (by lockedCTE, or by currentCTE after a write that wrote nothing), their
+// newest token, how many have a NULL token, and whether the lease check
+// passed. After a successful single-row write it reads no row.
 const resultSQL = `
 SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
     count(*) FILTER (WHERE pgfence_token IS NULL), %s
-FROM pgfence_target`
+FROM %s`
 
-// with renders the WITH clause up to (not including) the write CTE.
-// match is the row-matching condition for the target CTE.
-func (g *guard) with(match string, tok int) string {
+// with renders the WITH clause up to (not including) the write CTE. match
+// is the row-matching condition. several says whether the where may match
+// several rows (UPDATE, DELETE), so that seenCTE and lockedCTE are needed;
+// an upsert's conflict target matches at most one.
+func (g *guard) with(match string, tok int, several bool) string {
 	var b strings.Builder
 	b.WriteString("WITH ")
-	leaseCond := ""
 	if g.leased {
 		fmt.Fprintf(&b, leaseCTE, tok, tok+1)
-		leaseCond = "\n    AND " + leaseGate
 	}
-	fmt.Fprintf(&b, targetCTE, g.col(), g.tableName(), match, leaseCond)
+	if several {
+		fmt.Fprintf(&b, seenCTE, g.tableName(), match)
+		fmt.Fprintf(&b, lockedCTE, g.col(), g.tableName(), match, g.leaseCond())
+	}
 	return b.String()
+}
+
+// leaseCond is the lease gate as an extra condition, or nothing.
+func (g *guard) leaseCond() string {
+	if g.leased {
+		return "\n    AND " + leaseGate
+	}
+	return ""
 }
 
 // writeWhere is the write's WHERE: the caller's condition, the guard
 // predicate (rechecked by PostgreSQL on the newest version of each row), the
 // gates, and any extra conditions.
 func (g *guard) writeWhere(where string, tok int, extra ...string) string {
-	conds := append([]string{where, fmt.Sprintf("%s %s $%d", g.col(), g.op(), tok)}, g.gates(tok)...)
+	conds := append([]string{where, fmt.Sprintf("%s %s $%d", g.col(), g.op(), tok)}, g.gates(tok, true)...)
 	return and(append(conds, extra...)...)
 }
 
-// gates are the conditions that hold the write back: the lease check, and
-// the all-or-nothing token check.
-func (g *guard) gates(tok int) []string {
+// gates are the conditions that hold the write back: the lease check, and,
+// when several rows may match, the all-or-nothing token check.
+func (g *guard) gates(tok int, several bool) []string {
 	var conds []string
 	if g.leased {
 		conds = append(conds, leaseGate)
 	}
-	return append(conds, fmt.Sprintf(gateSQL, g.op(), tok))
+	if several {
+		conds = append(conds, fmt.Sprintf(gateSQL, g.op(), tok))
+	}
+	return conds
 }
 
 // and joins conditions into a WHERE clause continued on new lines.
 func and(conds ...string) string { return strings.Join(conds, "\n    AND ") }
 
-// result renders the statement's final SELECT.
-func (g *guard) result() string {
-	if g.leased {
-		return fmt.Sprintf(resultSQL, leaseGate)
+// tail renders what follows the write CTE: currentCTE and the final SELECT.
+func (g *guard) tail(match string, several bool) string {
+	skip, from := "", "pgfence_current"
+	if several {
+		skip, from = notSeveral, "(TABLE pgfence_locked UNION ALL TABLE pgfence_current) AS pgfence_read"
 	}
-	return fmt.Sprintf(resultSQL, "true")
+	lease := "true"
+	if g.leased {
+		lease = leaseGate
+	}
+	return fmt.Sprintf(currentCTE, g.col(), g.tableName(), match, g.leaseCond(), skip) +
+		fmt.Sprintf(resultSQL, lease, from)
 }
 
 // outcome is the result row of a guarded statement.

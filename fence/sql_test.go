@@ -28,39 +28,59 @@ func TestSQLGolden(t *testing.T) {
 			name:  "update",
 			stmt:  fence.Update("accounts").Set("balance = balance + $1").Where("id = $2"),
 			nargs: 2,
-			want: `WITH pgfence_target AS (
+			want: `WITH pgfence_seen AS (
+    SELECT count(*) > 1 AS pgfence_several
+    FROM (SELECT FROM "accounts" WHERE (id = $2) LIMIT 2) AS pgfence_rows
+), pgfence_locked AS (
     SELECT "fence_token" AS pgfence_token FROM "accounts"
     WHERE (id = $2)
+    AND (SELECT pgfence_several FROM pgfence_seen)
     FOR UPDATE
 ), pgfence_write AS (
     UPDATE "accounts" SET balance = balance + $1, "fence_token" = $3
     WHERE (id = $2)
     AND "fence_token" <= $3
-    AND NOT EXISTS (SELECT FROM pgfence_target WHERE (pgfence_token <= $3) IS NOT TRUE)
+    AND NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token <= $3) IS NOT TRUE)
     RETURNING 1
+), pgfence_current AS (
+    SELECT "fence_token" AS pgfence_token FROM "accounts"
+    WHERE (id = $2)
+    AND NOT EXISTS (SELECT FROM pgfence_write)
+    AND NOT (SELECT pgfence_several FROM pgfence_seen)
+    FOR UPDATE
 )
 SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
     count(*) FILTER (WHERE pgfence_token IS NULL), true
-FROM pgfence_target`,
+FROM (TABLE pgfence_locked UNION ALL TABLE pgfence_current) AS pgfence_read`,
 		},
 		{
 			name:  "update strict, custom column, schema-qualified",
 			stmt:  fence.Update("billing.accounts").Set("note = 'pay $5'").Where("id = $1").Column("Token").Strict(),
 			nargs: 1,
-			want: `WITH pgfence_target AS (
+			want: `WITH pgfence_seen AS (
+    SELECT count(*) > 1 AS pgfence_several
+    FROM (SELECT FROM "billing"."accounts" WHERE (id = $1) LIMIT 2) AS pgfence_rows
+), pgfence_locked AS (
     SELECT "Token" AS pgfence_token FROM "billing"."accounts"
     WHERE (id = $1)
+    AND (SELECT pgfence_several FROM pgfence_seen)
     FOR UPDATE
 ), pgfence_write AS (
     UPDATE "billing"."accounts" SET note = 'pay $5', "Token" = $2
     WHERE (id = $1)
     AND "Token" < $2
-    AND NOT EXISTS (SELECT FROM pgfence_target WHERE (pgfence_token < $2) IS NOT TRUE)
+    AND NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token < $2) IS NOT TRUE)
     RETURNING 1
+), pgfence_current AS (
+    SELECT "Token" AS pgfence_token FROM "billing"."accounts"
+    WHERE (id = $1)
+    AND NOT EXISTS (SELECT FROM pgfence_write)
+    AND NOT (SELECT pgfence_several FROM pgfence_seen)
+    FOR UPDATE
 )
 SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
     count(*) FILTER (WHERE pgfence_token IS NULL), true
-FROM pgfence_target`,
+FROM (TABLE pgfence_locked UNION ALL TABLE pgfence_current) AS pgfence_read`,
 		},
 		{
 			name:  "update under lease, identifier with a dot",
@@ -70,9 +90,13 @@ FROM pgfence_target`,
     SELECT FROM pgfence_leases
     WHERE name = $2 AND fence = $1::bigint AND expires_at > clock_timestamp()
     FOR SHARE
-), pgfence_target AS (
+), pgfence_seen AS (
+    SELECT count(*) > 1 AS pgfence_several
+    FROM (SELECT FROM "odd.name" WHERE (true) LIMIT 2) AS pgfence_rows
+), pgfence_locked AS (
     SELECT "fence_token" AS pgfence_token FROM "odd.name"
     WHERE (true)
+    AND (SELECT pgfence_several FROM pgfence_seen)
     AND EXISTS (SELECT FROM pgfence_lease)
     FOR UPDATE
 ), pgfence_write AS (
@@ -80,52 +104,69 @@ FROM pgfence_target`,
     WHERE (true)
     AND "fence_token" <= $1
     AND EXISTS (SELECT FROM pgfence_lease)
-    AND NOT EXISTS (SELECT FROM pgfence_target WHERE (pgfence_token <= $1) IS NOT TRUE)
+    AND NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token <= $1) IS NOT TRUE)
     RETURNING 1
+), pgfence_current AS (
+    SELECT "fence_token" AS pgfence_token FROM "odd.name"
+    WHERE (true)
+    AND NOT EXISTS (SELECT FROM pgfence_write)
+    AND EXISTS (SELECT FROM pgfence_lease)
+    AND NOT (SELECT pgfence_several FROM pgfence_seen)
+    FOR UPDATE
 )
 SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
     count(*) FILTER (WHERE pgfence_token IS NULL), EXISTS (SELECT FROM pgfence_lease)
-FROM pgfence_target`,
+FROM (TABLE pgfence_locked UNION ALL TABLE pgfence_current) AS pgfence_read`,
 		},
 		{
 			name:  "delete",
 			stmt:  fence.Delete("accounts").Where("id = $1"),
 			nargs: 1,
-			want: `WITH pgfence_target AS (
+			want: `WITH pgfence_seen AS (
+    SELECT count(*) > 1 AS pgfence_several
+    FROM (SELECT FROM "accounts" WHERE (id = $1) LIMIT 2) AS pgfence_rows
+), pgfence_locked AS (
     SELECT "fence_token" AS pgfence_token FROM "accounts"
     WHERE (id = $1)
+    AND (SELECT pgfence_several FROM pgfence_seen)
     FOR UPDATE
 ), pgfence_write AS (
     DELETE FROM "accounts"
     WHERE (id = $1)
     AND "fence_token" <= $2
-    AND NOT EXISTS (SELECT FROM pgfence_target WHERE (pgfence_token <= $2) IS NOT TRUE)
+    AND NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token <= $2) IS NOT TRUE)
     AND set_config('pgfence.token', $2::bigint::text, true) IS NOT NULL
     RETURNING 1
+), pgfence_current AS (
+    SELECT "fence_token" AS pgfence_token FROM "accounts"
+    WHERE (id = $1)
+    AND NOT EXISTS (SELECT FROM pgfence_write)
+    AND NOT (SELECT pgfence_several FROM pgfence_seen)
+    FOR UPDATE
 )
 SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
     count(*) FILTER (WHERE pgfence_token IS NULL), true
-FROM pgfence_target`,
+FROM (TABLE pgfence_locked UNION ALL TABLE pgfence_current) AS pgfence_read`,
 		},
 		{
 			name:  "upsert, default set",
 			stmt:  fence.Upsert("accounts").Columns("id", "balance").Values("$1", "$2").OnConflict("id"),
 			nargs: 2,
-			want: `WITH pgfence_target AS (
-    SELECT "fence_token" AS pgfence_token FROM "accounts"
-    WHERE "id" = ($1)
-    FOR UPDATE
-), pgfence_write AS (
+			want: `WITH pgfence_write AS (
     INSERT INTO "accounts" ("id", "balance", "fence_token")
     SELECT $1, $2, $3::bigint
-    WHERE NOT EXISTS (SELECT FROM pgfence_target WHERE (pgfence_token <= $3) IS NOT TRUE)
     ON CONFLICT ("id") DO UPDATE SET "balance" = excluded."balance", "fence_token" = excluded."fence_token"
     WHERE "accounts"."fence_token" <= excluded."fence_token"
     RETURNING 1
+), pgfence_current AS (
+    SELECT "fence_token" AS pgfence_token FROM "accounts"
+    WHERE "id" = ($1)
+    AND NOT EXISTS (SELECT FROM pgfence_write)
+    FOR UPDATE
 )
 SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
     count(*) FILTER (WHERE pgfence_token IS NULL), true
-FROM pgfence_target`,
+FROM pgfence_current`,
 		},
 		{
 			name: "upsert, schema, custom set, strict, lease",
@@ -136,23 +177,23 @@ FROM pgfence_target`,
     SELECT FROM pgfence_leases
     WHERE name = $4 AND fence = $3::bigint AND expires_at > clock_timestamp()
     FOR SHARE
-), pgfence_target AS (
-    SELECT "fence_token" AS pgfence_token FROM "s"."accounts"
-    WHERE "id" = ($1)
-    AND EXISTS (SELECT FROM pgfence_lease)
-    FOR UPDATE
 ), pgfence_write AS (
     INSERT INTO "s"."accounts" ("id", "balance", "fence_token")
     SELECT $1, $2, $3::bigint
     WHERE EXISTS (SELECT FROM pgfence_lease)
-    AND NOT EXISTS (SELECT FROM pgfence_target WHERE (pgfence_token < $3) IS NOT TRUE)
     ON CONFLICT ("id") DO UPDATE SET balance = accounts.balance + excluded.balance, "fence_token" = excluded."fence_token"
     WHERE "accounts"."fence_token" < excluded."fence_token"
     RETURNING 1
+), pgfence_current AS (
+    SELECT "fence_token" AS pgfence_token FROM "s"."accounts"
+    WHERE "id" = ($1)
+    AND NOT EXISTS (SELECT FROM pgfence_write)
+    AND EXISTS (SELECT FROM pgfence_lease)
+    FOR UPDATE
 )
 SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
     count(*) FILTER (WHERE pgfence_token IS NULL), EXISTS (SELECT FROM pgfence_lease)
-FROM pgfence_target`,
+FROM pgfence_current`,
 		},
 	}
 	for _, tt := range tests {

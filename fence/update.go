@@ -83,14 +83,14 @@ func (s *UpdateStmt) SQL(nargs int) (string, error) {
 	}
 	tok := nargs + 1
 	where := "(" + closed(s.where) + ")"
-	return s.g.with(where, tok) + fmt.Sprintf(updateCTE,
+	return s.g.with(where, tok, true) + fmt.Sprintf(updateCTE,
 		s.g.tableName(), closed(s.set), s.g.col(), tok,
-		s.g.writeWhere(where, tok)) + s.g.result(), nil
+		s.g.writeWhere(where, tok)) + s.g.tail(where, true), nil
 }
 
 // updateCTE writes the rows, only if the gates pass, and only rows whose
-// token the presented one does not make stale (rechecked on the newest
-// version, which pgfence_target has locked).
+// token the presented one does not make stale (rechecked by PostgreSQL on
+// the newest committed version of each row).
 const updateCTE = `pgfence_write AS (
     UPDATE %[1]s SET %[2]s, %[3]s = $%[4]d
     WHERE %[5]s

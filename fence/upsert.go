@@ -136,9 +136,14 @@ func (s *UpsertStmt) SQL(nargs int) (string, error) {
 	// table too.
 	existing := pgx.Identifier{s.g.table[len(s.g.table)-1]}.Sanitize()
 	vals := strings.Join(values, ", ")
-	return s.g.with(strings.Join(match, " AND "), tok) + fmt.Sprintf(upsertCTE,
-		s.g.tableName(), strings.Join(cols, ", "), vals, tok, and(s.g.gates(tok)...),
-		strings.Join(conflict, ", "), set, col, existing, s.g.op()) + s.g.result(), nil
+	gate := ""
+	if gates := s.g.gates(tok, false); len(gates) > 0 {
+		gate = "\n    WHERE " + and(gates...)
+	}
+	m := strings.Join(match, " AND ")
+	return s.g.with(m, tok, false) + fmt.Sprintf(upsertCTE,
+		s.g.tableName(), strings.Join(cols, ", "), vals, tok, gate,
+		strings.Join(conflict, ", "), set, col, existing, s.g.op()) + s.g.tail(m, false), nil
 }
 
 // upsertCTE inserts the row, or updates the conflicting one whose token the
@@ -147,8 +152,7 @@ func (s *UpsertStmt) SQL(nargs int) (string, error) {
 // parameters' types to the INSERT's columns.
 const upsertCTE = `pgfence_write AS (
     INSERT INTO %[1]s (%[2]s)
-    SELECT %[3]s, $%[4]d::bigint
-    WHERE %[5]s
+    SELECT %[3]s, $%[4]d::bigint%[5]s
     ON CONFLICT (%[6]s) DO UPDATE SET %[7]s%[8]s = excluded.%[8]s
     WHERE %[9]s.%[8]s %[10]s excluded.%[8]s
     RETURNING 1

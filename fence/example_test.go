@@ -64,13 +64,10 @@ func ExampleUpdateStmt_SQL() {
 	sql, err := stmt.SQL(2)
 	fmt.Println(sql, err)
 	// Output:
-	// WITH pgfence_seen AS (
-	//     SELECT count(*) > 1 AS pgfence_several
-	//     FROM (SELECT FROM "accounts" WHERE (id = $2) LIMIT 2) AS pgfence_rows
-	// ), pgfence_locked AS (
+	// WITH pgfence_locked AS (
 	//     SELECT "fence_token" AS pgfence_token FROM "accounts"
 	//     WHERE (id = $2)
-	//     AND (SELECT pgfence_several FROM pgfence_seen)
+	//     AND (SELECT count(*) > 1 FROM (SELECT FROM "accounts" WHERE (id = $2) LIMIT 2) AS pgfence_rows)
 	//     FOR UPDATE
 	// ), pgfence_write AS (
 	//     UPDATE "accounts" SET balance = balance + $1, "fence_token" = $3
@@ -78,16 +75,15 @@ func ExampleUpdateStmt_SQL() {
 	//     AND "fence_token" <= $3
 	//     AND NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token <= $3) IS NOT TRUE)
 	//     RETURNING 1
-	// ), pgfence_current AS (
-	//     SELECT "fence_token" AS pgfence_token FROM "accounts"
-	//     WHERE (id = $2)
-	//     AND NOT EXISTS (SELECT FROM pgfence_write)
-	//     AND NOT (SELECT pgfence_several FROM pgfence_seen)
-	//     FOR UPDATE
 	// )
 	// SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
 	//     count(*) FILTER (WHERE pgfence_token IS NULL), true
-	// FROM (TABLE pgfence_locked UNION ALL TABLE pgfence_current) AS pgfence_read <nil>
+	// FROM (
+	//     SELECT "fence_token" AS pgfence_token FROM "accounts"
+	//     WHERE (id = $2)
+	//     AND NOT EXISTS (SELECT FROM pgfence_write)
+	//     FOR UPDATE
+	// ) AS pgfence_current <nil>
 }
 
 func ExampleUpdateStmt_SQL_badInput() {
@@ -140,15 +136,15 @@ func ExampleUpsert() {
 	//     ON CONFLICT ("id") DO UPDATE SET "balance" = excluded."balance", "fence_token" = excluded."fence_token"
 	//     WHERE "accounts"."fence_token" <= excluded."fence_token"
 	//     RETURNING 1
-	// ), pgfence_current AS (
+	// )
+	// SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
+	//     count(*) FILTER (WHERE pgfence_token IS NULL), true
+	// FROM (
 	//     SELECT "fence_token" AS pgfence_token FROM "accounts"
 	//     WHERE "id" = ($1)
 	//     AND NOT EXISTS (SELECT FROM pgfence_write)
 	//     FOR UPDATE
-	// )
-	// SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
-	//     count(*) FILTER (WHERE pgfence_token IS NULL), true
-	// FROM pgfence_current
+	// ) AS pgfence_current
 }
 
 func ExamplePredicate() {

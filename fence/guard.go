@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -22,13 +23,45 @@ type guard struct {
 	strict bool
 	lease  string
 	leased bool
+	// cache holds the rendered statements by number of arguments and
+	// whether the lease is checked (the lease name is a parameter, so
+	// copies made by UnderLease share it). Every other method that changes
+	// the statement gives the copy a fresh cache.
+	cache *sync.Map
+}
+
+// sqlKey is a cache key: the SQL depends on nothing else once the builder's
+// fields are fixed.
+type sqlKey struct {
+	nargs  int
+	leased bool
+}
+
+// fresh gives g an empty cache; builder methods call it on their copy.
+func (g *guard) fresh() { g.cache = new(sync.Map) }
+
+// cached returns build(nargs), rendered once per statement value and
+// argument count. Errors are not cached.
+func (g *guard) cached(nargs int, build func(int) (string, error)) (string, error) {
+	if g.cache == nil {
+		return build(nargs)
+	}
+	k := sqlKey{nargs, g.leased}
+	if v, ok := g.cache.Load(k); ok {
+		return v.(string), nil
+	}
+	sql, err := build(nargs)
+	if err == nil {
+		g.cache.Store(k, sql)
+	}
+	return sql, err
 }
 
 func newGuard(table pgx.Identifier, err error) guard {
 	if err == nil {
 		err = checkIdent(table)
 	}
-	return guard{table: table, err: err, column: DefaultColumn}
+	return guard{table: table, err: err, column: DefaultColumn, cache: new(sync.Map)}
 }
 
 // tableName is the table as written in SQL, and in error messages.
@@ -77,48 +110,38 @@ const leaseCTE = `pgfence_lease AS (
     FOR SHARE
 ), `
 
-// seenCTE counts, in the statement's snapshot, whether the caller's WHERE
-// matches more than one row (it stops at the second). The write considers
-// exactly these rows (a row the snapshot does not match is never written,
-// whatever a concurrent transaction does to it), so when at most one
-// matches, the write is all or nothing by itself and nothing needs locking
-// before it.
-const seenCTE = `pgfence_seen AS (
-    SELECT count(*) > 1 AS pgfence_several
-    FROM (SELECT FROM %[1]s WHERE %[2]s LIMIT 2) AS pgfence_rows
-), `
-
-// lockedCTE runs only when several rows match: it locks, FOR UPDATE, every
-// row the caller's WHERE matches and reads its guard token before anything
-// is written, so the write can be all or nothing. Under READ COMMITTED a row
+// lockedCTE runs only when the caller's WHERE matches several rows in the
+// statement's snapshot (the count stops at the second): it locks, FOR
+// UPDATE, every matching row and reads its guard token before anything is
+// written, so the write can be all or nothing. Under READ COMMITTED a row
 // being written concurrently is waited for and then re-read in its newest
 // committed version (and dropped if it no longer matches), so the tokens
 // are the current ones, and they cannot change before this transaction ends.
+// The write considers exactly the rows the snapshot matches (a row it does
+// not match is never written, whatever a concurrent transaction does to
+// it), so when at most one matches, the write is all or nothing by itself
+// and nothing is locked before it.
 const lockedCTE = `pgfence_locked AS (
     SELECT %[1]s AS pgfence_token FROM %[2]s
     WHERE %[3]s
-    AND (SELECT pgfence_several FROM pgfence_seen)%[4]s
+    AND (SELECT count(*) > 1 FROM (SELECT FROM %[2]s WHERE %[3]s LIMIT 2) AS pgfence_rows)%[4]s
     FOR UPDATE
 ), `
 
-// currentCTE runs only when nothing was written and the rows were not
-// locked before the write (one row or none matched): it locks the matched
-// rows FOR UPDATE and reads their guard token. Under READ COMMITTED the lock
-// follows a row's update chain to its newest committed version, waiting for
-// a writer in flight, and drops the row if that version no longer matches
-// (or was deleted): so it reports the token that rejected the write, or no
-// row. Its condition on the write's count is uncorrelated, a one-time
-// filter evaluated after the write and before a single row is read: a
-// successful write reads and locks nothing more than a plain UPDATE.
-const currentCTE = `, pgfence_current AS (
+// currentSQL reads the rows for the result, only when nothing was written:
+// it locks the matched rows FOR UPDATE and reads their guard token. Under
+// READ COMMITTED the lock follows a row's update chain to its newest
+// committed version, waiting for a writer in flight, and drops the row if
+// that version no longer matches (or was deleted): so it reports the token
+// that rejected the write, or no row. Its condition on the write is
+// uncorrelated, a one-time filter evaluated after the write and before a
+// single row is read: a successful write reads and locks nothing more.
+const currentSQL = `(
     SELECT %[1]s AS pgfence_token FROM %[2]s
     WHERE %[3]s
-    AND NOT EXISTS (SELECT FROM pgfence_write)%[4]s%[5]s
+    AND NOT EXISTS (SELECT FROM pgfence_write)%[4]s
     FOR UPDATE
-)`
-
-// notSeveral skips currentCTE when lockedCTE has read the rows already.
-const notSeveral = "\n    AND NOT (SELECT pgfence_several FROM pgfence_seen)"
+) AS pgfence_current`
 
 // gateSQL lets the write proceed only if none of the rows lockedCTE locked
 // carries a newer (or NULL) token: all or nothing. It is a one-time filter
@@ -131,18 +154,17 @@ const gateSQL = `NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token %[1
 const leaseGate = `EXISTS (SELECT FROM pgfence_lease)`
 
 // resultSQL is the statement's single result row: rows written, rows read
-// (by lockedCTE, or by currentCTE after a write that wrote nothing), their
-// newest token, how many have a NULL token, and whether the lease check
-// passed. After a successful single-row write it reads no row.
+// by currentSQL (none after a write that wrote a row), their newest token,
+// how many have a NULL token, and whether the lease check passed.
 const resultSQL = `
 SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
     count(*) FILTER (WHERE pgfence_token IS NULL), %s
 FROM %s`
 
 // with renders the WITH clause up to (not including) the write CTE. match
-// is the row-matching condition. several says whether the where may match
-// several rows (UPDATE, DELETE), so that seenCTE and lockedCTE are needed;
-// an upsert's conflict target matches at most one.
+// is the row-matching condition. several says whether it may match several
+// rows (UPDATE, DELETE), which needs lockedCTE; an upsert's conflict target
+// matches at most one.
 func (g *guard) with(match string, tok int, several bool) string {
 	var b strings.Builder
 	b.WriteString("WITH ")
@@ -150,7 +172,6 @@ func (g *guard) with(match string, tok int, several bool) string {
 		fmt.Fprintf(&b, leaseCTE, tok, tok+1)
 	}
 	if several {
-		fmt.Fprintf(&b, seenCTE, g.tableName(), match)
 		fmt.Fprintf(&b, lockedCTE, g.col(), g.tableName(), match, g.leaseCond())
 	}
 	return b.String()
@@ -188,18 +209,13 @@ func (g *guard) gates(tok int, several bool) []string {
 // and joins conditions into a WHERE clause continued on new lines.
 func and(conds ...string) string { return strings.Join(conds, "\n    AND ") }
 
-// tail renders what follows the write CTE: currentCTE and the final SELECT.
-func (g *guard) tail(match string, several bool) string {
-	skip, from := "", "pgfence_current"
-	if several {
-		skip, from = notSeveral, "(TABLE pgfence_locked UNION ALL TABLE pgfence_current) AS pgfence_read"
-	}
+// tail renders the final SELECT, which follows the write CTE.
+func (g *guard) tail(match string) string {
 	lease := "true"
 	if g.leased {
 		lease = leaseGate
 	}
-	return fmt.Sprintf(currentCTE, g.col(), g.tableName(), match, g.leaseCond(), skip) +
-		fmt.Sprintf(resultSQL, lease, from)
+	return fmt.Sprintf(resultSQL, lease, fmt.Sprintf(currentSQL, g.col(), g.tableName(), match, g.leaseCond()))
 }
 
 // outcome is the result row of a guarded statement.
@@ -256,7 +272,7 @@ func (g *guard) classify(o outcome, token int64, noRows bool) error {
 	}
 	if o.matched > 0 && !g.stale(cur, token) {
 		// Every matched row passed the token check yet none was written:
-		// only a WHERE that answers differently when evaluated twice (a
+		// only a WHERE that answers differently when evaluated again (a
 		// volatile function) gets here.
 		return fmt.Errorf("fence: %d row(s) of %s matched but none was written; "+
 			"is the WHERE deterministic?", o.matched, g.tableName())

@@ -28,13 +28,10 @@ func TestSQLGolden(t *testing.T) {
 			name:  "update",
 			stmt:  fence.Update("accounts").Set("balance = balance + $1").Where("id = $2"),
 			nargs: 2,
-			want: `WITH pgfence_seen AS (
-    SELECT count(*) > 1 AS pgfence_several
-    FROM (SELECT FROM "accounts" WHERE (id = $2) LIMIT 2) AS pgfence_rows
-), pgfence_locked AS (
+			want: `WITH pgfence_locked AS (
     SELECT "fence_token" AS pgfence_token FROM "accounts"
     WHERE (id = $2)
-    AND (SELECT pgfence_several FROM pgfence_seen)
+    AND (SELECT count(*) > 1 FROM (SELECT FROM "accounts" WHERE (id = $2) LIMIT 2) AS pgfence_rows)
     FOR UPDATE
 ), pgfence_write AS (
     UPDATE "accounts" SET balance = balance + $1, "fence_token" = $3
@@ -42,28 +39,24 @@ func TestSQLGolden(t *testing.T) {
     AND "fence_token" <= $3
     AND NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token <= $3) IS NOT TRUE)
     RETURNING 1
-), pgfence_current AS (
-    SELECT "fence_token" AS pgfence_token FROM "accounts"
-    WHERE (id = $2)
-    AND NOT EXISTS (SELECT FROM pgfence_write)
-    AND NOT (SELECT pgfence_several FROM pgfence_seen)
-    FOR UPDATE
 )
 SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
     count(*) FILTER (WHERE pgfence_token IS NULL), true
-FROM (TABLE pgfence_locked UNION ALL TABLE pgfence_current) AS pgfence_read`,
+FROM (
+    SELECT "fence_token" AS pgfence_token FROM "accounts"
+    WHERE (id = $2)
+    AND NOT EXISTS (SELECT FROM pgfence_write)
+    FOR UPDATE
+) AS pgfence_current`,
 		},
 		{
 			name:  "update strict, custom column, schema-qualified",
 			stmt:  fence.Update("billing.accounts").Set("note = 'pay $5'").Where("id = $1").Column("Token").Strict(),
 			nargs: 1,
-			want: `WITH pgfence_seen AS (
-    SELECT count(*) > 1 AS pgfence_several
-    FROM (SELECT FROM "billing"."accounts" WHERE (id = $1) LIMIT 2) AS pgfence_rows
-), pgfence_locked AS (
+			want: `WITH pgfence_locked AS (
     SELECT "Token" AS pgfence_token FROM "billing"."accounts"
     WHERE (id = $1)
-    AND (SELECT pgfence_several FROM pgfence_seen)
+    AND (SELECT count(*) > 1 FROM (SELECT FROM "billing"."accounts" WHERE (id = $1) LIMIT 2) AS pgfence_rows)
     FOR UPDATE
 ), pgfence_write AS (
     UPDATE "billing"."accounts" SET note = 'pay $5', "Token" = $2
@@ -71,16 +64,15 @@ FROM (TABLE pgfence_locked UNION ALL TABLE pgfence_current) AS pgfence_read`,
     AND "Token" < $2
     AND NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token < $2) IS NOT TRUE)
     RETURNING 1
-), pgfence_current AS (
-    SELECT "Token" AS pgfence_token FROM "billing"."accounts"
-    WHERE (id = $1)
-    AND NOT EXISTS (SELECT FROM pgfence_write)
-    AND NOT (SELECT pgfence_several FROM pgfence_seen)
-    FOR UPDATE
 )
 SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
     count(*) FILTER (WHERE pgfence_token IS NULL), true
-FROM (TABLE pgfence_locked UNION ALL TABLE pgfence_current) AS pgfence_read`,
+FROM (
+    SELECT "Token" AS pgfence_token FROM "billing"."accounts"
+    WHERE (id = $1)
+    AND NOT EXISTS (SELECT FROM pgfence_write)
+    FOR UPDATE
+) AS pgfence_current`,
 		},
 		{
 			name:  "update under lease, identifier with a dot",
@@ -90,13 +82,10 @@ FROM (TABLE pgfence_locked UNION ALL TABLE pgfence_current) AS pgfence_read`,
     SELECT FROM pgfence_leases
     WHERE name = $2 AND fence = $1::bigint AND expires_at > clock_timestamp()
     FOR SHARE
-), pgfence_seen AS (
-    SELECT count(*) > 1 AS pgfence_several
-    FROM (SELECT FROM "odd.name" WHERE (true) LIMIT 2) AS pgfence_rows
 ), pgfence_locked AS (
     SELECT "fence_token" AS pgfence_token FROM "odd.name"
     WHERE (true)
-    AND (SELECT pgfence_several FROM pgfence_seen)
+    AND (SELECT count(*) > 1 FROM (SELECT FROM "odd.name" WHERE (true) LIMIT 2) AS pgfence_rows)
     AND EXISTS (SELECT FROM pgfence_lease)
     FOR UPDATE
 ), pgfence_write AS (
@@ -106,29 +95,25 @@ FROM (TABLE pgfence_locked UNION ALL TABLE pgfence_current) AS pgfence_read`,
     AND EXISTS (SELECT FROM pgfence_lease)
     AND NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token <= $1) IS NOT TRUE)
     RETURNING 1
-), pgfence_current AS (
+)
+SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
+    count(*) FILTER (WHERE pgfence_token IS NULL), EXISTS (SELECT FROM pgfence_lease)
+FROM (
     SELECT "fence_token" AS pgfence_token FROM "odd.name"
     WHERE (true)
     AND NOT EXISTS (SELECT FROM pgfence_write)
     AND EXISTS (SELECT FROM pgfence_lease)
-    AND NOT (SELECT pgfence_several FROM pgfence_seen)
     FOR UPDATE
-)
-SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
-    count(*) FILTER (WHERE pgfence_token IS NULL), EXISTS (SELECT FROM pgfence_lease)
-FROM (TABLE pgfence_locked UNION ALL TABLE pgfence_current) AS pgfence_read`,
+) AS pgfence_current`,
 		},
 		{
 			name:  "delete",
 			stmt:  fence.Delete("accounts").Where("id = $1"),
 			nargs: 1,
-			want: `WITH pgfence_seen AS (
-    SELECT count(*) > 1 AS pgfence_several
-    FROM (SELECT FROM "accounts" WHERE (id = $1) LIMIT 2) AS pgfence_rows
-), pgfence_locked AS (
+			want: `WITH pgfence_locked AS (
     SELECT "fence_token" AS pgfence_token FROM "accounts"
     WHERE (id = $1)
-    AND (SELECT pgfence_several FROM pgfence_seen)
+    AND (SELECT count(*) > 1 FROM (SELECT FROM "accounts" WHERE (id = $1) LIMIT 2) AS pgfence_rows)
     FOR UPDATE
 ), pgfence_write AS (
     DELETE FROM "accounts"
@@ -137,16 +122,15 @@ FROM (TABLE pgfence_locked UNION ALL TABLE pgfence_current) AS pgfence_read`,
     AND NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token <= $2) IS NOT TRUE)
     AND set_config('pgfence.token', $2::bigint::text, true) IS NOT NULL
     RETURNING 1
-), pgfence_current AS (
-    SELECT "fence_token" AS pgfence_token FROM "accounts"
-    WHERE (id = $1)
-    AND NOT EXISTS (SELECT FROM pgfence_write)
-    AND NOT (SELECT pgfence_several FROM pgfence_seen)
-    FOR UPDATE
 )
 SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
     count(*) FILTER (WHERE pgfence_token IS NULL), true
-FROM (TABLE pgfence_locked UNION ALL TABLE pgfence_current) AS pgfence_read`,
+FROM (
+    SELECT "fence_token" AS pgfence_token FROM "accounts"
+    WHERE (id = $1)
+    AND NOT EXISTS (SELECT FROM pgfence_write)
+    FOR UPDATE
+) AS pgfence_current`,
 		},
 		{
 			name:  "upsert, default set",
@@ -158,15 +142,15 @@ FROM (TABLE pgfence_locked UNION ALL TABLE pgfence_current) AS pgfence_read`,
     ON CONFLICT ("id") DO UPDATE SET "balance" = excluded."balance", "fence_token" = excluded."fence_token"
     WHERE "accounts"."fence_token" <= excluded."fence_token"
     RETURNING 1
-), pgfence_current AS (
+)
+SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
+    count(*) FILTER (WHERE pgfence_token IS NULL), true
+FROM (
     SELECT "fence_token" AS pgfence_token FROM "accounts"
     WHERE "id" = ($1)
     AND NOT EXISTS (SELECT FROM pgfence_write)
     FOR UPDATE
-)
-SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
-    count(*) FILTER (WHERE pgfence_token IS NULL), true
-FROM pgfence_current`,
+) AS pgfence_current`,
 		},
 		{
 			name: "upsert, schema, custom set, strict, lease",
@@ -184,16 +168,16 @@ FROM pgfence_current`,
     ON CONFLICT ("id") DO UPDATE SET balance = accounts.balance + excluded.balance, "fence_token" = excluded."fence_token"
     WHERE "accounts"."fence_token" < excluded."fence_token"
     RETURNING 1
-), pgfence_current AS (
+)
+SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
+    count(*) FILTER (WHERE pgfence_token IS NULL), EXISTS (SELECT FROM pgfence_lease)
+FROM (
     SELECT "fence_token" AS pgfence_token FROM "s"."accounts"
     WHERE "id" = ($1)
     AND NOT EXISTS (SELECT FROM pgfence_write)
     AND EXISTS (SELECT FROM pgfence_lease)
     FOR UPDATE
-)
-SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
-    count(*) FILTER (WHERE pgfence_token IS NULL), EXISTS (SELECT FROM pgfence_lease)
-FROM pgfence_current`,
+) AS pgfence_current`,
 		},
 	}
 	for _, tt := range tests {
@@ -361,4 +345,49 @@ func TestPredicate(t *testing.T) {
 	require.Equal(t, `"Odd""Col" <= $1`, fence.Predicate(`Odd"Col`, 1, false))
 	require.Panics(t, func() { fence.Predicate("", 0, false) })
 	require.Panics(t, func() { fence.Predicate("", 65536, false) })
+}
+
+// SQL is rendered once per statement and argument count; a derived
+// statement renders its own, and the one it came from is unchanged.
+func TestSQLIsCachedPerStatement(t *testing.T) {
+	t.Parallel()
+	base := fence.Update("accounts").Set("balance = balance + $1").Where("id = $2")
+	first, err := base.SQL(2)
+	require.NoError(t, err)
+
+	type result struct {
+		sql string
+		err error
+	}
+	results := make(chan result, 8)
+	for range cap(results) {
+		go func() {
+			sql, err := base.SQL(2)
+			results <- result{sql, err}
+		}()
+	}
+	for range cap(results) {
+		r := <-results
+		require.NoError(t, r.err)
+		require.Equal(t, first, r.sql)
+	}
+
+	strict, err := base.Strict().SQL(2)
+	require.NoError(t, err)
+	require.Contains(t, strict, `"fence_token" < $3`)
+	leased, err := base.UnderLease("a").SQL(2)
+	require.NoError(t, err)
+	require.Contains(t, leased, "pgfence_leases")
+	other, err := base.UnderLease("a").UnderLease("b").SQL(2)
+	require.NoError(t, err)
+	require.Equal(t, leased, other, "the lease name is a parameter, not part of the SQL")
+	where, err := base.Where("id = $2 AND balance > 0").SQL(2)
+	require.NoError(t, err)
+	require.Contains(t, where, "balance > 0")
+	_, err = base.SQL(3)
+	require.Error(t, err)
+
+	again, err := base.SQL(2)
+	require.NoError(t, err)
+	require.Equal(t, first, again)
 }

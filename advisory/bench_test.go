@@ -2,8 +2,12 @@ package advisory_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -70,4 +74,96 @@ func BenchmarkRawTryLockTokenUnlock(b *testing.B) {
 		require.NoError(b, conn.QueryRow(ctx, "SELECT pg_advisory_unlock($1)", int64(1)).Scan(&ok))
 		require.True(b, ok)
 	}
+}
+
+// BenchmarkTryLockHeldInThisLocker measures TryLock's refusal of a key held
+// by another caller of the same Locker, which costs no round trip: what a
+// caller spinning on a busy key pays per attempt.
+func BenchmarkTryLockHeldInThisLocker(b *testing.B) {
+	ctx := context.Background()
+	db := pgtest.NewDB(b)
+	l := newLocker(b, db.Pool, nil)
+	key := advisory.Name("busy")
+	lk, err := l.TryLock(ctx, key, nil)
+	require.NoError(b, err)
+	b.Cleanup(func() { require.NoError(b, lk.Unlock(ctx)) })
+	for b.Loop() {
+		if _, err := l.TryLock(ctx, key, nil); err == nil {
+			b.Fatal("TryLock of a held key succeeded")
+		}
+	}
+}
+
+// BenchmarkMaxSessions measures TryLock + Unlock throughput of one Locker
+// shared by 16 clients on distinct keys, on a durable server (fsync,
+// full_page_writes and synchronous_commit on, so each grant's token draw
+// waits for a WAL flush), with MaxSessions 1, 2, 4 and 8. Each op is one
+// round in which every setting runs for a second in turn; the metrics are
+// the medians over the rounds of each setting's cycles per second and of
+// its ratio to DefaultMaxSessions in the same round.
+//
+// Run it with: go test -run '^$' -bench MaxSessions -benchtime 3x ./advisory/
+func BenchmarkMaxSessions(b *testing.B) {
+	const clients, round = 16, time.Second
+	settings := []int{1, 2, 4, 8}
+	ctx := context.Background()
+	_, srv := pgtest.NewCluster(b, &pgtest.ClusterOptions{Settings: map[string]string{
+		"fsync": "on", "full_page_writes": "on", "synchronous_commit": "on",
+	}})
+	db := srv.NewDB(b)
+	lockers := make([]*advisory.Locker, len(settings))
+	for i, n := range settings {
+		lockers[i] = newLocker(b, db.Pool, &advisory.Config{MaxSessions: n})
+	}
+	rates := make([][]float64, len(settings))
+	for b.Loop() {
+		for i, l := range lockers {
+			var wg sync.WaitGroup
+			var cycles atomic.Int64
+			errs := make(chan error, clients)
+			deadline := time.Now().Add(round)
+			for c := range clients {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					key := advisory.ID(int64(1000*i + c))
+					for time.Now().Before(deadline) {
+						lk, err := l.TryLock(ctx, key, nil)
+						if err == nil {
+							err = lk.Unlock(ctx)
+						}
+						if err != nil {
+							errs <- err
+							return
+						}
+						cycles.Add(1)
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				require.NoError(b, err)
+			}
+			rates[i] = append(rates[i], float64(cycles.Load())/round.Seconds())
+		}
+	}
+	base := slices.Index(settings, advisory.DefaultMaxSessions)
+	for i, n := range settings {
+		ratios := make([]float64, len(rates[i]))
+		for r := range ratios {
+			ratios[r] = rates[i][r] / rates[base][r]
+		}
+		b.ReportMetric(medianOf(rates[i]), fmt.Sprintf("sessions%d-cycles/s", n))
+		if i != base {
+			b.ReportMetric(medianOf(ratios), fmt.Sprintf("sessions%d-x-default", n))
+		}
+	}
+	b.ReportMetric(0, "ns/op")
+}
+
+func medianOf(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
 }

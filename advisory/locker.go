@@ -234,6 +234,18 @@ func (l *Locker) Do(ctx context.Context, key Key, opts *LockOpts, fn func(ctx co
 	return errors.Join(ferr, lk.Unlock(ctx))
 }
 
+// heldHereError is the refusal of a key held in this Locker in a
+// conflicting mode. It matches pgfence.ErrNotAcquired. Callers may retry
+// such a key in a tight loop, and this refusal costs no round trip, so it is
+// built without formatting: the message is rendered only when asked for.
+type heldHereError struct{ key Key }
+
+func (e *heldHereError) Error() string {
+	return "advisory: lock " + e.key.String() + " is held in this Locker: " + pgfence.ErrNotAcquired.Error()
+}
+
+func (e *heldHereError) Unwrap() error { return pgfence.ErrNotAcquired }
+
 // tryAcquire makes one attempt at key. When the key is held in this Locker
 // in a conflicting mode, it returns ErrNotAcquired and a channel closed when
 // that changes.
@@ -251,7 +263,7 @@ func (l *Locker) tryAcquire(ctx context.Context, key Key, shared bool) (*Lock, <
 		if !shared || ks.exclusive {
 			ch := ks.released
 			l.mu.Unlock()
-			return nil, ch, fmt.Errorf("advisory: lock %v is held in this Locker: %w", key, pgfence.ErrNotAcquired)
+			return nil, ch, &heldHereError{key: key}
 		}
 		ks.refs++
 		s = ks.s

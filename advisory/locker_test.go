@@ -3,6 +3,7 @@ package advisory_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -351,4 +352,28 @@ func TestGrantedAsContextEnds(t *testing.T) {
 		require.ErrorIs(t, err, context.Canceled, "wait=%v", wait)
 		require.Zero(t, heldAdvisoryLocks(t, db.Pool), "the lock granted as ctx ended was released (wait=%v)", wait)
 	}
+}
+
+// A key held by another caller of the same Locker is refused without a
+// round trip, with an error that names the key and matches ErrNotAcquired.
+func TestTryLockHeldInThisLocker(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	l := newLocker(t, db.Pool, nil)
+	key := advisory.Name("account:7")
+	lk, err := l.TryLock(ctx, key, nil)
+	require.NoError(t, err)
+
+	_, err = l.TryLock(ctx, key, nil)
+	require.ErrorIs(t, err, pgfence.ErrNotAcquired)
+	require.EqualError(t, err, `advisory: lock "account:7" (`+strconv.FormatInt(key.Int64(), 10)+`) is held in this Locker: `+
+		pgfence.ErrNotAcquired.Error())
+	_, err = l.TryLock(ctx, advisory.ID(key.Int64()), &advisory.LockOpts{Shared: true})
+	require.ErrorIs(t, err, pgfence.ErrNotAcquired)
+
+	require.NoError(t, lk.Unlock(ctx))
+	lk, err = l.TryLock(ctx, key, nil)
+	require.NoError(t, err)
+	require.NoError(t, lk.Unlock(ctx))
 }

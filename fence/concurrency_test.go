@@ -238,3 +238,82 @@ func TestRepeatableReadReportsSerializationFailure(t *testing.T) {
 	require.Equal(t, "40001", pgErr.Code)
 	require.NotErrorIs(t, err, pgfence.ErrFenced)
 }
+
+// The race a write-first statement would lose: several rows match, a newer
+// holder has written the last of them (not yet committed) when the stale
+// holder's statement starts, and commits while it waits. The statement must
+// write none of the rows, not the ones the newer holder did not touch.
+func TestConcurrentNewerWriteOnOneOfSeveralRowsIsAllOrNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	first, a, newer := b.nextToken(t), b.nextToken(t), b.nextToken(t)
+	for id := 1; id <= 3; id++ {
+		b.account(t, id, 100, first)
+	}
+
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	_, err = addBalance.Exec(ctx, tx, newer, 1000, 3)
+	require.NoError(t, err)
+
+	stmt := fence.Update("accounts").Set("balance = balance + $1").Where("id = ANY($2) /* holder_a_several */")
+	err = blockedBehind(t, b, "holder_a_several",
+		func() error { _, err := stmt.Exec(ctx, b.pool, a, 5, []int32{1, 2, 3}); return err },
+		func() error { return tx.Commit(ctx) })
+	var se *fence.StaleTokenError
+	require.ErrorAs(t, err, &se)
+	require.Equal(t, newer, se.Current)
+	for id := 1; id <= 2; id++ {
+		bal, tok := b.row(t, id)
+		require.Equal(t, int64(100), bal, "row %d must be unchanged", id)
+		require.Equal(t, first, tok)
+	}
+	bal, tok := b.row(t, 3)
+	require.Equal(t, int64(1100), bal)
+	require.Equal(t, newer, tok)
+}
+
+// A guarded write of a single row locks nothing before writing it, so on
+// success its only row-level lock is the UPDATE's own: a concurrent
+// FOR KEY SHARE lock of the row (which conflicts with FOR UPDATE, not with a
+// non-key UPDATE) is not blocked. The negative control shows that a row
+// locked FOR UPDATE, as the rows of a statement matching several rows are,
+// does block it.
+func TestSingleRowWriteTakesNoRowLockFirst(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	tok := b.nextToken(t)
+	b.account(t, 1, 100, 0)
+	b.account(t, 2, 100, 0)
+
+	keyShare := func(t *testing.T, where string) error {
+		t.Helper()
+		conn, err := b.pool.Acquire(ctx)
+		require.NoError(t, err)
+		defer conn.Release()
+		_, err = conn.Exec(ctx, "SET lock_timeout = '50ms'")
+		require.NoError(t, err)
+		_, err = conn.Exec(ctx, "SELECT FROM accounts WHERE "+where+" FOR KEY SHARE")
+		_, rerr := conn.Exec(ctx, "RESET lock_timeout")
+		require.NoError(t, rerr)
+		return err
+	}
+
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	_, err = addBalance.Exec(ctx, tx, tok, 1, 1)
+	require.NoError(t, err)
+	require.NoError(t, keyShare(t, "id = 1"), "the single-row write must not hold a FOR UPDATE lock")
+
+	_, err = fence.Update("accounts").Set("balance = balance + $1").Where("id = ANY($2)").
+		Exec(ctx, tx, tok, 1, []int32{1, 2})
+	require.NoError(t, err)
+	err = keyShare(t, "id = 2")
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr, "rows of a several-row write are locked FOR UPDATE")
+	require.Equal(t, "55P03", pgErr.Code)
+}

@@ -33,13 +33,18 @@ func DeleteIdent(table pgx.Identifier) *DeleteStmt {
 
 // Where sets the caller's condition choosing the rows, as for
 // [UpdateStmt.Where]. It is required.
-func (s *DeleteStmt) Where(frag string) *DeleteStmt { c := *s; c.where = frag; return &c }
+func (s *DeleteStmt) Where(frag string) *DeleteStmt { c := *s; c.where = frag; c.g.fresh(); return &c }
 
 // Column sets the guard column; the default is [DefaultColumn].
-func (s *DeleteStmt) Column(name string) *DeleteStmt { c := *s; c.g.column = name; return &c }
+func (s *DeleteStmt) Column(name string) *DeleteStmt {
+	c := *s
+	c.g.column = name
+	c.g.fresh()
+	return &c
+}
 
 // Strict makes the guard a strict comparison, column < token.
-func (s *DeleteStmt) Strict() *DeleteStmt { c := *s; c.g.strict = true; return &c }
+func (s *DeleteStmt) Strict() *DeleteStmt { c := *s; c.g.strict = true; c.g.fresh(); return &c }
 
 // UnderLease makes the delete also require that the lease name is held
 // with the token, as for [UpdateStmt.UnderLease].
@@ -52,6 +57,11 @@ func (s *DeleteStmt) UnderLease(name string) *DeleteStmt {
 // SQL returns the statement Exec sends for a call with nargs arguments, as
 // for [UpdateStmt.SQL].
 func (s *DeleteStmt) SQL(nargs int) (string, error) {
+	return s.g.cached(nargs, s.build)
+}
+
+// build renders the statement for SQL.
+func (s *DeleteStmt) build(nargs int) (string, error) {
 	if err := s.g.check(); err != nil {
 		return "", err
 	}
@@ -63,8 +73,8 @@ func (s *DeleteStmt) SQL(nargs int) (string, error) {
 	}
 	tok := nargs + 1
 	where := "(" + closed(s.where) + ")"
-	return s.g.with(where, tok) + fmt.Sprintf(deleteCTE,
-		s.g.tableName(), s.g.writeWhere(where, tok, fmt.Sprintf(setTokenSQL, tok))) + s.g.result(), nil
+	return s.g.with(where, tok, true) + fmt.Sprintf(deleteCTE,
+		s.g.tableName(), s.g.writeWhere(where, tok, fmt.Sprintf(setTokenSQL, tok))) + s.g.tail(where), nil
 }
 
 // deleteCTE deletes the rows, only if the gates pass, and only rows whose

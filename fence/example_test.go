@@ -64,20 +64,26 @@ func ExampleUpdateStmt_SQL() {
 	sql, err := stmt.SQL(2)
 	fmt.Println(sql, err)
 	// Output:
-	// WITH pgfence_target AS (
+	// WITH pgfence_locked AS (
 	//     SELECT "fence_token" AS pgfence_token FROM "accounts"
 	//     WHERE (id = $2)
+	//     AND (SELECT count(*) > 1 FROM (SELECT FROM "accounts" WHERE (id = $2) LIMIT 2) AS pgfence_rows)
 	//     FOR UPDATE
 	// ), pgfence_write AS (
 	//     UPDATE "accounts" SET balance = balance + $1, "fence_token" = $3
 	//     WHERE (id = $2)
 	//     AND "fence_token" <= $3
-	//     AND NOT EXISTS (SELECT FROM pgfence_target WHERE (pgfence_token <= $3) IS NOT TRUE)
+	//     AND NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token <= $3) IS NOT TRUE)
 	//     RETURNING 1
 	// )
 	// SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
 	//     count(*) FILTER (WHERE pgfence_token IS NULL), true
-	// FROM pgfence_target <nil>
+	// FROM (
+	//     SELECT "fence_token" AS pgfence_token FROM "accounts"
+	//     WHERE (id = $2)
+	//     AND NOT EXISTS (SELECT FROM pgfence_write)
+	//     FOR UPDATE
+	// ) AS pgfence_current <nil>
 }
 
 func ExampleUpdateStmt_SQL_badInput() {
@@ -124,21 +130,21 @@ func ExampleUpsert() {
 	sql, _ := stmt.SQL(2)
 	fmt.Println(sql)
 	// Output:
-	// WITH pgfence_target AS (
-	//     SELECT "fence_token" AS pgfence_token FROM "accounts"
-	//     WHERE "id" = ($1)
-	//     FOR UPDATE
-	// ), pgfence_write AS (
+	// WITH pgfence_write AS (
 	//     INSERT INTO "accounts" ("id", "balance", "fence_token")
 	//     SELECT $1, $2, $3::bigint
-	//     WHERE NOT EXISTS (SELECT FROM pgfence_target WHERE (pgfence_token <= $3) IS NOT TRUE)
 	//     ON CONFLICT ("id") DO UPDATE SET "balance" = excluded."balance", "fence_token" = excluded."fence_token"
 	//     WHERE "accounts"."fence_token" <= excluded."fence_token"
 	//     RETURNING 1
 	// )
 	// SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
 	//     count(*) FILTER (WHERE pgfence_token IS NULL), true
-	// FROM pgfence_target
+	// FROM (
+	//     SELECT "fence_token" AS pgfence_token FROM "accounts"
+	//     WHERE "id" = ($1)
+	//     AND NOT EXISTS (SELECT FROM pgfence_write)
+	//     FOR UPDATE
+	// ) AS pgfence_current
 }
 
 func ExamplePredicate() {

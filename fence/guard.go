@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -22,13 +23,45 @@ type guard struct {
 	strict bool
 	lease  string
 	leased bool
+	// cache holds the rendered statements by number of arguments and
+	// whether the lease is checked (the lease name is a parameter, so
+	// copies made by UnderLease share it). Every other method that changes
+	// the statement gives the copy a fresh cache.
+	cache *sync.Map
+}
+
+// sqlKey is a cache key: the SQL depends on nothing else once the builder's
+// fields are fixed.
+type sqlKey struct {
+	nargs  int
+	leased bool
+}
+
+// fresh gives g an empty cache; builder methods call it on their copy.
+func (g *guard) fresh() { g.cache = new(sync.Map) }
+
+// cached returns build(nargs), rendered once per statement value and
+// argument count. Errors are not cached.
+func (g *guard) cached(nargs int, build func(int) (string, error)) (string, error) {
+	if g.cache == nil {
+		return build(nargs)
+	}
+	k := sqlKey{nargs, g.leased}
+	if v, ok := g.cache.Load(k); ok {
+		return v.(string), nil
+	}
+	sql, err := build(nargs)
+	if err == nil {
+		g.cache.Store(k, sql)
+	}
+	return sql, err
 }
 
 func newGuard(table pgx.Identifier, err error) guard {
 	if err == nil {
 		err = checkIdent(table)
 	}
-	return guard{table: table, err: err, column: DefaultColumn}
+	return guard{table: table, err: err, column: DefaultColumn, cache: new(sync.Map)}
 }
 
 // tableName is the table as written in SQL, and in error messages.
@@ -77,75 +110,112 @@ const leaseCTE = `pgfence_lease AS (
     FOR SHARE
 ), `
 
-// targetCTE locks, FOR UPDATE, every row the caller's WHERE matches and
-// reads its guard token. Under READ COMMITTED a row being written
-// concurrently is waited for and then re-read in its newest committed
-// version (and dropped if it no longer matches), so the tokens are the
-// current ones, and they cannot change before this transaction ends.
-const targetCTE = `pgfence_target AS (
+// lockedCTE runs only when the caller's WHERE matches several rows in the
+// statement's snapshot (the count stops at the second): it locks, FOR
+// UPDATE, every matching row and reads its guard token before anything is
+// written, so the write can be all or nothing. Under READ COMMITTED a row
+// being written concurrently is waited for and then re-read in its newest
+// committed version (and dropped if it no longer matches), so the tokens
+// are the current ones, and they cannot change before this transaction ends.
+// The write considers exactly the rows the snapshot matches (a row it does
+// not match is never written, whatever a concurrent transaction does to
+// it), so when at most one matches, the write is all or nothing by itself
+// and nothing is locked before it.
+const lockedCTE = `pgfence_locked AS (
     SELECT %[1]s AS pgfence_token FROM %[2]s
-    WHERE %[3]s%[4]s
+    WHERE %[3]s
+    AND (SELECT count(*) > 1 FROM (SELECT FROM %[2]s WHERE %[3]s LIMIT 2) AS pgfence_rows)%[4]s
     FOR UPDATE
 ), `
 
-// gateSQL holds the write back, as a one-time filter evaluated before the
-// write scans a single row, until pgfence_target has locked every matching
-// row; and lets it proceed only if none of them carries a newer (or NULL)
-// token: all or nothing.
-const gateSQL = `NOT EXISTS (SELECT FROM pgfence_target WHERE (pgfence_token %[1]s $%[2]d) IS NOT TRUE)`
+// currentSQL reads the rows for the result, only when nothing was written:
+// it locks the matched rows FOR UPDATE and reads their guard token. Under
+// READ COMMITTED the lock follows a row's update chain to its newest
+// committed version, waiting for a writer in flight, and drops the row if
+// that version no longer matches (or was deleted): so it reports the token
+// that rejected the write, or no row. Its condition on the write is
+// uncorrelated, a one-time filter evaluated after the write and before a
+// single row is read: a successful write reads and locks nothing more.
+const currentSQL = `(
+    SELECT %[1]s AS pgfence_token FROM %[2]s
+    WHERE %[3]s
+    AND NOT EXISTS (SELECT FROM pgfence_write)%[4]s
+    FOR UPDATE
+) AS pgfence_current`
+
+// gateSQL lets the write proceed only if none of the rows lockedCTE locked
+// carries a newer (or NULL) token: all or nothing. It is a one-time filter
+// evaluated before the write scans a single row, so the write also waits
+// until lockedCTE has locked every matching row. When lockedCTE did not run,
+// it holds no row and the gate passes.
+const gateSQL = `NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token %[1]s $%[2]d) IS NOT TRUE)`
 
 // leaseGate is the condition that the lease check passed.
 const leaseGate = `EXISTS (SELECT FROM pgfence_lease)`
 
-// resultSQL is the statement's single result row: rows written, rows
-// matched, their newest token, how many have a NULL token, and whether the
-// lease check passed.
+// resultSQL is the statement's single result row: rows written, rows read
+// by currentSQL (none after a write that wrote a row), their newest token,
+// how many have a NULL token, and whether the lease check passed.
 const resultSQL = `
 SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
     count(*) FILTER (WHERE pgfence_token IS NULL), %s
-FROM pgfence_target`
+FROM %s`
 
-// with renders the WITH clause up to (not including) the write CTE.
-// match is the row-matching condition for the target CTE.
-func (g *guard) with(match string, tok int) string {
+// with renders the WITH clause up to (not including) the write CTE. match
+// is the row-matching condition. several says whether it may match several
+// rows (UPDATE, DELETE), which needs lockedCTE; an upsert's conflict target
+// matches at most one.
+func (g *guard) with(match string, tok int, several bool) string {
 	var b strings.Builder
 	b.WriteString("WITH ")
-	leaseCond := ""
 	if g.leased {
 		fmt.Fprintf(&b, leaseCTE, tok, tok+1)
-		leaseCond = "\n    AND " + leaseGate
 	}
-	fmt.Fprintf(&b, targetCTE, g.col(), g.tableName(), match, leaseCond)
+	if several {
+		fmt.Fprintf(&b, lockedCTE, g.col(), g.tableName(), match, g.leaseCond())
+	}
 	return b.String()
+}
+
+// leaseCond is the lease gate as an extra condition, or nothing.
+func (g *guard) leaseCond() string {
+	if g.leased {
+		return "\n    AND " + leaseGate
+	}
+	return ""
 }
 
 // writeWhere is the write's WHERE: the caller's condition, the guard
 // predicate (rechecked by PostgreSQL on the newest version of each row), the
 // gates, and any extra conditions.
 func (g *guard) writeWhere(where string, tok int, extra ...string) string {
-	conds := append([]string{where, fmt.Sprintf("%s %s $%d", g.col(), g.op(), tok)}, g.gates(tok)...)
+	conds := append([]string{where, fmt.Sprintf("%s %s $%d", g.col(), g.op(), tok)}, g.gates(tok, true)...)
 	return and(append(conds, extra...)...)
 }
 
-// gates are the conditions that hold the write back: the lease check, and
-// the all-or-nothing token check.
-func (g *guard) gates(tok int) []string {
+// gates are the conditions that hold the write back: the lease check, and,
+// when several rows may match, the all-or-nothing token check.
+func (g *guard) gates(tok int, several bool) []string {
 	var conds []string
 	if g.leased {
 		conds = append(conds, leaseGate)
 	}
-	return append(conds, fmt.Sprintf(gateSQL, g.op(), tok))
+	if several {
+		conds = append(conds, fmt.Sprintf(gateSQL, g.op(), tok))
+	}
+	return conds
 }
 
 // and joins conditions into a WHERE clause continued on new lines.
 func and(conds ...string) string { return strings.Join(conds, "\n    AND ") }
 
-// result renders the statement's final SELECT.
-func (g *guard) result() string {
+// tail renders the final SELECT, which follows the write CTE.
+func (g *guard) tail(match string) string {
+	lease := "true"
 	if g.leased {
-		return fmt.Sprintf(resultSQL, leaseGate)
+		lease = leaseGate
 	}
-	return fmt.Sprintf(resultSQL, "true")
+	return fmt.Sprintf(resultSQL, lease, fmt.Sprintf(currentSQL, g.col(), g.tableName(), match, g.leaseCond()))
 }
 
 // outcome is the result row of a guarded statement.
@@ -202,7 +272,7 @@ func (g *guard) classify(o outcome, token int64, noRows bool) error {
 	}
 	if o.matched > 0 && !g.stale(cur, token) {
 		// Every matched row passed the token check yet none was written:
-		// only a WHERE that answers differently when evaluated twice (a
+		// only a WHERE that answers differently when evaluated again (a
 		// volatile function) gets here.
 		return fmt.Errorf("fence: %d row(s) of %s matched but none was written; "+
 			"is the WHERE deterministic?", o.matched, g.tableName())

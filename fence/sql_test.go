@@ -28,39 +28,51 @@ func TestSQLGolden(t *testing.T) {
 			name:  "update",
 			stmt:  fence.Update("accounts").Set("balance = balance + $1").Where("id = $2"),
 			nargs: 2,
-			want: `WITH pgfence_target AS (
+			want: `WITH pgfence_locked AS (
     SELECT "fence_token" AS pgfence_token FROM "accounts"
     WHERE (id = $2)
+    AND (SELECT count(*) > 1 FROM (SELECT FROM "accounts" WHERE (id = $2) LIMIT 2) AS pgfence_rows)
     FOR UPDATE
 ), pgfence_write AS (
     UPDATE "accounts" SET balance = balance + $1, "fence_token" = $3
     WHERE (id = $2)
     AND "fence_token" <= $3
-    AND NOT EXISTS (SELECT FROM pgfence_target WHERE (pgfence_token <= $3) IS NOT TRUE)
+    AND NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token <= $3) IS NOT TRUE)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
     count(*) FILTER (WHERE pgfence_token IS NULL), true
-FROM pgfence_target`,
+FROM (
+    SELECT "fence_token" AS pgfence_token FROM "accounts"
+    WHERE (id = $2)
+    AND NOT EXISTS (SELECT FROM pgfence_write)
+    FOR UPDATE
+) AS pgfence_current`,
 		},
 		{
 			name:  "update strict, custom column, schema-qualified",
 			stmt:  fence.Update("billing.accounts").Set("note = 'pay $5'").Where("id = $1").Column("Token").Strict(),
 			nargs: 1,
-			want: `WITH pgfence_target AS (
+			want: `WITH pgfence_locked AS (
     SELECT "Token" AS pgfence_token FROM "billing"."accounts"
     WHERE (id = $1)
+    AND (SELECT count(*) > 1 FROM (SELECT FROM "billing"."accounts" WHERE (id = $1) LIMIT 2) AS pgfence_rows)
     FOR UPDATE
 ), pgfence_write AS (
     UPDATE "billing"."accounts" SET note = 'pay $5', "Token" = $2
     WHERE (id = $1)
     AND "Token" < $2
-    AND NOT EXISTS (SELECT FROM pgfence_target WHERE (pgfence_token < $2) IS NOT TRUE)
+    AND NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token < $2) IS NOT TRUE)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
     count(*) FILTER (WHERE pgfence_token IS NULL), true
-FROM pgfence_target`,
+FROM (
+    SELECT "Token" AS pgfence_token FROM "billing"."accounts"
+    WHERE (id = $1)
+    AND NOT EXISTS (SELECT FROM pgfence_write)
+    FOR UPDATE
+) AS pgfence_current`,
 		},
 		{
 			name:  "update under lease, identifier with a dot",
@@ -70,9 +82,10 @@ FROM pgfence_target`,
     SELECT FROM pgfence_leases
     WHERE name = $2 AND fence = $1::bigint AND expires_at > clock_timestamp()
     FOR SHARE
-), pgfence_target AS (
+), pgfence_locked AS (
     SELECT "fence_token" AS pgfence_token FROM "odd.name"
     WHERE (true)
+    AND (SELECT count(*) > 1 FROM (SELECT FROM "odd.name" WHERE (true) LIMIT 2) AS pgfence_rows)
     AND EXISTS (SELECT FROM pgfence_lease)
     FOR UPDATE
 ), pgfence_write AS (
@@ -80,52 +93,64 @@ FROM pgfence_target`,
     WHERE (true)
     AND "fence_token" <= $1
     AND EXISTS (SELECT FROM pgfence_lease)
-    AND NOT EXISTS (SELECT FROM pgfence_target WHERE (pgfence_token <= $1) IS NOT TRUE)
+    AND NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token <= $1) IS NOT TRUE)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
     count(*) FILTER (WHERE pgfence_token IS NULL), EXISTS (SELECT FROM pgfence_lease)
-FROM pgfence_target`,
+FROM (
+    SELECT "fence_token" AS pgfence_token FROM "odd.name"
+    WHERE (true)
+    AND NOT EXISTS (SELECT FROM pgfence_write)
+    AND EXISTS (SELECT FROM pgfence_lease)
+    FOR UPDATE
+) AS pgfence_current`,
 		},
 		{
 			name:  "delete",
 			stmt:  fence.Delete("accounts").Where("id = $1"),
 			nargs: 1,
-			want: `WITH pgfence_target AS (
+			want: `WITH pgfence_locked AS (
     SELECT "fence_token" AS pgfence_token FROM "accounts"
     WHERE (id = $1)
+    AND (SELECT count(*) > 1 FROM (SELECT FROM "accounts" WHERE (id = $1) LIMIT 2) AS pgfence_rows)
     FOR UPDATE
 ), pgfence_write AS (
     DELETE FROM "accounts"
     WHERE (id = $1)
     AND "fence_token" <= $2
-    AND NOT EXISTS (SELECT FROM pgfence_target WHERE (pgfence_token <= $2) IS NOT TRUE)
+    AND NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token <= $2) IS NOT TRUE)
     AND set_config('pgfence.token', $2::bigint::text, true) IS NOT NULL
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
     count(*) FILTER (WHERE pgfence_token IS NULL), true
-FROM pgfence_target`,
+FROM (
+    SELECT "fence_token" AS pgfence_token FROM "accounts"
+    WHERE (id = $1)
+    AND NOT EXISTS (SELECT FROM pgfence_write)
+    FOR UPDATE
+) AS pgfence_current`,
 		},
 		{
 			name:  "upsert, default set",
 			stmt:  fence.Upsert("accounts").Columns("id", "balance").Values("$1", "$2").OnConflict("id"),
 			nargs: 2,
-			want: `WITH pgfence_target AS (
-    SELECT "fence_token" AS pgfence_token FROM "accounts"
-    WHERE "id" = ($1)
-    FOR UPDATE
-), pgfence_write AS (
+			want: `WITH pgfence_write AS (
     INSERT INTO "accounts" ("id", "balance", "fence_token")
     SELECT $1, $2, $3::bigint
-    WHERE NOT EXISTS (SELECT FROM pgfence_target WHERE (pgfence_token <= $3) IS NOT TRUE)
     ON CONFLICT ("id") DO UPDATE SET "balance" = excluded."balance", "fence_token" = excluded."fence_token"
     WHERE "accounts"."fence_token" <= excluded."fence_token"
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
     count(*) FILTER (WHERE pgfence_token IS NULL), true
-FROM pgfence_target`,
+FROM (
+    SELECT "fence_token" AS pgfence_token FROM "accounts"
+    WHERE "id" = ($1)
+    AND NOT EXISTS (SELECT FROM pgfence_write)
+    FOR UPDATE
+) AS pgfence_current`,
 		},
 		{
 			name: "upsert, schema, custom set, strict, lease",
@@ -136,23 +161,23 @@ FROM pgfence_target`,
     SELECT FROM pgfence_leases
     WHERE name = $4 AND fence = $3::bigint AND expires_at > clock_timestamp()
     FOR SHARE
-), pgfence_target AS (
-    SELECT "fence_token" AS pgfence_token FROM "s"."accounts"
-    WHERE "id" = ($1)
-    AND EXISTS (SELECT FROM pgfence_lease)
-    FOR UPDATE
 ), pgfence_write AS (
     INSERT INTO "s"."accounts" ("id", "balance", "fence_token")
     SELECT $1, $2, $3::bigint
     WHERE EXISTS (SELECT FROM pgfence_lease)
-    AND NOT EXISTS (SELECT FROM pgfence_target WHERE (pgfence_token < $3) IS NOT TRUE)
     ON CONFLICT ("id") DO UPDATE SET balance = accounts.balance + excluded.balance, "fence_token" = excluded."fence_token"
     WHERE "accounts"."fence_token" < excluded."fence_token"
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
     count(*) FILTER (WHERE pgfence_token IS NULL), EXISTS (SELECT FROM pgfence_lease)
-FROM pgfence_target`,
+FROM (
+    SELECT "fence_token" AS pgfence_token FROM "s"."accounts"
+    WHERE "id" = ($1)
+    AND NOT EXISTS (SELECT FROM pgfence_write)
+    AND EXISTS (SELECT FROM pgfence_lease)
+    FOR UPDATE
+) AS pgfence_current`,
 		},
 	}
 	for _, tt := range tests {
@@ -320,4 +345,49 @@ func TestPredicate(t *testing.T) {
 	require.Equal(t, `"Odd""Col" <= $1`, fence.Predicate(`Odd"Col`, 1, false))
 	require.Panics(t, func() { fence.Predicate("", 0, false) })
 	require.Panics(t, func() { fence.Predicate("", 65536, false) })
+}
+
+// SQL is rendered once per statement and argument count; a derived
+// statement renders its own, and the one it came from is unchanged.
+func TestSQLIsCachedPerStatement(t *testing.T) {
+	t.Parallel()
+	base := fence.Update("accounts").Set("balance = balance + $1").Where("id = $2")
+	first, err := base.SQL(2)
+	require.NoError(t, err)
+
+	type result struct {
+		sql string
+		err error
+	}
+	results := make(chan result, 8)
+	for range cap(results) {
+		go func() {
+			sql, err := base.SQL(2)
+			results <- result{sql, err}
+		}()
+	}
+	for range cap(results) {
+		r := <-results
+		require.NoError(t, r.err)
+		require.Equal(t, first, r.sql)
+	}
+
+	strict, err := base.Strict().SQL(2)
+	require.NoError(t, err)
+	require.Contains(t, strict, `"fence_token" < $3`)
+	leased, err := base.UnderLease("a").SQL(2)
+	require.NoError(t, err)
+	require.Contains(t, leased, "pgfence_leases")
+	other, err := base.UnderLease("a").UnderLease("b").SQL(2)
+	require.NoError(t, err)
+	require.Equal(t, leased, other, "the lease name is a parameter, not part of the SQL")
+	where, err := base.Where("id = $2 AND balance > 0").SQL(2)
+	require.NoError(t, err)
+	require.Contains(t, where, "balance > 0")
+	_, err = base.SQL(3)
+	require.Error(t, err)
+
+	again, err := base.SQL(2)
+	require.NoError(t, err)
+	require.Equal(t, first, again)
 }

@@ -37,22 +37,28 @@ func UpdateIdent(table pgx.Identifier) *UpdateStmt {
 // Set sets the caller's SET list, without the SET keyword, for example
 // "balance = balance + $1". It replaces an earlier Set. The guard column
 // must not be assigned here: the statement sets it to the token.
-func (s *UpdateStmt) Set(frag string) *UpdateStmt { c := *s; c.set = frag; return &c }
+func (s *UpdateStmt) Set(frag string) *UpdateStmt { c := *s; c.set = frag; c.g.fresh(); return &c }
 
 // Where sets the caller's condition choosing the rows, without the WHERE
 // keyword, for example "id = $2". It replaces an earlier Where. It is
 // required; Where("true") guards every row of the table. It is evaluated
-// twice (once to lock the rows, once to write them), so it should not call
-// volatile functions.
-func (s *UpdateStmt) Where(frag string) *UpdateStmt { c := *s; c.where = frag; return &c }
+// more than once in the statement (see "One round trip, and what several
+// rows mean" in the package documentation), so it should not call volatile
+// functions.
+func (s *UpdateStmt) Where(frag string) *UpdateStmt { c := *s; c.where = frag; c.g.fresh(); return &c }
 
 // Column sets the guard column; the default is [DefaultColumn].
-func (s *UpdateStmt) Column(name string) *UpdateStmt { c := *s; c.g.column = name; return &c }
+func (s *UpdateStmt) Column(name string) *UpdateStmt {
+	c := *s
+	c.g.column = name
+	c.g.fresh()
+	return &c
+}
 
 // Strict makes the guard a strict comparison, column < token, so each token
 // writes a row at most once. The default, column <= token, lets one holder
 // write the same row many times.
-func (s *UpdateStmt) Strict() *UpdateStmt { c := *s; c.g.strict = true; return &c }
+func (s *UpdateStmt) Strict() *UpdateStmt { c := *s; c.g.strict = true; c.g.fresh(); return &c }
 
 // UnderLease makes the write also require, in the same statement, that the
 // pgfence_leases row name is held with the token (fence = token and
@@ -69,6 +75,11 @@ func (s *UpdateStmt) UnderLease(name string) *UpdateStmt {
 // UnderLease, $nargs+2. It reports invalid names, a missing Set or Where, and
 // fragments whose placeholders are not exactly $1..$nargs.
 func (s *UpdateStmt) SQL(nargs int) (string, error) {
+	return s.g.cached(nargs, s.build)
+}
+
+// build renders the statement for SQL.
+func (s *UpdateStmt) build(nargs int) (string, error) {
 	if err := s.g.check(); err != nil {
 		return "", err
 	}
@@ -83,14 +94,14 @@ func (s *UpdateStmt) SQL(nargs int) (string, error) {
 	}
 	tok := nargs + 1
 	where := "(" + closed(s.where) + ")"
-	return s.g.with(where, tok) + fmt.Sprintf(updateCTE,
+	return s.g.with(where, tok, true) + fmt.Sprintf(updateCTE,
 		s.g.tableName(), closed(s.set), s.g.col(), tok,
-		s.g.writeWhere(where, tok)) + s.g.result(), nil
+		s.g.writeWhere(where, tok)) + s.g.tail(where), nil
 }
 
 // updateCTE writes the rows, only if the gates pass, and only rows whose
-// token the presented one does not make stale (rechecked on the newest
-// version, which pgfence_target has locked).
+// token the presented one does not make stale (rechecked by PostgreSQL on
+// the newest committed version of each row).
 const updateCTE = `pgfence_write AS (
     UPDATE %[1]s SET %[2]s, %[3]s = $%[4]d
     WHERE %[5]s

@@ -41,16 +41,19 @@ func UpsertIdent(table pgx.Identifier) *UpsertStmt {
 // column, which the statement adds. It replaces earlier Columns.
 func (s *UpsertStmt) Columns(names ...string) *UpsertStmt {
 	c := *s
+	c.g.fresh()
 	c.columns = append([]string(nil), names...)
 	return &c
 }
 
 // Values sets one SQL expression per column, in the order of Columns, for
 // example Values("$1", "$2"). It replaces earlier Values. The expressions of
-// the OnConflict columns are evaluated twice (once to lock the existing
-// row), so they should not call volatile functions.
+// the OnConflict columns are evaluated again when the row is not written
+// (to read the existing row's token), so they should not call volatile
+// functions.
 func (s *UpsertStmt) Values(exprs ...string) *UpsertStmt {
 	c := *s
+	c.g.fresh()
 	c.values = append([]string(nil), exprs...)
 	return &c
 }
@@ -59,6 +62,7 @@ func (s *UpsertStmt) Values(exprs ...string) *UpsertStmt {
 // identifies the row (the ON CONFLICT target). Each must be one of Columns.
 func (s *UpsertStmt) OnConflict(columns ...string) *UpsertStmt {
 	c := *s
+	c.g.fresh()
 	c.conflict = append([]string(nil), columns...)
 	return &c
 }
@@ -69,13 +73,18 @@ func (s *UpsertStmt) OnConflict(columns ...string) *UpsertStmt {
 // "balance = accounts.balance + excluded.balance". Without Set, every column
 // that is not an OnConflict column is set from excluded. The statement adds
 // the guard column's assignment.
-func (s *UpsertStmt) Set(frag string) *UpsertStmt { c := *s; c.set = frag; return &c }
+func (s *UpsertStmt) Set(frag string) *UpsertStmt { c := *s; c.set = frag; c.g.fresh(); return &c }
 
 // Column sets the guard column; the default is [DefaultColumn].
-func (s *UpsertStmt) Column(name string) *UpsertStmt { c := *s; c.g.column = name; return &c }
+func (s *UpsertStmt) Column(name string) *UpsertStmt {
+	c := *s
+	c.g.column = name
+	c.g.fresh()
+	return &c
+}
 
 // Strict makes the guard a strict comparison, t.column < excluded.column.
-func (s *UpsertStmt) Strict() *UpsertStmt { c := *s; c.g.strict = true; return &c }
+func (s *UpsertStmt) Strict() *UpsertStmt { c := *s; c.g.strict = true; c.g.fresh(); return &c }
 
 // UnderLease makes the upsert also require that the lease name is held with
 // the token, as for [UpdateStmt.UnderLease].
@@ -88,6 +97,11 @@ func (s *UpsertStmt) UnderLease(name string) *UpsertStmt {
 // SQL returns the statement Exec sends for a call with nargs arguments, as
 // for [UpdateStmt.SQL].
 func (s *UpsertStmt) SQL(nargs int) (string, error) {
+	return s.g.cached(nargs, s.build)
+}
+
+// build renders the statement for SQL.
+func (s *UpsertStmt) build(nargs int) (string, error) {
 	if err := s.check(); err != nil {
 		return "", err
 	}
@@ -136,9 +150,14 @@ func (s *UpsertStmt) SQL(nargs int) (string, error) {
 	// table too.
 	existing := pgx.Identifier{s.g.table[len(s.g.table)-1]}.Sanitize()
 	vals := strings.Join(values, ", ")
-	return s.g.with(strings.Join(match, " AND "), tok) + fmt.Sprintf(upsertCTE,
-		s.g.tableName(), strings.Join(cols, ", "), vals, tok, and(s.g.gates(tok)...),
-		strings.Join(conflict, ", "), set, col, existing, s.g.op()) + s.g.result(), nil
+	gate := ""
+	if gates := s.g.gates(tok, false); len(gates) > 0 {
+		gate = "\n    WHERE " + and(gates...)
+	}
+	m := strings.Join(match, " AND ")
+	return s.g.with(m, tok, false) + fmt.Sprintf(upsertCTE,
+		s.g.tableName(), strings.Join(cols, ", "), vals, tok, gate,
+		strings.Join(conflict, ", "), set, col, existing, s.g.op()) + s.g.tail(m), nil
 }
 
 // upsertCTE inserts the row, or updates the conflicting one whose token the
@@ -147,8 +166,7 @@ func (s *UpsertStmt) SQL(nargs int) (string, error) {
 // parameters' types to the INSERT's columns.
 const upsertCTE = `pgfence_write AS (
     INSERT INTO %[1]s (%[2]s)
-    SELECT %[3]s, $%[4]d::bigint
-    WHERE %[5]s
+    SELECT %[3]s, $%[4]d::bigint%[5]s
     ON CONFLICT (%[6]s) DO UPDATE SET %[7]s%[8]s = excluded.%[8]s
     WHERE %[9]s.%[8]s %[10]s excluded.%[8]s
     RETURNING 1

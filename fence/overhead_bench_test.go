@@ -1,0 +1,225 @@
+package fence_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+// overheadClients is the number of concurrent writers, each on its own row
+// (and its own lease).
+const overheadClients = 16
+
+// overheadRound is how long each write path runs in one round.
+const overheadRound = time.Second
+
+// writePath is one way to write a client's row: what issue 8 compares.
+type writePath struct {
+	name string
+	// write writes row id (1..overheadClients) with the fencing token tok.
+	write func(ctx context.Context, pool *pgxpool.Pool, id int, tok int64) error
+}
+
+const (
+	overheadPlainSQL   = `UPDATE accounts SET balance = balance + $1 WHERE id = $2`
+	overheadGuardedSQL = `UPDATE accounts SET balance = balance + $1, fence_token = $3 WHERE id = $2 AND fence_token <= $3`
+	// overheadLockFirstSQL is the builders' earlier design, kept as a
+	// reference point: lock every matched row FOR UPDATE, then write. It
+	// writes a heap-lock WAL record per row before the UPDATE's own.
+	overheadLockFirstSQL = `WITH pgfence_target AS (
+    SELECT "fence_token" AS pgfence_token FROM "accounts"
+    WHERE (id = $2)
+    FOR UPDATE
+), pgfence_write AS (
+    UPDATE "accounts" SET balance = balance + $1, "fence_token" = $3
+    WHERE (id = $2)
+    AND "fence_token" <= $3
+    AND NOT EXISTS (SELECT FROM pgfence_target WHERE (pgfence_token <= $3) IS NOT TRUE)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
+    count(*) FILTER (WHERE pgfence_token IS NULL), true
+FROM pgfence_target`
+)
+
+var overheadPaths = []writePath{
+	{"plain", func(ctx context.Context, pool *pgxpool.Pool, id int, _ int64) error {
+		_, err := pool.Exec(ctx, overheadPlainSQL, 1, id)
+		return err
+	}},
+	{"guarded-sql", func(ctx context.Context, pool *pgxpool.Pool, id int, tok int64) error {
+		_, err := pool.Exec(ctx, overheadGuardedSQL, 1, id, tok)
+		return err
+	}},
+	{"lock-first", func(ctx context.Context, pool *pgxpool.Pool, id int, tok int64) error {
+		var written, matched, nulls int64
+		var current *int64
+		var held bool
+		return pool.QueryRow(ctx, overheadLockFirstSQL, 1, id, tok).Scan(&written, &matched, &current, &nulls, &held)
+	}},
+	{"fence", func(ctx context.Context, pool *pgxpool.Pool, id int, tok int64) error {
+		_, err := addBalance.Exec(ctx, pool, tok, 1, id)
+		return err
+	}},
+	{"fence-under-lease", func(ctx context.Context, pool *pgxpool.Pool, id int, tok int64) error {
+		_, err := addBalance.UnderLease(fmt.Sprintf("w%d", id)).Exec(ctx, pool, tok, 1, id)
+		return err
+	}},
+}
+
+// BenchmarkWriteOverhead measures issue 8's fenced-write targets on a
+// durable server (fsync, full_page_writes and synchronous_commit on): 16
+// clients each update their own row, autocommit, with a plain UPDATE, the
+// hand-written guarded UPDATE, the builders' earlier lock-first statement
+// (a reference point), fence.Update and fence.Update.UnderLease.
+// Each op is one round in which every path runs for overheadRound in turn,
+// so the paths share the machine's load; the metrics are the median over
+// the rounds of each path's writes per second and of its ratio to plain in
+// the same round. It also reports the WAL each path writes: per statement
+// from EXPLAIN (ANALYZE, WAL) in a rolled-back transaction (the statement
+// alone, deterministic), and per write from the WAL position's advance over
+// a round (with the commit record and anything else the server wrote).
+//
+// Run it with: go test -run '^$' -bench WriteOverhead -benchtime 3x ./fence/
+func BenchmarkWriteOverhead(b *testing.B) {
+	ctx := context.Background()
+	_, srv := pgtest.NewCluster(b, &pgtest.ClusterOptions{Settings: map[string]string{
+		"fsync": "on", "full_page_writes": "on", "synchronous_commit": "on",
+	}})
+	db := srv.NewDB(b)
+	_, err := db.Pool.Exec(ctx, accountsDDL+"DROP TRIGGER accounts_fence ON accounts")
+	require.NoError(b, err)
+	_, err = db.Pool.Exec(ctx, `INSERT INTO accounts (id, balance) SELECT g, 0 FROM generate_series(1, $1::int) AS g`,
+		overheadClients)
+	require.NoError(b, err)
+	_, err = db.Pool.Exec(ctx, `INSERT INTO pgfence_leases (name, owner, fence, expires_at)
+		SELECT 'w' || g, 'bench', 5, now() + interval '1 hour' FROM generate_series(1, $1::int) AS g`,
+		overheadClients)
+	require.NoError(b, err)
+	pool := db.NewPool(b, func(c *pgxpool.Config) {
+		c.MaxConns, c.MinConns = overheadClients, overheadClients
+	})
+	const tok = 5
+
+	explainWAL := map[string]string{}
+	for _, p := range overheadPaths {
+		explainWAL[p.name] = walOfOneWrite(b, pool, p, tok)
+	}
+
+	rates := map[string][]float64{}
+	walPerWrite := map[string][]float64{}
+	for b.Loop() {
+		for _, p := range overheadPaths {
+			n, wal := runPath(b, pool, p, tok)
+			rates[p.name] = append(rates[p.name], float64(n)/overheadRound.Seconds())
+			walPerWrite[p.name] = append(walPerWrite[p.name], float64(wal)/float64(n))
+		}
+	}
+	plain := rates["plain"]
+	for _, p := range overheadPaths {
+		ratios := make([]float64, len(plain))
+		for i := range plain {
+			ratios[i] = rates[p.name][i] / plain[i]
+		}
+		b.ReportMetric(median(rates[p.name]), p.name+"-writes/s")
+		b.ReportMetric(median(walPerWrite[p.name]), p.name+"-walB/write")
+		if p.name != "plain" {
+			b.ReportMetric(median(ratios), p.name+"-x-plain")
+		}
+		b.Logf("%s: EXPLAIN %s", p.name, explainWAL[p.name])
+	}
+	b.ReportMetric(0, "ns/op")
+}
+
+// runPath runs p for overheadRound on every client and returns the number
+// of writes and the bytes of WAL the server wrote meanwhile.
+func runPath(b *testing.B, pool *pgxpool.Pool, p writePath, tok int64) (int, int64) {
+	ctx := context.Background()
+	var before, after int64
+	const lsnSQL = `SELECT pg_current_wal_insert_lsn() - '0/0'`
+	require.NoError(b, pool.QueryRow(ctx, lsnSQL).Scan(&before))
+	var wg sync.WaitGroup
+	counts := make([]int, overheadClients)
+	errs := make([]error, overheadClients)
+	deadline := time.Now().Add(overheadRound)
+	for c := range overheadClients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) {
+				if err := p.write(ctx, pool, c+1, tok); err != nil {
+					errs[c] = err
+					return
+				}
+				counts[c]++
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(b, err, p.name)
+	}
+	require.NoError(b, pool.QueryRow(ctx, lsnSQL).Scan(&after))
+	n := 0
+	for _, c := range counts {
+		n += c
+	}
+	return n, after - before
+}
+
+// walOfOneWrite returns the WAL line of the top plan node of one write of p
+// under EXPLAIN (ANALYZE, WAL), in a transaction that is rolled back. The
+// builders' statements are explained through the statement they send.
+func walOfOneWrite(b *testing.B, pool *pgxpool.Pool, p writePath, tok int64) string {
+	ctx := context.Background()
+	var sql string
+	var args []any
+	switch p.name {
+	case "plain":
+		sql, args = overheadPlainSQL, []any{1, 1}
+	case "guarded-sql":
+		sql, args = overheadGuardedSQL, []any{1, 1, tok}
+	case "lock-first":
+		sql, args = overheadLockFirstSQL, []any{1, 1, tok}
+	case "fence":
+		q, err := addBalance.SQL(2)
+		require.NoError(b, err)
+		sql, args = q, []any{1, 1, tok}
+	case "fence-under-lease":
+		q, err := addBalance.UnderLease("w1").SQL(2)
+		require.NoError(b, err)
+		sql, args = q, []any{1, 1, tok, "w1"}
+	}
+	tx, err := pool.Begin(ctx)
+	require.NoError(b, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, WAL, COSTS OFF, TIMING OFF, SUMMARY OFF) "+sql, args...)
+	require.NoError(b, err)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(b, err)
+	for _, l := range lines {
+		if i := strings.Index(l, "WAL: "); i >= 0 {
+			return l[i:]
+		}
+	}
+	return "WAL: none"
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	return s[len(s)/2]
+}

@@ -159,7 +159,7 @@ func TestTargetsAndMisses(t *testing.T) {
 		"## 6. Renewal cost",
 		"## 7. Advisory: connections and throughput",
 		"## Why targets were missed",
-		"### leasetable throughput: the release's NOTIFY serialises commits",
+		"### leasetable throughput\n",
 		"86% of the active backend observations waited on `Lock:object`",
 		"### fenced writes",
 		"### advisory connections",

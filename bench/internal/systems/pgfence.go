@@ -60,7 +60,7 @@ const LeasetableTTL = leasetable.DefaultTTL
 var Leasetable = harness.Spec{
 	Name: "pgfence-leasetable",
 	Kind: harness.Pgfence,
-	Note: fmt.Sprintf("leasetable.Locker (TTL %v) shared by all clients on a pgx pool of one connection per client; acquire = one INSERT ... ON CONFLICT DO UPDATE drawing a durable token, release = one UPDATE + pg_notify (2 statements); waiting Acquire wakes on LISTEN/NOTIFY, one Locker per waiter", LeasetableTTL),
+	Note: fmt.Sprintf("leasetable.Locker (TTL %v) shared by all clients on a pgx pool of one connection per client; acquire = one INSERT ... ON CONFLICT DO UPDATE drawing a durable token, release = one UPDATE + pg_notify (2 statements; concurrent acquires, and concurrent releases, of the Locker are combined into one statement each); waiting Acquire wakes on LISTEN/NOTIFY, one Locker per waiter", LeasetableTTL),
 	Open: func(ctx context.Context, env *harness.Env, clients int) (harness.System, error) {
 		pool, err := openPool(ctx, env.DatabaseURL, clients)
 		if err != nil {

@@ -178,7 +178,7 @@ var RawWriters = []harness.WriterSpec{
 // same rows as RawWriters: fence.Update(...).Exec, and the same with
 // UnderLease on a lease in pgfence_leases.
 var FenceWriters = []harness.WriterSpec{
-	fenceWriter("fence.Update", "fence.Update(\"bench_accounts\").Set(\"balance = balance + $1\").Where(\"id = $2\").Exec: one statement that locks the row FOR UPDATE in a CTE, writes it if its token is not newer and returns the counts and the newest token",
+	fenceWriter("fence.Update", "fence.Update(\"bench_accounts\").Set(\"balance = balance + $1\").Where(\"id = $2\").Exec: one statement that writes the row if its token is not newer and, only when nothing was written, locks and reads the row to report stale (newest token) or missing",
 		fence.Update("bench_accounts").Set("balance = balance + $1").Where("id = $2"), modeGuarded),
 	fenceWriter("fence.Update.UnderLease", "the same with .UnderLease(name): also requires the pgfence_leases row (name, token, expires_at > clock_timestamp()) FOR SHARE",
 		fence.Update("bench_accounts").Set("balance = balance + $1").Where("id = $2"), modeLeaseChecked),

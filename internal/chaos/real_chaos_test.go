@@ -4,13 +4,11 @@ package chaos_test
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -211,17 +209,6 @@ func TestRealLeaseServerClockJumps(t *testing.T) {
 		})
 	}
 }
-
-// connectDirect opens a connection to url.
-func connectDirect(t *testing.T, ctx context.Context, url string) *pgx.Conn {
-	t.Helper()
-	c, err := pgx.Connect(ctx, url)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close(context.Background()) })
-	return c
-}
-
-var _ = fmt.Sprint
 
 // spikeRegister delays the proxy (latency) whenever a holder of the slow
 // half starts its read-modify-write while no spike is on: the fault hits a

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/pgfence/pgfence"
 )
 
@@ -84,7 +86,10 @@ func (lk *Lock) Err() error { return context.Cause(lk.ctx) }
 func (lk *Lock) Context() context.Context { return lk.ctx }
 
 // Unlock releases the lock (pg_advisory_unlock on its session) and closes
-// [Lock.Done].
+// [Lock.Done]. In the same statement it announces the release on
+// [NotifyChannel], which wakes waiters of other Lockers; when only the
+// announcement fails (at the statement's commit, say with a full
+// notification queue), Unlock logs it and still succeeds.
 //
 // ctx is only used for its values, which reach the pgx tracer: Unlock
 // usually runs deferred, after the caller's context ended, so it ignores
@@ -118,6 +123,13 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 	if lk.state == stateLost {
 		return lk.reportLostLocked()
 	}
+	// Announce the release to other processes when the key becomes free
+	// for them: always for an exclusive lock; for a shared one, when no
+	// other holder or acquisition of this Locker keeps it (shared holders
+	// elsewhere may still hold it: a waiter woken then tries again and
+	// waits on).
+	ks := l.keys[lk.key.id]
+	announce := !lk.shared || ks == nil || ks.refs == 1
 	l.mu.Unlock()
 
 	q := unlockSQL
@@ -127,7 +139,19 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 	var released bool
 	err := s.query(ctx, l, func(ctx context.Context) error {
 		var pid int32
-		if err := s.conn.QueryRow(ctx, q, lk.key.id).Scan(&released, &pid); err != nil {
+		err := s.conn.QueryRow(ctx, q, lk.key.id, announce).Scan(&released, &pid)
+		var pgErr *pgconn.PgError
+		if err != nil && released && pid == s.pid && errors.As(err, &pgErr) && !s.conn.IsClosed() {
+			// The row came back: the lock was released (a session lock's
+			// release is not undone when the statement's transaction
+			// fails), and the server failed afterwards, at the implicit
+			// commit, where the notification is queued (say, a full
+			// NOTIFY queue). Only the announcement is lost; waiters
+			// elsewhere fall back to polling.
+			l.log.Warn("advisory: unlocked, but the release could not be announced", "key", lk.key.String(), "error", err)
+			return nil
+		}
+		if err != nil {
 			return err
 		}
 		return s.checkPID(pid)

@@ -34,11 +34,18 @@ const tryLockSQL = `SELECT CASE WHEN pg_try_advisory_lock($1) THEN pgfence_next_
 // tryLockSharedSQL is tryLockSQL for the shared lock on $1.
 const tryLockSharedSQL = `SELECT CASE WHEN pg_try_advisory_lock_shared($1) THEN pgfence_next_token() END, pg_backend_pid()`
 
-// unlockSQL releases one hold of the session-level exclusive lock on $1.
-const unlockSQL = `SELECT pg_advisory_unlock($1), pg_backend_pid()`
+// unlockSQL releases one hold of the session-level exclusive lock on $1
+// and, only when that succeeded and $2 is true, announces on NotifyChannel
+// that $1 is free, in the same statement: the notification is delivered to
+// listeners at the statement's implicit commit. The CASE evaluates the
+// sub-select (an init plan, run on first use) only after a successful
+// unlock. It returns whether the hold was released.
+const unlockSQL = `SELECT CASE WHEN pg_advisory_unlock($1) THEN NOT $2::boolean OR ` +
+	`(SELECT true FROM pg_notify('` + NotifyChannel + `', $1::bigint::text)) ELSE false END, pg_backend_pid()`
 
-// unlockSharedSQL releases one hold of the session-level shared lock on $1.
-const unlockSharedSQL = `SELECT pg_advisory_unlock_shared($1), pg_backend_pid()`
+// unlockSharedSQL is unlockSQL for one hold of the shared lock on $1.
+const unlockSharedSQL = `SELECT CASE WHEN pg_advisory_unlock_shared($1) THEN NOT $2::boolean OR ` +
+	`(SELECT true FROM pg_notify('` + NotifyChannel + `', $1::bigint::text)) ELSE false END, pg_backend_pid()`
 
 // unlockAllSQL releases every session-level advisory lock of the session;
 // Close runs it so that the locks are free when Close returns, not only once

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/pgfence/pgfence"
 )
 
@@ -132,30 +130,7 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 	announce := !lk.shared || ks == nil || ks.refs == 1
 	l.mu.Unlock()
 
-	q := unlockSQL
-	if lk.shared {
-		q = unlockSharedSQL
-	}
-	var released bool
-	err := s.query(ctx, l, func(ctx context.Context) error {
-		var pid int32
-		err := s.conn.QueryRow(ctx, q, lk.key.id, announce).Scan(&released, &pid)
-		var pgErr *pgconn.PgError
-		if err != nil && released && pid == s.pid && errors.As(err, &pgErr) && !s.conn.IsClosed() {
-			// The row came back: the lock was released (a session lock's
-			// release is not undone when the statement's transaction
-			// fails), and the server failed afterwards, at the implicit
-			// commit, where the notification is queued (say, a full
-			// NOTIFY queue). Only the announcement is lost; waiters
-			// elsewhere fall back to polling.
-			l.log.Warn("advisory: unlocked, but the release could not be announced", "key", lk.key.String(), "error", err)
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		return s.checkPID(pid)
-	})
+	released, err := l.unlockOnSession(ctx, s, lk.key, lk.shared, announce)
 	if err == nil && !released {
 		err = errors.New("the server reports the lock was not held by the session")
 	}

@@ -85,7 +85,10 @@ type Config struct {
 	QueryTimeout time.Duration
 
 	// MaxPollInterval is the longest pause of a waiting Lock between two
-	// attempts; pauses start at 5ms and double up to it.
+	// attempts; pauses start at 5ms and double up to it. A release
+	// announced on [NotifyChannel] ends the pause at once (unless
+	// DisableListen), so this bounds the wait only when an announcement is
+	// missed.
 	// Default [DefaultMaxPollInterval].
 	MaxPollInterval time.Duration
 

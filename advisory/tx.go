@@ -50,6 +50,13 @@ const lockNotAvailable = "55P03"
 // (with a new token). The token is drawn in the same statement, after the
 // grant; drawing it makes tx's commit wait for its WAL to be flushed.
 //
+// The token is durable only once tx commits. If tx rolls back, or the
+// server crashes before the commit, the same token may be drawn again by a
+// later holder; that is harmless for writes made in tx, which roll back with
+// it, but the token must not fence writes made outside tx (on another
+// connection, or in another system): use a session lock ([Locker]) or a
+// lease for those.
+//
 // ctx is used as pgx uses it: if it ends during the statement, pgx closes
 // tx's connection, which ends tx and every lock in it.
 func TryLockTx(ctx context.Context, tx pgx.Tx, key Key, opts *LockOpts) (token int64, err error) {
@@ -74,7 +81,8 @@ func TryLockTx(ctx context.Context, tx pgx.Tx, key Key, opts *LockOpts) (token i
 // (pg_advisory_xact_lock) and returns its fencing token, drawn after the
 // grant in the same statement. The lock is released when tx commits or
 // rolls back. It works behind transaction-pooling proxies such as PgBouncer.
-// The server queues waiters and detects deadlocks between them (an error
+// As for [TryLockTx], the token is durable only once tx commits: fence only
+// writes made in tx with it. The server queues waiters and detects deadlocks between them (an error
 // with SQLSTATE 40P01, which aborts tx).
 //
 // With opts.WaitTimeout set, LockTx waits inside a savepoint with

@@ -34,6 +34,44 @@ func CheckTokensUnique(h History) []string {
 	return out
 }
 
+// WithoutUncommittedGrants returns h without the successful Acquire
+// operations whose holder's transaction is not known to have committed: the
+// next Release of the same process and token failed, had an unknown
+// outcome, or never came. It is for transaction-scoped locks, whose token is
+// durable only with the transaction's commit (see [CheckOpts].TxScoped).
+func WithoutUncommittedGrants(h History) History {
+	open := map[int]Op{} // process -> its grant awaiting a Release
+	drop := map[int]bool{}
+	for _, op := range h {
+		switch op.Kind {
+		case Acquire:
+			if op.Outcome == Ok {
+				if prev, ok := open[op.Process]; ok {
+					drop[prev.Index] = true
+				}
+				open[op.Process] = op
+			}
+		case Release:
+			if g, ok := open[op.Process]; ok && g.Token == op.Token {
+				if op.Outcome != Ok {
+					drop[g.Index] = true
+				}
+				delete(open, op.Process)
+			}
+		}
+	}
+	for _, g := range open {
+		drop[g.Index] = true
+	}
+	out := make(History, 0, len(h))
+	for _, op := range h {
+		if !drop[op.Index] {
+			out = append(out, op)
+		}
+	}
+	return out
+}
+
 // CheckTokensIncreasing reports, per lock name, every pair of successful
 // grants A and B where A completed before B was invoked and B's token is not
 // greater than A's: tokens must increase in grant order. Grants without a
@@ -359,6 +397,15 @@ type CheckOpts struct {
 	Claim bool
 	// Exclusive adds [CheckMutualExclusion], for locks that never expire.
 	Exclusive bool
+	// TxScoped says the tokens are drawn inside the holder's transaction
+	// (transaction-scoped advisory locks), so a token is durable only once
+	// that transaction commits. A grant whose Release (the commit) did not
+	// end Ok is left out of the token checks: after a crash its token may
+	// be drawn again, harmlessly, since everything done under it rolled
+	// back. This hides no real reissue: a committed transaction flushed its
+	// token with its commit record, so only an uncommitted grant's token can
+	// come back.
+	TxScoped bool
 	// Model overrides the porcupine model; nil means
 	// FencedRegisterModel(Initial).
 	Model *porcupine.Model
@@ -453,8 +500,12 @@ func Check(h History, opts *CheckOpts) (*Report, error) {
 		model = *o.Model
 	}
 	r := &Report{Name: o.Name, Ops: len(h), History: h}
-	r.Violations = append(r.Violations, CheckTokensUnique(h)...)
-	r.Violations = append(r.Violations, CheckTokensIncreasing(h)...)
+	grants := h
+	if o.TxScoped {
+		grants = WithoutUncommittedGrants(h)
+	}
+	r.Violations = append(r.Violations, CheckTokensUnique(grants)...)
+	r.Violations = append(r.Violations, CheckTokensIncreasing(grants)...)
 	r.Violations = append(r.Violations, CheckRowTokenMonotonic(h)...)
 	if o.Exclusive {
 		r.Violations = append(r.Violations, CheckMutualExclusion(h)...)

@@ -142,6 +142,7 @@ func checkReal(t *testing.T, scenario string, kind lockerKind, h chaos.History, 
 		countFencedKind(h, chaos.Read), countFencedKind(h, chaos.Write), leaseLost, countLost(h))
 	return verdict(t, h, &chaos.CheckOpts{
 		Name: scenario + "-" + string(kind), Final: &final.Value, Claim: true, Exclusive: exclusive,
+		TxScoped: kind == kindAdvisoryTx,
 	}, wantViolation)
 }
 

@@ -51,12 +51,6 @@ const (
 	DefaultApplicationName = "pgfence-advisory"
 )
 
-// NotifyChannel is the LISTEN/NOTIFY channel on which [Lock.Unlock]
-// announces that a session lock's key became free; the payload is the key
-// as a decimal integer ([Key.Int64]). Waiters in [Locker.Lock] of every
-// Locker on the same database wake on it.
-const NotifyChannel = "pgfence_advisory_released"
-
 // minPollInterval is the first pause of a waiting Lock; it doubles up to
 // MaxPollInterval.
 const minPollInterval = 5 * time.Millisecond
@@ -85,10 +79,7 @@ type Config struct {
 	QueryTimeout time.Duration
 
 	// MaxPollInterval is the longest pause of a waiting Lock between two
-	// attempts; pauses start at 5ms and double up to it. A release
-	// announced on [NotifyChannel] ends the pause at once (unless
-	// DisableListen), so this bounds the wait only when an announcement is
-	// missed.
+	// attempts; pauses start at 5ms and double up to it.
 	// Default [DefaultMaxPollInterval].
 	MaxPollInterval time.Duration
 
@@ -115,20 +106,8 @@ type Config struct {
 	SessionIdleTimeout time.Duration
 
 	// ApplicationName is the application_name of lock sessions, to find
-	// them in pg_stat_activity. The Locker's LISTEN connection uses it
-	// with "-listen" appended. Default [DefaultApplicationName].
+	// them in pg_stat_activity. Default [DefaultApplicationName].
 	ApplicationName string
-
-	// DisableListen turns off the Locker's LISTEN connection. Waiters in
-	// [Locker.Lock] then learn that another process released their key
-	// only by polling (every MaxPollInterval at most), so a hand-over
-	// across processes takes up to MaxPollInterval instead of about a round
-	// trip. Use it where an extra connection per Locker is not affordable,
-	// or where LISTEN does not work, as behind a transaction-pooling
-	// PgBouncer (where session locks do not work either; see the package
-	// documentation). Unlock announces releases on [NotifyChannel] either
-	// way.
-	DisableListen bool
 
 	// Logger receives the Locker's diagnostics: lock sessions opened and
 	// closed when idle (Debug), sessions that failed to open or were lost,

@@ -77,9 +77,7 @@
 //
 // A Locker dials up to [Config.MaxSessions] connections of its own, with the
 // pool's connection settings, and keeps every session lock on one of them:
-// ten thousand locks need no more connections than that (plus, once a Lock
-// had to wait for another process, the one LISTEN connection described
-// under Waiting). The sessions never
+// ten thousand locks need no more connections than that. The sessions never
 // go back to a pool; one that holds no lock for [Config.SessionIdleTimeout]
 // is closed, and [Locker.Close] closes the rest.
 //
@@ -134,44 +132,17 @@
 // and each statement is bounded by [Config.QueryTimeout]; a statement that
 // fails or times out fails its whole session, as described above.
 //
-// [Locker.Lock] never blocks a session in pg_advisory_lock (see Waiting).
-// When its context ends just as the lock is granted, it releases the lock
-// before returning the error: a Lock call that returns an error leaves
-// nothing held.
+// [Locker.Lock] waits by polling pg_try_advisory_lock on the shared sessions
+// (with exponential backoff up to [Config.MaxPollInterval], and at once
+// when a holder in the same Locker unlocks), never by blocking a session in
+// pg_advisory_lock. When its context ends just as the lock is granted, it
+// releases the lock before returning the error: a Lock call that returns an
+// error leaves nothing held. Polling is not fair: waiters are served in no
+// particular order.
 //
 // Transaction locks use the caller's ctx as pgx does: if it ends during
 // [LockTx]'s wait, pgx closes the transaction's connection, which ends the
 // transaction and releases its locks.
-//
-// # Waiting
-//
-// [Locker.Lock] waits by retrying pg_try_advisory_lock on the shared lock
-// sessions, so waiting takes no session of its own. It retries:
-//
-//   - at once when a holder in the same Locker unlocks;
-//   - at once when another process announces that it released the key:
-//     [Lock.Unlock] runs pg_notify on [NotifyChannel], with the key in
-//     decimal as payload, in the same statement as pg_advisory_unlock and
-//     only when that released it (for a shared lock, when it was the
-//     Locker's last hold), so the announcement costs no extra round trip
-//     and is delivered when the unlock commits. Each Locker hears these
-//     on one LISTEN connection of its own, dialed like the lock sessions
-//     (application_name [Config.ApplicationName] + "-listen") when a Lock
-//     first has to wait for another process, shared by all its waiters,
-//     reopened with backoff when it fails, and closed by [Locker.Close];
-//   - otherwise after a pause that starts at 5ms and doubles up to
-//     [Config.MaxPollInterval].
-//
-// Correctness never depends on the notifications: a lost or missing one
-// (the LISTEN connection down, a release by a session that died, by
-// pg_advisory_unlock_all, by a transaction lock's commit or by another
-// client that does not notify, a full notification queue on the server)
-// only delays the waiter until its next poll. When the LISTEN connection
-// (re)opens, every waiter retries once, as releases may have gone unheard.
-// [Config.DisableListen] turns the connection off; waiters then poll only.
-//
-// Waiting is not fair: waiters are served in no particular order, and a
-// client blocked in pg_advisory_lock elsewhere may get the key first.
 //
 // # What is not guaranteed
 //

@@ -84,10 +84,7 @@ func (lk *Lock) Err() error { return context.Cause(lk.ctx) }
 func (lk *Lock) Context() context.Context { return lk.ctx }
 
 // Unlock releases the lock (pg_advisory_unlock on its session) and closes
-// [Lock.Done]. In the same statement it announces the release on
-// [NotifyChannel], which wakes waiters of other Lockers; when only the
-// announcement fails (at the statement's commit, say with a full
-// notification queue), Unlock logs it and still succeeds.
+// [Lock.Done].
 //
 // ctx is only used for its values, which reach the pgx tracer: Unlock
 // usually runs deferred, after the caller's context ended, so it ignores
@@ -121,16 +118,20 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 	if lk.state == stateLost {
 		return lk.reportLostLocked()
 	}
-	// Announce the release to other processes when the key becomes free
-	// for them: always for an exclusive lock; for a shared one, when no
-	// other holder or acquisition of this Locker keeps it (shared holders
-	// elsewhere may still hold it: a waiter woken then tries again and
-	// waits on).
-	ks := l.keys[lk.key.id]
-	announce := !lk.shared || ks == nil || ks.refs == 1
 	l.mu.Unlock()
 
-	released, err := l.unlockOnSession(ctx, s, lk.key, lk.shared, announce)
+	q := unlockSQL
+	if lk.shared {
+		q = unlockSharedSQL
+	}
+	var released bool
+	err := s.query(ctx, l, func(ctx context.Context) error {
+		var pid int32
+		if err := s.conn.QueryRow(ctx, q, lk.key.id).Scan(&released, &pid); err != nil {
+			return err
+		}
+		return s.checkPID(pid)
+	})
 	if err == nil && !released {
 		err = errors.New("the server reports the lock was not held by the session")
 	}

@@ -23,20 +23,14 @@ type Locker struct {
 	cfg        Config
 	log        *slog.Logger
 	connConfig *pgx.ConnConfig
-	listenCfg  *pgx.ConnConfig // nil when Config.DisableListen
 	closedCh   chan struct{}
-	closeCtx   context.Context // cancelled by Close: stops the listener
-	closeStop  context.CancelFunc
-	minPoll    time.Duration  // first pause of a waiting Lock
-	wg         sync.WaitGroup // watchdogs and the listener
+	wg         sync.WaitGroup // watchdogs
 
 	mu            sync.Mutex
 	closed        bool
 	sessions      []*session // live or opening
 	nextSessionID int
 	keys          map[int64]*keyState
-	waiters       map[int64]map[*waiter]struct{} // Lock calls waiting for another process
-	listening     bool                           // the listener goroutine was started
 }
 
 // keyState is the in-process state of one key: who holds (or is acquiring)
@@ -73,29 +67,17 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 		cc.RuntimeParams = map[string]string{}
 	}
 	cc.RuntimeParams["application_name"] = c.ApplicationName
-	var lc *pgx.ConnConfig
-	if !c.DisableListen {
-		lc = cc.Copy()
-		lc.RuntimeParams["application_name"] = c.ApplicationName + listenAppSuffix
-	}
-	closeCtx, closeStop := context.WithCancel(context.Background())
 	return &Locker{
 		cfg:        c,
 		log:        c.Logger,
 		connConfig: cc,
-		listenCfg:  lc,
 		closedCh:   make(chan struct{}),
-		closeCtx:   closeCtx,
-		closeStop:  closeStop,
-		minPoll:    minPollInterval,
 		keys:       make(map[int64]*keyState),
-		waiters:    make(map[int64]map[*waiter]struct{}),
 	}, nil
 }
 
-// Close releases every lock of the Locker, closes its sessions and its
-// LISTEN connection, stops its goroutines and makes its methods return
-// pgfence.ErrClosed.
+// Close releases every lock of the Locker, closes its sessions, stops its
+// goroutines and makes its methods return pgfence.ErrClosed.
 //
 // Locks still held end as lost: their Err matches pgfence.ErrLeaseLost and
 // pgfence.ErrClosed. Their holders are told first, then the locks are
@@ -112,7 +94,6 @@ func (l *Locker) Close() {
 	}
 	l.closed = true
 	close(l.closedCh)
-	l.closeStop()
 	sessions := append([]*session(nil), l.sessions...)
 	l.mu.Unlock()
 	for _, s := range sessions {
@@ -166,16 +147,12 @@ var errWaitTimeout = errors.New("advisory: wait timeout")
 // until opts.WaitTimeout runs out (then the error matches
 // pgfence.ErrNotAcquired).
 //
-// It waits by retrying pg_try_advisory_lock on the Locker's sessions: at
-// once when a holder in this Locker unlocks, or when another Locker
-// announces on [NotifyChannel] that it unlocked key (heard on the Locker's
-// LISTEN connection, opened by the first Lock that has to wait for another
-// process, unless Config.DisableListen); and otherwise after a pause of 5ms
-// at first, doubling up to Config.MaxPollInterval, so that waiting does not
-// depend on notifications. It never blocks a session in pg_advisory_lock,
-// so cancelling a wait cannot close a session holding other locks. Waiters
-// are not served in order, and a client blocked in pg_advisory_lock
-// elsewhere may be granted the lock first.
+// It waits by retrying pg_try_advisory_lock on the Locker's sessions,
+// pausing 5ms at first and doubling up to Config.MaxPollInterval, and at
+// once when a holder in this Locker unlocks. It never blocks a session in
+// pg_advisory_lock, so cancelling a wait cannot close a session holding
+// other locks. Waiters are not served in order, and a client blocked in
+// pg_advisory_lock elsewhere may be granted the lock first.
 //
 // If ctx ends just as the lock is granted, Lock releases it and returns
 // ctx.Err(): when Lock returns an error, the lock is not held. Other errors
@@ -203,13 +180,7 @@ func (l *Locker) Lock(ctx context.Context, key Key, opts *LockOpts) (*Lock, erro
 		}
 		return err
 	}
-	pause := l.minPoll
-	var w *waiter // set once another process was found holding key
-	defer func() {
-		if w != nil {
-			l.removeWaiter(key.id, w)
-		}
-	}()
+	pause := minPollInterval
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, waitErr(err)
@@ -220,17 +191,6 @@ func (l *Locker) Lock(ctx context.Context, key Key, opts *LockOpts) (*Lock, erro
 		}
 		if !errors.Is(err, pgfence.ErrNotAcquired) {
 			return nil, waitErr(err)
-		}
-		var wake <-chan struct{} // nil (blocks) unless listening
-		if released == nil && l.listenCfg != nil {
-			// Another process holds key: listen for its release. A
-			// release between the attempt above and the registration
-			// is not announced to us, so try again at once first.
-			if w == nil {
-				w = l.addWaiter(key.id)
-				continue
-			}
-			wake = w.ch
 		}
 		// Full jitter over [pause/2, pause) spreads competing pollers.
 		t := time.NewTimer(pause/2 + rand.N(pause/2+1))
@@ -243,9 +203,6 @@ func (l *Locker) Lock(ctx context.Context, key Key, opts *LockOpts) (*Lock, erro
 			return nil, pgfence.ErrClosed
 		case <-released: // nil (blocks) unless held in this Locker
 			t.Stop()
-		case <-wake: // announced release of key, or listener (re)connected
-			t.Stop()
-			continue // the pause does not grow
 		case <-t.C:
 		}
 		pause = min(2*pause, l.cfg.MaxPollInterval)
@@ -426,11 +383,18 @@ func (l *Locker) undoFailedLock(ctx context.Context, s *session, key Key, shared
 		}
 	}
 	l.mu.Unlock()
-	// Not announced: the grant, if any, lasted one statement and had no
-	// holder, and under lock-table pressure (a usual cause of the failure)
-	// the announcement would fail anyway.
-	_, err := l.unlockOnSession(ctx, s, key, shared, false)
-	return err
+	q := unlockSQL
+	if shared {
+		q = unlockSharedSQL
+	}
+	return s.query(ctx, l, func(ctx context.Context) error {
+		var released bool
+		var pid int32
+		if err := s.conn.QueryRow(ctx, q, key.id).Scan(&released, &pid); err != nil {
+			return err
+		}
+		return s.checkPID(pid)
+	})
 }
 
 // dropKeyRefLocked drops one reference to key id, forgetting the key and

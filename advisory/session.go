@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgfence/pgfence"
 )
@@ -35,54 +34,16 @@ const tryLockSQL = `SELECT CASE WHEN pg_try_advisory_lock($1) THEN pgfence_next_
 // tryLockSharedSQL is tryLockSQL for the shared lock on $1.
 const tryLockSharedSQL = `SELECT CASE WHEN pg_try_advisory_lock_shared($1) THEN pgfence_next_token() END, pg_backend_pid()`
 
-// unlockSQL releases one hold of the session-level exclusive lock on $1
-// and, only when that succeeded and $2 is true, announces on NotifyChannel
-// that $1 is free, in the same statement: the notification is delivered to
-// listeners at the statement's implicit commit. The CASE evaluates the
-// sub-select (an init plan, run on first use) only after a successful
-// unlock. It returns whether the hold was released.
-const unlockSQL = `SELECT CASE WHEN pg_advisory_unlock($1) THEN NOT $2::boolean OR ` +
-	`(SELECT true FROM pg_notify('` + NotifyChannel + `', $1::bigint::text)) ELSE false END, pg_backend_pid()`
+// unlockSQL releases one hold of the session-level exclusive lock on $1.
+const unlockSQL = `SELECT pg_advisory_unlock($1), pg_backend_pid()`
 
-// unlockSharedSQL is unlockSQL for one hold of the shared lock on $1.
-const unlockSharedSQL = `SELECT CASE WHEN pg_advisory_unlock_shared($1) THEN NOT $2::boolean OR ` +
-	`(SELECT true FROM pg_notify('` + NotifyChannel + `', $1::bigint::text)) ELSE false END, pg_backend_pid()`
+// unlockSharedSQL releases one hold of the session-level shared lock on $1.
+const unlockSharedSQL = `SELECT pg_advisory_unlock_shared($1), pg_backend_pid()`
 
 // unlockAllSQL releases every session-level advisory lock of the session;
 // Close runs it so that the locks are free when Close returns, not only once
 // the server has processed the disconnection.
 const unlockAllSQL = `SELECT pg_advisory_unlock_all()`
-
-// unlockOnSession releases one hold of key on s (announcing the release
-// when announce is set) and reports whether the server released one. The
-// caller holds s.sem.
-//
-// Only the announcement may fail without failing the unlock: the
-// notification is queued at the statement's implicit commit, after the
-// result row was sent, and the release of a session lock is not undone when
-// that commit fails (for instance with a full notification queue, or when
-// the lock table is full, as queueing takes a lock). Such a failure is
-// logged; waiters elsewhere then find the key free at their next poll.
-func (l *Locker) unlockOnSession(ctx context.Context, s *session, key Key, shared, announce bool) (released bool, err error) {
-	q := unlockSQL
-	if shared {
-		q = unlockSharedSQL
-	}
-	err = s.query(ctx, l, func(ctx context.Context) error {
-		var pid int32
-		err := s.conn.QueryRow(ctx, q, key.id, announce).Scan(&released, &pid)
-		var pgErr *pgconn.PgError
-		if err != nil && released && pid == s.pid && errors.As(err, &pgErr) && !s.conn.IsClosed() {
-			l.log.Warn("advisory: unlocked, but the release could not be announced", "key", key.String(), "error", err)
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		return s.checkPID(pid)
-	})
-	return released, err
-}
 
 // errNoMigrations is returned when pgfence_next_token is missing.
 var errNoMigrations = errors.New("advisory: function pgfence_next_token() not found: apply pgfence's migrations first (pgfence.Migrate)")

@@ -36,23 +36,14 @@ func DeleteIdent(table pgx.Identifier) *DeleteStmt {
 func (s *DeleteStmt) Where(frag string) *DeleteStmt { c := *s; c.where = frag; c.g.fresh(); return &c }
 
 // Column sets the guard column; the default is [DefaultColumn].
-func (s *DeleteStmt) Column(name string) *DeleteStmt {
-	c := *s
-	c.g.column = name
-	c.g.fresh()
-	return &c
-}
+func (s *DeleteStmt) Column(name string) *DeleteStmt { c := *s; c.g.setColumn(name); return &c }
 
 // Strict makes the guard a strict comparison, column < token.
-func (s *DeleteStmt) Strict() *DeleteStmt { c := *s; c.g.strict = true; c.g.fresh(); return &c }
+func (s *DeleteStmt) Strict() *DeleteStmt { c := *s; c.g.setStrict(); return &c }
 
 // UnderLease makes the delete also require that the lease name is held
 // with the token, as for [UpdateStmt.UnderLease].
-func (s *DeleteStmt) UnderLease(name string) *DeleteStmt {
-	c := *s
-	c.g.lease, c.g.leased = name, true
-	return &c
-}
+func (s *DeleteStmt) UnderLease(name string) *DeleteStmt { c := *s; c.g.setLease(name); return &c }
 
 // SQL returns the statement Exec sends for a call with nargs arguments, as
 // for [UpdateStmt.SQL].
@@ -98,15 +89,8 @@ const setTokenSQL = `set_config('pgfence.token', $%d::bigint::text, true) IS NOT
 // transaction's pgfence.token setting is set to token (see the package
 // documentation on the trigger).
 func (s *DeleteStmt) Exec(ctx context.Context, db pgfence.DB, token int64, args ...any) (pgconn.CommandTag, error) {
-	sql, err := s.SQL(len(args))
+	o, err := s.g.exec(ctx, db, s.build, token, args, true)
 	if err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	o, err := s.g.run(ctx, db, sql, token, args)
-	if err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	if err := s.g.classify(o, token, true); err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	return tag("DELETE", o.written), nil

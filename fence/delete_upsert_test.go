@@ -129,6 +129,9 @@ func TestUpsertUnderLease(t *testing.T) {
 	require.Equal(t, 1, countAccounts(t, b), "nothing inserted")
 	_, err = upsertAccount.UnderLease("ledger").Exec(ctx, b.pool, tokB, 1, 7)
 	require.NoError(t, err)
+	bal, tok := b.row(t, 1)
+	require.Equal(t, int64(7), bal, "the new holder's upsert updated the row")
+	require.Equal(t, tokB, tok)
 }
 
 func TestUpsertConcurrentInsertWhileWaiting(t *testing.T) {

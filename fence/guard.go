@@ -40,6 +40,13 @@ type sqlKey struct {
 // fresh gives g an empty cache; builder methods call it on their copy.
 func (g *guard) fresh() { g.cache = new(sync.Map) }
 
+// setColumn, setStrict and setLease are the builders' Column, Strict and
+// UnderLease, applied to the builder's copy. setLease keeps the cache: the
+// lease name is a parameter and the cache key says whether it is checked.
+func (g *guard) setColumn(name string) { g.column = name; g.fresh() }
+func (g *guard) setStrict()            { g.strict = true; g.fresh() }
+func (g *guard) setLease(name string)  { g.lease, g.leased = name, true }
+
 // cached returns build(nargs), rendered once per statement value and
 // argument count. Errors are not cached.
 func (g *guard) cached(nargs int, build func(int) (string, error)) (string, error) {
@@ -223,6 +230,21 @@ type outcome struct {
 	written, matched, nulls int64
 	current                 *int64
 	leaseHeld               bool
+}
+
+// exec is the builders' Exec: it renders the statement for len(args)
+// arguments (cached), runs it and turns the outcome into an error. noRows is
+// as for classify.
+func (g *guard) exec(ctx context.Context, db pgfence.DB, build func(int) (string, error), token int64, args []any, noRows bool) (outcome, error) {
+	sql, err := g.cached(len(args), build)
+	if err != nil {
+		return outcome{}, err
+	}
+	o, err := g.run(ctx, db, sql, token, args)
+	if err != nil {
+		return o, err
+	}
+	return o, g.classify(o, token, noRows)
 }
 
 // run validates the token, sends the statement and scans its result row.

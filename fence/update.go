@@ -48,27 +48,18 @@ func (s *UpdateStmt) Set(frag string) *UpdateStmt { c := *s; c.set = frag; c.g.f
 func (s *UpdateStmt) Where(frag string) *UpdateStmt { c := *s; c.where = frag; c.g.fresh(); return &c }
 
 // Column sets the guard column; the default is [DefaultColumn].
-func (s *UpdateStmt) Column(name string) *UpdateStmt {
-	c := *s
-	c.g.column = name
-	c.g.fresh()
-	return &c
-}
+func (s *UpdateStmt) Column(name string) *UpdateStmt { c := *s; c.g.setColumn(name); return &c }
 
 // Strict makes the guard a strict comparison, column < token, so each token
 // writes a row at most once. The default, column <= token, lets one holder
 // write the same row many times.
-func (s *UpdateStmt) Strict() *UpdateStmt { c := *s; c.g.strict = true; c.g.fresh(); return &c }
+func (s *UpdateStmt) Strict() *UpdateStmt { c := *s; c.g.setStrict(); return &c }
 
 // UnderLease makes the write also require, in the same statement, that the
 // pgfence_leases row name is held with the token (fence = token and
 // expires_at > clock_timestamp()), locking that row FOR SHARE until the
 // transaction ends. See "Lease-checked writes" in the package documentation.
-func (s *UpdateStmt) UnderLease(name string) *UpdateStmt {
-	c := *s
-	c.g.lease, c.g.leased = name, true
-	return &c
-}
+func (s *UpdateStmt) UnderLease(name string) *UpdateStmt { c := *s; c.g.setLease(name); return &c }
 
 // SQL returns the statement Exec sends for a call with nargs arguments: the
 // fragments use $1..$nargs, the token is $nargs+1 and the lease name, with
@@ -130,15 +121,8 @@ const updateCTE = `pgfence_write AS (
 // transaction is still usable (unless the trigger raised the error). ctx
 // covers the one query.
 func (s *UpdateStmt) Exec(ctx context.Context, db pgfence.DB, token int64, args ...any) (pgconn.CommandTag, error) {
-	sql, err := s.SQL(len(args))
+	o, err := s.g.exec(ctx, db, s.build, token, args, true)
 	if err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	o, err := s.g.run(ctx, db, sql, token, args)
-	if err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	if err := s.g.classify(o, token, true); err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	return tag("UPDATE", o.written), nil

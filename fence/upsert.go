@@ -76,23 +76,14 @@ func (s *UpsertStmt) OnConflict(columns ...string) *UpsertStmt {
 func (s *UpsertStmt) Set(frag string) *UpsertStmt { c := *s; c.set = frag; c.g.fresh(); return &c }
 
 // Column sets the guard column; the default is [DefaultColumn].
-func (s *UpsertStmt) Column(name string) *UpsertStmt {
-	c := *s
-	c.g.column = name
-	c.g.fresh()
-	return &c
-}
+func (s *UpsertStmt) Column(name string) *UpsertStmt { c := *s; c.g.setColumn(name); return &c }
 
 // Strict makes the guard a strict comparison, t.column < excluded.column.
-func (s *UpsertStmt) Strict() *UpsertStmt { c := *s; c.g.strict = true; c.g.fresh(); return &c }
+func (s *UpsertStmt) Strict() *UpsertStmt { c := *s; c.g.setStrict(); return &c }
 
 // UnderLease makes the upsert also require that the lease name is held with
 // the token, as for [UpdateStmt.UnderLease].
-func (s *UpsertStmt) UnderLease(name string) *UpsertStmt {
-	c := *s
-	c.g.lease, c.g.leased = name, true
-	return &c
-}
+func (s *UpsertStmt) UnderLease(name string) *UpsertStmt { c := *s; c.g.setLease(name); return &c }
 
 // SQL returns the statement Exec sends for a call with nargs arguments, as
 // for [UpdateStmt.SQL].
@@ -218,15 +209,7 @@ func (s *UpsertStmt) check() error {
 // concurrently, after this statement's snapshot), or an error describing bad
 // input or the database's error. An upsert never reports pgx.ErrNoRows.
 func (s *UpsertStmt) Exec(ctx context.Context, db pgfence.DB, token int64, args ...any) (pgconn.CommandTag, error) {
-	sql, err := s.SQL(len(args))
-	if err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	o, err := s.g.run(ctx, db, sql, token, args)
-	if err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	if err := s.g.classify(o, token, false); err != nil {
+	if _, err := s.g.exec(ctx, db, s.build, token, args, false); err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	return pgconn.NewCommandTag("INSERT 0 1"), nil

@@ -165,14 +165,16 @@ func TestLockWaits(t *testing.T) {
 	_, err = b.Lock(ctx, key, &advisory.LockOpts{WaitTimeout: 50 * time.Millisecond})
 	require.ErrorIs(t, err, pgfence.ErrNotAcquired, "WaitTimeout ran out")
 
-	got := make(chan *advisory.Lock)
+	var lk *advisory.Lock
+	var lockErr error
+	got := make(chan struct{})
 	go func() {
-		lk, err := b.Lock(ctx, key, nil)
-		require.NoError(t, err)
-		got <- lk
+		defer close(got)
+		lk, lockErr = b.Lock(ctx, key, nil)
 	}()
 	require.NoError(t, held.Unlock(ctx))
-	lk := <-got
+	<-got
+	require.NoError(t, lockErr)
 	require.Greater(t, lk.Token(), held.Token())
 	require.NoError(t, lk.Unlock(ctx))
 }

@@ -134,6 +134,7 @@ func TestManyLocksFewSessions(t *testing.T) {
 		n = 1000
 	}
 	locks := make([]*advisory.Lock, n)
+	errs := make(chan error, workers)
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Add(1)
@@ -141,12 +142,19 @@ func TestManyLocksFewSessions(t *testing.T) {
 			defer wg.Done()
 			for i := w; i < n; i += workers {
 				lk, err := l.TryLock(ctx, advisory.ID(int64(1)<<40+int64(i)), nil)
-				require.NoError(t, err)
+				if err != nil {
+					errs <- err
+					return
+				}
 				locks[i] = lk
 			}
 		}()
 	}
 	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
 
 	require.Equal(t, n, heldAdvisoryLocks(t, db.Pool))
 	require.Equal(t, advisory.DefaultMaxSessions, sessionCount(t, db.Pool, app))

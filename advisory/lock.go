@@ -125,13 +125,7 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 		q = unlockSharedSQL
 	}
 	var released bool
-	err := s.query(ctx, l, func(ctx context.Context) error {
-		var pid int32
-		if err := s.conn.QueryRow(ctx, q, lk.key.id).Scan(&released, &pid); err != nil {
-			return err
-		}
-		return s.checkPID(pid)
-	})
+	err := s.queryKey(ctx, l, q, lk.key.id, &released)
 	if err == nil && !released {
 		err = errors.New("the server reports the lock was not held by the session")
 	}

@@ -332,13 +332,7 @@ func (l *Locker) lockOnSession(ctx context.Context, s *session, key Key, shared 
 		q = tryLockSharedSQL
 	}
 	var token *int64
-	err := s.query(ctx, l, func(ctx context.Context) error {
-		var pid int32
-		if err := s.conn.QueryRow(ctx, q, key.id).Scan(&token, &pid); err != nil {
-			return err
-		}
-		return s.checkPID(pid)
-	})
+	err := s.queryKey(ctx, l, q, key.id, &token)
 	if err != nil {
 		// Session locks survive the rollback of the statement that took
 		// them, so a failed statement may have left the lock granted.
@@ -387,14 +381,8 @@ func (l *Locker) undoFailedLock(ctx context.Context, s *session, key Key, shared
 	if shared {
 		q = unlockSharedSQL
 	}
-	return s.query(ctx, l, func(ctx context.Context) error {
-		var released bool
-		var pid int32
-		if err := s.conn.QueryRow(ctx, q, key.id).Scan(&released, &pid); err != nil {
-			return err
-		}
-		return s.checkPID(pid)
-	})
+	var released bool
+	return s.queryKey(ctx, l, q, key.id, &released)
 }
 
 // dropKeyRefLocked drops one reference to key id, forgetting the key and

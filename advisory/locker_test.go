@@ -62,6 +62,7 @@ func TestExclusionWithinLocker(t *testing.T) {
 	const n = 20
 	var wins atomic.Int32
 	locks := make(chan *advisory.Lock, n)
+	errs := make(chan error, n)
 	var wg sync.WaitGroup
 	for range n {
 		wg.Add(1)
@@ -69,7 +70,7 @@ func TestExclusionWithinLocker(t *testing.T) {
 			defer wg.Done()
 			lk, err := l.TryLock(ctx, key, nil)
 			if err != nil {
-				require.ErrorIs(t, err, pgfence.ErrNotAcquired)
+				errs <- err
 				return
 			}
 			wins.Add(1)
@@ -77,6 +78,10 @@ func TestExclusionWithinLocker(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.ErrorIs(t, err, pgfence.ErrNotAcquired)
+	}
 	require.Equal(t, int32(1), wins.Load())
 	require.NoError(t, (<-locks).Unlock(ctx))
 
@@ -84,11 +89,12 @@ func TestExclusionWithinLocker(t *testing.T) {
 	var inside, maxInside atomic.Int32
 	var tokens []int64
 	var mu sync.Mutex
+	doErrs := make(chan error, n)
 	for range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := l.Do(ctx, key, nil, func(ctx context.Context, lk *advisory.Lock) error {
+			doErrs <- l.Do(ctx, key, nil, func(ctx context.Context, lk *advisory.Lock) error {
 				in := inside.Add(1)
 				for m := maxInside.Load(); in > m && !maxInside.CompareAndSwap(m, in); m = maxInside.Load() {
 				}
@@ -99,10 +105,13 @@ func TestExclusionWithinLocker(t *testing.T) {
 				inside.Add(-1)
 				return nil
 			})
-			require.NoError(t, err)
 		}()
 	}
 	wg.Wait()
+	close(doErrs)
+	for err := range doErrs {
+		require.NoError(t, err)
+	}
 	require.Equal(t, int32(1), maxInside.Load())
 	require.Len(t, tokens, n)
 	for i := 1; i < len(tokens); i++ {
@@ -165,14 +174,16 @@ func TestLockWaits(t *testing.T) {
 	_, err = b.Lock(ctx, key, &advisory.LockOpts{WaitTimeout: 50 * time.Millisecond})
 	require.ErrorIs(t, err, pgfence.ErrNotAcquired, "WaitTimeout ran out")
 
-	got := make(chan *advisory.Lock)
+	var lk *advisory.Lock
+	var lockErr error
+	got := make(chan struct{})
 	go func() {
-		lk, err := b.Lock(ctx, key, nil)
-		require.NoError(t, err)
-		got <- lk
+		defer close(got)
+		lk, lockErr = b.Lock(ctx, key, nil)
 	}()
 	require.NoError(t, held.Unlock(ctx))
-	lk := <-got
+	<-got
+	require.NoError(t, lockErr)
 	require.Greater(t, lk.Token(), held.Token())
 	require.NoError(t, lk.Unlock(ctx))
 }

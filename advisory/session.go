@@ -79,6 +79,22 @@ func (s *session) query(parent context.Context, l *Locker, f func(ctx context.Co
 	return f(ctx)
 }
 
+// queryKey runs q, a statement on the key id ($1) returning one value and
+// the backend's pid, on s with the context query would give it (parent's
+// values, bounded by QueryTimeout, not cancelled with parent), scans the
+// value into dest and checks the pid. It is query written out, without a
+// closure: this is the hot path of TryLock and Unlock, and the closure cost
+// two allocations per TryLock+Unlock. The caller holds s.sem.
+func (s *session) queryKey(parent context.Context, l *Locker, q string, id int64, dest any) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), l.cfg.QueryTimeout)
+	defer cancel()
+	var pid int32
+	if err := s.conn.QueryRow(ctx, q, id).Scan(dest, &pid); err != nil {
+		return err
+	}
+	return s.checkPID(pid)
+}
+
 // checkPID reports a statement that ran on another backend than the one the
 // session started on: the connection goes through a transaction- or
 // statement-pooling proxy, and session locks cannot be trusted.
@@ -246,7 +262,7 @@ func (l *Locker) retireIfIdle(s *session, idleSince *time.Time) bool {
 }
 
 // failSession marks s dead: every lock on it is lost (its context is
-// cancelled with a cause matching pgfence.pgfence.ErrLeaseLost) and the connection
+// cancelled with a cause matching pgfence.ErrLeaseLost) and the connection
 // is closed, which makes the server release whatever it still holds. The
 // caller holds s.sem. Nothing is re-acquired.
 func (l *Locker) failSession(s *session, cause error) {

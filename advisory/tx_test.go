@@ -86,14 +86,16 @@ func TestLockTx(t *testing.T) {
 	require.Equal(t, "7s", lockTimeout)
 
 	// A waiting LockTx gets the lock when tx1 commits.
-	got := make(chan int64)
+	var tok2 int64
+	var lockErr error
+	got := make(chan struct{})
 	go func() {
-		tok, err := advisory.LockTx(ctx, tx2, key, nil)
-		require.NoError(t, err)
-		got <- tok
+		defer close(got)
+		tok2, lockErr = advisory.LockTx(ctx, tx2, key, nil)
 	}()
 	require.NoError(t, tx1.Commit(ctx))
-	tok2 := <-got
+	<-got
+	require.NoError(t, lockErr)
 	require.Greater(t, tok2, tok1)
 	require.Equal(t, 1, heldAdvisoryLocks(t, db.Pool))
 

@@ -8,11 +8,9 @@ import (
 	"os/user"
 
 	"github.com/jackc/pgx/v5"
-)
 
-// ReleasedChannel is the LISTEN/NOTIFY channel on which a lease's name is
-// announced when it is released, so that waiters wake at once.
-const ReleasedChannel = "pgfence_lease_released"
+	"github.com/pgfence/pgfence/leasetable"
+)
 
 // forceOwnerPrefix starts the owner written into a force-released lease's
 // row, so ls and the row itself show who ended it.
@@ -24,7 +22,7 @@ Usage:
 
 An operator's override: ends the lease NAME whoever holds it. In one
 statement, the lease row gets a fresh fencing token (pgfence_next_token())
-and expires now, and waiters are notified on channel ` + ReleasedChannel + `.
+and expires now, and waiters are notified on channel ` + leasetable.NotifyChannel + `.
 A holder that still believes in the lease then fails to renew it (renewal
 requires its own token and an unexpired row), and its guarded writes carry
 an older token than the next holder's, so they are rejected.
@@ -113,7 +111,7 @@ func (a *App) release(ctx context.Context, args []string) error {
 	var oldOwner string
 	var oldToken, newToken int64
 	var wasHeld bool
-	err = conn.QueryRow(ctx, forceReleaseSQL, name, forceOwner(), ReleasedChannel).Scan(&oldOwner, &oldToken, &wasHeld, &newToken)
+	err = conn.QueryRow(ctx, forceReleaseSQL, name, forceOwner(), leasetable.NotifyChannel).Scan(&oldOwner, &oldToken, &wasHeld, &newToken)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("no lease named %q: it was removed meanwhile", name)
 	}

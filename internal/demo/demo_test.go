@@ -90,14 +90,17 @@ func TestWorkerPauseAndResume(t *testing.T) {
 	require.NoError(t, w.Pause())
 	require.Eventually(t, func() bool { return state(t, w.Pid()) == 'T' }, 10*time.Second, 5*time.Millisecond,
 		"the whole process is stopped")
-	answered := make(chan demo.Event, 1)
+	var ev demo.Event
+	var err error
+	answered := make(chan struct{})
 	go func() {
-		ev, err := w.Do(ctx, demo.Command{Op: "double", Balance: 1})
-		require.NoError(t, err)
-		answered <- ev
+		defer close(answered)
+		ev, err = w.Do(ctx, demo.Command{Op: "double", Balance: 1})
 	}()
 	require.NoError(t, w.Resume())
-	require.Equal(t, demo.Event{Op: "double", Balance: 2}, <-answered)
+	<-answered
+	require.NoError(t, err)
+	require.Equal(t, demo.Event{Op: "double", Balance: 2}, ev)
 	require.NotEqual(t, byte('T'), state(t, w.Pid()))
 
 	// Closing a stopped worker resumes it so it can exit.

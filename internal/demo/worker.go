@@ -11,6 +11,8 @@ import (
 	"os/exec"
 	"sync"
 	"syscall"
+
+	"github.com/pgfence/pgfence/internal/sysproc"
 )
 
 // Command is one instruction from the demo to a worker, sent as a JSON line
@@ -105,7 +107,7 @@ func StartWorker(name, path string, args, env []string, stderr io.Writer) (*Work
 	}
 	// The worker dies with the demo, even if the demo is killed.
 	cmd.SysProcAttr = &syscall.SysProcAttr{}
-	setParentDeathSignal(cmd.SysProcAttr, syscall.SIGKILL)
+	sysproc.SetParentDeathSignal(cmd.SysProcAttr, syscall.SIGKILL)
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start worker %s: %w", name, err)
 	}

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/pgfence/pgfence/internal/sysproc"
 )
 
 // DefaultGrace is the time [Run] leaves a process group between SIGTERM and
@@ -103,7 +105,7 @@ func Start(cfg *Config) (*Process, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	// If this process is killed, nothing forwards signals or ends the
 	// group any more: the command should not run on unsupervised.
-	setParentDeathSignal(cmd.SysProcAttr, syscall.SIGKILL)
+	sysproc.SetParentDeathSignal(cmd.SysProcAttr, syscall.SIGKILL)
 	if err := cmd.Start(); err != nil {
 		return nil, classifyStartError(cfg.Path, err)
 	}

@@ -173,15 +173,16 @@ func TestSignalsAreForwardedToTheGroup(t *testing.T) {
 			t.Parallel()
 			out, w := pipe(t)
 			sigs := make(chan os.Signal, 1)
-			resc := make(chan supervise.Result, 1)
+			var res supervise.Result
+			var runErr error
+			resc := make(chan struct{})
 			go func() {
-				res, err := supervise.Run(&supervise.Config{
+				defer close(resc)
+				res, runErr = supervise.Run(&supervise.Config{
 					Path:   self,
 					Env:    append(os.Environ(), helperEnv+"=parent"),
 					Stdout: w,
 				}, &supervise.RunOpts{Signals: sigs})
-				require.NoError(t, err)
-				resc <- res
 			}()
 			ready := map[string]bool{readLine(t, out): true, readLine(t, out): true}
 			require.Equal(t, map[string]bool{"parent ready": true, "child ready": true}, ready)
@@ -189,7 +190,8 @@ func TestSignalsAreForwardedToTheGroup(t *testing.T) {
 			got := map[string]bool{readLine(t, out): true, readLine(t, out): true}
 			require.Equal(t, map[string]bool{"parent got " + sig.String(): true, "child got " + sig.String(): true}, got,
 				"the signal reached both processes of the group")
-			res := <-resc
+			<-resc
+			require.NoError(t, runErr)
 			require.False(t, res.Lost)
 			require.Equal(t, supervise.Exit{Code: 42}, res.Exit)
 		})
@@ -202,18 +204,20 @@ func TestLostTerminatesTheGroup(t *testing.T) {
 	// The command stops on SIGTERM, but a process it started ignores it.
 	script := `(trap '' TERM; exec sleep 60) & echo $!; trap 'exit 0' TERM; sleep 60 & echo $!; wait`
 	lost := make(chan struct{})
-	resc := make(chan supervise.Result, 1)
+	var res supervise.Result
+	var runErr error
+	resc := make(chan struct{})
 	go func() {
-		res, err := supervise.Run(sh(script, w), &supervise.RunOpts{Lost: lost, Grace: 200 * time.Millisecond})
-		require.NoError(t, err)
-		resc <- res
+		defer close(resc)
+		res, runErr = supervise.Run(sh(script, w), &supervise.RunOpts{Lost: lost, Grace: 200 * time.Millisecond})
 	}()
 	stubborn, err := strconv.Atoi(readLine(t, out))
 	require.NoError(t, err)
 	polite, err := strconv.Atoi(readLine(t, out))
 	require.NoError(t, err)
 	close(lost)
-	res := <-resc
+	<-resc
+	require.NoError(t, runErr)
 	require.True(t, res.Lost)
 	require.Equal(t, supervise.Exit{Code: 0}, res.Exit, "the leader exited on SIGTERM")
 	require.True(t, gone(polite))
@@ -225,16 +229,18 @@ func TestLostKillsACommandIgnoringSIGTERM(t *testing.T) {
 	t.Parallel()
 	out, w := pipe(t)
 	lost := make(chan struct{})
-	resc := make(chan supervise.Result, 1)
+	var res supervise.Result
+	var runErr error
+	resc := make(chan struct{})
 	go func() {
-		res, err := supervise.Run(sh(`trap '' TERM; echo ready; while :; do sleep 1; done`, w),
+		defer close(resc)
+		res, runErr = supervise.Run(sh(`trap '' TERM; echo ready; while :; do sleep 1; done`, w),
 			&supervise.RunOpts{Lost: lost, Grace: 100 * time.Millisecond})
-		require.NoError(t, err)
-		resc <- res
 	}()
 	require.Equal(t, "ready", readLine(t, out))
 	close(lost)
-	res := <-resc
+	<-resc
+	require.NoError(t, runErr)
 	require.True(t, res.Lost)
 	require.Equal(t, supervise.Exit{Code: -1, Signal: syscall.SIGKILL}, res.Exit)
 	require.Equal(t, 137, res.Exit.Status())

@@ -240,7 +240,7 @@ func (k *Locker) execAcquires(batch []*acquireReq) error {
 	ctx, cancel := batchContext(k.closeCtx, ctxs)
 	defer cancel()
 	sent := time.Now()
-	rows, err := k.pool.Query(ctx, acquireBatchSQL, names, k.s.owner, ttls)
+	rows, err := k.pool.Query(ctx, acquireBatchSQL, names, k.cfg.Owner, ttls)
 	if err != nil {
 		return err
 	}
@@ -296,10 +296,10 @@ func (k *Locker) replyAcquires(batch []*acquireReq, got map[string]acquireReply,
 // giveBack releases a lease that was taken for a caller that stopped
 // waiting before it learnt of it.
 func (k *Locker) giveBack(name string, token int64) {
-	ctx, cancel := context.WithTimeout(context.Background(), k.s.releaseTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), k.cfg.ReleaseTimeout)
 	defer cancel()
 	if _, err := k.releaseRow(ctx, name, token, 0); err != nil {
-		k.s.logger.Warn("pgfence: leasetable: giving back a lease whose acquirer stopped waiting failed; it expires after its TTL",
+		k.cfg.Logger.Warn("pgfence: leasetable: giving back a lease whose acquirer stopped waiting failed; it expires after its TTL",
 			"lease", name, "token", token, "error", err)
 	}
 }
@@ -406,7 +406,7 @@ func (k *Locker) execReleases(batch []*releaseReq) error {
 	// bounded by the release timeout.
 	ctx, cancel := batchContext(context.Background(), ctxs)
 	defer cancel()
-	rows, err := k.pool.Query(ctx, releaseBatchSQL, names, tokens, atLeast, k.s.owner)
+	rows, err := k.pool.Query(ctx, releaseBatchSQL, names, tokens, atLeast, k.cfg.Owner)
 	if err != nil {
 		return err
 	}

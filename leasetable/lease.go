@@ -128,7 +128,7 @@ func (l *Lease) release(ctx context.Context, cause error) error {
 	inflight := l.inflight
 	k.mu.Unlock()
 
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.s.releaseTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.cfg.ReleaseTimeout)
 	defer cancel()
 	if inflight != nil {
 		// Let a renewal that includes this lease finish first, so that it
@@ -150,7 +150,7 @@ func (l *Lease) release(ctx context.Context, cause error) error {
 	if notHeld || !wasHeld {
 		return fmt.Errorf("leasetable: release %q (token %d): %w", l.name, l.token, pgfence.ErrNotHeld)
 	}
-	k.s.logger.Debug("pgfence: leasetable: released", logAttrs(l)...)
+	k.cfg.Logger.Debug("pgfence: leasetable: released", logAttrs(l)...)
 	return nil
 }
 
@@ -167,7 +167,7 @@ func (k *Locker) endLocked(l *Lease, state leaseState, cause error) {
 	delete(k.leases, l)
 	l.cancel(cause)
 	if state == stateLost {
-		k.s.logger.Warn("pgfence: leasetable: lease lost", append(logAttrs(l), "cause", cause)...)
+		k.cfg.Logger.Warn("pgfence: leasetable: lease lost", append(logAttrs(l), "cause", cause)...)
 	}
 }
 

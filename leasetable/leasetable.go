@@ -96,8 +96,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 		watchdogWake: make(chan struct{}, 1),
 		waiters:      make(map[string]map[*waiter]struct{}),
 	}
-	k.acquires.run = k.runAcquires
-	k.releases.run = k.runReleases
+	k.acquires.exec, k.acquires.fail = k.execAcquires, k.failAcquire
+	k.releases.exec, k.releases.fail = k.execReleases, failRelease
 	return k, nil
 }
 

@@ -34,7 +34,6 @@ type Lease struct {
 
 	// Guarded by k.mu.
 	state      leaseState
-	err        error
 	acquiredAt time.Time     // database time of acquisition
 	deadline   time.Time     // local deadline: last request sent + TTL - margin
 	nextRenew  time.Time     // when the watchdog renews it next
@@ -85,11 +84,7 @@ func (l *Lease) Context() context.Context { return l.ctx }
 // matching [pgfence.ErrLeaseLost] that says why (also matching
 // [pgfence.ErrClosed] when the Locker was closed); after a Release, an error
 // matching [pgfence.ErrNotHeld].
-func (l *Lease) Err() error {
-	l.k.mu.Lock()
-	defer l.k.mu.Unlock()
-	return l.err
-}
+func (l *Lease) Err() error { return context.Cause(l.ctx) }
 
 var errReleased = fmt.Errorf("leasetable: lease was released: %w", pgfence.ErrNotHeld)
 
@@ -160,7 +155,6 @@ func (k *Locker) endLocked(l *Lease, state leaseState, cause error) {
 		return
 	}
 	l.state = state
-	l.err = cause
 	if l.timer != nil {
 		l.timer.Stop()
 	}

@@ -278,18 +278,17 @@ func (k *Locker) execAcquires(batch []*acquireReq) error {
 
 // replyAcquires answers every request in batch: with err when it is not
 // nil, else from got. A lease taken for a caller that stopped waiting is
-// given back at once.
+// given back at once. Only the first request for a name gets got's answer;
+// got is updated so that later ones find the lease held.
 func (k *Locker) replyAcquires(batch []*acquireReq, got map[string]acquireReply, sent time.Time, err error) {
-	first := make(map[string]bool, len(batch))
 	for _, r := range batch {
 		rep := acquireReply{err: err}
 		if err == nil {
 			rep = got[r.name]
 			rep.sent = sent
-			if first[r.name] {
-				rep.acquired = false
-			}
-			first[r.name] = true
+			held := rep
+			held.acquired = false
+			got[r.name] = held
 		}
 		r.mu.Lock()
 		if !r.abandoned {

@@ -31,7 +31,10 @@ const maxBatch = 1000
 // batcher runs requests in batches, at most maxInflight batches at a time,
 // each in its own goroutine.
 type batcher[R any] struct {
-	run func(batch []R) // runs one batch and answers every request in it
+	// exec runs one statement for batch and answers every request in it;
+	// on a statement error it answers none and returns the error.
+	exec func(batch []R) error
+	fail func(r R, err error) // answers r with err
 
 	mu      sync.Mutex
 	queue   []R
@@ -75,6 +78,28 @@ func (b *batcher[R]) drain() {
 		b.queue = slices.Delete(b.queue, 0, n)
 		b.mu.Unlock()
 		b.run(batch)
+	}
+}
+
+// run runs one batch and answers every request in it. When the statement
+// fails with a deadlock, the requests are retried one by one, which cannot
+// deadlock: acquire batches insert in name order, but an UPDATE joined to
+// its input (a release or renewal batch) locks rows in whatever order its
+// plan visits them.
+func (b *batcher[R]) run(batch []R) {
+	err := b.exec(batch)
+	if err != nil && isDeadlock(err) && len(batch) > 1 {
+		for _, r := range batch {
+			if err := b.exec([]R{r}); err != nil {
+				b.fail(r, err)
+			}
+		}
+		return
+	}
+	if err != nil {
+		for _, r := range batch {
+			b.fail(r, err)
+		}
 	}
 }
 
@@ -200,23 +225,9 @@ func (k *Locker) acquire(ctx context.Context, name string, t leaseTiming) (acqui
 	}
 }
 
-// runAcquires runs one batch of acquire requests.
-func (k *Locker) runAcquires(batch []*acquireReq) {
-	err := k.execAcquires(batch)
-	if err != nil && isDeadlock(err) && len(batch) > 1 {
-		// Batches from different Lockers lock rows in name order, but a
-		// release or renewal may not: retry one by one, which cannot
-		// deadlock.
-		for _, r := range batch {
-			if err := k.execAcquires([]*acquireReq{r}); err != nil {
-				k.replyAcquires([]*acquireReq{r}, nil, time.Time{}, err)
-			}
-		}
-		return
-	}
-	if err != nil {
-		k.replyAcquires(batch, nil, time.Time{}, err)
-	}
+// failAcquire answers one acquire request with err.
+func (k *Locker) failAcquire(r *acquireReq, err error) {
+	k.replyAcquires([]*acquireReq{r}, nil, time.Time{}, err)
 }
 
 // execAcquires runs acquireBatchSQL for batch and answers each request; on
@@ -240,7 +251,7 @@ func (k *Locker) execAcquires(batch []*acquireReq) error {
 	ctx, cancel := batchContext(k.closeCtx, ctxs)
 	defer cancel()
 	sent := time.Now()
-	rows, err := k.pool.Query(ctx, acquireBatchSQL, names, k.s.owner, ttls)
+	rows, err := k.pool.Query(ctx, acquireBatchSQL, names, k.cfg.Owner, ttls)
 	if err != nil {
 		return err
 	}
@@ -267,18 +278,17 @@ func (k *Locker) execAcquires(batch []*acquireReq) error {
 
 // replyAcquires answers every request in batch: with err when it is not
 // nil, else from got. A lease taken for a caller that stopped waiting is
-// given back at once.
+// given back at once. Only the first request for a name gets got's answer;
+// got is updated so that later ones find the lease held.
 func (k *Locker) replyAcquires(batch []*acquireReq, got map[string]acquireReply, sent time.Time, err error) {
-	first := make(map[string]bool, len(batch))
 	for _, r := range batch {
 		rep := acquireReply{err: err}
 		if err == nil {
 			rep = got[r.name]
 			rep.sent = sent
-			if first[r.name] {
-				rep.acquired = false
-			}
-			first[r.name] = true
+			held := rep
+			held.acquired = false
+			got[r.name] = held
 		}
 		r.mu.Lock()
 		if !r.abandoned {
@@ -296,10 +306,10 @@ func (k *Locker) replyAcquires(batch []*acquireReq, got map[string]acquireReply,
 // giveBack releases a lease that was taken for a caller that stopped
 // waiting before it learnt of it.
 func (k *Locker) giveBack(name string, token int64) {
-	ctx, cancel := context.WithTimeout(context.Background(), k.s.releaseTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), k.cfg.ReleaseTimeout)
 	defer cancel()
 	if _, err := k.releaseRow(ctx, name, token, 0); err != nil {
-		k.s.logger.Warn("pgfence: leasetable: giving back a lease whose acquirer stopped waiting failed; it expires after its TTL",
+		k.cfg.Logger.Warn("pgfence: leasetable: giving back a lease whose acquirer stopped waiting failed; it expires after its TTL",
 			"lease", name, "token", token, "error", err)
 	}
 }
@@ -372,24 +382,11 @@ func (k *Locker) releaseRow(ctx context.Context, name string, token int64, atLea
 	}
 }
 
-// runReleases runs one batch of release requests.
-func (k *Locker) runReleases(batch []*releaseReq) {
-	err := k.execReleases(batch)
-	if err != nil && isDeadlock(err) && len(batch) > 1 {
-		for _, r := range batch {
-			if err := k.execReleases([]*releaseReq{r}); err != nil {
-				r.res <- releaseReply{err: err}
-			}
-		}
-		return
-	}
-	if err != nil {
-		for _, r := range batch {
-			r.res <- releaseReply{err: err}
-		}
-	}
-}
+// failRelease answers one release request with err.
+func failRelease(r *releaseReq, err error) { r.res <- releaseReply{err: err} }
 
+// execReleases runs releaseBatchSQL for batch and answers each request; on
+// a statement error it answers none and returns the error.
 func (k *Locker) execReleases(batch []*releaseReq) error {
 	slices.SortFunc(batch, func(a, b *releaseReq) int { return strings.Compare(a.name, b.name) })
 	names := make([]string, 0, len(batch))
@@ -406,7 +403,7 @@ func (k *Locker) execReleases(batch []*releaseReq) error {
 	// bounded by the release timeout.
 	ctx, cancel := batchContext(context.Background(), ctxs)
 	defer cancel()
-	rows, err := k.pool.Query(ctx, releaseBatchSQL, names, tokens, atLeast, k.s.owner)
+	rows, err := k.pool.Query(ctx, releaseBatchSQL, names, tokens, atLeast, k.cfg.Owner)
 	if err != nil {
 		return err
 	}

@@ -188,7 +188,7 @@ func TestReleaseDurability(t *testing.T) {
 		{"all freed", []int64{0, 0}, ptr("off"), 0, 2},
 		{"one kept held", []int64{0, time.Hour.Microseconds()}, nil, 1, 2},
 	}
-	timing, err := k.s.timing(nil)
+	timing, err := k.cfg.timing(nil)
 	require.NoError(t, err)
 	for i, tt := range tests {
 		names := make([]string, len(tt.atLeast))

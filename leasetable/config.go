@@ -116,72 +116,54 @@ type AcquireOpts struct {
 	AtLeast time.Duration
 }
 
-// settings is a validated Config with defaults applied.
-type settings struct {
-	ttl            time.Duration
-	renewInterval  time.Duration
-	safetyMargin   time.Duration
-	owner          string
-	logger         *slog.Logger
-	releaseTimeout time.Duration
-	disableListen  bool
-	listenConfig   *pgx.ConnConfig
-}
-
-func (c *Config) settings() (settings, error) {
-	var cfg Config
+// resolve returns a copy of c with defaults filled in, or an error naming
+// the first invalid field. ListenConnConfig, when set, is copied too, so
+// later changes by the caller do not reach the Locker.
+func (c *Config) resolve() (Config, error) {
+	var s Config
 	if c != nil {
-		cfg = *c
+		s = *c
 	}
-	s := settings{
-		ttl:            cfg.TTL,
-		renewInterval:  cfg.RenewInterval,
-		safetyMargin:   cfg.SafetyMargin,
-		owner:          cfg.Owner,
-		logger:         cfg.Logger,
-		releaseTimeout: cfg.ReleaseTimeout,
-		disableListen:  cfg.DisableListen,
+	if s.TTL == 0 {
+		s.TTL = DefaultTTL
 	}
-	if s.ttl == 0 {
-		s.ttl = DefaultTTL
+	if s.TTL < MinTTL {
+		return s, fmt.Errorf("leasetable: Config.TTL is %v; it must be at least %v (zero means %v)", s.TTL, MinTTL, DefaultTTL)
 	}
-	if s.ttl < MinTTL {
-		return s, fmt.Errorf("leasetable: Config.TTL is %v; it must be at least %v (zero means %v)", s.ttl, MinTTL, DefaultTTL)
+	if s.RenewInterval < 0 {
+		return s, fmt.Errorf("leasetable: Config.RenewInterval is %v; it must not be negative", s.RenewInterval)
 	}
-	if s.renewInterval < 0 {
-		return s, fmt.Errorf("leasetable: Config.RenewInterval is %v; it must not be negative", s.renewInterval)
+	if s.RenewInterval == 0 {
+		s.RenewInterval = s.TTL / 3
 	}
-	if s.renewInterval == 0 {
-		s.renewInterval = s.ttl / 3
+	if s.SafetyMargin < 0 {
+		return s, fmt.Errorf("leasetable: Config.SafetyMargin is %v; it must not be negative", s.SafetyMargin)
 	}
-	if s.safetyMargin < 0 {
-		return s, fmt.Errorf("leasetable: Config.SafetyMargin is %v; it must not be negative", s.safetyMargin)
+	if s.SafetyMargin == 0 {
+		s.SafetyMargin = s.TTL / 10
 	}
-	if s.safetyMargin == 0 {
-		s.safetyMargin = s.ttl / 10
-	}
-	if 2*s.renewInterval+s.safetyMargin > s.ttl {
+	if 2*s.RenewInterval+s.SafetyMargin > s.TTL {
 		return s, fmt.Errorf("leasetable: Config.TTL %v is too short for RenewInterval %v and SafetyMargin %v: "+
 			"it must be at least 2*RenewInterval + SafetyMargin so a failed renewal can be retried before the lease is given up",
-			s.ttl, s.renewInterval, s.safetyMargin)
+			s.TTL, s.RenewInterval, s.SafetyMargin)
 	}
-	if s.releaseTimeout < 0 {
-		return s, fmt.Errorf("leasetable: Config.ReleaseTimeout is %v; it must not be negative", s.releaseTimeout)
+	if s.ReleaseTimeout < 0 {
+		return s, fmt.Errorf("leasetable: Config.ReleaseTimeout is %v; it must not be negative", s.ReleaseTimeout)
 	}
-	if s.releaseTimeout == 0 {
-		s.releaseTimeout = DefaultReleaseTimeout
+	if s.ReleaseTimeout == 0 {
+		s.ReleaseTimeout = DefaultReleaseTimeout
 	}
-	if s.owner == "" {
-		s.owner = defaultOwner()
+	if s.Owner == "" {
+		s.Owner = defaultOwner()
 	}
-	if err := checkText("Config.Owner", s.owner); err != nil {
+	if err := checkText("Config.Owner", s.Owner); err != nil {
 		return s, err
 	}
-	if s.logger == nil {
-		s.logger = slog.New(slog.DiscardHandler)
+	if s.Logger == nil {
+		s.Logger = slog.New(slog.DiscardHandler)
 	}
-	if cfg.ListenConnConfig != nil {
-		s.listenConfig = cfg.ListenConnConfig.Copy()
+	if s.ListenConnConfig != nil {
+		s.ListenConnConfig = s.ListenConnConfig.Copy()
 	}
 	return s, nil
 }
@@ -192,8 +174,8 @@ type leaseTiming struct {
 	ttl, renewEvery, margin, atLeast time.Duration
 }
 
-func (s *settings) timing(o *AcquireOpts) (leaseTiming, error) {
-	t := leaseTiming{ttl: s.ttl, renewEvery: s.renewInterval, margin: s.safetyMargin}
+func (c *Config) timing(o *AcquireOpts) (leaseTiming, error) {
+	t := leaseTiming{ttl: c.TTL, renewEvery: c.RenewInterval, margin: c.SafetyMargin}
 	if o == nil {
 		return t, nil
 	}
@@ -210,11 +192,11 @@ func (s *settings) timing(o *AcquireOpts) (leaseTiming, error) {
 		return t, fmt.Errorf("leasetable: AcquireOpts.AtLeast is %v; it must not be negative", o.AtLeast)
 	}
 	t.atLeast = o.AtLeast
-	if o.TTL != 0 && o.TTL != s.ttl {
+	if o.TTL != 0 && o.TTL != c.TTL {
 		scale := func(d time.Duration) time.Duration {
-			return time.Duration(float64(d) * float64(o.TTL) / float64(s.ttl))
+			return time.Duration(float64(d) * float64(o.TTL) / float64(c.TTL))
 		}
-		t.ttl, t.renewEvery, t.margin = o.TTL, scale(s.renewInterval), scale(s.safetyMargin)
+		t.ttl, t.renewEvery, t.margin = o.TTL, scale(c.RenewInterval), scale(c.SafetyMargin)
 	}
 	return t, nil
 }

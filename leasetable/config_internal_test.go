@@ -8,26 +8,26 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestSettingsDefaults(t *testing.T) {
+func TestResolveDefaults(t *testing.T) {
 	t.Parallel()
-	s, err := (*Config)(nil).settings()
+	s, err := (*Config)(nil).resolve()
 	require.NoError(t, err)
-	require.Equal(t, DefaultTTL, s.ttl)
-	require.Equal(t, DefaultTTL/3, s.renewInterval)
-	require.Equal(t, DefaultTTL/10, s.safetyMargin)
-	require.Equal(t, DefaultReleaseTimeout, s.releaseTimeout)
-	require.NotEmpty(t, s.owner)
-	require.NotNil(t, s.logger)
+	require.Equal(t, DefaultTTL, s.TTL)
+	require.Equal(t, DefaultTTL/3, s.RenewInterval)
+	require.Equal(t, DefaultTTL/10, s.SafetyMargin)
+	require.Equal(t, DefaultReleaseTimeout, s.ReleaseTimeout)
+	require.NotEmpty(t, s.Owner)
+	require.NotNil(t, s.Logger)
 
-	other, err := (&Config{}).settings()
+	other, err := (&Config{}).resolve()
 	require.NoError(t, err)
-	require.NotEqual(t, s.owner, other.owner, "default owners are unique per Locker")
-	require.True(t, strings.Count(s.owner, "/") >= 2, "owner %q is host/pid/random", s.owner)
+	require.NotEqual(t, s.Owner, other.Owner, "default owners are unique per Locker")
+	require.True(t, strings.Count(s.Owner, "/") >= 2, "owner %q is host/pid/random", s.Owner)
 }
 
 func TestTimingScalesWithTTL(t *testing.T) {
 	t.Parallel()
-	s, err := (&Config{TTL: 30 * time.Second, RenewInterval: 6 * time.Second, SafetyMargin: 3 * time.Second}).settings()
+	s, err := (&Config{TTL: 30 * time.Second, RenewInterval: 6 * time.Second, SafetyMargin: 3 * time.Second}).resolve()
 	require.NoError(t, err)
 	for _, tc := range []struct {
 		name string

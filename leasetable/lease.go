@@ -34,7 +34,6 @@ type Lease struct {
 
 	// Guarded by k.mu.
 	state      leaseState
-	err        error
 	acquiredAt time.Time     // database time of acquisition
 	deadline   time.Time     // local deadline: last request sent + TTL - margin
 	nextRenew  time.Time     // when the watchdog renews it next
@@ -85,11 +84,7 @@ func (l *Lease) Context() context.Context { return l.ctx }
 // matching [pgfence.ErrLeaseLost] that says why (also matching
 // [pgfence.ErrClosed] when the Locker was closed); after a Release, an error
 // matching [pgfence.ErrNotHeld].
-func (l *Lease) Err() error {
-	l.k.mu.Lock()
-	defer l.k.mu.Unlock()
-	return l.err
-}
+func (l *Lease) Err() error { return context.Cause(l.ctx) }
 
 var errReleased = fmt.Errorf("leasetable: lease was released: %w", pgfence.ErrNotHeld)
 
@@ -128,7 +123,7 @@ func (l *Lease) release(ctx context.Context, cause error) error {
 	inflight := l.inflight
 	k.mu.Unlock()
 
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.s.releaseTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.cfg.ReleaseTimeout)
 	defer cancel()
 	if inflight != nil {
 		// Let a renewal that includes this lease finish first, so that it
@@ -150,7 +145,7 @@ func (l *Lease) release(ctx context.Context, cause error) error {
 	if notHeld || !wasHeld {
 		return fmt.Errorf("leasetable: release %q (token %d): %w", l.name, l.token, pgfence.ErrNotHeld)
 	}
-	k.s.logger.Debug("pgfence: leasetable: released", logAttrs(l)...)
+	k.cfg.Logger.Debug("pgfence: leasetable: released", logAttrs(l)...)
 	return nil
 }
 
@@ -160,14 +155,13 @@ func (k *Locker) endLocked(l *Lease, state leaseState, cause error) {
 		return
 	}
 	l.state = state
-	l.err = cause
 	if l.timer != nil {
 		l.timer.Stop()
 	}
 	delete(k.leases, l)
 	l.cancel(cause)
 	if state == stateLost {
-		k.s.logger.Warn("pgfence: leasetable: lease lost", append(logAttrs(l), "cause", cause)...)
+		k.cfg.Logger.Warn("pgfence: leasetable: lease lost", append(logAttrs(l), "cause", cause)...)
 	}
 }
 

@@ -31,7 +31,7 @@ WHERE name = $1 AND expires_at > now()`
 // stop it with [Locker.Close].
 type Locker struct {
 	pool       *pgxpool.Pool
-	s          settings
+	cfg        Config          // resolved: defaults filled in
 	closeCtx   context.Context // cancelled by Close
 	closeFunc  context.CancelFunc
 	background sync.WaitGroup // watchdog and listener goroutines
@@ -79,30 +79,30 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 	if pool == nil {
 		return nil, errNilPool
 	}
-	s, err := cfg.settings()
+	resolved, err := cfg.resolve()
 	if err != nil {
 		return nil, err
 	}
-	if s.listenConfig == nil && !s.disableListen {
-		s.listenConfig = pool.Config().ConnConfig.Copy()
+	if resolved.ListenConnConfig == nil && !resolved.DisableListen {
+		resolved.ListenConnConfig = pool.Config().ConnConfig.Copy()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	k := &Locker{
 		pool:         pool,
-		s:            s,
+		cfg:          resolved,
 		closeCtx:     ctx,
 		closeFunc:    cancel,
 		leases:       make(map[*Lease]struct{}),
 		watchdogWake: make(chan struct{}, 1),
 		waiters:      make(map[string]map[*waiter]struct{}),
 	}
-	k.acquires.run = k.runAcquires
-	k.releases.run = k.runReleases
+	k.acquires.exec, k.acquires.fail = k.execAcquires, k.failAcquire
+	k.releases.exec, k.releases.fail = k.execReleases, failRelease
 	return k, nil
 }
 
 // Owner returns the owner id this Locker writes into the leases it takes.
-func (k *Locker) Owner() string { return k.s.owner }
+func (k *Locker) Owner() string { return k.cfg.Owner }
 
 // Close releases every lease the Locker still holds (each such lease is
 // lost: its context is cancelled with a cause matching both
@@ -127,7 +127,7 @@ func (k *Locker) Close() {
 	for _, l := range held {
 		err := l.release(context.Background(), errLostClosed)
 		if err != nil && !errors.Is(err, pgfence.ErrNotHeld) {
-			k.s.logger.Warn("pgfence: leasetable: release on close failed", "lease", l.name, "token", l.token, "error", err)
+			k.cfg.Logger.Warn("pgfence: leasetable: release on close failed", "lease", l.name, "token", l.token, "error", err)
 		}
 	}
 	k.acquires.close()
@@ -205,7 +205,7 @@ func (k *Locker) Acquire(ctx context.Context, name string, opts *AcquireOpts) (*
 		if l != nil {
 			return l, nil
 		}
-		k.s.logger.Debug("pgfence: leasetable: waiting for lease", "lease", name, "retry_in", retryIn)
+		k.cfg.Logger.Debug("pgfence: leasetable: waiting for lease", "lease", name, "retry_in", retryIn)
 		timer.Reset(retryIn)
 		select {
 		case <-w.ch:
@@ -316,7 +316,7 @@ func (k *Locker) prepare(name string, opts *AcquireOpts) (leaseTiming, error) {
 	if err := checkText("lease name", name); err != nil {
 		return leaseTiming{}, err
 	}
-	t, err := k.s.timing(opts)
+	t, err := k.cfg.timing(opts)
 	if err != nil {
 		return leaseTiming{}, err
 	}
@@ -352,7 +352,7 @@ func (k *Locker) try(ctx context.Context, name string, t leaseTiming) (*Lease, t
 		_ = l.release(ctx, errLostClosed)
 		return nil, 0, fmt.Errorf("leasetable: acquire %q: %w", name, pgfence.ErrClosed)
 	}
-	k.s.logger.Debug("pgfence: leasetable: acquired", "lease", name, "token", rep.token, "ttl", t.ttl)
+	k.cfg.Logger.Debug("pgfence: leasetable: acquired", "lease", name, "token", rep.token, "ttl", t.ttl)
 	return l, 0, nil
 }
 

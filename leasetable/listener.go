@@ -24,7 +24,7 @@ func (k *Locker) addWaiter(name string) (*waiter, error) {
 		k.waiters[name] = set
 	}
 	set[w] = struct{}{}
-	if !k.listenerStarted && !k.s.disableListen {
+	if !k.listenerStarted && !k.cfg.DisableListen {
 		k.listenerStarted = true
 		k.background.Add(1)
 		go k.listen()
@@ -80,7 +80,7 @@ func (k *Locker) listen() {
 		if connected {
 			backoff = minBackoff
 		}
-		k.s.logger.Warn("pgfence: leasetable: LISTEN connection failed; waiters fall back to timed retries until it is back",
+		k.cfg.Logger.Warn("pgfence: leasetable: LISTEN connection failed; waiters fall back to timed retries until it is back",
 			"error", err, "retry_in", backoff)
 		timer.Reset(jitter(backoff, backoff*3/2))
 		select {
@@ -97,7 +97,7 @@ func (k *Locker) listen() {
 // succeeded.
 func (k *Locker) listenOnce() (connected bool, err error) {
 	connectCtx, cancel := context.WithTimeout(k.closeCtx, 10*time.Second)
-	conn, err := pgx.ConnectConfig(connectCtx, k.s.listenConfig.Copy())
+	conn, err := pgx.ConnectConfig(connectCtx, k.cfg.ListenConnConfig.Copy())
 	cancel()
 	if err != nil {
 		return false, err
@@ -110,7 +110,7 @@ func (k *Locker) listenOnce() (connected bool, err error) {
 	if _, err := conn.Exec(k.closeCtx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
 		return false, err
 	}
-	k.s.logger.Debug("pgfence: leasetable: LISTEN connection ready", "channel", NotifyChannel)
+	k.cfg.Logger.Debug("pgfence: leasetable: LISTEN connection ready", "channel", NotifyChannel)
 	k.wakeAll()
 	for {
 		n, err := conn.WaitForNotification(k.closeCtx)

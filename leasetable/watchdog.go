@@ -124,7 +124,7 @@ func (k *Locker) renew(batch []*Lease) {
 	}
 
 	if err != nil && k.closeCtx.Err() == nil {
-		k.s.logger.Warn("pgfence: leasetable: renewal failed; retrying until each lease's local deadline",
+		k.cfg.Logger.Warn("pgfence: leasetable: renewal failed; retrying until each lease's local deadline",
 			"leases", len(names), "error", err)
 	}
 	k.mu.Lock()
@@ -143,7 +143,7 @@ func (k *Locker) renew(batch []*Lease) {
 		case renewed[l.token]:
 			l.deadline = sent.Add(l.timing.ttl - l.timing.margin)
 			l.nextRenew = sent.Add(l.timing.renewEvery)
-			k.s.logger.Debug("pgfence: leasetable: lease renewed", logAttrs(l)...)
+			k.cfg.Logger.Debug("pgfence: leasetable: lease renewed", logAttrs(l)...)
 		default:
 			k.endLocked(l, stateLost, fmt.Errorf(
 				"leasetable: lease %q (token %d) is no longer held in the database (expired or taken over): %w",

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -94,11 +95,11 @@ func (c *Cluster) NewStandby(ctx context.Context, opts *StandbyOptions) (*Cluste
 	}
 	addr := o.PrimaryAddr
 	if addr == "" {
-		addr = "127.0.0.1:" + strconv.Itoa(c.Port)
+		addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(c.Port))
 	}
-	host, port, err := splitHostPort(addr)
+	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fail(err)
+		return fail(fmt.Errorf("pgtest: primary address: %w", err))
 	}
 	settings := map[string]string{
 		"primary_conninfo": fmt.Sprintf("host=%s port=%s user=postgres application_name=%s connect_timeout=2", host, port, o.Name),
@@ -148,15 +149,6 @@ func (c *Cluster) clientBinary(name string) (string, error) {
 		return p, nil
 	}
 	return "", fmt.Errorf("pgtest: %s not found next to %s nor on PATH", name, c.BinDir)
-}
-
-func splitHostPort(addr string) (string, string, error) {
-	for i := len(addr) - 1; i >= 0; i-- {
-		if addr[i] == ':' {
-			return addr[:i], addr[i+1:], nil
-		}
-	}
-	return "", "", fmt.Errorf("pgtest: %q is not host:port", addr)
 }
 
 func quoteLiteral(s string) string {

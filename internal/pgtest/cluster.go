@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgfence/pgfence/internal/sysproc"
 )
 
 // ClusterOptions configures a throwaway cluster. The zero value is usable.
@@ -304,7 +306,7 @@ func (c *Cluster) spawn() (*serverProc, error) {
 		Credential: c.cred,
 		Setpgid:    true,
 	}
-	setParentDeathSignal(cmd.SysProcAttr, syscall.SIGQUIT)
+	sysproc.SetParentDeathSignal(cmd.SysProcAttr, syscall.SIGQUIT)
 
 	p := &serverProc{done: make(chan struct{})}
 	started := make(chan error, 1)

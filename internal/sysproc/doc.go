@@ -1,5 +1,5 @@
 // Package sysproc holds the process-attribute settings shared by the code
-// that spawns child processes (internal/supervise, internal/demo).
+// that spawns child processes (internal/supervise, internal/demo, internal/pgtest).
 //
 // # Parent-death signal
 //

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -59,22 +58,10 @@ func names(prefix string, n int) []string {
 // holders never released them, and tokens are reissued.
 func leaseFailover(t *testing.T, synchronous bool) {
 	ctx := ctxFor(t, 3*time.Minute)
-	c, s := pgtest.NewCluster(t, nil)
-	db := s.NewDB(t)
-	opts := &pgtest.StandbyOptions{Synchronous: synchronous}
-	var proxy *chaos.Proxy
-	if !synchronous {
-		var err error
-		proxy, err = chaos.NewProxy(fmt.Sprintf("127.0.0.1:%d", c.Port))
-		require.NoError(t, err)
-		t.Cleanup(func() { require.NoError(t, proxy.Close()) })
-		opts.PrimaryAddr = proxy.Addr()
-	}
-	sb := pgtest.NewStandby(t, c, opts)
-	reviveAtCleanup(t, c)
+	f := newFailoverPair(t, synchronous)
 
 	cfg := &leasetable.Config{TTL: time.Minute, ReleaseTimeout: 200 * time.Millisecond}
-	primaryPool := appPool(t, ctx, c.URL(db.Name), "chaos-primary", 4, nil)
+	primaryPool := appPool(t, ctx, f.primary.URL(f.db.Name), "chaos-primary", 4, nil)
 	onPrimary, err := leasetable.New(primaryPool, cfg)
 	require.NoError(t, err)
 	t.Cleanup(onPrimary.Close)
@@ -82,17 +69,14 @@ func leaseFailover(t *testing.T, synchronous bool) {
 	// More than 32 grants: a sequence logs 32 values ahead, so fewer could
 	// hide a rollback.
 	leases := names("lease", 40)
-	if proxy != nil {
+	if f.proxy != nil {
 		require.Equal(t, 3, tryLeases(t, ctx, rec, onPrimary, 0, names("before", 3)))
-		primary := connectURL(t, ctx, c.URL(db.Name))
-		waitReplayed(t, ctx, primary, sb.URL(db.Name))
-		proxy.Blackhole(true)
+		f.cutReplication(t, ctx, connectURL(t, ctx, f.primary.URL(f.db.Name)))
 	}
 	require.Equal(t, len(leases), tryLeases(t, ctx, rec, onPrimary, 0, leases))
 
-	require.NoError(t, c.Crash(syscall.SIGKILL))
-	require.NoError(t, sb.Promote(ctx))
-	standbyPool := appPool(t, ctx, sb.URL(db.Name), "chaos-standby", 4, nil)
+	f.crashAndPromote(t, ctx)
+	standbyPool := appPool(t, ctx, f.standby.URL(f.db.Name), "chaos-standby", 4, nil)
 	onStandby, err := leasetable.New(standbyPool, cfg)
 	require.NoError(t, err)
 	t.Cleanup(onStandby.Close)

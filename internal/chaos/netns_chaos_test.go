@@ -123,7 +123,7 @@ func TestNetnsFaultsGuardedWorkload(t *testing.T) {
 	faults := wait()
 	require.NoError(t, err)
 	require.NoError(t, ns.Heal(ctx))
-	final := finalOf(t, ctx, admin)
+	final := finalState(t, ctx, admin)
 	t.Logf("nftables faults: %d; ok reads %d; failed/unknown register ops: %d/%d", faults, h.Count(chaos.Read, chaos.Ok),
 		h.Count(chaos.Read, chaos.Fail)+h.Count(chaos.Write, chaos.Fail),
 		h.Count(chaos.Read, chaos.Unknown)+h.Count(chaos.Write, chaos.Unknown))

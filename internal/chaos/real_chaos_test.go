@@ -60,7 +60,7 @@ func TestRealLockersNoFault(t *testing.T) {
 			pool := appPool(t, ctx, db.URL, "chaos-locker", 8, nil)
 			reg, fin := realRegister(t, ctx, kind, pool, db.Pool)
 			h := runReal(t, ctx, realLockers(t, kind, pool, realOpts{TTL: time.Second}), reg, 80, 0, 5*time.Millisecond, 0, 21)
-			checkReal(t, "no-fault", kind, h, finalState(t, ctx, fin), exclusive(kind), false)
+			checkReal(t, "no-fault", kind, h, finalState(t, ctx, fin), exclusive(kind))
 		})
 	}
 }
@@ -93,7 +93,7 @@ func TestRealLockersConnectionKill(t *testing.T) {
 			if kind == kindAdvisory {
 				require.Positive(t, countLost(h), "advisory holders whose session was killed must be told")
 			}
-			checkReal(t, "connection-kill", kind, h, finalState(t, ctx, fin), false, false)
+			checkReal(t, "connection-kill", kind, h, finalState(t, ctx, fin), false)
 		})
 	}
 }
@@ -116,7 +116,7 @@ func TestRealLockersServerCrash(t *testing.T) {
 			h, crashes := runUnderFault(t, ctx, lockers, reg, time.Second, func(i int) { crash(t, ctx, c, i) },
 				3500*time.Millisecond, 10*time.Millisecond, 2*time.Second, 3)
 			t.Logf("crashes: %d; tokens granted: %d", crashes, h.Count(chaos.Acquire, chaos.Ok))
-			checkReal(t, "server-crash", kind, h, finalState(t, ctx, fin), false, false)
+			checkReal(t, "server-crash", kind, h, finalState(t, ctx, fin), false)
 		})
 	}
 }
@@ -144,7 +144,7 @@ func TestRealLockersProxyFaults(t *testing.T) {
 			}, 3*time.Second, 20*time.Millisecond, time.Second, 11)
 			p.Blackhole(false)
 			t.Logf("proxy faults: %d", faults)
-			checkReal(t, "proxy-cut-blackhole", kind, h, finalState(t, ctx, fin), false, false)
+			checkReal(t, "proxy-cut-blackhole", kind, h, finalState(t, ctx, fin), false)
 		})
 	}
 }
@@ -173,7 +173,7 @@ func TestRealLockersNetns(t *testing.T) {
 			}, 3*time.Second, 20*time.Millisecond, time.Second, 13)
 			require.NoError(t, ns.Heal(ctx))
 			t.Logf("nftables faults: %d", faults)
-			checkReal(t, "netns-nftables", kind, h, finalState(t, ctx, fin), false, false)
+			checkReal(t, "netns-nftables", kind, h, finalState(t, ctx, fin), false)
 		})
 	}
 }
@@ -202,7 +202,7 @@ func TestRealLeaseServerClockJumps(t *testing.T) {
 			}, 4*time.Second, 40*time.Millisecond, 2*time.Second, 17)
 			require.NoError(t, clock.Set(0))
 			t.Logf("server clock jumps: %d (offsets cycling through %v)", jumps, offsets)
-			checkReal(t, "server-clock-jumps", kind, h, finalState(t, ctx, fin), false, false)
+			checkReal(t, "server-clock-jumps", kind, h, finalState(t, ctx, fin), false)
 		})
 	}
 }
@@ -283,7 +283,7 @@ func TestRealLockersProxyLatencySplit(t *testing.T) {
 				verdict(t, h, &chaos.CheckOpts{Name: "negative-control-proxy-latency-split-" + string(kind), Final: &final.Value}, true)
 				return
 			}
-			checkReal(t, "proxy-latency-split", kind, h, finalState(t, ctx, fin), false, false)
+			checkReal(t, "proxy-latency-split", kind, h, finalState(t, ctx, fin), false)
 		})
 	}
 }

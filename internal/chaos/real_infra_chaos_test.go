@@ -204,7 +204,7 @@ func TestRealLockersPgBouncerTransactionMode(t *testing.T) {
 				lockers = realLockers(t, kind, pool, realOpts{})
 			}
 			h := runReal(t, ctx, lockers, reg, 80, 0, 5*time.Millisecond, 0, 23)
-			checkReal(t, "pgbouncer-transaction", kind, h, finalState(t, ctx, fin), kind == kindAdvisoryTx, false)
+			checkReal(t, "pgbouncer-transaction", kind, h, finalState(t, ctx, fin), kind == kindAdvisoryTx)
 		})
 	}
 }
@@ -244,7 +244,7 @@ func TestRealAdvisorySessionPgBouncerTransactionMode(t *testing.T) {
 		t.Logf("chaos: scenario=pgbouncer-transaction-advisory-session-mutual-exclusion ops=%d verdict=violation detected (%s)", len(h), overlaps[0])
 	}
 	// The fence keeps the data right even where the lock is broken.
-	checkReal(t, "pgbouncer-transaction-advisory-session-fenced", kindAdvisory, h, finalState(t, ctx, fin), false, false)
+	checkReal(t, "pgbouncer-transaction-advisory-session-fenced", kindAdvisory, h, finalState(t, ctx, fin), false)
 	require.True(t, refused > 0 || len(overlaps) > 0, "session locks through a transaction pooler were neither refused nor seen overlapping")
 }
 

@@ -127,7 +127,7 @@ func pausedLease(t *testing.T, register string, guarded bool) chaos.History {
 		childCall(t, ctx, child, "release") // reports the lease was not held
 		require.NoError(t, lease.Release(ctx))
 	}
-	final := finalOf(t, ctx, admin)
+	final := finalState(t, ctx, admin)
 	h := rec.History()
 	scenario := "process-pause-real-lease-" + register
 	if register == "sql" {

@@ -278,6 +278,7 @@ func TestRealLockersProxyLatencySplit(t *testing.T) {
 			require.NoError(t, errs[1])
 			h := rec.History()
 			t.Logf("latency spikes: %d", slowReg.spikes.Load())
+			require.Positive(t, slowReg.spikes.Load(), "no latency spike was injected")
 			if kind == kindLeaseUnguarded {
 				final := finalState(t, ctx, fin)
 				verdict(t, h, &chaos.CheckOpts{Name: "negative-control-proxy-latency-split-" + string(kind), Final: &final.Value}, true)

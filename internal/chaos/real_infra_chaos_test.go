@@ -287,10 +287,13 @@ func TestRealLeaseSendsNoClientTime(t *testing.T) {
 	db := pgtest.NewDB(t)
 	tr := &recordingTracer{renewed: make(chan struct{})}
 	pool := appPool(t, ctx, db.URL, "chaos-locker", 4, func(c *pgxpool.Config) { c.ConnConfig.Tracer = tr })
-	a, err := leasetable.New(pool, &leasetable.Config{TTL: 300 * time.Millisecond})
+	// Frequent renewals with a TTL no scheduling stall on a loaded CI
+	// machine outlasts: the lease must not lapse before a releases it.
+	cfg := &leasetable.Config{TTL: 3 * time.Second, RenewInterval: 100 * time.Millisecond}
+	a, err := leasetable.New(pool, cfg)
 	require.NoError(t, err)
 	defer a.Close()
-	b, err := leasetable.New(pool, &leasetable.Config{TTL: 300 * time.Millisecond})
+	b, err := leasetable.New(pool, cfg)
 	require.NoError(t, err)
 	defer b.Close()
 

@@ -54,7 +54,7 @@ func TestServerCrashGuardedWorkload(t *testing.T) {
 	stop()
 	crashes := wait()
 	require.NoError(t, err)
-	final := finalOf(t, ctx, reg)
+	final := finalState(t, ctx, reg)
 	t.Logf("crashes: %d; acquires ok %d; unknown writes %d", crashes,
 		h.Count(chaos.Acquire, chaos.Ok), h.Count(chaos.Write, chaos.Unknown))
 	require.Positive(t, crashes)

@@ -57,44 +57,69 @@ func leaseCount(t *testing.T, ctx context.Context, conn *pgx.Conn) int {
 	return n
 }
 
+// failoverPair is a primary with one database, and its standby.
+type failoverPair struct {
+	primary, standby *pgtest.Cluster
+	db               *pgtest.DB
+	// proxy carries an asynchronous standby's replication stream; nil for
+	// a synchronous standby.
+	proxy *chaos.Proxy
+}
+
+// newFailoverPair starts a primary with a database and a standby of it. An
+// asynchronous standby streams through a proxy, so the test can cut
+// replication deterministically. The primary is revived at cleanup.
+func newFailoverPair(t *testing.T, synchronous bool) *failoverPair {
+	t.Helper()
+	c, s := pgtest.NewCluster(t, nil)
+	f := &failoverPair{primary: c, db: s.NewDB(t)}
+	opts := &pgtest.StandbyOptions{Synchronous: synchronous}
+	if !synchronous {
+		var err error
+		f.proxy, err = chaos.NewProxy(fmt.Sprintf("127.0.0.1:%d", c.Port))
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, f.proxy.Close()) })
+		opts.PrimaryAddr = f.proxy.Addr()
+	}
+	f.standby = pgtest.NewStandby(t, c, opts)
+	reviveAtCleanup(t, c)
+	return f
+}
+
+// cutReplication waits until the standby replayed everything the primary
+// (reached through conn) wrote, then blackholes the replication stream.
+func (f *failoverPair) cutReplication(t *testing.T, ctx context.Context, conn *pgx.Conn) {
+	t.Helper()
+	waitReplayed(t, ctx, conn, f.standby.URL(f.db.Name))
+	f.proxy.Blackhole(true)
+}
+
+// crashAndPromote crashes the primary (SIGKILL) and promotes the standby.
+func (f *failoverPair) crashAndPromote(t *testing.T, ctx context.Context) {
+	t.Helper()
+	require.NoError(t, f.primary.Crash(syscall.SIGKILL))
+	require.NoError(t, f.standby.Promote(ctx))
+}
+
 // failover draws tokens and grants leases on a primary, crashes it, promotes
 // the standby, draws again there, and checks the token history.
 func failover(t *testing.T, synchronous bool) {
 	ctx := ctxFor(t, 3*time.Minute)
-	c, s := pgtest.NewCluster(t, nil)
-	db := s.NewDB(t)
-
-	opts := &pgtest.StandbyOptions{Synchronous: synchronous}
-	var proxy *chaos.Proxy
-	if !synchronous {
-		// The asynchronous standby streams through a proxy, so the test
-		// can cut replication deterministically.
-		var err error
-		proxy, err = chaos.NewProxy(fmt.Sprintf("127.0.0.1:%d", c.Port))
-		require.NoError(t, err)
-		t.Cleanup(func() { require.NoError(t, proxy.Close()) })
-		opts.PrimaryAddr = proxy.Addr()
-	}
-	sb := pgtest.NewStandby(t, c, opts)
-	reviveAtCleanup(t, c)
-
+	f := newFailoverPair(t, synchronous)
 	rec := chaos.NewRecorder()
-	primary := connectURL(t, ctx, c.URL(db.Name))
+	primary := connectURL(t, ctx, f.primary.URL(f.db.Name))
 	// More than 32 draws: a sequence logs 32 values ahead, so fewer could
 	// hide a rollback.
 	const n = 40
-	if proxy != nil {
-		// Before the cut: wait until the standby replayed everything.
+	if f.proxy != nil {
 		drawTokens(t, ctx, rec, primary, 0, 5, "before")
-		waitReplayed(t, ctx, primary, sb.URL(db.Name))
-		proxy.Blackhole(true)
+		f.cutReplication(t, ctx, primary)
 	}
 	drawTokens(t, ctx, rec, primary, 0, n, "lease")
 	leasesBefore := leaseCount(t, ctx, primary)
 
-	require.NoError(t, c.Crash(syscall.SIGKILL))
-	require.NoError(t, sb.Promote(ctx))
-	promoted := connectURL(t, ctx, sb.URL(db.Name))
+	f.crashAndPromote(t, ctx)
+	promoted := connectURL(t, ctx, f.standby.URL(f.db.Name))
 	leasesAfter := leaseCount(t, ctx, promoted)
 	drawTokens(t, ctx, rec, promoted, 1, n, "")
 

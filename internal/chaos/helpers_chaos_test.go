@@ -44,7 +44,7 @@ func soak(ops int, d time.Duration) (int, time.Duration) {
 // verdict checks h, logs the scenario's summary line, and requires the
 // verdict: violation when wantViolation (a negative control), else
 // linearizable.
-func verdict(t *testing.T, h chaos.History, opts *chaos.CheckOpts, wantViolation bool) *chaos.Report {
+func verdict(t *testing.T, h chaos.History, opts *chaos.CheckOpts, wantViolation bool) {
 	t.Helper()
 	if v := os.Getenv("CHAOS_CHECK_TIMEOUT"); v != "" && opts.Timeout == 0 {
 		d, err := time.ParseDuration(v)
@@ -68,7 +68,6 @@ func verdict(t *testing.T, h chaos.History, opts *chaos.CheckOpts, wantViolation
 	} else {
 		require.True(t, r.OK(), "%s", r)
 	}
-	return r
 }
 
 func firstOr(s []string, d string) string {
@@ -83,21 +82,6 @@ func ctxFor(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d+soakDuration())
 	t.Cleanup(cancel)
 	return ctx
-}
-
-func finalOf(t *testing.T, ctx context.Context, r *chaos.SQLRegister) chaos.RegisterState {
-	t.Helper()
-	var s chaos.RegisterState
-	var err error
-	// After a fault the first connection may be a broken one.
-	for i := 0; i < 5; i++ {
-		if s, err = r.Final(ctx); err == nil {
-			return s
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	require.NoError(t, err)
-	return s
 }
 
 func nextToken(t *testing.T, ctx context.Context, db pgfence.DB) int64 {

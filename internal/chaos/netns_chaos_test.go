@@ -123,9 +123,10 @@ func TestNetnsFaultsGuardedWorkload(t *testing.T) {
 	faults := wait()
 	require.NoError(t, err)
 	require.NoError(t, ns.Heal(ctx))
-	final := finalOf(t, ctx, admin)
+	final := finalState(t, ctx, admin)
 	t.Logf("nftables faults: %d; ok reads %d; failed/unknown register ops: %d/%d", faults, h.Count(chaos.Read, chaos.Ok),
 		h.Count(chaos.Read, chaos.Fail)+h.Count(chaos.Write, chaos.Fail),
 		h.Count(chaos.Read, chaos.Unknown)+h.Count(chaos.Write, chaos.Unknown))
+	require.Positive(t, faults, "no fault was injected during the workload")
 	verdict(t, h, &chaos.CheckOpts{Name: "netns-nftables-guarded", Final: &final.Value, Claim: true}, false)
 }

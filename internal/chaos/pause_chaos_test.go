@@ -88,7 +88,7 @@ func pausedHolder(t *testing.T, guarded bool) {
 		require.NoError(t, child.Cont())
 		completeFromChild(t, ctx, wr, child)
 	}
-	final := finalOf(t, ctx, reg)
+	final := finalState(t, ctx, reg)
 	h := rec.History()
 	if guarded {
 		require.Equal(t, rounds, countFenced(h), "every stale write must be fenced")

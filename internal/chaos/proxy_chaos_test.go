@@ -146,9 +146,10 @@ func TestNetworkFaultsGuardedWorkload(t *testing.T) {
 	faults := wait()
 	require.NoError(t, err)
 	p.Blackhole(false)
-	final := finalOf(t, ctx, reg)
+	final := finalState(t, ctx, reg)
 	t.Logf("faults injected: %d; unknown writes: %d; fenced: %d",
 		faults, h.Count(chaos.Write, chaos.Unknown), countFenced(h))
+	require.Positive(t, faults, "no fault was injected during the workload")
 	verdict(t, h, &chaos.CheckOpts{Name: "proxy-cut-blackhole-guarded", Final: &final.Value, Claim: true}, false)
 }
 

@@ -29,6 +29,23 @@ func runReal(t *testing.T, ctx context.Context, lockers []chaos.Locker, reg chao
 	return h
 }
 
+// runUnderFault runs the workload (as runReal, bounded by dur) while fault
+// is injected every interval, stops the nemesis, and requires that at least
+// one fault was injected: a scenario whose fault never fired proves nothing.
+func runUnderFault(t *testing.T, ctx context.Context, lockers []chaos.Locker, reg chaos.Register, interval time.Duration, fault func(i int), dur, maxSleep, opTimeout time.Duration, seed uint64) (chaos.History, int) {
+	t.Helper()
+	wctx, stop := context.WithCancel(ctx)
+	wait := nemesis(wctx, interval, fault)
+	h := func() chaos.History {
+		// Stop the nemesis even when the workload fails the test.
+		defer stop()
+		return runReal(t, ctx, lockers, reg, 0, dur, maxSleep, opTimeout, seed)
+	}()
+	faults := wait()
+	require.Positive(t, faults, "no fault was injected during the workload")
+	return h, faults
+}
+
 func exclusive(kind lockerKind) bool { return kind == kindAdvisory || kind == kindAdvisoryTx }
 
 // Every real locker, no fault: linearizable, and advisory locks are
@@ -43,7 +60,7 @@ func TestRealLockersNoFault(t *testing.T) {
 			pool := appPool(t, ctx, db.URL, "chaos-locker", 8, nil)
 			reg, fin := realRegister(t, ctx, kind, pool, db.Pool)
 			h := runReal(t, ctx, realLockers(t, kind, pool, realOpts{TTL: time.Second}), reg, 80, 0, 5*time.Millisecond, 0, 21)
-			checkReal(t, "no-fault", kind, h, finalState(t, ctx, fin), exclusive(kind), false)
+			checkReal(t, "no-fault", kind, h, finalState(t, ctx, fin), exclusive(kind))
 		})
 	}
 }
@@ -63,24 +80,20 @@ func TestRealLockersConnectionKill(t *testing.T) {
 			pool := appPool(t, ctx, db.URL, "chaos-locker", 8, nil)
 			reg, fin := realRegister(t, ctx, kind, pool, db.Pool)
 			lockers := realLockers(t, kind, pool, realOpts{})
-			wctx, stop := context.WithCancel(ctx)
 			killed := 0
-			wait := nemesis(wctx, 150*time.Millisecond, func(int) {
+			h, _ := runUnderFault(t, ctx, lockers, reg, 150*time.Millisecond, func(int) {
 				for _, app := range []string{"chaos-locker", advisory.DefaultApplicationName} {
 					if n, err := chaos.TerminateBackends(ctx, db.Pool, db.Name, app); err == nil {
 						killed += n
 					}
 				}
-			})
-			h := runReal(t, ctx, lockers, reg, 0, 3*time.Second, 60*time.Millisecond, 2*time.Second, 5)
-			stop()
-			wait()
+			}, 3*time.Second, 60*time.Millisecond, 2*time.Second, 5)
 			t.Logf("backends terminated: %d", killed)
 			require.Positive(t, killed)
 			if kind == kindAdvisory {
 				require.Positive(t, countLost(h), "advisory holders whose session was killed must be told")
 			}
-			checkReal(t, "connection-kill", kind, h, finalState(t, ctx, fin), false, false)
+			checkReal(t, "connection-kill", kind, h, finalState(t, ctx, fin), false)
 		})
 	}
 }
@@ -100,14 +113,10 @@ func TestRealLockersServerCrash(t *testing.T) {
 			admin := appPool(t, ctx, db.URL, "chaos-admin", 2, nil)
 			reg, fin := realRegister(t, ctx, kind, pool, admin)
 			lockers := realLockers(t, kind, pool, realOpts{TTL: 500 * time.Millisecond})
-			wctx, stop := context.WithCancel(ctx)
-			wait := nemesis(wctx, time.Second, func(i int) { crash(t, ctx, c, i) })
-			h := runReal(t, ctx, lockers, reg, 0, 3500*time.Millisecond, 10*time.Millisecond, 2*time.Second, 3)
-			stop()
-			crashes := wait()
-			require.Positive(t, crashes)
+			h, crashes := runUnderFault(t, ctx, lockers, reg, time.Second, func(i int) { crash(t, ctx, c, i) },
+				3500*time.Millisecond, 10*time.Millisecond, 2*time.Second, 3)
 			t.Logf("crashes: %d; tokens granted: %d", crashes, h.Count(chaos.Acquire, chaos.Ok))
-			checkReal(t, "server-crash", kind, h, finalState(t, ctx, fin), false, false)
+			checkReal(t, "server-crash", kind, h, finalState(t, ctx, fin), false)
 		})
 	}
 }
@@ -126,20 +135,16 @@ func TestRealLockersProxyFaults(t *testing.T) {
 			pool := appPool(t, ctx, url, "chaos-locker", 8, nil)
 			reg, fin := realRegister(t, ctx, kind, pool, db.Pool)
 			lockers := realLockers(t, kind, pool, realOpts{})
-			wctx, stop := context.WithCancel(ctx)
-			wait := nemesis(wctx, 250*time.Millisecond, func(i int) {
+			h, faults := runUnderFault(t, ctx, lockers, reg, 250*time.Millisecond, func(i int) {
 				if i%2 == 0 {
 					p.Cut()
 				} else {
 					p.BlackholeFor(150 * time.Millisecond)
 				}
-			})
-			h := runReal(t, ctx, lockers, reg, 0, 3*time.Second, 20*time.Millisecond, time.Second, 11)
-			stop()
-			faults := wait()
+			}, 3*time.Second, 20*time.Millisecond, time.Second, 11)
 			p.Blackhole(false)
 			t.Logf("proxy faults: %d", faults)
-			checkReal(t, "proxy-cut-blackhole", kind, h, finalState(t, ctx, fin), false, false)
+			checkReal(t, "proxy-cut-blackhole", kind, h, finalState(t, ctx, fin), false)
 		})
 	}
 }
@@ -157,8 +162,7 @@ func TestRealLockersNetns(t *testing.T) {
 			pool := appPool(t, ctx, db.URL, "", 8, func(c *pgxpool.Config) { c.ConnConfig = connCfg("") })
 			reg, fin := realRegister(t, ctx, kind, pool, db.Pool)
 			lockers := realLockers(t, kind, pool, realOpts{})
-			wctx, stop := context.WithCancel(ctx)
-			wait := nemesis(wctx, 400*time.Millisecond, func(i int) {
+			h, faults := runUnderFault(t, ctx, lockers, reg, 400*time.Millisecond, func(i int) {
 				if i%2 == 0 {
 					_ = ns.Reject(ctx, p.Port())
 				} else {
@@ -166,13 +170,10 @@ func TestRealLockersNetns(t *testing.T) {
 				}
 				time.Sleep(150 * time.Millisecond) // the fault's duration
 				_ = ns.Heal(ctx)
-			})
-			h := runReal(t, ctx, lockers, reg, 0, 3*time.Second, 20*time.Millisecond, time.Second, 13)
-			stop()
-			faults := wait()
+			}, 3*time.Second, 20*time.Millisecond, time.Second, 13)
 			require.NoError(t, ns.Heal(ctx))
 			t.Logf("nftables faults: %d", faults)
-			checkReal(t, "netns-nftables", kind, h, finalState(t, ctx, fin), false, false)
+			checkReal(t, "netns-nftables", kind, h, finalState(t, ctx, fin), false)
 		})
 	}
 }
@@ -196,16 +197,12 @@ func TestRealLeaseServerClockJumps(t *testing.T) {
 			reg, fin := realRegister(t, ctx, kind, pool, admin)
 			lockers := realLockers(t, kind, pool, realOpts{})
 			offsets := []time.Duration{2 * time.Second, 0, time.Second, -time.Second, 3 * time.Second, 0}
-			wctx, stop := context.WithCancel(ctx)
-			wait := nemesis(wctx, 300*time.Millisecond, func(i int) {
+			h, jumps := runUnderFault(t, ctx, lockers, reg, 300*time.Millisecond, func(i int) {
 				_ = clock.Set(offsets[i%len(offsets)])
-			})
-			h := runReal(t, ctx, lockers, reg, 0, 4*time.Second, 40*time.Millisecond, 2*time.Second, 17)
-			stop()
-			jumps := wait()
+			}, 4*time.Second, 40*time.Millisecond, 2*time.Second, 17)
 			require.NoError(t, clock.Set(0))
 			t.Logf("server clock jumps: %d (offsets cycling through %v)", jumps, offsets)
-			checkReal(t, "server-clock-jumps", kind, h, finalState(t, ctx, fin), false, false)
+			checkReal(t, "server-clock-jumps", kind, h, finalState(t, ctx, fin), false)
 		})
 	}
 }
@@ -281,12 +278,13 @@ func TestRealLockersProxyLatencySplit(t *testing.T) {
 			require.NoError(t, errs[1])
 			h := rec.History()
 			t.Logf("latency spikes: %d", slowReg.spikes.Load())
+			require.Positive(t, slowReg.spikes.Load(), "no latency spike was injected")
 			if kind == kindLeaseUnguarded {
 				final := finalState(t, ctx, fin)
 				verdict(t, h, &chaos.CheckOpts{Name: "negative-control-proxy-latency-split-" + string(kind), Final: &final.Value}, true)
 				return
 			}
-			checkReal(t, "proxy-latency-split", kind, h, finalState(t, ctx, fin), false, false)
+			checkReal(t, "proxy-latency-split", kind, h, finalState(t, ctx, fin), false)
 		})
 	}
 }

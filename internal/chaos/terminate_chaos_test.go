@@ -69,7 +69,7 @@ func TestConnectionKillGuardedWorkload(t *testing.T) {
 	stop()
 	rounds := wait()
 	require.NoError(t, err)
-	final := finalOf(t, ctx, admin)
+	final := finalState(t, ctx, admin)
 	t.Logf("kill rounds: %d, backends terminated: %d, failed/unknown register ops: %d/%d", rounds, killed,
 		h.Count(chaos.Read, chaos.Fail)+h.Count(chaos.Write, chaos.Fail),
 		h.Count(chaos.Read, chaos.Unknown)+h.Count(chaos.Write, chaos.Unknown))

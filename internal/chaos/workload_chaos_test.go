@@ -26,7 +26,7 @@ func runRegister(t *testing.T, guarded bool, ttl, maxSleep time.Duration, ops in
 		Locker: lk, Register: reg, Workers: 4, Ops: ops, Duration: dur, MaxSleep: maxSleep, Seed: 7,
 	})
 	require.NoError(t, err)
-	return h, finalOf(t, ctx, reg)
+	return h, finalState(t, ctx, reg)
 }
 
 func TestWorkloadGuardedNoOverlap(t *testing.T) {

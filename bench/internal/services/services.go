@@ -100,6 +100,7 @@ type Process struct {
 	Addr string // host:port clients connect to
 	cmd  *exec.Cmd
 	dir  string
+	log  string // the server's log file
 	done chan struct{}
 }
 
@@ -108,14 +109,15 @@ type Process struct {
 // that started the child, so the child is started from a goroutine locked
 // to its thread, which it keeps until the child exits.
 func start(bin string, args []string, dir, name string) (*Process, error) {
-	log, err := os.Create(filepath.Join(dir, name+".log"))
+	logPath := filepath.Join(dir, name+".log")
+	log, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr, cmd.Dir = log, log, dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	p := &Process{cmd: cmd, dir: dir, done: make(chan struct{})}
+	p := &Process{cmd: cmd, dir: dir, log: logPath, done: make(chan struct{})}
 	started := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -152,7 +154,7 @@ func (p *Process) Stop() {
 }
 
 func (p *Process) logTail() string {
-	b, _ := os.ReadFile(filepath.Join(p.dir, filepath.Base(p.cmd.Path)+".log"))
+	b, _ := os.ReadFile(p.log)
 	if len(b) > 2000 {
 		b = b[len(b)-2000:]
 	}

@@ -15,6 +15,11 @@ CHAOS_DURATION ?= 10m
 CHAOS_CHECK_TIMEOUT ?= 10m
 
 CHAOS_SUMMARY := '^(---|ok|FAIL|panic)|chaos: scenario=|detected as expected|danger shown|reissued|server clock|preserved|through PgBouncer|client timestamp|granted across|child observed'
+# On failure the whole log is printed, then this digest of the failures
+# (every failed test, subtests included, and each failed assertion), last,
+# so that a truncated CI log still ends with why.
+CHAOS_FAILURES := 'Error Trace:|^panic:|^[[:space:]]*--- FAIL|test timed out'
+CHAOS_DIGEST = { echo; echo '=== failures'; grep -E -A14 $(CHAOS_FAILURES) $$log | tail -n 300; }
 
 # Each fuzz target runs this long under make fuzz (their seed corpora run
 # in every plain go test).
@@ -27,12 +32,12 @@ FUZZ_TARGETS := ./leasetable:FuzzLeaseName ./advisory:FuzzNameKey ./fence:FuzzSc
 
 # chaos-ci is the short schedule CI runs: every fault, a few minutes in all.
 # The summary lines are printed; on failure the whole log follows (with the
-# history and the path of porcupine's visualisation).
+# history and the path of porcupine's visualisation), then the digest.
 chaos-ci:
 	@log=$${TMPDIR:-/tmp}/pgfence-chaos-ci.log; \
 	$(GO) test -race -shuffle=on -count=1 -tags chaos -timeout 15m -v ./internal/chaos/... >$$log 2>&1; \
 	status=$$?; grep -E $(CHAOS_SUMMARY) $$log; \
-	if [ $$status -ne 0 ]; then cat $$log; fi; exit $$status
+	if [ $$status -ne 0 ]; then cat $$log; $(CHAOS_DIGEST); fi; exit $$status
 
 # chaos is the long local soak: make chaos CHAOS_DURATION=1h
 chaos:
@@ -40,7 +45,7 @@ chaos:
 	CHAOS_DURATION=$(CHAOS_DURATION) CHAOS_CHECK_TIMEOUT=$(CHAOS_CHECK_TIMEOUT) \
 		$(GO) test -race -count=1 -tags chaos -timeout 0 -v ./internal/chaos/... >$$log 2>&1; \
 	status=$$?; grep -E $(CHAOS_SUMMARY) $$log; \
-	if [ $$status -ne 0 ]; then cat $$log; fi; exit $$status
+	if [ $$status -ne 0 ]; then cat $$log; $(CHAOS_DIGEST); fi; exit $$status
 
 # fuzz runs every fuzz target for FUZZTIME: make fuzz FUZZTIME=5m
 fuzz:

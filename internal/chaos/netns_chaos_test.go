@@ -97,10 +97,11 @@ func TestNetnsFaultsGuardedWorkload(t *testing.T) {
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	reg, err := chaos.NewSQLRegister(ctx, pool, "chaos_register", true)
-	require.NoError(t, err)
+	// Created through the host's pool: only the workload takes the
+	// faulty path.
 	admin, err := chaos.NewSQLRegister(ctx, db.Pool, "chaos_register", true)
 	require.NoError(t, err)
+	reg := admin.On(pool)
 	lk, err := chaos.NewSimLocker(db.Pool, 3*time.Millisecond)
 	require.NoError(t, err)
 

@@ -124,8 +124,7 @@ func TestNetworkFaultsGuardedWorkload(t *testing.T) {
 
 	reg, err := chaos.NewSQLRegister(ctx, db.Pool, "chaos_register", true)
 	require.NoError(t, err)
-	viaProxy, err := chaos.NewSQLRegister(ctx, pool, "chaos_register", true)
-	require.NoError(t, err)
+	viaProxy := reg.On(pool)
 	lk, err := chaos.NewSimLocker(db.Pool, 3*time.Millisecond)
 	require.NoError(t, err)
 

@@ -88,26 +88,25 @@ type finalReader interface {
 }
 
 // realRegister returns the register kind protects, on db, and a reader of
-// its final state on admin (a connection that no fault touches).
+// its final state on admin (a connection that no fault touches). The table
+// is created through admin too: setup must not depend on the faulty path
+// (its tight connect timeout, under a loaded CI machine), only the workload.
 func realRegister(t *testing.T, ctx context.Context, kind lockerKind, db, admin *pgxpool.Pool) (chaos.Register, finalReader) {
 	t.Helper()
 	const table = "chaos_register"
 	adm, err := chaos.NewSQLRegister(ctx, admin, table, true)
 	require.NoError(t, err)
+	var reg chaos.ScopedRegister
 	switch kind {
 	case kindLeaseUnguarded:
-		r, err := chaos.NewSQLRegister(ctx, db, table, false)
-		require.NoError(t, err)
-		return r, adm
+		reg, err = chaos.NewSQLRegister(ctx, admin, table, false)
 	case kindLeaseChecked:
-		r, err := chaos.NewFenceRegister(ctx, db, table, chaos.DefaultLockName)
-		require.NoError(t, err)
-		return r, adm
+		reg, err = chaos.NewFenceRegister(ctx, admin, table, chaos.DefaultLockName)
 	default:
-		r, err := chaos.NewFenceRegister(ctx, db, table, "")
-		require.NoError(t, err)
-		return r, adm
+		reg, err = chaos.NewFenceRegister(ctx, admin, table, "")
 	}
+	require.NoError(t, err)
+	return reg.On(db), adm
 }
 
 // finalState reads the final state, retrying a few times after faults.

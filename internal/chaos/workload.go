@@ -353,6 +353,15 @@ func NewSQLRegister(ctx context.Context, db pgfence.DB, table string, guarded bo
 	return r, nil
 }
 
+// On implements [ScopedRegister]: the same register, run on db. It also
+// lets a test create the table through a connection no fault touches and
+// run the workload through the faulty one.
+func (r *SQLRegister) On(db pgfence.DB) Register {
+	c := *r
+	c.db = db
+	return &c
+}
+
 func (r *SQLRegister) sql(q string) string { return fmt.Sprintf(q, r.table) }
 
 // Claims reports whether reads claim the row: true when guarded.

@@ -63,9 +63,7 @@ func render(res *results, cfg *config) (map[string][]byte, error) {
 	for _, s := range res.Systems {
 		st.Rows = append(st.Rows, []string{s.Name, s.Kind, s.Note})
 	}
-	for _, s := range systemsPgbench() {
-		st.Rows = append(st.Rows, s)
-	}
+	st.Rows = append(st.Rows, systemsPgbench()...)
 	p("%s\n", st.Markdown())
 
 	renderTargets(p, res, cfg)

@@ -29,6 +29,18 @@ const DefaultReleaseTimeout = 5 * time.Second
 // accepts. The same limit applies to owner ids.
 const MaxNameLength = 512
 
+// DefaultListenCheckInterval is how long the LISTEN connection may stay
+// silent before it is checked, when [Config].ListenCheckInterval is zero.
+const DefaultListenCheckInterval = 15 * time.Second
+
+// minListenCheckInterval is the shortest [Config].ListenCheckInterval
+// accepted: shorter ones would spend the connection on checks.
+const minListenCheckInterval = 100 * time.Millisecond
+
+// maxListenCheckTimeout bounds the health check of the LISTEN connection
+// when [Config].ListenCheckInterval is longer.
+const maxListenCheckTimeout = 5 * time.Second
+
 // NotifyChannel is the LISTEN/NOTIFY channel on which a release is announced;
 // the payload is the lease name. Waiters in [Locker.Acquire] wake on it.
 const NotifyChannel = "pgfence_lease_released"
@@ -88,8 +100,34 @@ type Config struct {
 	// instead of the pool's connection configuration. Point it at the server
 	// directly when the pool goes through a transaction-pooling PgBouncer,
 	// where LISTEN does not work. It is copied; the caller's value is not
-	// modified.
+	// modified. Whichever configuration is used, the LISTEN connection
+	// handles a context that ends by setting a deadline on the network
+	// connection (pgconn's DeadlineContextWatcherHandler, pgx's default),
+	// never by sending a cancel request: see ListenCheckInterval.
 	ListenConnConfig *pgx.ConnConfig
+
+	// ListenCheckInterval is how long the LISTEN connection may go without
+	// receiving a notification before the Locker checks it with a round
+	// trip (it repeats the LISTEN statement, a no-op on a listening
+	// session). The check must be answered within ListenCheckInterval or 5
+	// seconds, whichever is shorter; otherwise the connection is closed,
+	// re-opened with backoff, and every waiter retries once it is back (a
+	// Warn is logged). This notices a connection that died silently
+	// (firewall or NAT state dropped, a partition without a reset, a proxy
+	// that stopped forwarding), which would otherwise delay every hand-over
+	// until the holder's expiry for as long as it lingers: waiters now
+	// retry within about ListenCheckInterval plus the check's timeout (and
+	// the reconnect) of the connection's last sign of life. The cost is one
+	// round trip per ListenCheckInterval on a quiet channel, once the
+	// Locker has waited (the LISTEN connection opens on the first wait).
+	//
+	// Zero means [DefaultListenCheckInterval]; otherwise it must be at
+	// least 100ms. A negative value turns the check off: a dead connection
+	// is then replaced only when the operating system reports it broken
+	// (through TCP keepalive, if the dialer enables it, as Go's default
+	// dialer does; never while a proxy in between keeps the TCP connection
+	// alive). It has no effect with DisableListen.
+	ListenCheckInterval time.Duration
 }
 
 // AcquireOpts are per-call choices for [Locker.TryAcquire],
@@ -161,6 +199,14 @@ func (c *Config) resolve() (Config, error) {
 	}
 	if s.Logger == nil {
 		s.Logger = slog.New(slog.DiscardHandler)
+	}
+	if s.ListenCheckInterval == 0 {
+		s.ListenCheckInterval = DefaultListenCheckInterval
+	}
+	if s.ListenCheckInterval > 0 && s.ListenCheckInterval < minListenCheckInterval {
+		return s, fmt.Errorf("leasetable: Config.ListenCheckInterval is %v; it must be at least %v "+
+			"(zero means %v, a negative value turns the check off)",
+			s.ListenCheckInterval, minListenCheckInterval, DefaultListenCheckInterval)
 	}
 	if s.ListenConnConfig != nil {
 		s.ListenConnConfig = s.ListenConnConfig.Copy()

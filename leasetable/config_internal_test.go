@@ -18,6 +18,13 @@ func TestResolveDefaults(t *testing.T) {
 	require.Equal(t, DefaultReleaseTimeout, s.ReleaseTimeout)
 	require.NotEmpty(t, s.Owner)
 	require.NotNil(t, s.Logger)
+	require.Equal(t, DefaultListenCheckInterval, s.ListenCheckInterval)
+
+	off, err := (&Config{ListenCheckInterval: -1}).resolve()
+	require.NoError(t, err)
+	require.Negative(t, off.ListenCheckInterval, "a negative interval turns the check off")
+	_, err = (&Config{ListenCheckInterval: 99 * time.Millisecond}).resolve()
+	require.ErrorContains(t, err, "Config.ListenCheckInterval is 99ms; it must be at least 100ms")
 
 	other, err := (&Config{}).resolve()
 	require.NoError(t, err)

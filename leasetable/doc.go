@@ -64,7 +64,15 @@
 // little jitter. If the LISTEN connection fails, waiting still works through
 // those timed retries; the connection is re-opened with capped backoff and
 // every waiter retries once it is back, since a release may have been
-// missed.
+// missed. A connection can also die silently (firewall or NAT state
+// dropped, a partition without a reset, a proxy that stopped forwarding):
+// no error arrives, and neither do notifications. So whenever the LISTEN
+// connection has received nothing for [Config].ListenCheckInterval (15s by
+// default), it is checked with a round trip, and replaced like a failed one
+// if that is not answered in time (within the interval, at most 5s). A
+// release missed on a dead connection thus delays a waiter by about the
+// interval plus that timeout, not until the holder's expiry. Each failure
+// is logged as a Warn.
 //
 // # Fencing tokens
 //

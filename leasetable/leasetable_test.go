@@ -44,6 +44,7 @@ func TestNewBadInput(t *testing.T) {
 		{"TTL too short for cadence", leasetable.Config{TTL: time.Second, RenewInterval: 500 * time.Millisecond}, "too short"},
 		{"margin eats TTL", leasetable.Config{TTL: time.Second, SafetyMargin: 900 * time.Millisecond}, "too short"},
 		{"negative release timeout", leasetable.Config{ReleaseTimeout: -1}, "ReleaseTimeout"},
+		{"tiny listen check interval", leasetable.Config{ListenCheckInterval: time.Millisecond}, "ListenCheckInterval"},
 		{"oversized owner", leasetable.Config{Owner: strings.Repeat("o", 513)}, "Config.Owner"},
 		{"owner with NUL", leasetable.Config{Owner: "a\x00b"}, "NUL"},
 		{"owner not UTF-8", leasetable.Config{Owner: "\xff"}, "UTF-8"},
@@ -489,6 +490,65 @@ func TestListenerReconnectsAndWaitersFallBack(t *testing.T) {
 	waitFor(t, waiting, "the waiter to wait")
 	require.NoError(t, l.Release(ctx))
 	require.NoError(t, <-got)
+}
+
+// The health check of an idle LISTEN connection lets WaitForNotification
+// time out and then makes a round trip; a healthy connection survives both
+// and keeps delivering notifications.
+func TestListenHealthCheckKeepsAHealthyConnection(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	logs := newLogWatch()
+	waiter := newLocker(t, db.NewPool(t, nil), &leasetable.Config{
+		TTL: 30 * time.Second, Logger: logs.logger(), ListenCheckInterval: 100 * time.Millisecond,
+	})
+	holder := newLocker(t, db.Pool, &leasetable.Config{TTL: 30 * time.Second})
+	logs.count("LISTEN connection failed")
+
+	listening := logs.next("LISTEN connection ready")
+	warmup, err := waiter.Acquire(ctx, "warmup", nil)
+	require.NoError(t, err)
+	require.NoError(t, warmup.Release(ctx))
+	waitFor(t, listening, "the listener")
+
+	// Each check is a statement on the LISTEN session: watch its start time
+	// advance on the server, on the same backend.
+	const listenerSQL = `SELECT pid, query_start FROM pg_stat_activity
+		WHERE datname = current_database() AND query LIKE 'LISTEN%'`
+	var pid int32
+	var last time.Time
+	require.NoError(t, db.Pool.QueryRow(ctx, listenerSQL).Scan(&pid, &last))
+	for range 3 {
+		var p int32
+		require.Eventually(t, func() bool {
+			var start time.Time
+			if db.Pool.QueryRow(ctx, listenerSQL).Scan(&p, &start) != nil || !start.After(last) {
+				return false
+			}
+			last = start
+			return true
+		}, 30*time.Second, 20*time.Millisecond, "a health check")
+		require.Equal(t, pid, p, "the LISTEN connection is not replaced")
+	}
+	require.Zero(t, logs.count("LISTEN connection failed"))
+
+	// Notifications still arrive: a hand-over far below the TTL.
+	l, err := holder.TryAcquire(ctx, "after-checks", nil)
+	require.NoError(t, err)
+	waiting := logs.next("waiting for lease")
+	got := make(chan error, 1)
+	go func() {
+		l2, err := waiter.Acquire(ctx, "after-checks", &leasetable.AcquireOpts{WaitTimeout: 10 * time.Second})
+		if err == nil {
+			err = l2.Release(ctx)
+		}
+		got <- err
+	}()
+	waitFor(t, waiting, "the waiter to wait")
+	require.NoError(t, l.Release(ctx))
+	require.NoError(t, <-got)
+	require.Zero(t, logs.count("LISTEN connection failed"))
 }
 
 func TestWaitingWithoutListenRetriesAtExpiry(t *testing.T) {

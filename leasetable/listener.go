@@ -2,9 +2,12 @@ package leasetable
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 
 	"github.com/pgfence/pgfence"
 )
@@ -92,13 +95,40 @@ func (k *Locker) listen() {
 	}
 }
 
+// listenSQL subscribes the session to [NotifyChannel]. It is also the
+// health check of an idle LISTEN connection: on a session that already
+// listens it changes nothing, so a check is a plain round trip, and the
+// session keeps showing LISTEN in pg_stat_activity.
+const listenSQL = "LISTEN " + NotifyChannel
+
+// listenSetupTimeout bounds connecting and subscribing.
+const listenSetupTimeout = 10 * time.Second
+
 // listenOnce connects, listens and delivers notifications until the
 // connection fails or the Locker is closed. connected reports whether LISTEN
 // succeeded.
 func (k *Locker) listenOnce() (connected bool, err error) {
-	connectCtx, cancel := context.WithTimeout(k.closeCtx, 10*time.Second)
-	conn, err := pgx.ConnectConfig(connectCtx, k.cfg.ListenConnConfig.Copy())
-	cancel()
+	cc := k.cfg.ListenConnConfig.Copy()
+	// The health check in nextNotification ends WaitForNotification by
+	// letting its context time out, and that must leave the connection
+	// usable. With pgconn's DeadlineContextWatcherHandler (the default that
+	// ParseConfig installs) the context's end sets a deadline on the
+	// net.Conn; the read then fails with a timeout error, which pgconn does
+	// not treat as fatal (peekMessage closes the connection on every other
+	// read error), and the chunk reader keeps the bytes of a message read
+	// only in part, so the next read resumes it. Only a timeout during a
+	// query (MultiResultReader) closes the connection. The pool's
+	// configuration may carry another handler, such as
+	// CancelRequestContextWatcherHandler, which would open a connection to
+	// send a cancel request at every idle interval, and whose late cancel
+	// could hit the check that follows; so the LISTEN connection always
+	// uses the deadline handler.
+	cc.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
+	}
+	setupCtx, cancel := context.WithTimeout(k.closeCtx, listenSetupTimeout)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(setupCtx, cc)
 	if err != nil {
 		return false, err
 	}
@@ -107,16 +137,60 @@ func (k *Locker) listenOnce() (connected bool, err error) {
 		defer cancel()
 		_ = conn.Close(ctx)
 	}()
-	if _, err := conn.Exec(k.closeCtx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
+	if _, err := conn.Exec(setupCtx, listenSQL); err != nil {
 		return false, err
 	}
+	cancel()
 	k.cfg.Logger.Debug("pgfence: leasetable: LISTEN connection ready", "channel", NotifyChannel)
 	k.wakeAll()
 	for {
-		n, err := conn.WaitForNotification(k.closeCtx)
+		n, err := k.nextNotification(conn)
 		if err != nil {
 			return true, err
 		}
 		k.notify(n.Payload)
+	}
+}
+
+// nextNotification waits for the next notification on conn. Whenever none
+// has arrived for ListenCheckInterval, it checks the connection with a round
+// trip bounded by the shorter of that interval and maxListenCheckTimeout,
+// and returns an error if the check fails. Notifications that arrive during
+// a check are buffered by pgx and returned next.
+//
+// A connection that died silently would otherwise block WaitForNotification
+// until the kernel gives up on it, while every hand-over falls back to the
+// holder's expiry: with pgx's default dialer (a zero net.Dialer, hence Go's
+// keepalive defaults of 15s idle, 15s between probes and 9 probes) about
+// 2.5 minutes after the path went dead on Linux; longer with a dialer that
+// turns keepalive off or slows it; and never while a proxy or pooler in
+// between still acknowledges at the TCP level but no longer forwards.
+func (k *Locker) nextNotification(conn *pgx.Conn) (*pgconn.Notification, error) {
+	interval := k.cfg.ListenCheckInterval
+	if interval < 0 {
+		return conn.WaitForNotification(k.closeCtx)
+	}
+	for {
+		ctx, cancel := context.WithTimeout(k.closeCtx, interval)
+		n, err := conn.WaitForNotification(ctx)
+		cancel()
+		if err == nil || k.closeCtx.Err() != nil || !pgconn.Timeout(err) || conn.IsClosed() {
+			return n, err
+		}
+		// Nothing arrived for an interval, and the connection is still
+		// usable (see listenOnce): check it. If the check times out,
+		// pgconn closes the connection (a timeout during a query is
+		// fatal), and the caller's deferred Close has nothing left to do.
+		timeout := min(interval, maxListenCheckTimeout)
+		ctx, cancel = context.WithTimeout(k.closeCtx, timeout)
+		_, err = conn.Exec(ctx, listenSQL)
+		cancel()
+		if err != nil {
+			if k.closeCtx.Err() != nil {
+				return nil, err
+			}
+			return nil, fmt.Errorf("leasetable: health check of the LISTEN connection, "+
+				"silent for %v, failed (timeout %v): %w", interval, timeout, err)
+		}
 	}
 }

@@ -37,6 +37,7 @@ type logWatch struct {
 	mu      sync.Mutex
 	waiting map[string][]chan struct{}
 	seen    map[string]int
+	warned  strings.Builder // the error attributes of Warn records
 }
 
 func newLogWatch() *logWatch {
@@ -51,6 +52,14 @@ func (w *logWatch) WithGroup(string) slog.Handler            { return w }
 func (w *logWatch) Handle(_ context.Context, r slog.Record) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if r.Level == slog.LevelWarn {
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "error" {
+				w.warned.WriteString(a.Value.String() + "\n")
+			}
+			return true
+		})
+	}
 	for sub, chans := range w.waiting {
 		if strings.Contains(r.Message, sub) {
 			for _, ch := range chans {
@@ -86,6 +95,14 @@ func (w *logWatch) count(sub string) int {
 		w.seen[sub] = 0
 	}
 	return n
+}
+
+// warnings returns the error attributes of the Warn records seen so far,
+// one a line.
+func (w *logWatch) warnings() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.warned.String()
 }
 
 // waitFor waits for ch, failing the test after a generous bound.

@@ -2,10 +2,10 @@ package leasetable_test
 
 import (
 	"context"
-	"io"
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,8 +19,9 @@ import (
 
 // cutProxy forwards TCP connections to a server. It can be cut: then it
 // drops every open connection and accepts new ones without ever answering,
-// like a network partition seen from the client; or made to refuse: it drops
-// every connection at once, like a server that is down.
+// like a network partition seen from the client; made to refuse: it drops
+// every connection at once, like a server that is down; or made to stall
+// the open connections silently while forwarding new ones (stallOpen).
 type cutProxy struct {
 	l      net.Listener // closed by close
 	target string
@@ -30,13 +31,20 @@ type cutProxy struct {
 	cut    bool
 	refuse bool
 	conns  map[net.Conn]struct{}
+	links  map[*proxyLink]struct{}
+}
+
+// proxyLink is one forwarded connection: the client's and the server's
+// side, piped both ways.
+type proxyLink struct {
+	stalled atomic.Bool
 }
 
 func newCutProxy(t *testing.T, target string) *cutProxy {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	p := &cutProxy{l: l, target: target, conns: map[net.Conn]struct{}{}}
+	p := &cutProxy{l: l, target: target, conns: map[net.Conn]struct{}{}, links: map[*proxyLink]struct{}{}}
 	p.wg.Add(1)
 	go p.serve()
 	t.Cleanup(p.close)
@@ -83,16 +91,49 @@ func (p *cutProxy) serve() {
 			continue
 		}
 		p.track(up)
+		lk := &proxyLink{}
+		p.mu.Lock()
+		p.links[lk] = struct{}{}
+		p.mu.Unlock()
 		p.wg.Add(2)
-		go p.pipe(c, up)
-		go p.pipe(up, c)
+		go p.pipe(c, up, lk)
+		go p.pipe(up, c, lk)
 	}
 }
 
-func (p *cutProxy) pipe(dst, src net.Conn) {
+// pipe copies src to dst until src fails, then closes dst. Once lk is
+// stalled it reads and drops everything, and closes nothing.
+func (p *cutProxy) pipe(dst, src net.Conn, lk *proxyLink) {
 	defer p.wg.Done()
-	_, _ = io.Copy(dst, src)
-	_ = dst.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !lk.stalled.Load() {
+			if _, werr := dst.Write(buf[:n]); werr != nil && err == nil {
+				err = werr
+			}
+		}
+		if err != nil {
+			if !lk.stalled.Load() {
+				_ = dst.Close()
+			}
+			return
+		}
+	}
+}
+
+// stallOpen silently stalls every open connection: from now on nothing
+// passes either way and nothing is closed, so neither side learns of it.
+// The proxy keeps reading, so TCP acknowledges everything and keepalive
+// probes are answered: like a proxy or middlebox that stopped forwarding,
+// only a round trip through it notices. New connections are forwarded as
+// usual.
+func (p *cutProxy) stallOpen() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for lk := range p.links {
+		lk.stalled.Store(true)
+	}
 }
 
 // setRefuse drops all open connections and closes new ones at once while
@@ -193,4 +234,105 @@ func TestRenewalRetriesUntilTheDatabaseIsBack(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, l.Token(), info.Token)
 	require.NoError(t, l.Release(ctx))
+}
+
+// listenStall is a hand-over whose waiter's LISTEN connection goes through
+// a cutProxy that stalls it silently, while every statement goes to the
+// server directly.
+type listenStall struct {
+	proxy          *cutProxy
+	logs           *logWatch
+	holder, waiter *leasetable.Locker
+}
+
+func setupListenStall(t *testing.T, checkInterval time.Duration) *listenStall {
+	t.Helper()
+	db := pgtest.NewDB(t)
+	cfg := db.Pool.Config().ConnConfig
+	proxy := newCutProxy(t, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
+	listenCfg := cfg.Copy()
+	listenCfg.Host, listenCfg.Port, listenCfg.Fallbacks = "127.0.0.1", proxy.port(), nil
+	logs := newLogWatch()
+	return &listenStall{
+		proxy: proxy,
+		logs:  logs,
+		// The holder's lease outlives the test: only a wake-up from the
+		// LISTEN connection can hand it over in time.
+		holder: newLocker(t, db.Pool, &leasetable.Config{TTL: time.Minute}),
+		waiter: newLocker(t, db.NewPool(t, nil), &leasetable.Config{
+			Logger: logs.logger(), ListenConnConfig: listenCfg, ListenCheckInterval: checkInterval,
+		}),
+	}
+}
+
+type acquired struct {
+	l   *leasetable.Lease
+	err error
+}
+
+// acquireAsync runs waiter.Acquire in a goroutine.
+func acquireAsync(k *leasetable.Locker, name string, waitTimeout time.Duration) <-chan acquired {
+	got := make(chan acquired, 1)
+	go func() {
+		l, err := k.Acquire(context.Background(), name, &leasetable.AcquireOpts{WaitTimeout: waitTimeout})
+		got <- acquired{l, err}
+	}()
+	return got
+}
+
+// handOver has the waiter wait for a lease the holder holds, stalls the
+// waiter's LISTEN connection, has the holder release the lease, and returns
+// the waiter's result. The waiter gives up after 5s, far below the holder's
+// TTL of a minute.
+func (s *listenStall) handOver(t *testing.T) (*leasetable.Lease, error) {
+	t.Helper()
+	ctx := context.Background()
+	probe, err := s.holder.TryAcquire(ctx, "probe", nil)
+	require.NoError(t, err)
+	contended, err := s.holder.TryAcquire(ctx, "contended", nil)
+	require.NoError(t, err)
+
+	// A first hand-over starts the listener through the proxy and proves it
+	// works. Once the waiter has the probe lease, the listener has woken the
+	// waiters present when it connected, so no retry is pending later.
+	listening := s.logs.next("LISTEN connection ready")
+	waiting := s.logs.next("waiting for lease")
+	got := acquireAsync(s.waiter, "probe", 30*time.Second)
+	waitFor(t, listening, "the listener")
+	waitFor(t, waiting, "the probe's waiter to wait")
+	require.NoError(t, probe.Release(ctx))
+	r := <-got
+	require.NoError(t, r.err, "the probe lease is handed over through the proxy")
+	require.NoError(t, r.l.Release(ctx))
+
+	waiting = s.logs.next("waiting for lease")
+	got = acquireAsync(s.waiter, "contended", 5*time.Second)
+	waitFor(t, waiting, "the waiter to wait")
+	s.proxy.stallOpen()
+	require.NoError(t, contended.Release(ctx))
+	r = <-got
+	return r.l, r.err
+}
+
+func TestListenHealthCheckReplacesAStalledConnection(t *testing.T) {
+	t.Parallel()
+	s := setupListenStall(t, 200*time.Millisecond)
+	s.logs.count("LISTEN connection failed")
+	l, err := s.handOver(t)
+	require.NoError(t, err, "the health check replaced the stalled connection before the wait timeout")
+	require.NoError(t, l.Release(context.Background()))
+	require.GreaterOrEqual(t, s.logs.count("LISTEN connection failed"), 1)
+	require.Contains(t, s.logs.warnings(), "health check of the LISTEN connection")
+}
+
+// Negative control: without the health check the stalled connection
+// lingers, the release is missed, and the waiter times out.
+func TestListenStallWithoutHealthCheckMissesTheRelease(t *testing.T) {
+	t.Parallel()
+	s := setupListenStall(t, -1)
+	s.logs.count("LISTEN connection failed")
+	_, err := s.handOver(t)
+	require.ErrorIs(t, err, pgfence.ErrNotAcquired)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Zero(t, s.logs.count("LISTEN connection failed"), "nothing noticed the stall")
 }

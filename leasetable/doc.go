@@ -83,20 +83,36 @@
 // wrap.
 //
 // For each name, tokens strictly increase across every acquisition: after
-// release, expiry, takeover and re-creation of the row. On the takeover path
-// the new token is drawn under the row lock, after the previous holder's
-// token was drawn and committed. On the insert path the token is drawn
-// before the conflict check; it is only used when no row exists, and since
-// leasetable never deletes rows (release expires the row in place), a row
-// cannot vanish between a racing acquirer's draw and its insert. The only
-// way to break this is to DELETE rows by hand while acquirers are running:
-// a row deleted after another acquirer drew its token but before it
-// inserted lets that acquirer insert a token older than the deleted row's.
-// Even then fencing stays safe (guarded writes reject the older token); only
-// the ordering of that name's tokens is affected. If you prune the table,
-// delete only rows that expired long ago (say, a day), which no statement in
-// flight can race with. leasetable has no janitor: a table holds one row per
-// name ever used, which is small for the usual fixed set of lock names.
+// release, expiry, takeover, and deletion and re-creation of the row. On the
+// takeover path the new token is drawn under the row lock, after the previous
+// holder's token was drawn and committed. On the insert path the token is
+// drawn before the conflict check; it is only used when no row exists. The
+// one danger is a row deleted after another acquirer drew its token but
+// before it inserted: that acquirer would insert a token older than the
+// deleted row's. Release never deletes a row (it expires the row in place),
+// and [Locker.Prune] avoids the danger (see "Table growth" below). Do not
+// DELETE rows by hand while acquirers run; if you must, delete only rows
+// that expired long ago (say, a day). Even a bad delete leaves fencing safe
+// (guarded writes reject the older token); only the ordering of that name's
+// tokens is affected.
+//
+// # Table growth
+//
+// The table holds one row per name ever used: release and expiry leave the
+// row in place. That is small for the usual fixed set of lock names. When
+// names are made per entity ("account:42" for every account), call
+// [Locker.Prune] now and then (or run pgfence prune from cron): it deletes
+// the rows of leases that ended more than a given age ago (at least
+// [MinPruneAge]; [DefaultPruneAge] is a day), judged on the database clock,
+// in batches of a few thousand rows, each a short statement. Held leases and
+// recently released ones are never touched. Before deleting a batch, Prune
+// waits for the transactions that were writing pgfence_leases when it read
+// the batch (every acquire holds the table's write lock from before it
+// draws its token), so an acquirer that drew its token before a pruned
+// row's was drawn has finished before the row goes; the next acquirer of
+// the name inserts a new row with a larger token than any earlier one. A
+// holder whose row was pruned lost its lease long before; its renewal and
+// release find no row, and lease-checked writes (package fence) reject it.
 //
 // # Renewal and the local deadline
 //
@@ -166,10 +182,11 @@
 // # Connection poolers
 //
 // Acquire, renew, release, [Locker.List] and [Locker.Get] are single
-// statements that use no session state (no advisory locks, no temporary
-// tables, no SET), so they work through a transaction-pooling PgBouncer
-// (configure pgx for it, for example with QueryExecModeSimpleProtocol or
-// PgBouncer's prepared statement support). LISTEN is only an optimisation:
+// statements, and [Locker.Prune] a series of independent ones, that use no
+// session state (no advisory locks, no temporary tables, no SET), so they
+// work through a transaction-pooling PgBouncer (configure pgx for it, for
+// example with QueryExecModeSimpleProtocol or PgBouncer's prepared
+// statement support). LISTEN is only an optimisation:
 // through such a pooler it does not receive notifications, so either point
 // [Config].ListenConnConfig at the server directly or set
 // [Config].DisableListen; waiters then wake at the holder's expiry instead of

@@ -128,3 +128,46 @@ func ExampleLocker_Do() {
 	// running with a token: true
 	// again at once: true
 }
+
+func ExampleLocker_Prune() {
+	ctx := context.Background()
+	pool, drop := exampleDB()
+	defer drop()
+
+	locker, err := leasetable.New(pool, nil)
+	if err != nil {
+		panic(err)
+	}
+	defer locker.Close()
+
+	lease, err := locker.TryAcquire(ctx, "account:42", nil)
+	if err != nil {
+		panic(err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		panic(err)
+	}
+	// Make the released row two days old; in production rows of names
+	// nobody uses any more get old by themselves.
+	if _, err := pool.Exec(ctx, "UPDATE pgfence_leases SET expires_at = now() - interval '2 days'"); err != nil {
+		panic(err)
+	}
+
+	// Run from time to time, for example hourly.
+	n, err := locker.Prune(ctx, leasetable.DefaultPruneAge)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("pruned:", n)
+
+	// The name can be taken again, with a newer token than ever before.
+	next, err := locker.TryAcquire(ctx, "account:42", nil)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("newer token:", next.Token() > lease.Token())
+	_ = next.Release(ctx)
+	// Output:
+	// pruned: 1
+	// newer token: true
+}

@@ -74,6 +74,9 @@
 //     for, expires in) and advisory locks from pg_locks.
 //   - pgfence release --force NAME: an operator's override that ends a lease
 //     and bumps its token, fencing its holder out; asks unless --yes.
+//   - pgfence prune [--older-than 24h] [--json]: deletes the rows of leases
+//     that ended more than that long ago (database clock), in short batches,
+//     so a table with a lease per entity stops growing; for cron.
 //   - pgfence migrate up|down|version: pgfence's embedded migrations.
 //   - pgfence version.
 //

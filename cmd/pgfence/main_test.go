@@ -92,6 +92,7 @@ func TestHelp(t *testing.T) {
 		{[]string{"ls", "--help"}, "pgfence ls [flags]"},
 		{[]string{"ls", "-h"}, "--json"},
 		{[]string{"release", "--help"}, "pgfence release --force [flags] NAME"},
+		{[]string{"prune", "--help"}, "pgfence prune [flags]"},
 		{[]string{"migrate", "--help"}, "pgfence migrate [flags] up|down|version"},
 		{[]string{"version", "--help"}, "pgfence version"},
 	}
@@ -135,6 +136,9 @@ func TestUsageErrors(t *testing.T) {
 		{"release without --force", url, []string{"release", "account:42"}, "pass --force"},
 		{"release without name", url, []string{"release", "--force"}, "expected one lease name"},
 		{"release two names", url, []string{"release", "--force", "a", "b"}, "expected one lease name"},
+		{"prune extra argument", url, []string{"prune", "account:42"}, `unexpected argument "account:42"`},
+		{"prune too young", url, []string{"prune", "--older-than", "30s"}, "--older-than must be at least 1m0s, not 30s"},
+		{"prune bad duration", url, []string{"prune", "--older-than", "soon"}, `invalid value "soon" for flag -older-than`},
 		{"no database", nil, []string{"ls"}, "no database: pass --database URL, or set DATABASE_URL"},
 		{"no database for migrate", nil, []string{"migrate", "version"}, "no database"},
 		{"bad database flag", nil, []string{"ls", "--database", "postgres://x:notaport/db"}, "invalid database in --database"},

@@ -58,6 +58,7 @@ func commands() []command {
 		{"run", "run a command while holding a lease (like flock, across machines)", (*App).run},
 		{"ls", "list lease holders and advisory locks", (*App).ls},
 		{"release", "force-release a lease, fencing out its holder", (*App).release},
+		{"prune", "delete lease rows that expired long ago", (*App).prune},
 		{"migrate", "apply, revert or show pgfence's schema migrations", (*App).migrate},
 		{"version", "print pgfence's version", (*App).version},
 	}

@@ -14,6 +14,8 @@
 //   - ls: lease holders from pgfence_leases and advisory locks from pg_locks.
 //   - release --force: an operator's override that ends a lease and bumps
 //     its fencing token, so a holder that still believes in it is fenced out.
+//   - prune: leasetable's Locker.Prune on a small pool of its own, for
+//     cron: deletes rows whose lease ended more than --older-than ago.
 //   - migrate up|down|version: pgfence's embedded schema migrations.
 //   - version: the build's version.
 //

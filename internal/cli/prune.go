@@ -1,0 +1,113 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/leasetable"
+)
+
+const pruneHelp = `
+Usage:
+  pgfence prune [flags]
+
+Deletes the rows of pgfence_leases whose lease expired or was released more
+than --older-than ago (default 24h), judged on the database's clock. A lease
+table keeps one row per lease name ever used, so a service that takes a lease
+per entity ("account:42" for every account) grows it by a row per name; run
+this from cron to bound it. Held leases and rows that expired more recently
+are never touched, and rows another transaction has locked are left for the
+next run.
+
+It works in batches of a few thousand rows, each its own short statement.
+Before deleting a batch it waits for the transactions that were writing
+pgfence_leases when it read the batch (usually milliseconds), so an acquirer
+in flight cannot re-create a pruned name with an older fencing token; the
+next holder of a pruned name gets a larger token than any before. SIGINT or
+SIGTERM stops it (exit status 1); what was deleted stays deleted.
+
+Prints how many rows were deleted. With --json, prints one object:
+  {"deleted": N, "older_than_seconds": S}
+
+Examples:
+  pgfence prune
+  pgfence prune --older-than 168h --database postgres://ops@db/app
+  # crontab: every hour
+  0 * * * * pgfence prune --json >> /var/log/pgfence-prune.log
+`
+
+// prunePoolMaxConns: Prune runs one statement at a time.
+const prunePoolMaxConns = 2
+
+// pruneJSON is the output of prune --json.
+type pruneJSON struct {
+	Deleted          int64   `json:"deleted"`
+	OlderThanSeconds float64 `json:"older_than_seconds"`
+}
+
+func (a *App) prune(ctx context.Context, args []string) error {
+	var database string
+	var asJSON bool
+	olderThan := leasetable.DefaultPruneAge
+	f := newFlags("prune")
+	f.Duration(&olderThan, "", "older-than", "delete rows whose lease ended more than DURATION ago; at least "+leasetable.MinPruneAge.String())
+	f.Bool(&asJSON, "j", "json", "print JSON for scripts")
+	f.String(&database, "d", "database", "URL", databaseFlagUsage)
+	pos, _, err := a.parseOrHelp(f, pruneHelp, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usageErrorf("unexpected argument %q", pos[0])
+	}
+	if olderThan < leasetable.MinPruneAge {
+		return usageErrorf("--older-than must be at least %v, not %v", leasetable.MinPruneAge, olderThan)
+	}
+	dsn, err := connString(database)
+	if err != nil {
+		return err
+	}
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return usageErrorf("invalid database: %v", err)
+	}
+	if pcfg.ConnConfig.ConnectTimeout == 0 {
+		pcfg.ConnConfig.ConnectTimeout = connectTimeout
+	}
+	if _, ok := pcfg.ConnConfig.RuntimeParams["application_name"]; !ok {
+		pcfg.ConnConfig.RuntimeParams["application_name"] = "pgfence prune"
+	}
+	pcfg.MaxConns = prunePoolMaxConns
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return fmt.Errorf("connect to the database: %w", err)
+	}
+	defer pool.Close()
+	if err := pool.Ping(ctx); err != nil {
+		return fmt.Errorf("connect to the database: %w", err)
+	}
+	locker, err := leasetable.New(pool, &leasetable.Config{DisableListen: true})
+	if err != nil {
+		return err
+	}
+	defer locker.Close()
+
+	deleted, err := locker.Prune(ctx, olderThan)
+	if err != nil {
+		return explainSchemaError(err)
+	}
+	if asJSON {
+		enc := json.NewEncoder(a.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(pruneJSON{Deleted: deleted, OlderThanSeconds: olderThan.Seconds()})
+	}
+	rows := "rows"
+	if deleted == 1 {
+		rows = "row"
+	}
+	fmt.Fprintf(a.Stdout, "pruned %d %s of leases that ended more than %v ago\n", deleted, rows, olderThan)
+	return nil
+}

@@ -166,9 +166,14 @@
 // Checking Done before a write and then writing without fencing is not safe.
 //
 // The local deadline assumes the client's and the server's clocks advance at
-// about the same rate; a jump of either wall clock does not matter (the
-// database compares its own timestamps, the client uses its monotonic
-// clock). It also assumes the database is one serialisable history: after a
+// about the same rate. A jump of the client's wall clock does not matter
+// (the client measures on its monotonic clock and never sends a
+// timestamp). A jump of the server's clock does: a step forward expires
+// every lease early, possibly before its holder's local deadline, so a new
+// holder can be granted the lease while the old one still believes it holds
+// it (fencing rejects the old holder's writes; the fault suite steps the
+// server's clock with libfaketime to show it); a step back extends leases.
+// It also assumes the database is one serialisable history: after a
 // failover to an asynchronous standby, committed acquisitions and renewals
 // may be lost, and a lease may be granted twice. Use synchronous replication
 // if failover must not break mutual exclusion (pgfence_next_token() forces

@@ -261,7 +261,7 @@ func render(res *results, cfg *config) (map[string][]byte, error) {
 		p("After the cycles:\n\n%s\n", ct.Markdown())
 	}
 
-	renderPhase2(p, res, cfg)
+	renderPhase2(p, res)
 	renderMisses(p, res, cfg)
 
 	if len(res.Notes) > 0 {

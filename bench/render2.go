@@ -170,7 +170,7 @@ func renderTargets(p func(string, ...any), res *results, cfg *config) {
 }
 
 // renderPhase2 writes scenarios 6 and 7 and the profiles.
-func renderPhase2(p func(string, ...any), res *results, cfg *config) {
+func renderPhase2(p func(string, ...any), res *results) {
 	if rn := res.Renewal; rn != nil {
 		p("## 6. Renewal cost\n\n")
 		p("One leasetable.Locker acquires %s leases (8 goroutines, TTL %v, renewed every %v), then holds them; after one more interval, every statement the Locker's pool runs is counted (a pgx tracer on the pool) for %.1f intervals. pg_stat_statements counts the renewal statement on the server side as a cross-check.\n\n",

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgfence/pgfence/advisory"
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
@@ -66,6 +67,29 @@ func TestDemoOnAGivenDatabase(t *testing.T) {
 	r = pgfence(t, dbEnv(db), "", "demo")
 	requireStory(t, r)
 	require.Contains(t, r.stdout, "using the database from DATABASE_URL")
+}
+
+// A second demo on a database where one is running stops at once, and
+// touches nothing: no schema, no account reset, no lease row.
+func TestDemoRefusesADatabaseWhereADemoRuns(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	running := db.Conn(t) // stands in for the running demo's session
+	ctx := context.Background()
+	key := advisory.Name("pgfence-demo").Int64()
+	_, err := running.Exec(ctx, "SELECT pg_advisory_lock($1)", key)
+	require.NoError(t, err)
+
+	r := pgfence(t, nil, "", "demo", "--database", db.URL)
+	require.Equal(t, 1, r.code, "stdout: %s\nstderr: %s", r.stdout, r.stderr)
+	require.Contains(t, r.stderr, "another pgfence demo is running on this database")
+	require.False(t, schemaExists(t, db), "nothing was created")
+	require.NotContains(t, r.stdout, "cleaned up: dropped schema", "nothing was dropped")
+
+	// Once the running demo ends, a demo plays out.
+	_, err = running.Exec(ctx, "SELECT pg_advisory_unlock($1)", key)
+	require.NoError(t, err)
+	requireStory(t, pgfence(t, nil, "", "demo", "--database", db.URL))
 }
 
 func TestDemoStartsItsOwnDatabase(t *testing.T) {

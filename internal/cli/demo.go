@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pgfence/advisory"
 	"github.com/pgfence/pgfence/internal/demo"
 )
 
@@ -41,6 +42,8 @@ Database:
   pgfence's migrations (pgfence_leases and friends stay), creates the schema
   pgfence_demo, and drops that schema and its lease row when it ends. The
   lease is named ` + demoLease + ` so it cannot collide with a real lock.
+  One demo runs on a database at a time: a second one stops at once with
+  an error and touches nothing.
   The PG* variables are not used. Without a database, it starts a
   throwaway PostgreSQL from the local server binaries (initdb and postgres
   from PG_BINDIR, PATH or /usr/lib/postgresql/*/bin) in a temporary
@@ -57,6 +60,14 @@ Examples:
 // demoLease is the demo's lease name, prefixed so that on a user's
 // database it cannot be a real lock's.
 const demoLease = "pgfence-demo:account:42"
+
+// demoLockKey is the session advisory lock a demo holds on a given
+// database for its whole run, so that a second demo there stops at once
+// instead of resetting the first one's account and dropping its schema.
+var demoLockKey = advisory.Name("pgfence-demo").Int64()
+
+// Takes demoLockKey for the session, without waiting.
+const demoLockSQL = `SELECT pg_try_advisory_lock($1)`
 
 // demoTTL is the workers' lease TTL: short, so the story is quick.
 const demoTTL = 2 * time.Second
@@ -117,6 +128,9 @@ func (a *App) demo(ctx context.Context, args []string) (err error) {
 	} else {
 		d.userDB = true
 		d.say("demo", "using the database from %s (%s)", source, describeDB(database))
+		if err := d.exclude(ctx, database); err != nil {
+			return err
+		}
 	}
 	d.url = database
 	if err := demo.Prepare(ctx, database); err != nil {
@@ -149,6 +163,7 @@ type demoRun struct {
 	prepared bool
 	cluster  *demo.Database
 	conn     *pgx.Conn
+	guard    *pgx.Conn // holds demoLockKey on a given database
 	workers  []*demo.Worker
 	cleaned  bool
 }
@@ -341,6 +356,28 @@ func (a *App) verdict(s demoStory) error {
 	return nil
 }
 
+// exclude takes the demo's session advisory lock on the given database, on
+// a connection of its own kept until cleanup, or fails when another demo
+// holds it. Nothing has been created then, so cleanup drops nothing.
+func (d *demoRun) exclude(ctx context.Context, database string) error {
+	conn, err := connect(ctx, database)
+	if err != nil {
+		return err
+	}
+	var ok bool
+	if err := conn.QueryRow(ctx, demoLockSQL, demoLockKey).Scan(&ok); err != nil {
+		closeConn(ctx, conn)
+		return fmt.Errorf("take the demo's advisory lock: %w", err)
+	}
+	if !ok {
+		closeConn(ctx, conn)
+		return fmt.Errorf("another pgfence demo is running on this database (it holds the session advisory lock %d); "+
+			"wait until it ends, or give this one a database of its own", demoLockKey)
+	}
+	d.guard = conn
+	return nil
+}
+
 // cleanup stops the workers, drops what the demo created on a user's
 // database, and stops a throwaway server. It runs on every exit, also when
 // ctx was cancelled by SIGINT.
@@ -368,6 +405,10 @@ func (d *demoRun) cleanup(ctx context.Context) {
 	if d.conn != nil {
 		closeConn(ctx, d.conn)
 		d.conn = nil
+	}
+	if d.guard != nil {
+		closeConn(ctx, d.guard) // ends the session, and its advisory lock
+		d.guard = nil
 	}
 	if d.cluster != nil {
 		d.cluster.Close()

@@ -109,6 +109,12 @@ const listenSetupTimeout = 10 * time.Second
 // succeeded.
 func (k *Locker) listenOnce() (connected bool, err error) {
 	cc := k.cfg.ListenConnConfig.Copy()
+	// pgx buffers notifications for WaitForNotification only when the
+	// configuration has no OnNotification callback of its own; with one
+	// (say, on the pool the caller uses for its own LISTEN), every
+	// notification would go to that callback and WaitForNotification would
+	// return none. The connection is the Locker's own: drop the callback.
+	cc.OnNotification = nil
 	// The health check in nextNotification ends WaitForNotification by
 	// letting its context time out, and that must leave the connection
 	// usable. With pgconn's DeadlineContextWatcherHandler (the default that

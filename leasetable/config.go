@@ -103,7 +103,9 @@ type Config struct {
 	// modified. Whichever configuration is used, the LISTEN connection
 	// handles a context that ends by setting a deadline on the network
 	// connection (pgconn's DeadlineContextWatcherHandler, pgx's default),
-	// never by sending a cancel request: see ListenCheckInterval.
+	// never by sending a cancel request: see ListenCheckInterval. Its
+	// OnNotification callback, if any, is not called: the Locker reads the
+	// connection's notifications itself.
 	ListenConnConfig *pgx.ConnConfig
 
 	// ListenCheckInterval is how long the LISTEN connection may go without

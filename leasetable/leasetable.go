@@ -109,8 +109,10 @@ func (k *Locker) Owner() string { return k.cfg.Owner }
 // [pgfence.ErrLeaseLost] and [pgfence.ErrClosed]), wakes waiting Acquire
 // calls, which return [pgfence.ErrClosed], and stops the renewal watchdog and
 // the LISTEN connection. It returns when all background goroutines have
-// stopped. It does not close the pool. Close is idempotent; later calls of
-// the Locker's methods return [pgfence.ErrClosed].
+// stopped and pgx has finished closing the LISTEN connection; it waits at
+// most a second for the latter when the server does not answer. It does
+// not close the pool. Close is idempotent; later calls of the Locker's
+// methods return [pgfence.ErrClosed].
 func (k *Locker) Close() {
 	k.mu.Lock()
 	if k.closed {

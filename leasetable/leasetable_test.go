@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -549,6 +550,42 @@ func TestListenHealthCheckKeepsAHealthyConnection(t *testing.T) {
 	require.NoError(t, l.Release(ctx))
 	require.NoError(t, <-got)
 	require.Zero(t, logs.count("LISTEN connection failed"))
+}
+
+// A pool whose connection configuration carries its own OnNotification
+// callback: pgx then buffers no notifications on connections made from it,
+// and the LISTEN connection, made from the same configuration, must still
+// deliver releases to waiters.
+func TestHandOverWithPoolOnNotification(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	logs := newLogWatch()
+	var userCallbacks atomic.Int64
+	waiterPool := db.NewPool(t, func(c *pgxpool.Config) {
+		c.ConnConfig.OnNotification = func(*pgconn.PgConn, *pgconn.Notification) { userCallbacks.Add(1) }
+	})
+	waiter := newLocker(t, waiterPool, &leasetable.Config{TTL: time.Minute, Logger: logs.logger()})
+	holder := newLocker(t, db.Pool, &leasetable.Config{TTL: time.Minute})
+
+	l, err := holder.TryAcquire(ctx, "handover", nil)
+	require.NoError(t, err)
+	listening := logs.next("LISTEN connection ready")
+	waiting := logs.next("waiting for lease")
+	got := make(chan error, 1)
+	go func() {
+		// Far shorter than the holder's TTL: only a notification wakes it in time.
+		l2, err := waiter.Acquire(ctx, "handover", &leasetable.AcquireOpts{WaitTimeout: 10 * time.Second})
+		if err == nil {
+			err = l2.Release(ctx)
+		}
+		got <- err
+	}()
+	waitFor(t, listening, "the listener")
+	waitFor(t, waiting, "the waiter to wait")
+	require.NoError(t, l.Release(ctx))
+	require.NoError(t, <-got)
+	require.Zero(t, userCallbacks.Load(), "the LISTEN connection is pgfence's own: the pool's callback sees none of its notifications")
 }
 
 func TestWaitingWithoutListenRetriesAtExpiry(t *testing.T) {

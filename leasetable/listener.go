@@ -109,6 +109,12 @@ const listenSetupTimeout = 10 * time.Second
 // succeeded.
 func (k *Locker) listenOnce() (connected bool, err error) {
 	cc := k.cfg.ListenConnConfig.Copy()
+	// pgx buffers notifications for WaitForNotification only when the
+	// configuration has no OnNotification callback of its own; with one
+	// (say, on the pool the caller uses for its own LISTEN), every
+	// notification would go to that callback and WaitForNotification would
+	// return none. The connection is the Locker's own: drop the callback.
+	cc.OnNotification = nil
 	// The health check in nextNotification ends WaitForNotification by
 	// letting its context time out, and that must leave the connection
 	// usable. With pgconn's DeadlineContextWatcherHandler (the default that
@@ -132,11 +138,7 @@ func (k *Locker) listenOnce() (connected bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = conn.Close(ctx)
-	}()
+	defer closeListenConn(conn)
 	if _, err := conn.Exec(setupCtx, listenSQL); err != nil {
 		return false, err
 	}
@@ -149,6 +151,38 @@ func (k *Locker) listenOnce() (connected bool, err error) {
 			return true, err
 		}
 		k.notify(n.Payload)
+	}
+}
+
+// listenCloseTimeout bounds closing the LISTEN connection.
+const listenCloseTimeout = time.Second
+
+// closeListenConn closes conn and waits, for at most listenCloseTimeout,
+// until pgconn has finished with it. A statement interrupted by its context
+// (a health check cut short by Close, or one that timed out) or a failed
+// read leaves the connection to pgconn's asynchronous close: a goroutine
+// that sends a cancel request and Terminate, then reads until the server
+// closes the connection, for up to 15 seconds. Waiting for it, as pgxpool
+// does when it destroys a connection, keeps that goroutine from outliving
+// Locker.Close. A server that answers ends it within a round trip or two;
+// when it has not ended after half the bound, the network connection is
+// closed under it, which ends its wait for an unresponsive server at once.
+func closeListenConn(conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), listenCloseTimeout)
+	defer cancel()
+	_ = conn.Close(ctx) // returns at once if pgconn already closed it
+	pc := conn.PgConn()
+	grace := time.NewTimer(listenCloseTimeout / 2)
+	defer grace.Stop()
+	select {
+	case <-pc.CleanupDone():
+		return
+	case <-grace.C:
+	}
+	_ = pc.Conn().Close()
+	select {
+	case <-pc.CleanupDone():
+	case <-ctx.Done():
 	}
 }
 
@@ -180,7 +214,8 @@ func (k *Locker) nextNotification(conn *pgx.Conn) (*pgconn.Notification, error) 
 		// Nothing arrived for an interval, and the connection is still
 		// usable (see listenOnce): check it. If the check times out,
 		// pgconn closes the connection (a timeout during a query is
-		// fatal), and the caller's deferred Close has nothing left to do.
+		// fatal) in a goroutine of its own, which the caller's deferred
+		// closeListenConn waits for.
 		timeout := min(interval, maxListenCheckTimeout)
 		ctx, cancel = context.WithTimeout(k.closeCtx, timeout)
 		_, err = conn.Exec(ctx, listenSQL)

@@ -336,3 +336,104 @@ func TestListenStallWithoutHealthCheckMissesTheRelease(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Zero(t, s.logs.count("LISTEN connection failed"), "nothing noticed the stall")
 }
+
+// trackingDialer dials TCP and wraps each connection to see, later, whether
+// it was closed and whether anything is still reading it.
+type trackingDialer struct {
+	mu    sync.Mutex
+	conns []*trackedConn
+	armed atomic.Bool   // once set, every Write signals wrote
+	wrote chan struct{} // buffered(1)
+}
+
+type trackedConn struct {
+	net.Conn
+	d       *trackingDialer
+	closed  atomic.Bool
+	reading atomic.Int32
+}
+
+func (d *trackingDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	tc := &trackedConn{Conn: c, d: d}
+	d.mu.Lock()
+	d.conns = append(d.conns, tc)
+	d.mu.Unlock()
+	return tc, nil
+}
+
+func (c *trackedConn) Read(p []byte) (int, error) {
+	c.reading.Add(1)
+	defer c.reading.Add(-1)
+	return c.Conn.Read(p)
+}
+
+func (c *trackedConn) Write(p []byte) (int, error) {
+	if c.d.armed.Load() {
+		select {
+		case c.d.wrote <- struct{}{}:
+		default:
+		}
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *trackedConn) Close() error {
+	c.closed.Store(true)
+	return c.Conn.Close()
+}
+
+// Closing the Locker while a health check waits on a stalled LISTEN
+// connection returns promptly, and leaves nothing behind: pgconn closes a
+// connection whose statement was interrupted in a goroutine of its own,
+// which, on a connection that no longer answers, keeps reading it for up to
+// 15 seconds unless Close waits for it and cuts the connection.
+func TestCloseDuringListenHealthCheck(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	cfg := db.Pool.Config().ConnConfig
+	proxy := newCutProxy(t, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
+	dialer := &trackingDialer{wrote: make(chan struct{}, 1)}
+	listenCfg := cfg.Copy()
+	listenCfg.Host, listenCfg.Port, listenCfg.Fallbacks = "127.0.0.1", proxy.port(), nil
+	listenCfg.DialFunc = dialer.dial
+	logs := newLogWatch()
+	// The check starts after 2s of silence and may take 2s: Close comes
+	// while it waits.
+	waiter := newLocker(t, db.NewPool(t, nil), &leasetable.Config{
+		Logger: logs.logger(), ListenConnConfig: listenCfg, ListenCheckInterval: 2 * time.Second,
+	})
+	holder := newLocker(t, db.Pool, &leasetable.Config{TTL: time.Minute})
+	_, err := holder.TryAcquire(ctx, "held", nil)
+	require.NoError(t, err)
+
+	listening := logs.next("LISTEN connection ready")
+	waiting := logs.next("waiting for lease")
+	got := acquireAsync(waiter, "held", 0)
+	waitFor(t, listening, "the listener")
+	waitFor(t, waiting, "the waiter to wait")
+	proxy.stallOpen()
+	dialer.armed.Store(true)
+	waitFor(t, dialer.wrote, "the health check to be sent")
+
+	closed := make(chan struct{})
+	go func() {
+		waiter.Close()
+		close(closed)
+	}()
+	waitFor(t, closed, "Close")
+	r := <-got
+	require.ErrorIs(t, r.err, pgfence.ErrClosed)
+
+	dialer.mu.Lock()
+	defer dialer.mu.Unlock()
+	require.NotEmpty(t, dialer.conns)
+	for i, c := range dialer.conns {
+		require.True(t, c.closed.Load(), "connection %d is closed when Close returns", i)
+		require.Zero(t, c.reading.Load(), "nothing reads connection %d after Close returned", i)
+	}
+}

@@ -109,6 +109,14 @@ type Config struct {
 	// them in pg_stat_activity. Default [DefaultApplicationName].
 	ApplicationName string
 
+	// DisableListen turns off wake-ups across sessions: a Lock waiting for
+	// a key held by another session then retries only at its polling pace
+	// (up to MaxPollInterval after the release). By default a Lock that has
+	// waited about 20-35ms asks to be woken by NOTIFY (see the package
+	// documentation), which opens one more connection per Locker, the
+	// LISTEN connection, while some Lock waits that long.
+	DisableListen bool
+
 	// Logger receives the Locker's diagnostics: lock sessions opened and
 	// closed when idle (Debug), sessions that failed to open or were lost,
 	// with the cause and the number of locks lost (Warn). Default: discard

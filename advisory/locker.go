@@ -24,13 +24,23 @@ type Locker struct {
 	log        *slog.Logger
 	connConfig *pgx.ConnConfig
 	closedCh   chan struct{}
-	wg         sync.WaitGroup // watchdogs
+	closeCtx   context.Context // cancelled by Close
+	closeStop  context.CancelFunc
+	firstPause time.Duration // minPollInterval; tests may raise it
+	wg         sync.WaitGroup // watchdogs and the LISTEN loop
 
 	mu            sync.Mutex
 	closed        bool
 	sessions      []*session // live or opening
 	nextSessionID int
 	keys          map[int64]*keyState
+
+	// Wake-ups across sessions (wake.go).
+	interests       map[int64]*interest
+	listenStarted   bool
+	listenDirty     bool               // interests changed since applied
+	listenRetry     bool               // some interest lock was refused
+	listenInterrupt context.CancelFunc // ends the LISTEN loop's wait
 }
 
 // keyState is the in-process state of one key: who holds (or is acquiring)
@@ -67,12 +77,17 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 		cc.RuntimeParams = map[string]string{}
 	}
 	cc.RuntimeParams["application_name"] = c.ApplicationName
+	closeCtx, closeStop := context.WithCancel(context.Background())
 	return &Locker{
 		cfg:        c,
 		log:        c.Logger,
 		connConfig: cc,
 		closedCh:   make(chan struct{}),
+		closeCtx:   closeCtx,
+		closeStop:  closeStop,
+		firstPause: minPollInterval,
 		keys:       make(map[int64]*keyState),
+		interests:  make(map[int64]*interest),
 	}, nil
 }
 
@@ -94,6 +109,7 @@ func (l *Locker) Close() {
 	}
 	l.closed = true
 	close(l.closedCh)
+	l.closeStop()
 	sessions := append([]*session(nil), l.sessions...)
 	l.mu.Unlock()
 	for _, s := range sessions {
@@ -180,10 +196,23 @@ func (l *Locker) Lock(ctx context.Context, key Key, opts *LockOpts) (*Lock, erro
 		}
 		return err
 	}
-	pause := minPollInterval
+	pause := l.firstPause
+	var reg *waitReg            // interest registered for wake-ups (wake.go)
+	var armedSeen chan struct{} // the armed channel already acted on
+	defer func() {
+		if reg != nil {
+			l.unregister(reg)
+		}
+	}()
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, waitErr(err)
+		}
+		// Take the wake channel before the attempt, so that a
+		// notification arriving after the attempt is not missed.
+		var armed, wake chan struct{}
+		if reg != nil {
+			armed, wake = l.channels(reg)
 		}
 		lk, released, err := l.tryAcquire(ctx, key, o.Shared)
 		if err == nil {
@@ -191,6 +220,17 @@ func (l *Locker) Lock(ctx context.Context, key Key, opts *LockOpts) (*Lock, erro
 		}
 		if !errors.Is(err, pgfence.ErrNotAcquired) {
 			return nil, waitErr(err)
+		}
+		if reg == nil && released == nil && pause >= interestAfter {
+			// Held by another session for a while: ask to be woken.
+			// Until the interest lock is held (armed), an Unlock would
+			// not notify; armed closing makes the next attempt at once.
+			if reg = l.register(key.id); reg != nil {
+				armed, wake = l.channels(reg)
+			}
+		}
+		if armed == armedSeen {
+			armed = nil
 		}
 		// Full jitter over [pause/2, pause) spreads competing pollers.
 		t := time.NewTimer(pause/2 + rand.N(pause/2+1))
@@ -202,6 +242,11 @@ func (l *Locker) Lock(ctx context.Context, key Key, opts *LockOpts) (*Lock, erro
 			t.Stop()
 			return nil, pgfence.ErrClosed
 		case <-released: // nil (blocks) unless held in this Locker
+			t.Stop()
+		case <-armed: // nil unless waiting for the interest lock
+			t.Stop()
+			armedSeen = armed
+		case <-wake: // nil unless registered
 			t.Stop()
 		case <-t.C:
 		}

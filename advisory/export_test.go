@@ -1,0 +1,19 @@
+package advisory
+
+import "time"
+
+// SetFirstPause sets the first pause of l's waiting Lock calls (normally
+// 5ms), so that tests can make a waiter's next poll later than its
+// WaitTimeout.
+func SetFirstPause(l *Locker, d time.Duration) { l.firstPause = d }
+
+// Waiters returns the number of l's Lock calls registered for wake-ups on
+// key.
+func Waiters(l *Locker, key Key) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if in := l.interests[key.id]; in != nil {
+		return in.waiters
+	}
+	return 0
+}

@@ -26,7 +26,7 @@ type Locker struct {
 	closedCh   chan struct{}
 	closeCtx   context.Context // cancelled by Close
 	closeStop  context.CancelFunc
-	firstPause time.Duration // minPollInterval; tests may raise it
+	firstPause time.Duration  // minPollInterval; tests may raise it
 	wg         sync.WaitGroup // watchdogs and the LISTEN loop
 
 	mu            sync.Mutex

@@ -79,7 +79,12 @@ type Config struct {
 	QueryTimeout time.Duration
 
 	// MaxPollInterval is the longest pause of a waiting Lock between two
-	// attempts; pauses start at 5ms and double up to it.
+	// attempts; pauses start at 5ms and double up to it. Unless
+	// DisableListen is set, a Lock waiting for a key held by another
+	// session is also woken by NOTIFY once its pause reaches 40ms, so
+	// MaxPollInterval then mostly bounds the wait when a notification is
+	// missed (the LISTEN connection was down, or the lock was released
+	// without Unlock).
 	// Default [DefaultMaxPollInterval].
 	MaxPollInterval time.Duration
 

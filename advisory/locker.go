@@ -41,6 +41,7 @@ type Locker struct {
 	listenDirty     bool               // interests changed since applied
 	listenRetry     bool               // some interest lock was refused
 	listenInterrupt context.CancelFunc // ends the LISTEN loop's wait
+	listenIdleSince time.Time          // since when the LISTEN loop saw no interest
 }
 
 // keyState is the in-process state of one key: who holds (or is acquiring)
@@ -165,7 +166,10 @@ var errWaitTimeout = errors.New("advisory: wait timeout")
 //
 // It waits by retrying pg_try_advisory_lock on the Locker's sessions,
 // pausing 5ms at first and doubling up to Config.MaxPollInterval, and at
-// once when a holder in this Locker unlocks. It never blocks a session in
+// once when a holder in this Locker unlocks. Once its pause reaches 40ms it
+// also registers on the Locker's LISTEN connection, so that an Unlock by
+// another session wakes it with NOTIFY (see Waiting in the package
+// documentation; Config.DisableListen turns this off). It never blocks a session in
 // pg_advisory_lock, so cancelling a wait cannot close a session holding
 // other locks. Waiters are not served in order, and a client blocked in
 // pg_advisory_lock elsewhere may be granted the lock first.

@@ -157,8 +157,14 @@ func (in *interest) wakeLocked() {
 	in.wake = make(chan struct{})
 }
 
-// listen keeps the LISTEN connection open until the Locker is closed,
-// reconnecting with capped exponential backoff when it fails.
+// errListenIdle ends listenOnce when no Lock has waited for
+// SessionIdleTimeout.
+var errListenIdle = errors.New("advisory: LISTEN connection idle")
+
+// listen keeps the LISTEN connection open until the Locker is closed, or
+// until no Lock has been registered for Config.SessionIdleTimeout (the next
+// registration starts it again), reconnecting with capped exponential
+// backoff when it fails.
 func (l *Locker) listen() {
 	defer l.wg.Done()
 	const minBackoff, maxBackoff = 50 * time.Millisecond, 5 * time.Second
@@ -167,7 +173,11 @@ func (l *Locker) listen() {
 	defer timer.Stop()
 	for {
 		connected, err := l.listenOnce()
-		l.disarmAll()
+		if errors.Is(err, errListenIdle) {
+			l.log.Debug("advisory: idle LISTEN connection closed")
+			return
+		}
+		l.disarmAll(connected)
 		if l.closeCtx.Err() != nil {
 			return
 		}
@@ -187,9 +197,9 @@ func (l *Locker) listen() {
 }
 
 // disarmAll records that no interest lock is held any more (the LISTEN
-// connection ended) and wakes every waiter, so each retries at once: a
-// release may have gone unnoticed.
-func (l *Locker) disarmAll() {
+// connection ended). When the connection had been listening, it wakes every
+// waiter, so each retries at once: a release may have gone unnoticed.
+func (l *Locker) disarmAll(wake bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.listenInterrupt = nil
@@ -199,7 +209,9 @@ func (l *Locker) disarmAll() {
 			in.held = false
 			in.armed = make(chan struct{})
 		}
-		in.wakeLocked()
+		if wake {
+			in.wakeLocked()
+		}
 	}
 }
 
@@ -377,6 +389,9 @@ func (l *Locker) nextNotification(conn *pgx.Conn) (*pgconn.Notification, error) 
 		if dirty {
 			return nil, nil
 		}
+		if l.retireListenIfIdle() {
+			return nil, errListenIdle
+		}
 		// Nothing arrived for an interval and the connection is still
 		// usable: check it. If the check times out, pgconn closes the
 		// connection, and closeListenConn waits for that.
@@ -390,6 +405,27 @@ func (l *Locker) nextNotification(conn *pgx.Conn) (*pgconn.Notification, error) 
 			return nil, fmt.Errorf("advisory: health check of the LISTEN connection failed: %w", err)
 		}
 	}
+}
+
+// retireListenIdle reports whether the LISTEN connection has had no
+// interest for Config.SessionIdleTimeout; if so, the LISTEN loop is marked
+// stopped (the next registration starts a new one) and must end.
+func (l *Locker) retireListenIfIdle() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.interests) > 0 {
+		l.listenIdleSince = time.Time{}
+		return false
+	}
+	if l.listenIdleSince.IsZero() {
+		l.listenIdleSince = time.Now()
+	}
+	if time.Since(l.listenIdleSince) < l.cfg.SessionIdleTimeout {
+		return false
+	}
+	l.listenIdleSince = time.Time{}
+	l.listenStarted = false
+	return true
 }
 
 // closeListenConn closes conn and waits, for at most listenCloseTimeout,

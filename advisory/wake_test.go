@@ -331,3 +331,32 @@ func TestWakeCloseWhileRegistered(t *testing.T) {
 		20*time.Second, 5*time.Millisecond, "the LISTEN connection's interest lock ends with it")
 	require.NoError(t, lk.Unlock(ctx))
 }
+
+// TestWakeListenConnectionIdleClosed checks that the LISTEN connection is
+// closed once no Lock has waited for SessionIdleTimeout, and opened again
+// by the next wait, which is still woken.
+func TestWakeListenConnectionIdleClosed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	holder := newLocker(t, db.Pool, nil)
+	cfg := wakeConfig("wake-idle", false)
+	cfg.SessionIdleTimeout = 200 * time.Millisecond
+	waiter := newLocker(t, db.NewPool(t, nil), cfg)
+	advisory.SetFirstPause(waiter, wakeFirstPause)
+	key := advisory.Name("wake:idle")
+
+	for range 2 {
+		lk, err := holder.TryLock(ctx, key, nil)
+		require.NoError(t, err)
+		res := lockAsync(ctx, waiter, key, &advisory.LockOpts{WaitTimeout: wakeWaitTimeout})
+		waitInterest(t, db.Pool, key, 1)
+		require.Equal(t, 1, sessionCount(t, db.Pool, "wake-idle-listen"))
+		require.NoError(t, lk.Unlock(ctx))
+		r := result(t, res)
+		require.NoError(t, r.err)
+		require.NoError(t, r.lk.Unlock(ctx))
+		require.Eventually(t, func() bool { return sessionCount(t, db.Pool, "wake-idle-listen") == 0 },
+			20*time.Second, 10*time.Millisecond, "the idle LISTEN connection is closed")
+	}
+}

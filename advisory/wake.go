@@ -10,7 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+
+	"github.com/pgfence/pgfence/internal/listenconn"
 )
 
 // Wake-ups across sessions.
@@ -78,9 +79,6 @@ const interestClassIDText = "1885824631"
 // listenSetupTimeout bounds connecting and subscribing the LISTEN
 // connection.
 const listenSetupTimeout = 10 * time.Second
-
-// listenCloseTimeout bounds closing the LISTEN connection.
-const listenCloseTimeout = time.Second
 
 // interest is the wake-up state of one key that waiting Lock calls of this
 // Locker registered for. Guarded by Locker.mu.
@@ -219,18 +217,11 @@ func (l *Locker) disarmAll(wake bool) {
 // until the connection fails or the Locker is closed. connected reports
 // whether LISTEN succeeded.
 func (l *Locker) listenOnce() (connected bool, err error) {
-	cc := l.connConfig.Copy()
-	// The connection is the Locker's own: notifications must reach
-	// WaitForNotification, not a callback of the pool's configuration.
-	cc.OnNotification = nil
-	// A wait for notifications is cut short (to apply interests, or for a
-	// health check) by its context; with the deadline handler that is a
-	// read timeout, which leaves the connection usable. Another handler of
-	// the pool's configuration (say, one sending cancel requests) would
-	// not, so the LISTEN connection always uses this one.
-	cc.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
-		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
-	}
+	// The connection is the Locker's own, its notifications buffered for
+	// WaitForNotification; a wait ended by its context (to apply changed
+	// interests, or for a health check) leaves it usable (see
+	// listenconn.Config).
+	cc := listenconn.Config(l.connConfig)
 	cc.RuntimeParams["application_name"] = l.cfg.ApplicationName + "-listen"
 	setupCtx, cancel := context.WithTimeout(l.closeCtx, listenSetupTimeout)
 	defer cancel()
@@ -238,7 +229,7 @@ func (l *Locker) listenOnce() (connected bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	defer closeListenConn(conn)
+	defer listenconn.Close(conn)
 	if _, err := conn.Exec(setupCtx, listenSQL); err != nil {
 		return false, err
 	}
@@ -380,7 +371,7 @@ func (l *Locker) nextNotification(conn *pgx.Conn) (*pgconn.Notification, error) 
 		l.mu.Unlock()
 		// A wait ended by its own context (the interval, or a change of
 		// interests) fails with a timeout or context error, and leaves
-		// the connection usable (see listenOnce).
+		// the connection usable (see listenconn.Config).
 		ended := interrupted && (pgconn.Timeout(err) ||
 			errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded))
 		if err == nil || l.closeCtx.Err() != nil || !ended || conn.IsClosed() {
@@ -394,7 +385,7 @@ func (l *Locker) nextNotification(conn *pgx.Conn) (*pgconn.Notification, error) 
 		}
 		// Nothing arrived for an interval and the connection is still
 		// usable: check it. If the check times out, pgconn closes the
-		// connection, and closeListenConn waits for that.
+		// connection, and listenconn.Close waits for that.
 		ctx, cancel = context.WithTimeout(l.closeCtx, l.cfg.QueryTimeout)
 		_, err = conn.Exec(ctx, listenSQL)
 		cancel()
@@ -426,28 +417,4 @@ func (l *Locker) retireListenIfIdle() bool {
 	l.listenIdleSince = time.Time{}
 	l.listenStarted = false
 	return true
-}
-
-// closeListenConn closes conn and waits, for at most listenCloseTimeout,
-// until pgconn has finished with it: a wait or statement interrupted by its
-// context leaves the connection to pgconn's asynchronous close, whose
-// goroutine must not outlive Locker.Close. When it has not ended after half
-// the bound, the network connection is closed under it.
-func closeListenConn(conn *pgx.Conn) {
-	ctx, cancel := context.WithTimeout(context.Background(), listenCloseTimeout)
-	defer cancel()
-	_ = conn.Close(ctx)
-	pc := conn.PgConn()
-	grace := time.NewTimer(listenCloseTimeout / 2)
-	defer grace.Stop()
-	select {
-	case <-pc.CleanupDone():
-		return
-	case <-grace.C:
-	}
-	_ = pc.Conn().Close()
-	select {
-	case <-pc.CleanupDone():
-	case <-ctx.Done():
-	}
 }

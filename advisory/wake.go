@@ -176,7 +176,7 @@ func (l *Locker) listen() {
 			return
 		}
 		l.disarmAll(connected)
-		if l.closeCtx.Err() != nil {
+		if l.closeCtx.Err() != nil || l.stopListenIfUnused() {
 			return
 		}
 		if connected {
@@ -398,7 +398,25 @@ func (l *Locker) nextNotification(conn *pgx.Conn) (*pgconn.Notification, error) 
 	}
 }
 
-// retireListenIdle reports whether the LISTEN connection has had no
+// stopListenIfUnused forgets the interests no Lock waits for any more and,
+// when none is left, marks the LISTEN loop stopped (the next registration
+// starts a new one) and reports that it must end rather than reconnect.
+func (l *Locker) stopListenIfUnused() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for id, in := range l.interests {
+		if in.waiters == 0 {
+			delete(l.interests, id) // not held: disarmAll ran
+		}
+	}
+	if len(l.interests) > 0 {
+		return false
+	}
+	l.listenStarted = false
+	return true
+}
+
+// retireListenIfIdle reports whether the LISTEN connection has had no
 // interest for Config.SessionIdleTimeout; if so, the LISTEN loop is marked
 // stopped (the next registration starts a new one) and must end.
 func (l *Locker) retireListenIfIdle() bool {

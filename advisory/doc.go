@@ -144,7 +144,7 @@
 //
 // A [Locker.Lock] whose key is held by another session retries after 5ms,
 // then after pauses that double up to [Config.MaxPollInterval] (200ms by
-// default), with jitter. Once its pause reaches 40ms (after about 20-35ms
+// default), with jitter. Once its pause reaches 80ms (after about 40-75ms
 // of waiting), it also asks to be woken: the Locker opens one more
 // connection of its own, the LISTEN connection (application_name
 // [Config.ApplicationName] + "-listen"), which runs LISTEN on

@@ -166,7 +166,7 @@ var errWaitTimeout = errors.New("advisory: wait timeout")
 //
 // It waits by retrying pg_try_advisory_lock on the Locker's sessions,
 // pausing 5ms at first and doubling up to Config.MaxPollInterval, and at
-// once when a holder in this Locker unlocks. Once its pause reaches 40ms it
+// once when a holder in this Locker unlocks. Once its pause reaches 80ms it
 // also registers on the Locker's LISTEN connection, so that an Unlock by
 // another session wakes it with NOTIFY (see Waiting in the package
 // documentation; Config.DisableListen turns this off). It never blocks a session in

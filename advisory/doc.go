@@ -150,16 +150,18 @@
 // [Config.ApplicationName] + "-listen"), which runs LISTEN on
 // [NotifyChannel] and takes a shared session lock on the key's interest
 // key, pg_try_advisory_lock_shared([InterestClassID], fold(key)) where
-// fold(key) is the xor of the key's two 32-bit halves. Every [Lock.Unlock]
-// of any Locker releases its key and, in the same statement, tries
-// pg_try_advisory_xact_lock on that interest key: only when it is held
-// (someone waits) does the statement also run pg_notify(NotifyChannel,
-// key), delivered at its commit, and the waiters retry at once. A long-held
-// lock is thus handed over across processes within milliseconds rather
-// than up to MaxPollInterval. Unlocks of keys nobody waits for this long
-// never notify (NOTIFY serialises committing transactions on a
-// database-wide lock); they pay one more lock-table operation inside the
-// server.
+// fold(key) is the xor of the key's two 32-bit halves. A [Lock.Unlock], in
+// any Locker, of a lock held for at least 20ms releases its key and, in the
+// same statement, tries pg_try_advisory_xact_lock on that interest key:
+// only when it is held (someone waits) does the statement also run
+// pg_notify(NotifyChannel, key), delivered at its commit, and the waiters
+// retry at once. A long-held lock is thus handed over across processes
+// within milliseconds rather than up to MaxPollInterval. Unlocks of keys
+// nobody waits for never notify (NOTIFY serialises committing transactions
+// on a database-wide lock); they pay one more lock-table operation inside
+// the server, and unlocks of locks held less than 20ms, which bound
+// throughput, pay nothing and notify nobody: a registered waiter that lost
+// races to such short holders sees the release at its next poll.
 //
 // Interest keys use the two-argument advisory key space, which never meets
 // a [Key] (the bigint form), golang-migrate's lock, or a two-argument key

@@ -17,3 +17,7 @@ func Waiters(l *Locker, key Key) int {
 	}
 	return 0
 }
+
+// SetNotifyAfterHeld sets how long l's locks must have been held for their
+// Unlock to notify waiters (normally 20ms), so that tests can unlock at once.
+func SetNotifyAfterHeld(l *Locker, d time.Duration) { l.notifyHeld = d }

@@ -27,6 +27,7 @@ type Locker struct {
 	closeCtx   context.Context // cancelled by Close
 	closeStop  context.CancelFunc
 	firstPause time.Duration  // minPollInterval; tests may raise it
+	notifyHeld time.Duration  // notifyAfterHeld; tests may change it
 	wg         sync.WaitGroup // watchdogs and the LISTEN loop
 
 	mu            sync.Mutex
@@ -87,6 +88,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 		closeCtx:   closeCtx,
 		closeStop:  closeStop,
 		firstPause: minPollInterval,
+		notifyHeld: notifyAfterHeld,
 		keys:       make(map[int64]*keyState),
 		interests:  make(map[int64]*interest),
 	}, nil
@@ -400,7 +402,7 @@ func (l *Locker) lockOnSession(ctx context.Context, s *session, key Key, shared 
 	if token == nil {
 		return nil, fmt.Errorf("advisory: lock %v: %w", key, pgfence.ErrNotAcquired)
 	}
-	lk := &Lock{l: l, s: s, key: key, shared: shared, token: *token}
+	lk := &Lock{l: l, s: s, key: key, shared: shared, token: *token, acquired: time.Now()}
 	lk.ctx, lk.cancel = context.WithCancelCause(context.Background())
 	l.mu.Lock()
 	s.inflight--

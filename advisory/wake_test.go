@@ -40,6 +40,15 @@ func newWaiter(t *testing.T, db *pgtest.DB, appName string, disableListen bool) 
 	return l
 }
 
+// newHolder returns a Locker on db's pool whose every Unlock looks for
+// waiters to notify, however briefly the lock was held.
+func newHolder(t *testing.T, db *pgtest.DB) *advisory.Locker {
+	t.Helper()
+	l := newLocker(t, db.Pool, nil)
+	advisory.SetNotifyAfterHeld(l, 0)
+	return l
+}
+
 // interestHolders returns the pids of the sessions holding the interest
 // lock of key (shared), as taken by waiting Lock calls.
 func interestHolders(t testing.TB, pool *pgxpool.Pool, key advisory.Key) []int32 {
@@ -112,7 +121,7 @@ func TestWakeAcrossLockers(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			db := pgtest.NewDB(t)
-			holder := newLocker(t, db.Pool, nil)
+			holder := newHolder(t, db)
 			waiter := newWaiter(t, db, "wake-"+tc.name, false)
 			key := advisory.Name("wake:" + tc.name)
 
@@ -141,7 +150,7 @@ func TestWakeDisabled(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
-	holder := newLocker(t, db.Pool, nil)
+	holder := newHolder(t, db)
 	waiter := newWaiter(t, db, "wake-disabled", true)
 	key := advisory.Name("wake:disabled")
 
@@ -177,7 +186,7 @@ func TestWakeCancelledWaitReleasesInterest(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
-	holder := newLocker(t, db.Pool, nil)
+	holder := newHolder(t, db)
 	waiter := newWaiter(t, db, "wake-cancel", false)
 	key := advisory.ID(1 << 40)
 
@@ -208,7 +217,7 @@ func TestWakeWaitersShareInterest(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
-	holder := newLocker(t, db.Pool, nil)
+	holder := newHolder(t, db)
 	waiter := newWaiter(t, db, "wake-share", false)
 	key := advisory.ID(-42)
 
@@ -254,7 +263,7 @@ func TestWakeListenConnectionLost(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
-	holder := newLocker(t, db.Pool, nil)
+	holder := newHolder(t, db)
 	waiter := newWaiter(t, db, "wake-lost", false)
 	key := advisory.Name("wake:lost")
 
@@ -281,7 +290,7 @@ func TestWakeUnlockNotifiesOnlyWaitedKeys(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
-	holder := newLocker(t, db.Pool, nil)
+	holder := newHolder(t, db)
 	waiter := newWaiter(t, db, "wake-only", false)
 	quiet, waited := advisory.ID(1<<41), advisory.ID(1<<41+1)
 
@@ -316,7 +325,7 @@ func TestWakeCloseWhileRegistered(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
-	holder := newLocker(t, db.Pool, nil)
+	holder := newHolder(t, db)
 	waiter := newWaiter(t, db, "wake-close", false)
 	key := advisory.Name("wake:close")
 
@@ -339,7 +348,7 @@ func TestWakeListenConnectionIdleClosed(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
-	holder := newLocker(t, db.Pool, nil)
+	holder := newHolder(t, db)
 	cfg := wakeConfig("wake-idle", false)
 	cfg.SessionIdleTimeout = 200 * time.Millisecond
 	waiter := newLocker(t, db.NewPool(t, nil), cfg)
@@ -359,4 +368,49 @@ func TestWakeListenConnectionIdleClosed(t *testing.T) {
 		require.Eventually(t, func() bool { return sessionCount(t, db.Pool, "wake-idle-listen") == 0 },
 			20*time.Second, 10*time.Millisecond, "the idle LISTEN connection is closed")
 	}
+}
+
+// TestWakeShortHoldDoesNotNotify: an Unlock of a lock held less than the
+// Locker's notify threshold (here an hour) does not look for waiters, and a
+// registered waiter then learns of the release only by polling.
+func TestWakeShortHoldDoesNotNotify(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	holder := newLocker(t, db.Pool, nil)
+	advisory.SetNotifyAfterHeld(holder, time.Hour)
+	waiter := newWaiter(t, db, "wake-short", false)
+	key := advisory.Name("wake:short")
+
+	lk, err := holder.TryLock(ctx, key, nil)
+	require.NoError(t, err)
+	res := lockAsync(ctx, waiter, key, &advisory.LockOpts{WaitTimeout: wakeWaitTimeout})
+	waitInterest(t, db.Pool, key, 1)
+	require.NoError(t, lk.Unlock(ctx))
+	r := result(t, res)
+	require.ErrorIs(t, r.err, pgfence.ErrNotAcquired)
+}
+
+// TestWakeDefaultHolder uses a holder with the default notify threshold:
+// a lock held longer than it (20ms) wakes the registered waiter.
+func TestWakeDefaultHolder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	holder := newLocker(t, db.Pool, nil)
+	waiter := newWaiter(t, db, "wake-default", false)
+	key := advisory.Name("wake:default")
+
+	lk, err := holder.TryLock(ctx, key, nil)
+	require.NoError(t, err)
+	acquired := time.Now()
+	res := lockAsync(ctx, waiter, key, &advisory.LockOpts{WaitTimeout: wakeWaitTimeout})
+	waitInterest(t, db.Pool, key, 1)
+	// Not an ordering: the hold must exceed the threshold for the
+	// Unlock to look for waiters.
+	time.Sleep(time.Until(acquired.Add(30 * time.Millisecond)))
+	require.NoError(t, lk.Unlock(ctx))
+	r := result(t, res)
+	require.NoError(t, r.err)
+	require.NoError(t, r.lk.Unlock(ctx))
 }

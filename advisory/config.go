@@ -79,7 +79,12 @@ type Config struct {
 	QueryTimeout time.Duration
 
 	// MaxPollInterval is the longest pause of a waiting Lock between two
-	// attempts; pauses start at 5ms and double up to it.
+	// attempts; pauses start at 5ms and double up to it. Unless
+	// DisableListen is set, a Lock waiting for a key held by another
+	// session is also woken by NOTIFY once its pause reaches 80ms, so
+	// MaxPollInterval then mostly bounds the wait when a notification is
+	// missed (the LISTEN connection was down, or the lock was released
+	// without Unlock). With a MaxPollInterval under 80ms, waits poll alone.
 	// Default [DefaultMaxPollInterval].
 	MaxPollInterval time.Duration
 
@@ -108,6 +113,14 @@ type Config struct {
 	// ApplicationName is the application_name of lock sessions, to find
 	// them in pg_stat_activity. Default [DefaultApplicationName].
 	ApplicationName string
+
+	// DisableListen turns off wake-ups across sessions: a Lock waiting for
+	// a key held by another session then retries only at its polling pace
+	// (up to MaxPollInterval after the release). By default a Lock that has
+	// waited about 40-75ms asks to be woken by NOTIFY (see the package
+	// documentation), which opens one more connection per Locker, the
+	// LISTEN connection, while some Lock waits that long.
+	DisableListen bool
 
 	// Logger receives the Locker's diagnostics: lock sessions opened and
 	// closed when idle (Debug), sessions that failed to open or were lost,

@@ -134,11 +134,53 @@
 //
 // [Locker.Lock] waits by polling pg_try_advisory_lock on the shared sessions
 // (with exponential backoff up to [Config.MaxPollInterval], and at once
-// when a holder in the same Locker unlocks), never by blocking a session in
-// pg_advisory_lock. When its context ends just as the lock is granted, it
-// releases the lock before returning the error: a Lock call that returns an
-// error leaves nothing held. Polling is not fair: waiters are served in no
-// particular order.
+// when a holder in the same Locker unlocks, or when woken as described in
+// Waiting), never by blocking a session in pg_advisory_lock. When its
+// context ends just as the lock is granted, it releases the lock before
+// returning the error: a Lock call that returns an error leaves nothing
+// held. Polling is not fair: waiters are served in no particular order.
+//
+// # Waiting
+//
+// A [Locker.Lock] whose key is held by another session retries after 5ms,
+// then after pauses that double up to [Config.MaxPollInterval] (200ms by
+// default), with jitter. Once its pause reaches 80ms (after about 40-75ms
+// of waiting), it also asks to be woken: the Locker opens one more
+// connection of its own, the LISTEN connection (application_name
+// [Config.ApplicationName] + "-listen"), which runs LISTEN on
+// [NotifyChannel] and takes a shared session lock on the key's interest
+// key, pg_try_advisory_lock_shared([InterestClassID], fold(key)) where
+// fold(key) is the xor of the key's two 32-bit halves. A [Lock.Unlock], in
+// any Locker, of a lock held for at least 20ms releases its key and, in the
+// same statement, tries pg_try_advisory_xact_lock on that interest key:
+// only when it is held (someone waits) does the statement also run
+// pg_notify(NotifyChannel, key), delivered at its commit, and the waiters
+// retry at once. A long-held lock is thus handed over across processes
+// within milliseconds rather than up to MaxPollInterval. Unlocks of keys
+// nobody waits for never notify (NOTIFY serialises committing transactions
+// on a database-wide lock); they pay one more lock-table operation inside
+// the server, and unlocks of locks held less than 20ms, which bound
+// throughput, pay nothing and notify nobody: a registered waiter that lost
+// races to such short holders sees the release at its next poll.
+//
+// Interest keys use the two-argument advisory key space, which never meets
+// a [Key] (the bigint form), golang-migrate's lock, or a two-argument key
+// whose first argument is not InterestClassID; do not use that value as a
+// first argument in your own pg_advisory_lock(int, int) calls. Keys whose
+// folds coincide share an interest key: that costs a needless NOTIFY, not a
+// missed one.
+//
+// The wake-up is an accelerator only: a waiter keeps polling at its pace,
+// and correctness never depends on a notification. While the LISTEN
+// connection is down (it reconnects with backoff, and is checked every
+// [Config.CheckInterval] like the lock sessions), waiters poll; when it
+// comes back they retry at once and register again. A Lock returning, for
+// any reason, drops its interest, and the LISTEN connection releases the
+// interest lock when no Lock of its Locker waits for the key any more;
+// [Locker.Close] closes it. [Config.DisableListen] turns wake-ups off.
+// Releases by [Locker.Close] (pg_advisory_unlock_all), by a session's end
+// and by transaction locks send no notification: their waiters see them
+// at their next poll. [LockTx] does not poll at all: the server queues it.
 //
 // Transaction locks use the caller's ctx as pgx does: if it ends during
 // [LockTx]'s wait, pgx closes the transaction's connection, which ends the

@@ -14,7 +14,8 @@ import (
 // Keys live in one space per database: ID(k) and a Name that hashes to k are
 // the same lock, and so is any other client calling pg_advisory_lock(k) on
 // the same database. The two-argument form pg_advisory_lock(int, int) is a
-// different space and never conflicts with a Key.
+// different space and never conflicts with a Key; waiting Lock calls use
+// the part of it whose first argument is [InterestClassID].
 type Key struct {
 	id    int64
 	name  string

@@ -42,13 +42,14 @@ var errUnlocked = fmt.Errorf("advisory: lock was unlocked: %w", pgfence.ErrNotHe
 // closed, or until the database session holding it dies; then [Lock.Done]
 // closes. Its methods are safe for concurrent use.
 type Lock struct {
-	l      *Locker
-	s      *session
-	key    Key
-	shared bool
-	token  int64
-	ctx    context.Context
-	cancel context.CancelCauseFunc
+	l        *Locker
+	s        *session
+	key      Key
+	shared   bool
+	token    int64
+	acquired time.Time // when granted, to choose the unlock statement
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
 
 	// Guarded by l.mu.
 	state    lockState
@@ -120,9 +121,16 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 	}
 	l.mu.Unlock()
 
+	// A lock held briefly unlocks without looking for waiters to notify:
+	// see notifyAfterHeld.
 	q := unlockSQL
-	if lk.shared {
+	switch notify := time.Since(lk.acquired) >= l.notifyHeld; {
+	case lk.shared && notify:
+		q = unlockSharedNotifySQL
+	case lk.shared:
 		q = unlockSharedSQL
+	case notify:
+		q = unlockNotifySQL
 	}
 	var released bool
 	err := s.queryKey(ctx, l, q, lk.key.id, &released)

@@ -24,13 +24,25 @@ type Locker struct {
 	log        *slog.Logger
 	connConfig *pgx.ConnConfig
 	closedCh   chan struct{}
-	wg         sync.WaitGroup // watchdogs
+	closeCtx   context.Context // cancelled by Close
+	closeStop  context.CancelFunc
+	firstPause time.Duration  // minPollInterval; tests may raise it
+	notifyHeld time.Duration  // notifyAfterHeld; tests may change it
+	wg         sync.WaitGroup // watchdogs and the LISTEN loop
 
 	mu            sync.Mutex
 	closed        bool
 	sessions      []*session // live or opening
 	nextSessionID int
 	keys          map[int64]*keyState
+
+	// Wake-ups across sessions (wake.go).
+	interests       map[int64]*interest
+	listenStarted   bool
+	listenDirty     bool               // interests changed since applied
+	listenRetry     bool               // some interest lock was refused
+	listenInterrupt context.CancelFunc // ends the LISTEN loop's wait
+	listenIdleSince time.Time          // since when the LISTEN loop saw no interest
 }
 
 // keyState is the in-process state of one key: who holds (or is acquiring)
@@ -67,12 +79,18 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 		cc.RuntimeParams = map[string]string{}
 	}
 	cc.RuntimeParams["application_name"] = c.ApplicationName
+	closeCtx, closeStop := context.WithCancel(context.Background())
 	return &Locker{
 		cfg:        c,
 		log:        c.Logger,
 		connConfig: cc,
 		closedCh:   make(chan struct{}),
+		closeCtx:   closeCtx,
+		closeStop:  closeStop,
+		firstPause: minPollInterval,
+		notifyHeld: notifyAfterHeld,
 		keys:       make(map[int64]*keyState),
+		interests:  make(map[int64]*interest),
 	}, nil
 }
 
@@ -94,6 +112,7 @@ func (l *Locker) Close() {
 	}
 	l.closed = true
 	close(l.closedCh)
+	l.closeStop()
 	sessions := append([]*session(nil), l.sessions...)
 	l.mu.Unlock()
 	for _, s := range sessions {
@@ -149,7 +168,10 @@ var errWaitTimeout = errors.New("advisory: wait timeout")
 //
 // It waits by retrying pg_try_advisory_lock on the Locker's sessions,
 // pausing 5ms at first and doubling up to Config.MaxPollInterval, and at
-// once when a holder in this Locker unlocks. It never blocks a session in
+// once when a holder in this Locker unlocks. Once its pause reaches 80ms it
+// also registers on the Locker's LISTEN connection, so that an Unlock by
+// another session wakes it with NOTIFY (see Waiting in the package
+// documentation; Config.DisableListen turns this off). It never blocks a session in
 // pg_advisory_lock, so cancelling a wait cannot close a session holding
 // other locks. Waiters are not served in order, and a client blocked in
 // pg_advisory_lock elsewhere may be granted the lock first.
@@ -180,10 +202,23 @@ func (l *Locker) Lock(ctx context.Context, key Key, opts *LockOpts) (*Lock, erro
 		}
 		return err
 	}
-	pause := minPollInterval
+	pause := l.firstPause
+	var reg *waitReg            // interest registered for wake-ups (wake.go)
+	var armedSeen chan struct{} // the armed channel already acted on
+	defer func() {
+		if reg != nil {
+			l.unregister(reg)
+		}
+	}()
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, waitErr(err)
+		}
+		// Take the wake channel before the attempt, so that a
+		// notification arriving after the attempt is not missed.
+		var armed, wake chan struct{}
+		if reg != nil {
+			armed, wake = l.channels(reg)
 		}
 		lk, released, err := l.tryAcquire(ctx, key, o.Shared)
 		if err == nil {
@@ -191,6 +226,17 @@ func (l *Locker) Lock(ctx context.Context, key Key, opts *LockOpts) (*Lock, erro
 		}
 		if !errors.Is(err, pgfence.ErrNotAcquired) {
 			return nil, waitErr(err)
+		}
+		if reg == nil && released == nil && pause >= interestAfter {
+			// Held by another session for a while: ask to be woken.
+			// Until the interest lock is held (armed), an Unlock would
+			// not notify; armed closing makes the next attempt at once.
+			if reg = l.register(key.id); reg != nil {
+				armed, wake = l.channels(reg)
+			}
+		}
+		if armed == armedSeen {
+			armed = nil
 		}
 		// Full jitter over [pause/2, pause) spreads competing pollers.
 		t := time.NewTimer(pause/2 + rand.N(pause/2+1))
@@ -202,6 +248,11 @@ func (l *Locker) Lock(ctx context.Context, key Key, opts *LockOpts) (*Lock, erro
 			t.Stop()
 			return nil, pgfence.ErrClosed
 		case <-released: // nil (blocks) unless held in this Locker
+			t.Stop()
+		case <-armed: // nil unless waiting for the interest lock
+			t.Stop()
+			armedSeen = armed
+		case <-wake: // nil unless registered
 			t.Stop()
 		case <-t.C:
 		}
@@ -351,7 +402,7 @@ func (l *Locker) lockOnSession(ctx context.Context, s *session, key Key, shared 
 	if token == nil {
 		return nil, fmt.Errorf("advisory: lock %v: %w", key, pgfence.ErrNotAcquired)
 	}
-	lk := &Lock{l: l, s: s, key: key, shared: shared, token: *token}
+	lk := &Lock{l: l, s: s, key: key, shared: shared, token: *token, acquired: time.Now()}
 	lk.ctx, lk.cancel = context.WithCancelCause(context.Background())
 	l.mu.Lock()
 	s.inflight--

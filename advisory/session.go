@@ -40,6 +40,23 @@ const unlockSQL = `SELECT pg_advisory_unlock($1), pg_backend_pid()`
 // unlockSharedSQL releases one hold of the session-level shared lock on $1.
 const unlockSharedSQL = `SELECT pg_advisory_unlock_shared($1), pg_backend_pid()`
 
+// unlockNotifySQL is unlockSQL for a lock held long enough that a Lock of
+// another session may wait for it with interest registered (see wake.go).
+// When the unlock succeeded, it then tries the transaction-level exclusive
+// lock on $1's interest key, which the statement's end releases: that fails
+// only while some LISTEN connection holds the interest key shared for a
+// waiting Lock, and then it sends NOTIFY with the key, delivered when the
+// statement commits. CASE fixes the order: unlock, test, notify.
+const unlockNotifySQL = `SELECT CASE WHEN NOT pg_advisory_unlock($1::bigint) THEN false ` + unlockWakeSQL
+
+// unlockSharedNotifySQL is unlockNotifySQL for the shared lock on $1.
+const unlockSharedNotifySQL = `SELECT CASE WHEN NOT pg_advisory_unlock_shared($1::bigint) THEN false ` + unlockWakeSQL
+
+// unlockWakeSQL is the end of unlockNotifySQL: the NOTIFY of waiters, if
+// any.
+const unlockWakeSQL = `WHEN pg_try_advisory_xact_lock(` + interestClassIDText + `, ` + interestObjIDSQL + `) THEN true ` +
+	`ELSE pg_notify('` + NotifyChannel + `', $1::bigint::text) IS NOT NULL END, pg_backend_pid()`
+
 // unlockAllSQL releases every session-level advisory lock of the session;
 // Close runs it so that the locks are free when Close returns, not only once
 // the server has processed the disconnection.

@@ -7,9 +7,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/listenconn"
 )
 
 // addWaiter registers a waiter for name's release notifications, starting
@@ -108,37 +108,18 @@ const listenSetupTimeout = 10 * time.Second
 // connection fails or the Locker is closed. connected reports whether LISTEN
 // succeeded.
 func (k *Locker) listenOnce() (connected bool, err error) {
-	cc := k.cfg.ListenConnConfig.Copy()
-	// pgx buffers notifications for WaitForNotification only when the
-	// configuration has no OnNotification callback of its own; with one
-	// (say, on the pool the caller uses for its own LISTEN), every
-	// notification would go to that callback and WaitForNotification would
-	// return none. The connection is the Locker's own: drop the callback.
-	cc.OnNotification = nil
-	// The health check in nextNotification ends WaitForNotification by
-	// letting its context time out, and that must leave the connection
-	// usable. With pgconn's DeadlineContextWatcherHandler (the default that
-	// ParseConfig installs) the context's end sets a deadline on the
-	// net.Conn; the read then fails with a timeout error, which pgconn does
-	// not treat as fatal (peekMessage closes the connection on every other
-	// read error), and the chunk reader keeps the bytes of a message read
-	// only in part, so the next read resumes it. Only a timeout during a
-	// query (MultiResultReader) closes the connection. The pool's
-	// configuration may carry another handler, such as
-	// CancelRequestContextWatcherHandler, which would open a connection to
-	// send a cancel request at every idle interval, and whose late cancel
-	// could hit the check that follows; so the LISTEN connection always
-	// uses the deadline handler.
-	cc.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
-		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
-	}
+	// The connection is the Locker's own, its notifications buffered for
+	// WaitForNotification; the health check in nextNotification ends a
+	// wait by letting its context time out, which leaves it usable (see
+	// listenconn.Config).
+	cc := listenconn.Config(k.cfg.ListenConnConfig)
 	setupCtx, cancel := context.WithTimeout(k.closeCtx, listenSetupTimeout)
 	defer cancel()
 	conn, err := pgx.ConnectConfig(setupCtx, cc)
 	if err != nil {
 		return false, err
 	}
-	defer closeListenConn(conn)
+	defer listenconn.Close(conn)
 	if _, err := conn.Exec(setupCtx, listenSQL); err != nil {
 		return false, err
 	}
@@ -151,38 +132,6 @@ func (k *Locker) listenOnce() (connected bool, err error) {
 			return true, err
 		}
 		k.notify(n.Payload)
-	}
-}
-
-// listenCloseTimeout bounds closing the LISTEN connection.
-const listenCloseTimeout = time.Second
-
-// closeListenConn closes conn and waits, for at most listenCloseTimeout,
-// until pgconn has finished with it. A statement interrupted by its context
-// (a health check cut short by Close, or one that timed out) or a failed
-// read leaves the connection to pgconn's asynchronous close: a goroutine
-// that sends a cancel request and Terminate, then reads until the server
-// closes the connection, for up to 15 seconds. Waiting for it, as pgxpool
-// does when it destroys a connection, keeps that goroutine from outliving
-// Locker.Close. A server that answers ends it within a round trip or two;
-// when it has not ended after half the bound, the network connection is
-// closed under it, which ends its wait for an unresponsive server at once.
-func closeListenConn(conn *pgx.Conn) {
-	ctx, cancel := context.WithTimeout(context.Background(), listenCloseTimeout)
-	defer cancel()
-	_ = conn.Close(ctx) // returns at once if pgconn already closed it
-	pc := conn.PgConn()
-	grace := time.NewTimer(listenCloseTimeout / 2)
-	defer grace.Stop()
-	select {
-	case <-pc.CleanupDone():
-		return
-	case <-grace.C:
-	}
-	_ = pc.Conn().Close()
-	select {
-	case <-pc.CleanupDone():
-	case <-ctx.Done():
 	}
 }
 
@@ -212,10 +161,10 @@ func (k *Locker) nextNotification(conn *pgx.Conn) (*pgconn.Notification, error) 
 			return n, err
 		}
 		// Nothing arrived for an interval, and the connection is still
-		// usable (see listenOnce): check it. If the check times out,
+		// usable (see listenconn.Config): check it. If the check times out,
 		// pgconn closes the connection (a timeout during a query is
 		// fatal) in a goroutine of its own, which the caller's deferred
-		// closeListenConn waits for.
+		// listenconn.Close waits for.
 		timeout := min(interval, maxListenCheckTimeout)
 		ctx, cancel = context.WithTimeout(k.closeCtx, timeout)
 		_, err = conn.Exec(ctx, listenSQL)

@@ -147,7 +147,7 @@ func (s *leasetableSystem) Close() error {
 var Advisory = harness.Spec{
 	Name: "pgfence-advisory",
 	Kind: harness.Pgfence,
-	Note: "advisory.Locker (session locks) with MaxSessions = clients, so it uses as many connections as raw-advisory; TryLock = pg_try_advisory_lock + a durable pgfence_next_token() in one statement, Unlock = pg_advisory_unlock (2 statements); waiting Lock polls (5ms doubling to 200ms), one single-session Locker per waiter",
+	Note: "advisory.Locker (session locks) with MaxSessions = clients, so it uses as many connections as raw-advisory; TryLock = pg_try_advisory_lock + a durable pgfence_next_token() in one statement, Unlock = pg_advisory_unlock (2 statements); waiting Lock polls (5ms doubling to 200ms) and, once it has waited ~40-75ms, is woken by NOTIFY from the Unlock (sent only when someone waits), one single-session Locker per waiter",
 	Open: func(ctx context.Context, env *harness.Env, clients int) (harness.System, error) {
 		pool, err := openPool(ctx, env.DatabaseURL, 1)
 		if err != nil {

@@ -1,0 +1,416 @@
+package advisory_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/advisory"
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+// Wake-up tests make a waiter's polls rare: its first pause is 6s and
+// MaxPollInterval 10s, so after its first failed attempt it does not poll
+// again within its WaitTimeout of 3s. It can only acquire within that
+// bound when a notification wakes it.
+const (
+	wakeFirstPause  = 6 * time.Second
+	wakeMaxPoll     = 10 * time.Second
+	wakeWaitTimeout = 3 * time.Second
+)
+
+// wakeConfig is the configuration of a waiting Locker in wake-up tests.
+func wakeConfig(appName string, disableListen bool) *advisory.Config {
+	cfg := fastConfig(appName)
+	cfg.MaxPollInterval = wakeMaxPoll
+	cfg.DisableListen = disableListen
+	return cfg
+}
+
+// newWaiter returns a Locker on its own pool whose waits poll rarely.
+func newWaiter(t *testing.T, db *pgtest.DB, appName string, disableListen bool) *advisory.Locker {
+	t.Helper()
+	l := newLocker(t, db.NewPool(t, nil), wakeConfig(appName, disableListen))
+	advisory.SetFirstPause(l, wakeFirstPause)
+	return l
+}
+
+// newHolder returns a Locker on db's pool whose every Unlock looks for
+// waiters to notify, however briefly the lock was held.
+func newHolder(t *testing.T, db *pgtest.DB) *advisory.Locker {
+	t.Helper()
+	l := newLocker(t, db.Pool, nil)
+	advisory.SetNotifyAfterHeld(l, 0)
+	return l
+}
+
+// interestHolders returns the pids of the sessions holding the interest
+// lock of key (shared), as taken by waiting Lock calls.
+func interestHolders(t testing.TB, pool *pgxpool.Pool, key advisory.Key) []int32 {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `
+		SELECT pid FROM pg_locks
+		WHERE locktype = 'advisory' AND granted AND objsubid = 2 AND mode = 'ShareLock'
+		  AND classid = $1::bigint::oid
+		  AND objid = ((((($2::bigint # ($2::bigint >> 32)) & 4294967295) - 2147483648)::int4)::bigint & 4294967295)::oid
+		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		ORDER BY pid`, int64(advisory.InterestClassID), key.Int64())
+	require.NoError(t, err)
+	var pids []int32
+	for rows.Next() {
+		var pid int32
+		require.NoError(t, rows.Scan(&pid))
+		pids = append(pids, pid)
+	}
+	require.NoError(t, rows.Err())
+	return pids
+}
+
+// waitInterest waits until some session holds key's interest lock and
+// returns the holders.
+func waitInterest(t testing.TB, pool *pgxpool.Pool, key advisory.Key, n int) []int32 {
+	t.Helper()
+	var pids []int32
+	require.Eventually(t, func() bool {
+		pids = interestHolders(t, pool, key)
+		return len(pids) == n
+	}, 20*time.Second, 5*time.Millisecond, "interest lock of %v held by %d sessions", key, n)
+	return pids
+}
+
+type lockResult struct {
+	lk  *advisory.Lock
+	err error
+}
+
+// lockAsync runs l.Lock in a goroutine.
+func lockAsync(ctx context.Context, l *advisory.Locker, key advisory.Key, opts *advisory.LockOpts) <-chan lockResult {
+	ch := make(chan lockResult, 1)
+	go func() {
+		lk, err := l.Lock(ctx, key, opts)
+		ch <- lockResult{lk, err}
+	}()
+	return ch
+}
+
+// result waits for a lockAsync result; the bound only guards against
+// hanging.
+func result(t testing.TB, ch <-chan lockResult) lockResult {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(30 * time.Second):
+		t.Fatal("Lock did not return")
+		return lockResult{}
+	}
+}
+
+func TestWakeAcrossLockers(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		shared bool
+	}{{"exclusive", false}, {"shared", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := pgtest.NewDB(t)
+			holder := newHolder(t, db)
+			waiter := newWaiter(t, db, "wake-"+tc.name, false)
+			key := advisory.Name("wake:" + tc.name)
+
+			lk, err := holder.TryLock(ctx, key, nil)
+			require.NoError(t, err)
+			opts := &advisory.LockOpts{Shared: tc.shared, WaitTimeout: wakeWaitTimeout}
+			res := lockAsync(ctx, waiter, key, opts)
+			waitInterest(t, db.Pool, key, 1)
+			require.NoError(t, lk.Unlock(ctx))
+
+			r := result(t, res)
+			require.NoError(t, r.err, "woken by the Unlock's NOTIFY before the next poll")
+			require.Equal(t, tc.shared, r.lk.Shared())
+			require.Greater(t, r.lk.Token(), lk.Token())
+			require.NoError(t, r.lk.Unlock(ctx))
+			require.Eventually(t, func() bool { return len(interestHolders(t, db.Pool, key)) == 0 },
+				20*time.Second, 5*time.Millisecond, "the interest lock is released once nobody waits")
+		})
+	}
+}
+
+// TestWakeDisabled is the negative control of TestWakeAcrossLockers: the
+// same wait without wake-ups polls too rarely to see the release within its
+// WaitTimeout.
+func TestWakeDisabled(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	holder := newHolder(t, db)
+	waiter := newWaiter(t, db, "wake-disabled", true)
+	key := advisory.Name("wake:disabled")
+
+	lk, err := holder.TryLock(ctx, key, nil)
+	require.NoError(t, err)
+	started := make(chan struct{})
+	res := make(chan lockResult, 1)
+	go func() {
+		close(started)
+		lk, err := waiter.Lock(ctx, key, &advisory.LockOpts{WaitTimeout: wakeWaitTimeout})
+		res <- lockResult{lk, err}
+	}()
+	<-started
+	// The waiter's first attempt fails (the key is held), then it sleeps
+	// past its WaitTimeout. Unlock once that attempt has run: the
+	// waiter's session shows it as its last statement.
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'wake-disabled'
+			  AND query LIKE '%pg_try_advisory_lock%' AND state = 'idle'`).Scan(&n))
+		return n == 1
+	}, 20*time.Second, 5*time.Millisecond)
+	require.Empty(t, interestHolders(t, db.Pool, key))
+	require.NoError(t, lk.Unlock(ctx))
+
+	r := result(t, res)
+	require.ErrorIs(t, r.err, pgfence.ErrNotAcquired)
+	require.Zero(t, sessionCount(t, db.Pool, "wake-disabled-listen"), "no LISTEN connection")
+}
+
+func TestWakeCancelledWaitReleasesInterest(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	holder := newHolder(t, db)
+	waiter := newWaiter(t, db, "wake-cancel", false)
+	key := advisory.ID(1 << 40)
+
+	lk, err := holder.TryLock(ctx, key, nil)
+	require.NoError(t, err)
+	wctx, cancel := context.WithCancel(ctx)
+	res := lockAsync(wctx, waiter, key, nil)
+	pids := waitInterest(t, db.Pool, key, 1)
+	cancel()
+	r := result(t, res)
+	require.ErrorIs(t, r.err, context.Canceled)
+	require.Eventually(t, func() bool { return len(interestHolders(t, db.Pool, key)) == 0 },
+		20*time.Second, 5*time.Millisecond, "the cancelled wait's interest lock is released")
+
+	// The LISTEN connection stays for the next waiter, which takes the
+	// interest lock again on it and is woken.
+	res = lockAsync(ctx, waiter, key, &advisory.LockOpts{WaitTimeout: wakeWaitTimeout})
+	require.Equal(t, pids, waitInterest(t, db.Pool, key, 1))
+	require.NoError(t, lk.Unlock(ctx))
+	r = result(t, res)
+	require.NoError(t, r.err)
+	require.NoError(t, r.lk.Unlock(ctx))
+}
+
+// TestWakeWaitersShareInterest has two waiters of one Locker on one key:
+// they share one interest lock, which stays while either waits.
+func TestWakeWaitersShareInterest(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	holder := newHolder(t, db)
+	waiter := newWaiter(t, db, "wake-share", false)
+	key := advisory.ID(-42)
+
+	lk, err := holder.TryLock(ctx, key, nil)
+	require.NoError(t, err)
+	opts := &advisory.LockOpts{WaitTimeout: wakeWaitTimeout}
+	first := lockAsync(ctx, waiter, key, opts)
+	waitInterest(t, db.Pool, key, 1)
+	second := lockAsync(ctx, waiter, key, opts)
+	// The second waiter's attempt fails, as the key is held elsewhere;
+	// wait until it, too, has registered (in-process, on the same lock).
+	require.Eventually(t, func() bool { return advisory.Waiters(waiter, key) == 2 },
+		20*time.Second, time.Millisecond)
+	require.Len(t, interestHolders(t, db.Pool, key), 1)
+	require.NoError(t, lk.Unlock(ctx))
+
+	// One waiter wins; the other, in this Locker, is woken by its Unlock.
+	var got lockResult
+	select {
+	case got = <-first:
+	case got = <-second:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no waiter acquired")
+	}
+	require.NoError(t, got.err)
+	require.NoError(t, got.lk.Unlock(ctx))
+	for _, ch := range []<-chan lockResult{first, second} {
+		select {
+		case r := <-ch:
+			require.NoError(t, r.err)
+			require.NoError(t, r.lk.Unlock(ctx))
+		default:
+		}
+	}
+	require.Eventually(t, func() bool { return len(interestHolders(t, db.Pool, key)) == 0 },
+		20*time.Second, 5*time.Millisecond)
+}
+
+// TestWakeListenConnectionLost kills the LISTEN connection while a waiter
+// is registered: the Locker reconnects, takes the interest lock again, and
+// the waiter is still woken by the Unlock.
+func TestWakeListenConnectionLost(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	holder := newHolder(t, db)
+	waiter := newWaiter(t, db, "wake-lost", false)
+	key := advisory.Name("wake:lost")
+
+	lk, err := holder.TryLock(ctx, key, nil)
+	require.NoError(t, err)
+	res := lockAsync(ctx, waiter, key, &advisory.LockOpts{WaitTimeout: 2 * wakeWaitTimeout})
+	old := waitInterest(t, db.Pool, key, 1)
+	var killed bool
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, old[0]).Scan(&killed))
+	require.True(t, killed)
+	require.Eventually(t, func() bool {
+		pids := interestHolders(t, db.Pool, key)
+		return len(pids) == 1 && pids[0] != old[0]
+	}, 20*time.Second, 5*time.Millisecond, "the interest lock is taken again on a new LISTEN connection")
+	require.NoError(t, lk.Unlock(ctx))
+	r := result(t, res)
+	require.NoError(t, r.err)
+	require.NoError(t, r.lk.Unlock(ctx))
+}
+
+// TestWakeUnlockNotifiesOnlyWaitedKeys listens on the channel: an Unlock of
+// a key nobody waits for sends nothing, one of a waited key sends its key.
+func TestWakeUnlockNotifiesOnlyWaitedKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	holder := newHolder(t, db)
+	waiter := newWaiter(t, db, "wake-only", false)
+	quiet, waited := advisory.ID(1<<41), advisory.ID(1<<41+1)
+
+	listener := db.Conn(t)
+	_, err := listener.Exec(ctx, "LISTEN "+advisory.NotifyChannel)
+	require.NoError(t, err)
+
+	lkQuiet, err := holder.TryLock(ctx, quiet, nil)
+	require.NoError(t, err)
+	lkWaited, err := holder.TryLock(ctx, waited, nil)
+	require.NoError(t, err)
+	res := lockAsync(ctx, waiter, waited, &advisory.LockOpts{WaitTimeout: wakeWaitTimeout})
+	waitInterest(t, db.Pool, waited, 1)
+	require.NoError(t, lkQuiet.Unlock(ctx))
+	require.NoError(t, lkWaited.Unlock(ctx))
+
+	// Notifications arrive in commit order: the first is the waited key's.
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	n, err := listener.WaitForNotification(wctx)
+	require.NoError(t, err)
+	require.Equal(t, strconv.FormatInt(waited.Int64(), 10), n.Payload)
+	r := result(t, res)
+	require.NoError(t, r.err)
+	require.NoError(t, r.lk.Unlock(ctx))
+}
+
+// TestWakeCloseWhileRegistered closes a Locker whose Lock waits with
+// interest registered: Lock returns ErrClosed, and TestMain checks that no
+// goroutine (LISTEN loop, pgconn cleanup) is left.
+func TestWakeCloseWhileRegistered(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	holder := newHolder(t, db)
+	waiter := newWaiter(t, db, "wake-close", false)
+	key := advisory.Name("wake:close")
+
+	lk, err := holder.TryLock(ctx, key, nil)
+	require.NoError(t, err)
+	res := lockAsync(ctx, waiter, key, nil)
+	waitInterest(t, db.Pool, key, 1)
+	waiter.Close()
+	r := result(t, res)
+	require.ErrorIs(t, r.err, pgfence.ErrClosed)
+	require.Eventually(t, func() bool { return len(interestHolders(t, db.Pool, key)) == 0 },
+		20*time.Second, 5*time.Millisecond, "the LISTEN connection's interest lock ends with it")
+	require.NoError(t, lk.Unlock(ctx))
+}
+
+// TestWakeListenConnectionIdleClosed checks that the LISTEN connection is
+// closed once no Lock has waited for SessionIdleTimeout, and opened again
+// by the next wait, which is still woken.
+func TestWakeListenConnectionIdleClosed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	holder := newHolder(t, db)
+	cfg := wakeConfig("wake-idle", false)
+	cfg.SessionIdleTimeout = 200 * time.Millisecond
+	waiter := newLocker(t, db.NewPool(t, nil), cfg)
+	advisory.SetFirstPause(waiter, wakeFirstPause)
+	key := advisory.Name("wake:idle")
+
+	for range 2 {
+		lk, err := holder.TryLock(ctx, key, nil)
+		require.NoError(t, err)
+		res := lockAsync(ctx, waiter, key, &advisory.LockOpts{WaitTimeout: wakeWaitTimeout})
+		waitInterest(t, db.Pool, key, 1)
+		require.Equal(t, 1, sessionCount(t, db.Pool, "wake-idle-listen"))
+		require.NoError(t, lk.Unlock(ctx))
+		r := result(t, res)
+		require.NoError(t, r.err)
+		require.NoError(t, r.lk.Unlock(ctx))
+		require.Eventually(t, func() bool { return sessionCount(t, db.Pool, "wake-idle-listen") == 0 },
+			20*time.Second, 10*time.Millisecond, "the idle LISTEN connection is closed")
+	}
+}
+
+// TestWakeShortHoldDoesNotNotify: an Unlock of a lock held less than the
+// Locker's notify threshold (here an hour) does not look for waiters, and a
+// registered waiter then learns of the release only by polling.
+func TestWakeShortHoldDoesNotNotify(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	holder := newLocker(t, db.Pool, nil)
+	advisory.SetNotifyAfterHeld(holder, time.Hour)
+	waiter := newWaiter(t, db, "wake-short", false)
+	key := advisory.Name("wake:short")
+
+	lk, err := holder.TryLock(ctx, key, nil)
+	require.NoError(t, err)
+	res := lockAsync(ctx, waiter, key, &advisory.LockOpts{WaitTimeout: wakeWaitTimeout})
+	waitInterest(t, db.Pool, key, 1)
+	require.NoError(t, lk.Unlock(ctx))
+	r := result(t, res)
+	require.ErrorIs(t, r.err, pgfence.ErrNotAcquired)
+}
+
+// TestWakeDefaultHolder uses a holder with the default notify threshold:
+// a lock held longer than it (20ms) wakes the registered waiter.
+func TestWakeDefaultHolder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	holder := newLocker(t, db.Pool, nil)
+	waiter := newWaiter(t, db, "wake-default", false)
+	key := advisory.Name("wake:default")
+
+	lk, err := holder.TryLock(ctx, key, nil)
+	require.NoError(t, err)
+	acquired := time.Now()
+	res := lockAsync(ctx, waiter, key, &advisory.LockOpts{WaitTimeout: wakeWaitTimeout})
+	waitInterest(t, db.Pool, key, 1)
+	// Not an ordering: the hold must exceed the threshold for the
+	// Unlock to look for waiters.
+	time.Sleep(time.Until(acquired.Add(30 * time.Millisecond)))
+	require.NoError(t, lk.Unlock(ctx))
+	r := result(t, res)
+	require.NoError(t, r.err)
+	require.NoError(t, r.lk.Unlock(ctx))
+}

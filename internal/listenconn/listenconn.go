@@ -1,0 +1,75 @@
+// Package listenconn holds what the LISTEN connections of package leasetable
+// and package advisory share: how such a connection is configured and how it
+// is closed without leaving pgconn's cleanup behind.
+package listenconn
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+)
+
+// Config returns a copy of cc for a LISTEN connection that the library owns.
+//
+// pgx buffers notifications for WaitForNotification only when the
+// configuration has no OnNotification callback of its own; with one (say,
+// on the pool the caller uses for its own LISTEN), every notification would
+// go to that callback and WaitForNotification would return none. The
+// connection is the library's own: the copy drops the callback.
+//
+// A wait for notifications is ended by its context (for a health check, or
+// to run a statement on the connection), and that must leave the connection
+// usable. With pgconn's DeadlineContextWatcherHandler (the default that
+// ParseConfig installs) the context's end sets a deadline on the net.Conn;
+// the read then fails with a timeout error, which pgconn does not treat as
+// fatal (peekMessage closes the connection on every other read error), and
+// the chunk reader keeps the bytes of a message read only in part, so the
+// next read resumes it. Only a timeout during a query (MultiResultReader)
+// closes the connection. The pool's configuration may carry another handler,
+// such as CancelRequestContextWatcherHandler, which would open a connection
+// to send a cancel request at every such interruption, and whose late cancel
+// could hit the statement that follows; so the copy always uses the deadline
+// handler.
+func Config(cc *pgx.ConnConfig) *pgx.ConnConfig {
+	c := cc.Copy()
+	c.OnNotification = nil
+	c.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
+	}
+	return c
+}
+
+// CloseTimeout bounds Close.
+const CloseTimeout = time.Second
+
+// Close closes conn and waits, for at most CloseTimeout, until pgconn has
+// finished with it. A statement interrupted by its context (a health check
+// cut short by the owner's Close, or one that timed out) or a failed read
+// leaves the connection to pgconn's asynchronous close: a goroutine that
+// sends a cancel request and Terminate, then reads until the server closes
+// the connection, for up to 15 seconds. Waiting for it, as pgxpool does when
+// it destroys a connection, keeps that goroutine from outliving the owner's
+// Close. A server that answers ends it within a round trip or two; when it
+// has not ended after half the bound, the network connection is closed under
+// it, which ends its wait for an unresponsive server at once.
+func Close(conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), CloseTimeout)
+	defer cancel()
+	_ = conn.Close(ctx) // returns at once if pgconn already closed it
+	pc := conn.PgConn()
+	grace := time.NewTimer(CloseTimeout / 2)
+	defer grace.Stop()
+	select {
+	case <-pc.CleanupDone():
+		return
+	case <-grace.C:
+	}
+	_ = pc.Conn().Close()
+	select {
+	case <-pc.CleanupDone():
+	case <-ctx.Done():
+	}
+}

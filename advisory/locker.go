@@ -22,13 +22,16 @@ import (
 type Locker struct {
 	cfg        Config
 	log        *slog.Logger
-	connConfig *pgx.ConnConfig
-	closedCh   chan struct{}
-	closeCtx   context.Context // cancelled by Close
-	closeStop  context.CancelFunc
-	firstPause time.Duration  // minPollInterval; tests may raise it
-	notifyHeld time.Duration  // notifyAfterHeld; tests may change it
-	wg         sync.WaitGroup // watchdogs and the LISTEN loop
+	connConfig *pgx.ConnConfig // lock sessions
+	// listenConfig is the LISTEN connection's: connConfig with
+	// application_name suffixed "-listen".
+	listenConfig *pgx.ConnConfig
+	closedCh     chan struct{}
+	closeCtx     context.Context // cancelled by Close
+	closeStop    context.CancelFunc
+	firstPause   time.Duration  // minPollInterval; tests may raise it
+	notifyHeld   time.Duration  // notifyAfterHeld; tests may change it
+	wg           sync.WaitGroup // watchdogs and the LISTEN loop
 
 	mu            sync.Mutex
 	closed        bool
@@ -79,18 +82,21 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 		cc.RuntimeParams = map[string]string{}
 	}
 	cc.RuntimeParams["application_name"] = c.ApplicationName
+	lc := cc.Copy()
+	lc.RuntimeParams["application_name"] = c.ApplicationName + "-listen"
 	closeCtx, closeStop := context.WithCancel(context.Background())
 	return &Locker{
-		cfg:        c,
-		log:        c.Logger,
-		connConfig: cc,
-		closedCh:   make(chan struct{}),
-		closeCtx:   closeCtx,
-		closeStop:  closeStop,
-		firstPause: minPollInterval,
-		notifyHeld: notifyAfterHeld,
-		keys:       make(map[int64]*keyState),
-		interests:  make(map[int64]*interest),
+		cfg:          c,
+		log:          c.Logger,
+		connConfig:   cc,
+		listenConfig: lc,
+		closedCh:     make(chan struct{}),
+		closeCtx:     closeCtx,
+		closeStop:    closeStop,
+		firstPause:   minPollInterval,
+		notifyHeld:   notifyAfterHeld,
+		keys:         make(map[int64]*keyState),
+		interests:    make(map[int64]*interest),
 	}, nil
 }
 

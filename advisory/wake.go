@@ -76,10 +76,6 @@ const interestAfter = 80 * time.Millisecond
 // every Unlock cost about 3-4% of uncontended throughput.
 const notifyAfterHeld = 20 * time.Millisecond
 
-// listenSQL subscribes the LISTEN connection to NotifyChannel. On a session
-// that already listens it changes nothing, so it is also the health check.
-const listenSQL = "LISTEN " + NotifyChannel
-
 // takeInterestSQL takes a shared session lock on the interest key of each
 // key in $1, without waiting; it returns the keys whose lock was granted.
 const takeInterestSQL = `SELECT k FROM unnest($1::bigint[]) AS k ` +
@@ -91,10 +87,6 @@ const dropInterestSQL = `SELECT count(*) FILTER (WHERE pg_advisory_unlock_shared
 	`, (((k # (k >> 32)) & 4294967295) - 2147483648)::int4)) FROM unnest($1::bigint[]) AS k`
 
 const interestClassIDText = "1885824631"
-
-// listenSetupTimeout bounds connecting and subscribing the LISTEN
-// connection.
-const listenSetupTimeout = 10 * time.Second
 
 // interest is the wake-up state of one key that waiting Lock calls of this
 // Locker registered for. Guarded by Locker.mu.
@@ -237,19 +229,11 @@ func (l *Locker) listenOnce() (connected bool, err error) {
 	// WaitForNotification; a wait ended by its context (to apply changed
 	// interests, or for a health check) leaves it usable (see
 	// listenconn.Config).
-	cc := listenconn.Config(l.connConfig)
-	cc.RuntimeParams["application_name"] = l.cfg.ApplicationName + "-listen"
-	setupCtx, cancel := context.WithTimeout(l.closeCtx, listenSetupTimeout)
-	defer cancel()
-	conn, err := pgx.ConnectConfig(setupCtx, cc)
+	conn, err := listenconn.Open(l.closeCtx, l.listenConfig, NotifyChannel)
 	if err != nil {
 		return false, err
 	}
 	defer listenconn.Close(conn)
-	if _, err := conn.Exec(setupCtx, listenSQL); err != nil {
-		return false, err
-	}
-	cancel()
 	l.log.Debug("advisory: LISTEN connection ready", "channel", NotifyChannel)
 	for {
 		if err := l.applyInterests(conn); err != nil {
@@ -403,7 +387,7 @@ func (l *Locker) nextNotification(conn *pgx.Conn) (*pgconn.Notification, error) 
 		// usable: check it. If the check times out, pgconn closes the
 		// connection, and listenconn.Close waits for that.
 		ctx, cancel = context.WithTimeout(l.closeCtx, l.cfg.QueryTimeout)
-		_, err = conn.Exec(ctx, listenSQL)
+		err = listenconn.Check(ctx, conn, NotifyChannel)
 		cancel()
 		if err != nil {
 			if l.closeCtx.Err() != nil {

@@ -95,15 +95,6 @@ func (k *Locker) listen() {
 	}
 }
 
-// listenSQL subscribes the session to [NotifyChannel]. It is also the
-// health check of an idle LISTEN connection: on a session that already
-// listens it changes nothing, so a check is a plain round trip, and the
-// session keeps showing LISTEN in pg_stat_activity.
-const listenSQL = "LISTEN " + NotifyChannel
-
-// listenSetupTimeout bounds connecting and subscribing.
-const listenSetupTimeout = 10 * time.Second
-
 // listenOnce connects, listens and delivers notifications until the
 // connection fails or the Locker is closed. connected reports whether LISTEN
 // succeeded.
@@ -112,18 +103,11 @@ func (k *Locker) listenOnce() (connected bool, err error) {
 	// WaitForNotification; the health check in nextNotification ends a
 	// wait by letting its context time out, which leaves it usable (see
 	// listenconn.Config).
-	cc := listenconn.Config(k.cfg.ListenConnConfig)
-	setupCtx, cancel := context.WithTimeout(k.closeCtx, listenSetupTimeout)
-	defer cancel()
-	conn, err := pgx.ConnectConfig(setupCtx, cc)
+	conn, err := listenconn.Open(k.closeCtx, k.cfg.ListenConnConfig, NotifyChannel)
 	if err != nil {
 		return false, err
 	}
 	defer listenconn.Close(conn)
-	if _, err := conn.Exec(setupCtx, listenSQL); err != nil {
-		return false, err
-	}
-	cancel()
 	k.cfg.Logger.Debug("pgfence: leasetable: LISTEN connection ready", "channel", NotifyChannel)
 	k.wakeAll()
 	for {
@@ -167,7 +151,7 @@ func (k *Locker) nextNotification(conn *pgx.Conn) (*pgconn.Notification, error) 
 		// listenconn.Close waits for.
 		timeout := min(interval, maxListenCheckTimeout)
 		ctx, cancel = context.WithTimeout(k.closeCtx, timeout)
-		_, err = conn.Exec(ctx, listenSQL)
+		err = listenconn.Check(ctx, conn, NotifyChannel)
 		cancel()
 		if err != nil {
 			if k.closeCtx.Err() != nil {

@@ -42,6 +42,35 @@ func Config(cc *pgx.ConnConfig) *pgx.ConnConfig {
 	return c
 }
 
+// SetupTimeout bounds Open: connecting and subscribing.
+const SetupTimeout = 10 * time.Second
+
+// Open connects with [Config](cc) and subscribes the connection to channel,
+// both within SetupTimeout (and ctx). The caller closes the connection with
+// [Close].
+func Open(ctx context.Context, cc *pgx.ConnConfig, channel string) (*pgx.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, SetupTimeout)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(ctx, Config(cc))
+	if err != nil {
+		return nil, err
+	}
+	if err := Check(ctx, conn, channel); err != nil {
+		Close(conn)
+		return nil, err
+	}
+	return conn, nil
+}
+
+// Check runs LISTEN channel on conn. On a session that already listens it
+// changes nothing, so it is also the health check of an idle LISTEN
+// connection: a plain round trip, after which the session still shows
+// LISTEN in pg_stat_activity.
+func Check(ctx context.Context, conn *pgx.Conn, channel string) error {
+	_, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize())
+	return err
+}
+
 // CloseTimeout bounds Close.
 const CloseTimeout = time.Second
 

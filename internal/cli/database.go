@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // databaseFlagUsage is the help line of every command's --database flag.
@@ -79,6 +80,24 @@ func connect(ctx context.Context, dsn string) (*pgx.Conn, error) {
 		return nil, fmt.Errorf("connect to the database: %w", err)
 	}
 	return conn, nil
+}
+
+// poolConfig parses dsn for a pool of at most maxConns connections named
+// app (unless the connection string names one); connecting gives up after
+// connectTimeout unless it sets connect_timeout. A bad dsn is a usage error.
+func poolConfig(dsn, app string, maxConns int32) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, usageErrorf("invalid database: %v", err)
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = connectTimeout
+	}
+	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
+		cfg.ConnConfig.RuntimeParams["application_name"] = app
+	}
+	cfg.MaxConns = maxConns
+	return cfg, nil
 }
 
 // closeConn closes conn, even when ctx has ended.

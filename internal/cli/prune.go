@@ -70,17 +70,10 @@ func (a *App) prune(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	pcfg, err := pgxpool.ParseConfig(dsn)
+	pcfg, err := poolConfig(dsn, "pgfence prune", prunePoolMaxConns)
 	if err != nil {
-		return usageErrorf("invalid database: %v", err)
+		return err
 	}
-	if pcfg.ConnConfig.ConnectTimeout == 0 {
-		pcfg.ConnConfig.ConnectTimeout = connectTimeout
-	}
-	if _, ok := pcfg.ConnConfig.RuntimeParams["application_name"]; !ok {
-		pcfg.ConnConfig.RuntimeParams["application_name"] = "pgfence prune"
-	}
-	pcfg.MaxConns = prunePoolMaxConns
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return fmt.Errorf("connect to the database: %w", err)

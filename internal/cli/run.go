@@ -264,17 +264,10 @@ func (a *App) run(ctx context.Context, args []string) error {
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 
-	pcfg, err := pgxpool.ParseConfig(dsn)
+	pcfg, err := poolConfig(dsn, "pgfence run", runPoolMaxConns)
 	if err != nil {
-		return usageErrorf("invalid database: %v", err)
+		return err
 	}
-	if pcfg.ConnConfig.ConnectTimeout == 0 {
-		pcfg.ConnConfig.ConnectTimeout = connectTimeout
-	}
-	if _, ok := pcfg.ConnConfig.RuntimeParams["application_name"]; !ok {
-		pcfg.ConnConfig.RuntimeParams["application_name"] = "pgfence run"
-	}
-	pcfg.MaxConns = runPoolMaxConns
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return exitWith(ExitRunFailure, fmt.Errorf("connect to the database: %w", err))

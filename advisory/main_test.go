@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -54,14 +55,15 @@ func holderPIDs(t testing.TB, pool *pgxpool.Pool, key advisory.Key) []int32 {
 		  AND classid = $1::bigint::oid AND objid = $2::bigint::oid
 		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 		ORDER BY pid`, int64(k>>32), int64(k&0xffffffff))
+	return collectPIDs(t, rows, err)
+}
+
+// collectPIDs reads the pid column of a query's rows.
+func collectPIDs(t testing.TB, rows pgx.Rows, err error) []int32 {
+	t.Helper()
 	require.NoError(t, err)
-	var pids []int32
-	for rows.Next() {
-		var pid int32
-		require.NoError(t, rows.Scan(&pid))
-		pids = append(pids, pid)
-	}
-	require.NoError(t, rows.Err())
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	require.NoError(t, err)
 	return pids
 }
 

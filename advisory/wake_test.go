@@ -60,19 +60,11 @@ func interestHolders(t testing.TB, pool *pgxpool.Pool, key advisory.Key) []int32
 		  AND objid = ((((($2::bigint # ($2::bigint >> 32)) & 4294967295) - 2147483648)::int4)::bigint & 4294967295)::oid
 		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 		ORDER BY pid`, int64(advisory.InterestClassID), key.Int64())
-	require.NoError(t, err)
-	var pids []int32
-	for rows.Next() {
-		var pid int32
-		require.NoError(t, rows.Scan(&pid))
-		pids = append(pids, pid)
-	}
-	require.NoError(t, rows.Err())
-	return pids
+	return collectPIDs(t, rows, err)
 }
 
-// waitInterest waits until some session holds key's interest lock and
-// returns the holders.
+// waitInterest waits until exactly n sessions hold key's interest lock
+// (n = 0: until nobody does) and returns the holders.
 func waitInterest(t testing.TB, pool *pgxpool.Pool, key advisory.Key, n int) []int32 {
 	t.Helper()
 	var pids []int32
@@ -137,8 +129,7 @@ func TestWakeAcrossLockers(t *testing.T) {
 			require.Equal(t, tc.shared, r.lk.Shared())
 			require.Greater(t, r.lk.Token(), lk.Token())
 			require.NoError(t, r.lk.Unlock(ctx))
-			require.Eventually(t, func() bool { return len(interestHolders(t, db.Pool, key)) == 0 },
-				20*time.Second, 5*time.Millisecond, "the interest lock is released once nobody waits")
+			waitInterest(t, db.Pool, key, 0)
 		})
 	}
 }
@@ -156,14 +147,7 @@ func TestWakeDisabled(t *testing.T) {
 
 	lk, err := holder.TryLock(ctx, key, nil)
 	require.NoError(t, err)
-	started := make(chan struct{})
-	res := make(chan lockResult, 1)
-	go func() {
-		close(started)
-		lk, err := waiter.Lock(ctx, key, &advisory.LockOpts{WaitTimeout: wakeWaitTimeout})
-		res <- lockResult{lk, err}
-	}()
-	<-started
+	res := lockAsync(ctx, waiter, key, &advisory.LockOpts{WaitTimeout: wakeWaitTimeout})
 	// The waiter's first attempt fails (the key is held), then it sleeps
 	// past its WaitTimeout. Unlock once that attempt has run: the
 	// waiter's session shows it as its last statement.
@@ -198,8 +182,7 @@ func TestWakeCancelledWaitReleasesInterest(t *testing.T) {
 	cancel()
 	r := result(t, res)
 	require.ErrorIs(t, r.err, context.Canceled)
-	require.Eventually(t, func() bool { return len(interestHolders(t, db.Pool, key)) == 0 },
-		20*time.Second, 5*time.Millisecond, "the cancelled wait's interest lock is released")
+	waitInterest(t, db.Pool, key, 0)
 
 	// The LISTEN connection stays for the next waiter, which takes the
 	// interest lock again on it and is woken.
@@ -252,8 +235,7 @@ func TestWakeWaitersShareInterest(t *testing.T) {
 		default:
 		}
 	}
-	require.Eventually(t, func() bool { return len(interestHolders(t, db.Pool, key)) == 0 },
-		20*time.Second, 5*time.Millisecond)
+	waitInterest(t, db.Pool, key, 0)
 }
 
 // TestWakeListenConnectionLost kills the LISTEN connection while a waiter
@@ -336,8 +318,7 @@ func TestWakeCloseWhileRegistered(t *testing.T) {
 	waiter.Close()
 	r := result(t, res)
 	require.ErrorIs(t, r.err, pgfence.ErrClosed)
-	require.Eventually(t, func() bool { return len(interestHolders(t, db.Pool, key)) == 0 },
-		20*time.Second, 5*time.Millisecond, "the LISTEN connection's interest lock ends with it")
+	waitInterest(t, db.Pool, key, 0)
 	require.NoError(t, lk.Unlock(ctx))
 }
 

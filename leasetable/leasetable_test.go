@@ -478,19 +478,12 @@ func TestListenerReconnectsAndWaitersFallBack(t *testing.T) {
 	l, err := holder.TryAcquire(ctx, "after-reconnect", nil)
 	require.NoError(t, err)
 	waiting := logs.next("waiting for lease")
-	got := make(chan error, 1)
-	go func() {
-		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		l2, err := waiter.Acquire(wctx, "after-reconnect", nil)
-		if err == nil {
-			err = l2.Release(ctx)
-		}
-		got <- err
-	}()
+	got := acquireAsync(waiter, "after-reconnect", 10*time.Second)
 	waitFor(t, waiting, "the waiter to wait")
 	require.NoError(t, l.Release(ctx))
-	require.NoError(t, <-got)
+	r := <-got
+	require.NoError(t, r.err)
+	require.NoError(t, r.l.Release(ctx))
 }
 
 // The health check of an idle LISTEN connection lets WaitForNotification
@@ -538,17 +531,12 @@ func TestListenHealthCheckKeepsAHealthyConnection(t *testing.T) {
 	l, err := holder.TryAcquire(ctx, "after-checks", nil)
 	require.NoError(t, err)
 	waiting := logs.next("waiting for lease")
-	got := make(chan error, 1)
-	go func() {
-		l2, err := waiter.Acquire(ctx, "after-checks", &leasetable.AcquireOpts{WaitTimeout: 10 * time.Second})
-		if err == nil {
-			err = l2.Release(ctx)
-		}
-		got <- err
-	}()
+	got := acquireAsync(waiter, "after-checks", 10*time.Second)
 	waitFor(t, waiting, "the waiter to wait")
 	require.NoError(t, l.Release(ctx))
-	require.NoError(t, <-got)
+	r := <-got
+	require.NoError(t, r.err)
+	require.NoError(t, r.l.Release(ctx))
 	require.Zero(t, logs.count("LISTEN connection failed"))
 }
 
@@ -572,19 +560,14 @@ func TestHandOverWithPoolOnNotification(t *testing.T) {
 	require.NoError(t, err)
 	listening := logs.next("LISTEN connection ready")
 	waiting := logs.next("waiting for lease")
-	got := make(chan error, 1)
-	go func() {
-		// Far shorter than the holder's TTL: only a notification wakes it in time.
-		l2, err := waiter.Acquire(ctx, "handover", &leasetable.AcquireOpts{WaitTimeout: 10 * time.Second})
-		if err == nil {
-			err = l2.Release(ctx)
-		}
-		got <- err
-	}()
+	// Far shorter than the holder's TTL: only a notification wakes it in time.
+	got := acquireAsync(waiter, "handover", 10*time.Second)
 	waitFor(t, listening, "the listener")
 	waitFor(t, waiting, "the waiter to wait")
 	require.NoError(t, l.Release(ctx))
-	require.NoError(t, <-got)
+	r := <-got
+	require.NoError(t, r.err)
+	require.NoError(t, r.l.Release(ctx))
 	require.Zero(t, userCallbacks.Load(), "the LISTEN connection is pgfence's own: the pool's callback sees none of its notifications")
 }
 
@@ -604,19 +587,12 @@ func TestWaitingWithoutListenRetriesAtExpiry(t *testing.T) {
 	waitFor(t, l.Done(), "the holder to notice")
 
 	waiting := logs.next("waiting for lease")
-	got := make(chan error, 1)
-	var l2 *leasetable.Lease
-	go func() {
-		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		defer cancel()
-		var err error
-		l2, err = waiter.Acquire(wctx, "expiring", nil)
-		got <- err
-	}()
+	got := acquireAsync(waiter, "expiring", 20*time.Second)
 	waitFor(t, waiting, "the waiter to wait")
-	require.NoError(t, <-got)
-	require.Greater(t, l2.Token(), l.Token())
-	require.NoError(t, l2.Release(ctx))
+	r := <-got
+	require.NoError(t, r.err)
+	require.Greater(t, r.l.Token(), l.Token())
+	require.NoError(t, r.l.Release(ctx))
 }
 
 func TestAcquireWaitTimeoutAndContext(t *testing.T) {

@@ -121,3 +121,18 @@ func exampleDB() (*pgxpool.Pool, func()) {
 	db, drop := pgtest.ExampleDB()
 	return db.Pool, drop
 }
+
+type acquired struct {
+	l   *leasetable.Lease
+	err error
+}
+
+// acquireAsync runs k.Acquire in a goroutine, giving up after waitTimeout.
+func acquireAsync(k *leasetable.Locker, name string, waitTimeout time.Duration) <-chan acquired {
+	got := make(chan acquired, 1)
+	go func() {
+		l, err := k.Acquire(context.Background(), name, &leasetable.AcquireOpts{WaitTimeout: waitTimeout})
+		got <- acquired{l, err}
+	}()
+	return got
+}

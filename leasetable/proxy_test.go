@@ -265,21 +265,6 @@ func setupListenStall(t *testing.T, checkInterval time.Duration) *listenStall {
 	}
 }
 
-type acquired struct {
-	l   *leasetable.Lease
-	err error
-}
-
-// acquireAsync runs waiter.Acquire in a goroutine.
-func acquireAsync(k *leasetable.Locker, name string, waitTimeout time.Duration) <-chan acquired {
-	got := make(chan acquired, 1)
-	go func() {
-		l, err := k.Acquire(context.Background(), name, &leasetable.AcquireOpts{WaitTimeout: waitTimeout})
-		got <- acquired{l, err}
-	}()
-	return got
-}
-
 // handOver has the waiter wait for a lease the holder holds, stalls the
 // waiter's LISTEN connection, has the holder release the lease, and returns
 // the waiter's result. The waiter gives up after 5s, far below the holder's

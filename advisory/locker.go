@@ -26,7 +26,6 @@ type Locker struct {
 	// listenConfig is the LISTEN connection's: connConfig with
 	// application_name suffixed "-listen".
 	listenConfig *pgx.ConnConfig
-	closedCh     chan struct{}
 	closeCtx     context.Context // cancelled by Close
 	closeStop    context.CancelFunc
 	firstPause   time.Duration  // minPollInterval; tests may raise it
@@ -90,7 +89,6 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 		log:          c.Logger,
 		connConfig:   cc,
 		listenConfig: lc,
-		closedCh:     make(chan struct{}),
 		closeCtx:     closeCtx,
 		closeStop:    closeStop,
 		firstPause:   minPollInterval,
@@ -117,7 +115,6 @@ func (l *Locker) Close() {
 		return
 	}
 	l.closed = true
-	close(l.closedCh)
 	l.closeStop()
 	sessions := append([]*session(nil), l.sessions...)
 	l.mu.Unlock()
@@ -250,7 +247,7 @@ func (l *Locker) Lock(ctx context.Context, key Key, opts *LockOpts) (*Lock, erro
 		case <-ctx.Done():
 			t.Stop()
 			return nil, waitErr(ctx.Err())
-		case <-l.closedCh:
+		case <-l.closeCtx.Done():
 			t.Stop()
 			return nil, pgfence.ErrClosed
 		case <-released: // nil (blocks) unless held in this Locker

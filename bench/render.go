@@ -261,7 +261,9 @@ func render(res *results, cfg *config) (map[string][]byte, error) {
 		p("After the cycles:\n\n%s\n", ct.Markdown())
 	}
 
-	renderPhase2(p, res)
+	renderRenewal(p, res)
+	renderAdvisory(p, res)
+	renderProfiles(p, res)
 	renderMisses(p, res, cfg)
 
 	if len(res.Notes) > 0 {

@@ -120,7 +120,7 @@ func (k *Locker) Schema() string { return k.cfg.Schema }
 
 // statements is the Locker's SQL that names pgfence's schema.
 type statements struct {
-	tryLock, tryLockShared                           string
+	tryLock, tryLockShared                                   string
 	tryLockXact, tryLockXactShared, lockXact, lockXactShared string
 }
 

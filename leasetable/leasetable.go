@@ -301,7 +301,7 @@ func logAttrs(l *Lease) []any {
 // statements is the Locker's SQL, with its schema filled in.
 type statements struct {
 	acquire, release, renew, list, get, forceRelease, listForced string
-	pruneScan, pruneDelete                                      string
+	pruneScan, pruneDelete                                       string
 }
 
 // newStatements fills the quoted schema into every statement template.

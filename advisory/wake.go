@@ -55,12 +55,9 @@ const interestObjIDSQL = `((($1::pg_catalog.int8 # ($1::pg_catalog.int8 >> 32)) 
 // interestAfter is the poll pause from which a waiting Lock registers
 // interest: with pauses of 5, 10, 20, 40, 80ms..., after four failed
 // retries (about 40-75ms of waiting). Shorter waits end by polling alone,
-// so that busy short-held keys do not turn every Unlock into a NOTIFY.
-// With 16 Lockers contending for 4 keys held 2ms each
-// (BenchmarkContendedLockAcrossLockers), when every Unlock still looked for
-// waiters (before notifyAfterHeld), registering from a pause of 40ms cost
-// about 7% of the cycles per second, from 80ms about 2.5%, from 160ms
-// nothing measurable; long holds are woken alike from any of them.
+// so that busy short-held keys do not turn every release into a NOTIFY;
+// long holds are woken alike whatever the threshold (bench/results has the
+// measurements behind the choice).
 const interestAfter = 80 * time.Millisecond
 
 // notifyAfterHeld is how long a lock must have been held for its Unlock to

@@ -16,6 +16,7 @@ import (
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/hold"
 	"github.com/pgfence/pgfence/internal/install"
+	"github.com/pgfence/pgfence/internal/notifier"
 )
 
 // Locker takes session-level advisory locks on a few database sessions it
@@ -43,10 +44,7 @@ type Locker struct {
 
 	// Wake-ups across sessions (wake.go).
 	interests       map[int64]*interest
-	listenStarted   bool
-	listenDirty     bool               // interests changed since applied
-	listenRetry     bool               // some interest lock was refused
-	listenInterrupt context.CancelFunc // ends the LISTEN loop's wait
+	listener        *notifier.Notifier // nil while no LISTEN connection is wanted
 	listenIdleSince time.Time          // since when the LISTEN loop saw no interest
 }
 

@@ -80,7 +80,6 @@ func newGuard(table pgx.Identifier, err error) guard {
 // in unless told otherwise with LeaseSchema.
 const defaultSchema = "pgfence"
 
-
 // tableName is the table as written in SQL, and in error messages.
 func (g *guard) tableName() string { return g.table.Sanitize() }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/advisory"
 	"github.com/pgfence/pgfence/bench/internal/report"
 )
@@ -23,7 +24,7 @@ type advisoryConns struct {
 	Goroutines  int
 	LockTime    time.Duration
 	Sessions    int64 // client backends with the lock sessions' application_name
-	PoolConns   int64 // the pool's own backends (the Locker does not use them)
+	PoolConns   int64 // the pool's own backends (used only by New's install check)
 	PgLocks     int64 // advisory locks granted in pg_locks
 	MaxSessions int
 }
@@ -70,7 +71,7 @@ func (r *runner) holdAdvisory(ctx context.Context, n, goroutines int, cfg *advis
 	if cfg != nil && cfg.MaxSessions > 0 {
 		res.MaxSessions = cfg.MaxSessions
 	}
-	pcfg, err := pgxpool.ParseConfig(r.env.DatabaseURL)
+	pcfg, err := pgxpool.ParseConfig(r.env.AppURL())
 	if err != nil {
 		return res, err
 	}
@@ -83,12 +84,12 @@ func (r *runner) holdAdvisory(ctx context.Context, n, goroutines int, cfg *advis
 	if err := pool.Ping(ctx); err != nil {
 		return res, err
 	}
-	l, err := advisory.New(pool, cfg)
+	l, err := advisory.New(ctx, pool, cfg)
 	if err != nil {
 		return res, err
 	}
 	defer l.Close()
-	locks := make([]*advisory.Lock, n)
+	locks := make([]pgfence.Lease, n)
 	var wg sync.WaitGroup
 	errs := make(chan error, goroutines)
 	t0 := time.Now()
@@ -97,7 +98,7 @@ func (r *runner) holdAdvisory(ctx context.Context, n, goroutines int, cfg *advis
 		go func() {
 			defer wg.Done()
 			for i := w; i < n; i += goroutines {
-				lk, err := l.TryLock(ctx, advisory.Name("s7-"+strconv.Itoa(i)), nil)
+				lk, err := l.TryAcquire(ctx, "s7-"+strconv.Itoa(i), nil)
 				if err != nil {
 					errs <- err
 					return
@@ -123,7 +124,7 @@ func (r *runner) holdAdvisory(ctx context.Context, n, goroutines int, cfg *advis
 	}
 	var unlockErr error
 	for _, lk := range locks {
-		if err := lk.Unlock(ctx); err != nil && unlockErr == nil {
+		if err := lk.Release(ctx); err != nil && unlockErr == nil {
 			unlockErr = err
 		}
 	}
@@ -141,7 +142,7 @@ func renderAdvisory(p func(string, ...any), res *results) {
 	}
 	if len(res.AdvisoryConns) > 0 {
 		a0 := res.AdvisoryConns[0]
-		p("One advisory.Locker takes %s session locks (%d goroutines calling TryLock on distinct Name keys) and holds them; then the client backends of the benchmark database are counted in pg_stat_activity (excluding the counting connection): the lock sessions by their application_name (`pgfence-advisory`), and the rest, which is the one connection of the pool handed to advisory.New (the Locker dials its own sessions and never uses the pool's). pg_locks confirms the locks are granted.\n\n",
+		p("One advisory.Locker takes %s session locks (%d goroutines calling TryAcquire on distinct names) and holds them; then the client backends of the benchmark database are counted in pg_stat_activity (excluding the counting connection): the lock sessions by their application_name (`pgfence-advisory`), and the rest, which is the one connection of the pool handed to advisory.New (New checks the install through it once; the Locker dials its own sessions and never uses the pool's otherwise). pg_locks confirms the locks are granted.\n\n",
 			report.Thousands(int64(a0.Locks)), a0.Goroutines)
 		t := &report.Table{Header: []string{"Locker config", "locks", "time to lock all", "lock sessions", "other client backends", "advisory locks in pg_locks"}, TextColumns: 1}
 		for _, a := range res.AdvisoryConns {

@@ -12,7 +12,9 @@
 // (fsync, full_page_writes and synchronous_commit on), redis-server and a
 // single-member etcd. -database, -redis and -etcd point it at existing
 // ones instead; the database must be disposable (the benchmark creates and
-// truncates its tables and pgfence's).
+// truncates its tables and pgfence's). -app-role connects pgfence's lockers
+// as a role holding only what migrations.Grant grants, as an application
+// should run.
 package main
 
 import (
@@ -31,12 +33,12 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/bench/internal/harness"
 	"github.com/pgfence/pgfence/bench/internal/services"
 	"github.com/pgfence/pgfence/bench/internal/systems"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/leasetable"
+	"github.com/pgfence/pgfence/migrations"
 )
 
 // config holds the run's parameters, all printed and reported.
@@ -48,6 +50,7 @@ type config struct {
 	Scenarios        []int
 	Systems          []string
 	DatabaseURL      string
+	AppRole          string
 	RedisAddr        string
 	EtcdURL          string
 	Out              string
@@ -87,6 +90,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&scenarios, "scenarios", "1,2,3,4,5,6,7", "scenarios to run")
 	fs.StringVar(&sysList, "systems", "", "comma-separated system names to run (default all)")
 	fs.StringVar(&c.DatabaseURL, "database", "", "a disposable, empty PostgreSQL database to use instead of starting a cluster; pgfence migrations are applied")
+	fs.StringVar(&c.AppRole, "app-role", "", "connect pgfence's lockers (and raw-advisory-token) as this role, granted only what migrations.Grant grants; created in the benchmark's own cluster, must exist with -database (default: the owner that migrated)")
 	fs.StringVar(&c.RedisAddr, "redis", "", "host:port of a Redis to use instead of starting redis-server")
 	fs.StringVar(&c.EtcdURL, "etcd", "", "client URL of an etcd to use instead of starting one")
 	fs.StringVar(&c.Out, "out", "results", "directory for latest.md and the SVG charts")
@@ -275,8 +279,15 @@ func run(ctx context.Context, cfg *config) error {
 		defer pg.Stop()
 		env.DatabaseURL = pg.URL
 		r.ownCluster = true
-	} else if err := pgfence.Migrate(ctx, env.DatabaseURL); err != nil {
+	} else if err := migrations.Up(ctx, migrations.Target{URL: env.DatabaseURL}, nil); err != nil {
 		return fmt.Errorf("migrate %s: %w", cfg.DatabaseURL, err)
+	}
+	if cfg.AppRole != "" {
+		u, err := services.AppRole(ctx, env.DatabaseURL, cfg.AppRole, r.ownCluster)
+		if err != nil {
+			return fmt.Errorf("-app-role: %w", err)
+		}
+		env.AppDatabaseURL = u
 	}
 	if env.RedisAddr == "" {
 		fmt.Println("starting redis-server ...")
@@ -355,6 +366,11 @@ func run(ctx context.Context, cfg *config) error {
 
 func printParams(c *config) {
 	fmt.Printf("parameters: quick=%v duration=%v warmup=%v rounds=%d clients=%v scenarios=%v\n", c.Quick, c.Duration, c.Warmup, c.Rounds, c.Clients, c.Scenarios)
+	role := "the owner of the install"
+	if c.AppRole != "" {
+		role = c.AppRole + " (migrations.Grant only)"
+	}
+	fmt.Printf("  pgfence's lockers connect as %s\n", role)
 	fmt.Printf("  hand-over: waiters=%d hold-short=%v (at least %d hand-overs) hold-long=%v handovers-long=%d long-duration=%v\n",
 		c.HandoverWaiters, c.HoldShort, c.HandoversMin, c.HoldLong, c.HandoversLong, c.LongDuration)
 	fmt.Printf("  contended: clients=%d names=%d; writes: clients=%d\n", c.ContendedClients, c.ContendedNames, c.WriteClients)

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/bench/internal/report"
 	"github.com/pgfence/pgfence/leasetable"
 )
@@ -78,9 +79,9 @@ const (
 	// pgssRenew sums the calls and rows of leasetable's renewal statement.
 	pgssRenew = `SELECT coalesce(sum(calls), 0)::bigint, coalesce(sum(rows), 0)::bigint FROM pg_stat_statements
 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND query LIKE '%UPDATE pgfence_leases AS l%SET expires_at = greatest%'`
+  AND query LIKE '%.pgfence_renew(%'`
 	// liveNames counts the scenario's leases still held.
-	liveNames = `SELECT count(*) FROM pgfence_leases WHERE name LIKE 's6-%' AND expires_at > now()`
+	liveNames = `SELECT pg_catalog.count(*) FROM pgfence.pgfence_leases WHERE name LIKE 's6-%' AND expires_at > pg_catalog.now()`
 )
 
 // renewal is scenario 6: one leasetable.Locker holds many leases for a few
@@ -92,7 +93,7 @@ func (r *runner) renewal(ctx context.Context) error {
 	fmt.Printf("scenario 6: renewal cost, %d leases in one Locker, TTL %v (renewed every %v), held %d intervals\n",
 		cfg.RenewalLeases, ttl, interval, cfg.RenewalIntervals)
 	tracer := &countingTracer{}
-	pcfg, err := pgxpool.ParseConfig(r.env.DatabaseURL)
+	pcfg, err := pgxpool.ParseConfig(r.env.AppURL())
 	if err != nil {
 		return err
 	}
@@ -103,17 +104,20 @@ func (r *runner) renewal(ctx context.Context) error {
 		return err
 	}
 	defer pool.Close()
-	if _, err := pool.Exec(ctx, `TRUNCATE pgfence_leases`); err != nil {
+	if err := withConn(ctx, r.env.DatabaseURL, func(c *pgx.Conn) error {
+		_, err := c.Exec(ctx, `TRUNCATE pgfence.pgfence_leases`)
+		return err
+	}); err != nil {
 		return err
 	}
-	k, err := leasetable.New(pool, &leasetable.Config{TTL: ttl})
+	k, err := leasetable.New(ctx, pool, &leasetable.Config{TTL: ttl})
 	if err != nil {
 		return err
 	}
 	defer k.Close()
 
 	res := renewalResult{Leases: cfg.RenewalLeases, TTL: ttl, Interval: interval, PgssCalls: -1}
-	leases := make([]*leasetable.Lease, cfg.RenewalLeases)
+	leases := make([]pgfence.Lease, cfg.RenewalLeases)
 	t0 := time.Now()
 	var wg sync.WaitGroup
 	var firstErr error

@@ -207,7 +207,7 @@ const (
 	advUnlock  = `SELECT pg_advisory_unlock($1)`
 	// advTryLockToken is advTryLock with pgfence's token draw on a grant;
 	// it returns NULL when the lock is busy.
-	advTryLockToken = `SELECT CASE WHEN pg_try_advisory_lock($1) THEN pgfence_next_token() END`
+	advTryLockToken = `SELECT CASE WHEN pg_catalog.pg_try_advisory_lock($1) THEN pgfence.pgfence_next_token() END`
 )
 
 // AdvisoryCeiling is raw pg_try_advisory_lock + pg_advisory_unlock on a

@@ -218,6 +218,9 @@ func specs(c *config) []harness.Spec {
 		systems.AdvisoryCeiling,
 		systems.AdvisoryXactCeiling,
 		systems.AdvisoryTokenCeiling,
+		systems.RCLeasetableSQL,
+		systems.FnLeasetable,
+		systems.RCAdvisoryToken,
 		systems.Leasetable,
 		systems.Advisory,
 		systems.AdvisoryXact,
@@ -313,7 +316,7 @@ func run(ctx context.Context, cfg *config) error {
 	r.res.Machine = gatherMachine(ctx, env.DatabaseURL, env.RedisAddr, env.EtcdEndpoints)
 
 	for _, s := range specs(cfg) {
-		if len(cfg.Systems) > 0 && !slices.Contains(cfg.Systems, s.Name) {
+		if (len(cfg.Systems) > 0 || s.OptIn) && !slices.Contains(cfg.Systems, s.Name) {
 			continue
 		}
 		if (s.Name == "redislock" && env.RedisAddr == "") || (s.Name == "etcd-mutex" && env.EtcdEndpoints == nil) {

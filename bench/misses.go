@@ -145,7 +145,7 @@ func renderMisses(p func(string, ...any), res *results, cfg *config) {
 			case "pgfence-advisory":
 				q("Each waiter has its own Locker (as separate processes would), and Locker.Lock waits by polling pg_try_advisory_lock with a pause that starts at 5 ms and doubles up to MaxPollInterval (200 ms): a release by another Locker is only seen at the waiter's next poll, so the hand-over takes up to the current pause (it is immediate only within one Locker). Fix: wake cross-Locker waiters through LISTEN/NOTIFY as leasetable does, or cap the poll pause lower for short holds.\n")
 			case "pgfence-advisory-xact":
-				q("LockTx blocks in pg_advisory_xact_lock, so the server wakes the next waiter as soon as the holder's COMMIT releases the lock; what remains is the new holder's token draw, whose commit waits for a WAL flush on a loaded 2-core machine.\n")
+				q("AcquireTx blocks in pg_advisory_xact_lock, so the server wakes the next waiter as soon as the holder's COMMIT releases the lock; what remains is the new holder's token draw, whose commit waits for a WAL flush on a loaded 2-core machine.\n")
 			}
 		}
 		q("\n")

@@ -102,6 +102,9 @@ type Spec struct {
 	// Note describes the parameters that matter for reading the figures
 	// (round trips per cycle, lease and retry settings).
 	Note string
+	// OptIn systems run only when named in -systems (probes that answer
+	// one question, such as the security-cost probes).
+	OptIn bool
 	// Open connects for clients concurrent clients (plus waiters, for the
 	// hand-over scenario).
 	Open func(ctx context.Context, env *Env, clients int) (System, error)

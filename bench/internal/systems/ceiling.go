@@ -227,7 +227,7 @@ var AdvisoryCeiling = harness.Spec{
 
 type advisoryCeiling struct {
 	pool    *pgxpool.Pool
-	tryLock string // advTryLock or advTryLockToken
+	tryLock string // advTryLock, advTryLockToken or rcAdvisoryToken
 }
 
 func (s *advisoryCeiling) TryAcquire(ctx context.Context, name string) (harness.Release, error) {
@@ -282,9 +282,10 @@ func (s *advisoryCeiling) lock(ctx context.Context, sql, name string) (harness.R
 }
 
 // scanTry runs a try-lock statement and reports whether it was granted:
-// advTryLock returns a boolean, advTryLockToken a token or NULL.
+// advTryLock returns a boolean, advTryLockToken and rcAdvisoryToken a token
+// or NULL.
 func (s *advisoryCeiling) scanTry(ctx context.Context, conn *pgxpool.Conn, sql string, key int64) (bool, error) {
-	if sql == advTryLockToken {
+	if sql == advTryLockToken || sql == rcAdvisoryToken {
 		var token *int64
 		err := conn.QueryRow(ctx, sql, key).Scan(&token)
 		return token != nil, err

@@ -76,6 +76,8 @@ type config struct {
 	RenewalTTL       time.Duration
 	RenewalIntervals int
 	AdvisoryLocks    int
+	CallBatches      int
+	CallCycles       int
 	CPUProfile       string
 }
 
@@ -87,7 +89,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.DurationVar(&c.Duration, "duration", 0, "measured time per point (default 5s, 1s with -quick)")
 	fs.DurationVar(&c.Warmup, "warmup", 0, "unmeasured warm-up per point (default 1s, 250ms with -quick)")
 	fs.StringVar(&clients, "clients", "1,4,16,64", "client counts of the uncontended scenario")
-	fs.StringVar(&scenarios, "scenarios", "1,2,3,4,5,6,7", "scenarios to run")
+	fs.StringVar(&scenarios, "scenarios", "1,2,3,4,5,6,7,8", "scenarios to run")
 	fs.StringVar(&sysList, "systems", "", "comma-separated system names to run (default all)")
 	fs.StringVar(&c.DatabaseURL, "database", "", "a disposable, empty PostgreSQL database to use instead of starting a cluster; pgfence migrations are applied")
 	fs.StringVar(&c.AppRole, "app-role", "", "connect pgfence's lockers (and raw-advisory-token) as this role, granted only what migrations.Grant grants; created in the benchmark's own cluster, must exist with -database (default: the owner that migrated)")
@@ -116,6 +118,8 @@ func parseFlags(args []string) (*config, error) {
 	fs.DurationVar(&c.RenewalTTL, "renewal-ttl", 3*time.Second, "lease TTL in the renewal scenario (renewed every TTL/3)")
 	fs.IntVar(&c.RenewalIntervals, "renewal-intervals", 0, "renewal intervals measured (default 10, 3 with -quick)")
 	fs.IntVar(&c.AdvisoryLocks, "advisory-locks", 10_000, "session locks one advisory Locker holds in scenario 7")
+	fs.IntVar(&c.CallBatches, "call-batches", 0, "batches per path in the security-cost scenario, alternating between the paths (default 20, 6 with -quick)")
+	fs.IntVar(&c.CallCycles, "call-cycles", 200, "cycles per batch in the security-cost scenario")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a Go CPU profile of the whole run (benchmark clients and libraries) to this file")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -144,6 +148,12 @@ func parseFlags(args []string) (*config, error) {
 			c.RenewalIntervals = 3
 		}
 	}
+	if c.CallBatches == 0 {
+		c.CallBatches = 20
+		if c.Quick {
+			c.CallBatches = 6
+		}
+	}
 	if c.Rounds == 0 {
 		c.Rounds = 3
 		if c.Quick {
@@ -164,7 +174,7 @@ func parseFlags(args []string) (*config, error) {
 		return nil, fmt.Errorf("-scenarios: %w", err)
 	}
 	for _, s := range c.Scenarios {
-		if s < 1 || s > 7 {
+		if s < 1 || s > 8 {
 			return nil, fmt.Errorf("-scenarios: no scenario %d", s)
 		}
 	}
@@ -180,7 +190,8 @@ func parseFlags(args []string) (*config, error) {
 	}{{"-handover-waiters", c.HandoverWaiters}, {"-contended-clients", c.ContendedClients},
 		{"-contended-names", c.ContendedNames}, {"-write-clients", c.WriteClients},
 		{"-scale-clients", c.ScaleClients}, {"-scale-names", c.ScaleNames}, {"-rounds", c.Rounds},
-		{"-renewal-leases", c.RenewalLeases}, {"-advisory-locks", c.AdvisoryLocks}} {
+		{"-renewal-leases", c.RenewalLeases}, {"-advisory-locks", c.AdvisoryLocks},
+		{"-call-batches", c.CallBatches}, {"-call-cycles", c.CallCycles}} {
 		if v.n < 1 {
 			return nil, fmt.Errorf("%s must be at least 1", v.name)
 		}
@@ -331,7 +342,7 @@ func run(ctx context.Context, cfg *config) error {
 
 	scenarios := map[int]func(context.Context) error{
 		1: r.uncontended, 2: r.handover, 3: r.contended, 4: r.fencedWrites, 5: r.scale,
-		6: r.renewal, 7: r.advisoryScale,
+		6: r.renewal, 7: r.advisoryScale, 8: r.securityCost,
 	}
 	for _, n := range cfg.Scenarios {
 		f, ok := scenarios[n]

@@ -268,6 +268,7 @@ func render(res *results, cfg *config) (map[string][]byte, error) {
 
 	renderRenewal(p, res)
 	renderAdvisory(p, res)
+	renderSecurityCost(p, res, cfg)
 	renderProfiles(p, res)
 	renderMisses(p, res, cfg)
 

@@ -214,3 +214,111 @@ func (s *leaseProbe) Reset(ctx context.Context) error {
 }
 
 func (s *leaseProbe) Close() error { s.pool.Close(); return nil }
+
+// CallPair is two ways of running the same cycle, one statement at a time:
+// the release candidate's (Old) and the least-privilege install's (New),
+// named after the probe systems that run them.
+type CallPair struct {
+	What     string
+	Old, New string
+}
+
+// CallPairs are the pairs the per-call cost scenario compares.
+var CallPairs = []CallPair{
+	{What: "leasetable acquire + release", Old: RCLeasetableSQL.Name, New: FnLeasetable.Name},
+	{What: "advisory lock with token + unlock", Old: RCAdvisoryToken.Name, New: AdvisoryTokenCeiling.Name},
+}
+
+// CallPath runs cycles of one probe on one connection of its own, inside
+// transactions that it rolls back: nothing is committed, so no WAL flush
+// is waited for and what is timed is the statements' round trips and
+// server work, the part the least-privilege install changes.
+type CallPath struct {
+	conn  *pgx.Conn
+	cycle func(ctx context.Context, tx pgx.Tx, name string) error
+}
+
+// OpenCallPath connects for the probe named name (one of CallPairs'), as
+// the role that probe uses.
+func OpenCallPath(ctx context.Context, env *harness.Env, name string) (*CallPath, error) {
+	url := env.AppURL()
+	var cycle func(ctx context.Context, tx pgx.Tx, name string) error
+	ttl, atLeast := []int64{LeasetableTTL.Microseconds()}, []int64{0}
+	owner := newOwner("call")
+	lease := func(acquire, release string) func(ctx context.Context, tx pgx.Tx, name string) error {
+		return func(ctx context.Context, tx pgx.Tx, name string) error {
+			var (
+				acquired   bool
+				rowName    string
+				rowOwner   string
+				fence      int64
+				at, exp, n time.Time
+			)
+			if err := tx.QueryRow(ctx, acquire, []string{name}, owner, ttl).Scan(&acquired, &rowName, &rowOwner, &fence, &at, &exp, &n); err != nil {
+				return err
+			}
+			if !acquired {
+				return fmt.Errorf("call probe: %q is held", name)
+			}
+			var tok int64
+			var durability *string
+			return tx.QueryRow(ctx, release, []string{name}, []int64{fence}, atLeast, owner).Scan(&tok, &durability)
+		}
+	}
+	advisoryToken := func(tryLock string) func(ctx context.Context, tx pgx.Tx, name string) error {
+		return func(ctx context.Context, tx pgx.Tx, name string) error {
+			key := AdvisoryKey(name)
+			var token *int64
+			if err := tx.QueryRow(ctx, tryLock, key).Scan(&token); err != nil {
+				return err
+			}
+			if token == nil {
+				return fmt.Errorf("call probe: advisory lock on %q is held", name)
+			}
+			var ok bool
+			return tx.QueryRow(ctx, advUnlock, key).Scan(&ok)
+		}
+	}
+	switch name {
+	case RCLeasetableSQL.Name:
+		url, cycle = env.DatabaseURL, lease(rcAcquire, rcRelease)
+	case FnLeasetable.Name:
+		cycle = lease(fnAcquire, fnRelease)
+	case RCAdvisoryToken.Name:
+		url, cycle = env.DatabaseURL, advisoryToken(rcAdvisoryToken)
+	case AdvisoryTokenCeiling.Name:
+		cycle = advisoryToken(advTryLockToken)
+	default:
+		return nil, fmt.Errorf("no call probe %q", name)
+	}
+	if url == env.DatabaseURL {
+		if err := installRCToken(ctx, env.DatabaseURL); err != nil {
+			return nil, err
+		}
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	return &CallPath{conn: conn, cycle: cycle}, nil
+}
+
+// Time runs n cycles on distinct names in one transaction, rolls it back,
+// and returns the time the cycles took.
+func (p *CallPath) Time(ctx context.Context, names []string) (time.Duration, error) {
+	tx, err := p.conn.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	t0 := time.Now()
+	for _, name := range names {
+		if err := p.cycle(ctx, tx, name); err != nil {
+			return 0, err
+		}
+	}
+	return time.Since(t0), nil
+}
+
+// Close closes the path's connection.
+func (p *CallPath) Close(ctx context.Context) { _ = p.conn.Close(ctx) }

@@ -69,7 +69,7 @@ func Down(ctx context.Context, t Target, cfg *Config) error {
 		if err := r.setSearchPath(); err != nil {
 			return err
 		}
-		return r.down()
+		return r.down(0)
 	})
 }
 
@@ -416,8 +416,9 @@ func (r *runner) upTo(target uint) error {
 	return nil
 }
 
-// down reverts every applied migration, then drops the version table.
-func (r *runner) down() error {
+// down reverts the applied migrations newer than target, newest first;
+// reverting all of them (target 0) also drops the version table.
+func (r *runner) down(target uint) error {
 	ms, err := load()
 	if err != nil {
 		return err
@@ -432,7 +433,7 @@ func (r *runner) down() error {
 	}
 	for i := len(ms) - 1; i >= 0; i-- {
 		m := ms[i]
-		if m.version > v {
+		if m.version > v || m.version <= target {
 			continue
 		}
 		prev := int64(-1)
@@ -442,6 +443,9 @@ func (r *runner) down() error {
 		if err := r.apply(m.version, m.identifier, "down", m.down, prev); err != nil {
 			return err
 		}
+	}
+	if target > 0 {
+		return nil
 	}
 	if _, err := r.conn.Exec(r.ctx, "DROP TABLE IF EXISTS "+r.table()); err != nil {
 		return fmt.Errorf("drop %s: %w", r.table(), err)

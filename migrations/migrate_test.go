@@ -84,13 +84,15 @@ func TestUpTargets(t *testing.T) {
 		t.Parallel()
 		db := emptyDB(t)
 		pool := db.NewPool(t, func(c *pgxpool.Config) { c.MaxConns = 1 })
+		_, err := pool.Exec(ctx, "SET search_path = public, pg_temp")
+		require.NoError(t, err)
 		require.NoError(t, migrations.Up(ctx, migrations.Target{Pool: pool}, nil))
 		require.Contains(t, objectsIn(t, db, "pgfence"), "relation pgfence_leases")
 		// The pool's only connection came back as it was.
 		var path string
 		var locks int
 		require.NoError(t, pool.QueryRow(ctx, "SHOW search_path").Scan(&path))
-		require.Equal(t, `"$user", public`, path)
+		require.Equal(t, "public, pg_temp", path)
 		require.NoError(t, pool.QueryRow(ctx,
 			"SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()").Scan(&locks))
 		require.Zero(t, locks)

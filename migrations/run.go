@@ -99,8 +99,9 @@ type runner struct {
 	schema string
 	// database is current_database(), for the advisory lock's key.
 	database string
-	// searchPathSet reports that the session's search_path was changed.
-	searchPathSet bool
+	// oldSearchPath is the session's search_path before the run changed
+	// it, restored when the run ends; nil when it was not changed.
+	oldSearchPath *string
 	locked        bool
 }
 
@@ -187,8 +188,8 @@ func (r *runner) finish(ok bool) error {
 			return fmt.Errorf("release the migrations lock: %w", err)
 		}
 	}
-	if r.searchPathSet {
-		if _, err := r.conn.Exec(ctx, "RESET search_path"); err != nil {
+	if r.oldSearchPath != nil {
+		if _, err := r.conn.Exec(ctx, "SELECT pg_catalog.set_config('search_path', $1, false)", *r.oldSearchPath); err != nil {
 			return fmt.Errorf("restore search_path: %w", err)
 		}
 	}
@@ -313,7 +314,11 @@ func (r *runner) createSchema() error {
 // setSearchPath makes the schema the session's only schema: the migration
 // files create their objects in current_schema().
 func (r *runner) setSearchPath() error {
-	r.searchPathSet = true
+	var old string
+	if err := r.conn.QueryRow(r.ctx, "SELECT pg_catalog.current_setting('search_path')").Scan(&old); err != nil {
+		return err
+	}
+	r.oldSearchPath = &old
 	if _, err := r.conn.Exec(r.ctx, "SELECT pg_catalog.set_config('search_path', $1, false)",
 		pgx.Identifier{r.schema}.Sanitize()); err != nil {
 		return fmt.Errorf("set search_path: %w", err)

@@ -464,3 +464,23 @@ func TestNextTokenIncreases(t *testing.T) {
 	require.Equal(t, int64(1), cache)
 	require.False(t, cycles, "the token sequence must never wrap")
 }
+
+// TestUpIntoExistingSchemaWithoutCreateOnDatabase: an owner that may not
+// create schemas installs into one a DBA created for it.
+func TestUpIntoExistingSchemaWithoutCreateOnDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	owner := newRoles(t, "owner")[0]
+	db := emptyDB(t)
+	exec(t, db, "CREATE SCHEMA pgfence AUTHORIZATION "+pgx.Identifier{owner}.Sanitize())
+	target := migrations.Target{ConnConfig: as(t, db, owner)}
+	require.NoError(t, migrations.Up(ctx, target, nil))
+	var objOwner string
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT relowner::regrole::text FROM pg_class WHERE oid = 'pgfence.pgfence_leases'::regclass").Scan(&objOwner))
+	require.Equal(t, owner, objOwner)
+
+	// Negative control: a schema it would have to create is refused.
+	require.NoError(t, migrations.Down(ctx, target, nil))
+	err := migrations.Up(ctx, target, &migrations.Config{Schema: "elsewhere"})
+	requireSQLState(t, err, "42501")
+}

@@ -119,19 +119,25 @@
 //     and pgfence_next_token refuses (SQLSTATE PF002) to draw from it unless
 //     it is INCREMENT 1 CACHE 1 NO CYCLE, so tokens only grow;
 //   - take over a lease that has not expired on the database clock, or
-//     revive one that has expired: acquire only takes free rows, renew only
-//     extends rows still held with the same token;
+//     revive one that has expired: acquire only takes free rows; renew and
+//     release (whose at_least can keep a lease) only touch rows still held
+//     with the same token on clock_timestamp(), so a transaction kept open
+//     past the expiry cannot use its older now(); prune refuses a negative
+//     age, which would delete a held row;
 //   - force-release a lease without the operator grant, or erase the record
 //     of a forced release.
 //
 // It does not stop an application role from doing what the functions allow:
 // drawing fresh tokens with pgfence_next_token (which is how advisory locks
 // get theirs, and which only ever moves tokens forward), acquiring any free
-// lease name under any owner string, releasing a lease whose name, owner and
-// token it knows, or listing every lease with its owner and token. Roles
-// that must not interfere with each other's locks need separate databases.
-// Nor does it protect against the owner, a superuser, or anyone who can
-// change the functions.
+// lease name under any owner string and for any TTL, and releasing or
+// renewing a lease whose name, owner and token it knows. SELECT on
+// pgfence_leases shows all three, so an application role can end another
+// holder's lease early and then acquire it: the earlier holder is then
+// fenced out by the newer token, never left writing beside the new one, but
+// it loses the lease. Roles that must not interfere with each other's locks
+// need separate databases. Nor does any of this protect against the owner, a
+// superuser, or anyone who can change the functions.
 //
 // # Contexts
 //

@@ -484,3 +484,78 @@ func TestUpIntoExistingSchemaWithoutCreateOnDatabase(t *testing.T) {
 	err := migrations.Up(ctx, target, &migrations.Config{Schema: "elsewhere"})
 	requireSQLState(t, err, "42501")
 }
+
+// TestAppRoleCannotReviveOrPruneHeld: the two ways the functions' arguments
+// could stretch a lease are closed. A release from a transaction that began
+// before the lease expired cannot revive it with at_least (the check is on
+// clock_timestamp(), not the transaction's now()), and prune refuses a
+// negative age, which would delete a held lease from under its holder.
+func TestAppRoleCannotReviveOrPruneHeld(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	roles := newRoles(t, "owner", "app")
+	db := ownedInstall(t, roles[0], roles[1], "")
+	holder, app := connAs(t, db, roles[1]), connAs(t, db, roles[1])
+
+	tx, err := app.Begin(ctx) // its now() is from before the lease exists
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "SELECT now()")
+	require.NoError(t, err)
+
+	var short int64
+	require.NoError(t, holder.QueryRow(ctx, "SELECT fence FROM pgfence.pgfence_acquire('{short}', 'h', '{300000}')").Scan(&short))
+	waitFor(t, db, "SELECT clock_timestamp() > expires_at FROM pgfence.pgfence_leases WHERE name = 'short'")
+	rows, err := tx.Query(ctx, "SELECT fence FROM pgfence.pgfence_release('{short}', $1, '{3600000000}', 'h')", []int64{short})
+	require.NoError(t, err)
+	revived, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	require.Empty(t, revived)
+	require.NoError(t, tx.Commit(ctx))
+	var expired bool
+	require.NoError(t, holder.QueryRow(ctx, "SELECT expires_at <= clock_timestamp() FROM pgfence.pgfence_leases WHERE name = 'short'").Scan(&expired))
+	require.True(t, expired, "the expired lease stays expired")
+
+	// Negative control: the statement the function replaces, whose check
+	// used now(), revives the lease in the same situation.
+	owner := connAs(t, db, roles[0])
+	otx, err := owner.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = otx.Rollback(ctx) }()
+	_, err = otx.Exec(ctx, "SELECT now()")
+	require.NoError(t, err)
+	var short2 int64
+	require.NoError(t, holder.QueryRow(ctx, "SELECT fence FROM pgfence.pgfence_acquire('{short2}', 'h', '{300000}')").Scan(&short2))
+	waitFor(t, db, "SELECT clock_timestamp() > expires_at FROM pgfence.pgfence_leases WHERE name = 'short2'")
+	var alive bool
+	require.NoError(t, otx.QueryRow(ctx, `
+		UPDATE pgfence.pgfence_leases AS l
+		SET expires_at = greatest(now(), l.acquired_at + r.at_least_us * interval '1 microsecond')
+		FROM unnest('{short2}'::text[], $1::bigint[], '{3600000000}'::bigint[]) AS r(name, fence, at_least_us)
+		WHERE l.name = r.name AND l.owner = 'h' AND l.fence = r.fence AND l.expires_at > now()
+		RETURNING l.expires_at > clock_timestamp()`, []int64{short2}).Scan(&alive))
+	require.True(t, alive, "the old check revives an expired lease")
+	require.NoError(t, otx.Rollback(ctx))
+
+	// Negative control: at_least does keep a lease that is still held.
+	var long int64
+	require.NoError(t, holder.QueryRow(ctx, "SELECT fence FROM pgfence.pgfence_acquire('{long}', 'h', '{60000000}')").Scan(&long))
+	rows, err = app.Query(ctx, "SELECT fence FROM pgfence.pgfence_release('{long}', $1, '{3600000000}', 'h')", []int64{long})
+	require.NoError(t, err)
+	kept, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	require.Equal(t, []int64{long}, kept)
+
+	// Prune with a negative age is refused, and the held lease stays.
+	_, err = app.Exec(ctx, "SELECT pgfence.pgfence_prune_delete('{long}', $1, '-2 hours')", []int64{long})
+	requireSQLState(t, err, "22023")
+	_, err = app.Exec(ctx, "SELECT * FROM pgfence.pgfence_prune_scan('', 10, '-2 hours')")
+	requireSQLState(t, err, "22023")
+	var held bool
+	require.NoError(t, app.QueryRow(ctx, "SELECT pgfence.pgfence_lease_held('long', $1)", long).Scan(&held))
+	require.True(t, held)
+	// Negative control: a non-negative age prunes the expired row only.
+	var deleted int64
+	require.NoError(t, app.QueryRow(ctx, "SELECT pgfence.pgfence_prune_delete('{long,short}', $1, '0')", []int64{long, short}).Scan(&deleted))
+	require.Equal(t, int64(1), deleted)
+}

@@ -97,7 +97,8 @@ type runner struct {
 	ctx    context.Context
 	conn   *pgx.Conn
 	schema string
-	// database is current_database(), for the advisory lock's key.
+	// database is current_database(), for the advisory lock's key (not
+	// read by Version, which takes no lock).
 	database string
 	// oldSearchPath is the session's search_path before the run changed
 	// it, restored when the run ends; nil when it was not changed.
@@ -141,11 +142,12 @@ func run(ctx context.Context, t Target, cfg *Config, what string, f func(*runner
 		return err
 	}
 	r := &runner{ctx: ctx, conn: conn, schema: schema}
-	defer func() { release(err == nil) }()
 
 	// When ctx ends, pgx closes the connection under the statement in
 	// progress; cancel that statement too, so the server does not go on
-	// running it (or waiting for a lock) for a client that is gone.
+	// running it (or waiting for a lock) for a client that is gone. A
+	// connection a cancel was sent on is never given back to a pool: the
+	// cancel could still reach whatever it runs next.
 	cancelled := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
 		defer close(cancelled)
@@ -154,15 +156,17 @@ func run(ctx context.Context, t Target, cfg *Config, what string, f func(*runner
 		_ = conn.PgConn().CancelRequest(cctx)
 	})
 	defer func() {
-		if !stop() {
+		fired := !stop()
+		if fired {
 			<-cancelled
 		}
+		release(err == nil && !fired)
 	}()
 
-	if err := conn.QueryRow(ctx, "SELECT pg_catalog.current_database()").Scan(&r.database); err != nil {
-		return err
-	}
 	if what != "version" {
+		if err := conn.QueryRow(ctx, "SELECT pg_catalog.current_database()").Scan(&r.database); err != nil {
+			return err
+		}
 		if err := r.lock(); err != nil {
 			return err
 		}

@@ -69,6 +69,10 @@ CREATE FUNCTION public.unnest(text[]) RETURNS SETOF text LANGUAGE plpgsql AS
     $$ BEGIN INSERT INTO public.planted_ran VALUES ('unnest(text[])'); RETURN NEXT 'x'; END $$;
 CREATE FUNCTION public.to_jsonb(anyelement) RETURNS jsonb LANGUAGE plpgsql AS
     $$ BEGIN INSERT INTO public.planted_ran VALUES ('to_jsonb'); RETURN '{}'; END $$;
+CREATE FUNCTION public.to_json(text) RETURNS json LANGUAGE plpgsql AS
+    $$ BEGIN INSERT INTO public.planted_ran VALUES ('to_json(text)'); RETURN '"forged"'; END $$;
+CREATE FUNCTION public.inet_client_addr() RETURNS inet LANGUAGE plpgsql AS
+    $$ BEGIN INSERT INTO public.planted_ran VALUES ('inet_client_addr'); RETURN '10.0.0.1'; END $$;
 CREATE FUNCTION public.pg_backend_pid() RETURNS integer LANGUAGE plpgsql AS
     $$ BEGIN INSERT INTO public.planted_ran VALUES ('pg_backend_pid'); RETURN 0; END $$;
 CREATE FUNCTION public.planted_mul(bigint, interval) RETURNS interval LANGUAGE plpgsql AS
@@ -99,9 +103,9 @@ func planted(t *testing.T, conn *pgx.Conn) []string {
 func TestHostileSearchPath(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
-	roles := newRoles(t, "owner", "app", "attacker")
-	owner, app, attacker := roles[0], roles[1], roles[2]
-	db := ownedInstall(t, owner, app, "")
+	roles := newRoles(t, "owner", "app", "attacker", "operator")
+	owner, app, attacker, operator := roles[0], roles[1], roles[2], roles[3]
+	db := ownedInstall(t, owner, app, operator)
 	exec(t, db, "GRANT CREATE ON SCHEMA public TO "+pgx.Identifier{attacker}.Sanitize())
 	_, err := connAs(t, db, attacker).Exec(ctx, plantSQL)
 	require.NoError(t, err)
@@ -203,6 +207,27 @@ func TestHostileSearchPath(t *testing.T) {
 	var deleted int64
 	require.NoError(t, c.QueryRow(ctx, "SELECT pgfence.pgfence_prune_delete($1, $2, '0')", names, tokens).Scan(&deleted))
 	require.Equal(t, int64(1), deleted)
+
+	var version int
+	require.NoError(t, c.QueryRow(ctx, "SELECT pgfence.pgfence_schema_version()").Scan(&version))
+	require.Equal(t, int(migrations.Latest()), version)
+
+	// The operator, with the same search_path, force-releases the lease.
+	op := connAs(t, db, operator)
+	var oldOwner string
+	var oldToken, forced int64
+	var wasHeld bool
+	require.NoError(t, op.QueryRow(ctx, "SELECT * FROM pgfence.pgfence_force_release('a', 'hostile test')").Scan(&oldOwner, &oldToken, &wasHeld, &forced))
+	require.Equal(t, "app-2", oldOwner)
+	require.Equal(t, last-1, oldToken)
+	require.True(t, wasHeld)
+	require.Greater(t, forced, last)
+	last = forced
+	next()
+	var auditAddr *string
+	require.NoError(t, op.QueryRow(ctx, "SELECT host(client_addr) FROM pgfence.pgfence_forced_releases").Scan(&auditAddr))
+	require.NotNil(t, auditAddr)
+	require.NotEqual(t, "10.0.0.1", *auditAddr)
 
 	require.Empty(t, planted(t, c), "a planted look-alike ran")
 	var lookalikeRows int

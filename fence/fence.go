@@ -79,7 +79,7 @@ func (e *StaleTokenError) Error() string {
 	var pgErr *pgconn.PgError
 	if errors.As(e.Err, &pgErr) {
 		if m := detailRE.FindStringSubmatch(pgErr.Detail); pgErr.Message != "" && (m == nil || m[1] == "" || e.Presented > e.Current) {
-			b.WriteString(": " + pgErr.Message)
+			b.WriteString(": " + strings.TrimPrefix(pgErr.Message, "pgfence: "))
 			return b.String()
 		}
 	}

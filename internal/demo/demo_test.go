@@ -177,6 +177,9 @@ func TestStartDatabasePrepareDrop(t *testing.T) {
 	conn, err := pgx.Connect(ctx, db.URL)
 	require.NoError(t, err)
 	defer func() { _ = conn.Close(context.Background()) }()
+	var listen string
+	require.NoError(t, conn.QueryRow(ctx, "SELECT pg_catalog.current_setting('listen_addresses')").Scan(&listen))
+	require.Empty(t, listen, "the throwaway server listens on its private socket only")
 	account := func() (balance, token int64) {
 		require.NoError(t, conn.QueryRow(ctx, "SELECT balance, fence_token FROM "+demo.AccountsTable.Sanitize()+" WHERE id = $1",
 			demo.AccountID).Scan(&balance, &token))

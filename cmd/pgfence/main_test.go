@@ -436,3 +436,35 @@ func TestReleaseForce(t *testing.T) {
 	require.Equal(t, 1, r.code)
 	require.Contains(t, r.stderr, `no lease named "no-such-lease"`)
 }
+
+// Names and owners come from any client; ls's table shows their control
+// characters escaped, so they cannot drive the operator's terminal or break
+// the columns, and --json keeps them exact. (The server itself replaces
+// control characters in application_name with '?'.)
+func TestLsEscapesControlCharacters(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	env := dbEnv(db)
+	const name = "evil\nLEASE  FAKE-OWNER\x1b[31mred"
+	const owner = "owner\x1b]0;title\a\u009b2J\x7f"
+	insertLease(t, db, name, owner, "30 seconds")
+
+	r := pgfence(t, env, "", "ls")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.NotContains(t, r.stdout, "\x1b", "no raw ESC reaches the terminal")
+	require.NotContains(t, r.stdout, "\x7f")
+	require.NotContains(t, r.stdout, "\u009b")
+	require.NotContains(t, r.stdout, "\a")
+	require.Contains(t, r.stdout, `"evil\nLEASE  FAKE-OWNER\x1b[31mred"`)
+	require.Contains(t, r.stdout, `"owner\x1b]0;title\a\u009b2J\x7f"`)
+	for _, line := range strings.Split(r.stdout, "\n") {
+		require.False(t, strings.HasPrefix(line, "LEASE  FAKE-OWNER"), "the newline in the name did not start a line: %q", line)
+	}
+
+	r = pgfence(t, env, "", "ls", "--json")
+	require.Equal(t, 0, r.code, r.stderr)
+	out := decodeLs(t, r.stdout)
+	require.Len(t, out.Leases, 1)
+	require.Equal(t, name, out.Leases[0].Name, "JSON keeps the name exact")
+	require.Equal(t, owner, out.Leases[0].Owner)
+}

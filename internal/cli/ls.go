@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -19,6 +21,10 @@ Usage:
 Lists the lease holders in pgfence_leases and the advisory locks held or
 awaited in the database (from pg_locks). Times are judged on the database's
 clock: a lease is held while its expires_at is after the database's now().
+
+Names, owners and application names that hold control or other
+non-printing characters are shown quoted, with Go escapes ("a\nb",
+"\x1b[31m"); --json shows them as they are.
 
 Columns:
   leases          NAME, OWNER, TOKEN (the fencing token), HELD FOR (since
@@ -177,7 +183,7 @@ func printLs(w io.Writer, out lsJSON, all bool) error {
 			if l.Held {
 				heldFor, expiresIn = seconds(l.HeldForSeconds), seconds(l.ExpiresInSeconds)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", l.Name, l.Owner, l.Token, heldFor, expiresIn)
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", display(l.Name), display(l.Owner), l.Token, heldFor, expiresIn)
 		}
 	}
 	fmt.Fprintln(tw)
@@ -192,10 +198,30 @@ func printLs(w io.Writer, out lsJSON, all bool) error {
 			} else {
 				key = fmt.Sprintf("%d,%d", *l.Key1, *l.Key2)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%t\t%d\t%s\t%s\n", key, l.Mode, l.Granted, l.PID, l.ApplicationName, l.Database)
+			fmt.Fprintf(tw, "%s\t%s\t%t\t%d\t%s\t%s\n", key, display(l.Mode), l.Granted, l.PID, display(l.ApplicationName), display(l.Database))
 		}
 	}
 	return tw.Flush()
+}
+
+// display returns s for a table cell: as it is when every character is
+// printable, else quoted and escaped as Go's %q does ("a\nb", "\x1b[31m").
+// Lease names, owners and application names are chosen by any client, so a
+// terminal must not interpret them: control characters (C0, DEL, C1), tabs
+// (which would shift the columns), other non-printing characters such as
+// bidirectional overrides, and invalid UTF-8 are all escaped. A value that
+// starts with a double quote is quoted too, so a quoted cell is never
+// mistaken for a name that looks like one. JSON output is not affected.
+func display(s string) string {
+	if strings.HasPrefix(s, `"`) || !utf8.ValidString(s) {
+		return strconv.Quote(s)
+	}
+	for _, r := range s {
+		if !strconv.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
 }
 
 // seconds formats a duration given in seconds for people: "4.2s" under a

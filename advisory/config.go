@@ -19,9 +19,12 @@ const (
 	// sessions about 0.6x-0.67x the cycles per second of 4, and 8 about
 	// 1.17x. Set MaxSessions to 1 or 2 where connections are scarce.
 	DefaultMaxSessions = 4
-	// DefaultCheckInterval is the default interval between two liveness
-	// checks of an idle lock session.
-	DefaultCheckInterval = time.Second
+	// DefaultSessionCheckInterval is the default interval between two
+	// liveness checks of an idle lock session.
+	DefaultSessionCheckInterval = time.Second
+	// DefaultListenCheckInterval is the default time the LISTEN connection
+	// may stay silent before it is checked.
+	DefaultListenCheckInterval = 15 * time.Second
 	// DefaultQueryTimeout is the default bound on each round trip on a lock
 	// session (liveness check, lock, unlock) and on opening one.
 	DefaultQueryTimeout = 3 * time.Second
@@ -59,6 +62,10 @@ const minPollInterval = 5 * time.Millisecond
 // the default. [New] validates it and returns an error for negative or
 // inconsistent values.
 type Config struct {
+	// Schema is the schema pgfence's migrations were applied to (tokens are
+	// drawn from its sequence). Empty means [pgfence.DefaultSchema].
+	Schema string
+
 	// MaxSessions bounds the database sessions (connections) the Locker
 	// opens to hold session locks; every lock shares one of them. Sessions
 	// are opened on demand, spreading locks over them, and are dialed with
@@ -66,15 +73,24 @@ type Config struct {
 	// Default [DefaultMaxSessions].
 	MaxSessions int
 
-	// CheckInterval is how often the watchdog checks each idle lock session
-	// with a round trip. Together with QueryTimeout it bounds how late the
-	// holders of a dead or hung session learn that their locks are lost:
-	// at most CheckInterval + QueryTimeout after the session stopped
-	// answering. Default [DefaultCheckInterval].
-	CheckInterval time.Duration
+	// SessionCheckInterval is how often the watchdog checks each idle lock
+	// session with a round trip. Together with QueryTimeout it bounds how
+	// late the holders of a dead or hung session learn that their locks
+	// are lost: at most SessionCheckInterval + QueryTimeout after the
+	// session stopped answering. It has no counterpart in package
+	// leasetable, whose leases do not live on a session of their own.
+	// Default [DefaultSessionCheckInterval].
+	SessionCheckInterval time.Duration
 
-	// QueryTimeout bounds every round trip on a lock session and the dial
-	// of a new one. A round trip that does not finish in time marks the
+	// ListenCheckInterval is how long the LISTEN connection may go without
+	// receiving a notification before it is checked with a round trip
+	// (bounded by the shorter of it and QueryTimeout), and replaced when
+	// that fails, as in package leasetable. Default
+	// [DefaultListenCheckInterval]; a negative value turns the check off.
+	ListenCheckInterval time.Duration
+
+	// QueryTimeout bounds each statement the Locker runs on its own
+	// behalf: every round trip on a lock session and the dial of a new one. A round trip that does not finish in time marks the
 	// session dead: all its locks are lost. Default [DefaultQueryTimeout].
 	QueryTimeout time.Duration
 
@@ -106,7 +122,7 @@ type Config struct {
 	TCPUserTimeout time.Duration
 
 	// SessionIdleTimeout is how long a lock session may hold no lock
-	// before the watchdog closes it (checked every CheckInterval); the next
+	// before the watchdog closes it (checked every SessionCheckInterval); the next
 	// lock dials a new one. Default [DefaultSessionIdleTimeout].
 	SessionIdleTimeout time.Duration
 
@@ -137,16 +153,16 @@ func (c *Config) resolve() (Config, error) {
 		r = *c
 	}
 	if r.MaxSessions < 0 {
-		return r, fmt.Errorf("advisory: Config.MaxSessions is negative (%d)", r.MaxSessions)
+		return r, fmt.Errorf("pgfence: advisory: Config.MaxSessions is negative (%d)", r.MaxSessions)
 	}
 	if r.TCPKeepalivesCount < 0 {
-		return r, fmt.Errorf("advisory: Config.TCPKeepalivesCount is negative (%d)", r.TCPKeepalivesCount)
+		return r, fmt.Errorf("pgfence: advisory: Config.TCPKeepalivesCount is negative (%d)", r.TCPKeepalivesCount)
 	}
 	for _, d := range []struct {
 		name string
 		v    time.Duration
 	}{
-		{"CheckInterval", r.CheckInterval},
+		{"SessionCheckInterval", r.SessionCheckInterval},
 		{"QueryTimeout", r.QueryTimeout},
 		{"MaxPollInterval", r.MaxPollInterval},
 		{"TCPKeepalivesIdle", r.TCPKeepalivesIdle},
@@ -155,11 +171,12 @@ func (c *Config) resolve() (Config, error) {
 		{"SessionIdleTimeout", r.SessionIdleTimeout},
 	} {
 		if d.v < 0 {
-			return r, fmt.Errorf("advisory: Config.%s is negative (%v)", d.name, d.v)
+			return r, fmt.Errorf("pgfence: advisory: Config.%s is negative (%v)", d.name, d.v)
 		}
 	}
 	setDefault(&r.MaxSessions, DefaultMaxSessions)
-	setDefault(&r.CheckInterval, DefaultCheckInterval)
+	setDefault(&r.SessionCheckInterval, DefaultSessionCheckInterval)
+	setDefault(&r.ListenCheckInterval, DefaultListenCheckInterval)
 	setDefault(&r.QueryTimeout, DefaultQueryTimeout)
 	setDefault(&r.MaxPollInterval, DefaultMaxPollInterval)
 	setDefault(&r.TCPKeepalivesIdle, DefaultTCPKeepalivesIdle)
@@ -172,10 +189,10 @@ func (c *Config) resolve() (Config, error) {
 		r.Logger = slog.New(slog.DiscardHandler)
 	}
 	if r.TCPKeepalivesIdle%time.Second != 0 || r.TCPKeepalivesInterval%time.Second != 0 {
-		return r, errors.New("advisory: Config.TCPKeepalivesIdle and TCPKeepalivesInterval must be whole seconds")
+		return r, errors.New("pgfence: advisory: Config.TCPKeepalivesIdle and TCPKeepalivesInterval must be whole seconds")
 	}
 	if r.TCPUserTimeout%time.Millisecond != 0 {
-		return r, errors.New("advisory: Config.TCPUserTimeout must be whole milliseconds")
+		return r, errors.New("pgfence: advisory: Config.TCPUserTimeout must be whole milliseconds")
 	}
 	// The holder must learn of a loss before the server, seeing a silent
 	// client, releases the lock to someone else. The client notices within
@@ -183,11 +200,11 @@ func (c *Config) resolve() (Config, error) {
 	// drops the session no sooner than TCPUserTimeout after the partition,
 	// or Idle + Interval×Count after the last check it received (up to one
 	// CheckInterval before the partition).
-	notice := r.CheckInterval + r.QueryTimeout
-	keepalive := r.TCPKeepalivesIdle + time.Duration(r.TCPKeepalivesCount)*r.TCPKeepalivesInterval - r.CheckInterval
+	notice := r.SessionCheckInterval + r.QueryTimeout
+	keepalive := r.TCPKeepalivesIdle + time.Duration(r.TCPKeepalivesCount)*r.TCPKeepalivesInterval - r.SessionCheckInterval
 	if notice >= r.TCPUserTimeout || notice >= keepalive {
-		return r, fmt.Errorf("advisory: Config: CheckInterval + QueryTimeout (%v) must be shorter than TCPUserTimeout (%v) "+
-			"and than TCPKeepalivesIdle + TCPKeepalivesInterval × TCPKeepalivesCount − CheckInterval (%v), "+
+		return r, fmt.Errorf("pgfence: advisory: Config: SessionCheckInterval + QueryTimeout (%v) must be shorter than TCPUserTimeout (%v) "+
+			"and than TCPKeepalivesIdle + TCPKeepalivesInterval × TCPKeepalivesCount − SessionCheckInterval (%v), "+
 			"so a partitioned holder learns of the loss before the server releases its locks",
 			notice, r.TCPUserTimeout, keepalive)
 	}

@@ -98,10 +98,10 @@
 // caller that wants it again must ask, and gets a new token.
 //
 // The Locker learns of a loss from its watchdog, which checks each idle
-// session every [Config.CheckInterval] with a statement bounded by
+// session every [Config.SessionCheckInterval] with a statement bounded by
 // [Config.QueryTimeout] (a session in use is checked by the statement in
 // progress, bounded the same way). A dead or hung session is noticed at most
-// CheckInterval + QueryTimeout (4s with the defaults) after it stopped
+// SessionCheckInterval + QueryTimeout (4s with the defaults) after it stopped
 // answering. When the session is only hung (the server or the network
 // stalled, the connection still open), the holders are told before the
 // connection is closed, so before the server can release the locks.
@@ -118,7 +118,7 @@
 //
 // The order is not guaranteed when the server ends the session itself
 // (pg_terminate_backend, a restart, a failover): the lock is free for others
-// at once, and the old holder learns of it up to CheckInterval +
+// at once, and the old holder learns of it up to SessionCheckInterval +
 // QueryTimeout later. That window, and process pauses (GC, a stopped VM) in
 // general, are why work protected by a lock must fence its writes with the
 // token rather than trust that it still holds the lock.
@@ -173,7 +173,7 @@
 // The wake-up is an accelerator only: a waiter keeps polling at its pace,
 // and correctness never depends on a notification. While the LISTEN
 // connection is down (it reconnects with backoff, and is checked every
-// [Config.CheckInterval] like the lock sessions), waiters poll; when it
+// [Config.SessionCheckInterval] like the lock sessions), waiters poll; when it
 // comes back they retry at once and register again. A Lock returning, for
 // any reason, drops its interest, and the LISTEN connection releases the
 // interest lock when no Lock of its Locker waits for the key any more;

@@ -71,7 +71,7 @@ func remapNameKey(h int64) int64 {
 //
 // It needs PostgreSQL 11 or later (sha256).
 const NameKeySQL = `SELECT CASE WHEN h >> 32 = 0 THEN h | 4611686018427387904 ELSE h END ` +
-	`FROM (SELECT ('x' || encode(substring(sha256(convert_to($1::text, 'UTF8')) FROM 1 FOR 8), 'hex'))::bit(64)::bigint AS h) AS s`
+	`FROM (SELECT ('x' || pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(pg_catalog.convert_to($1::pg_catalog.text, 'UTF8')), 1, 8), 'hex'))::pg_catalog.bit(64)::pg_catalog.int8 AS h) AS s`
 
 // Int64 returns the key as passed to pg_advisory_lock(bigint).
 func (k Key) Int64() int64 { return k.id }
@@ -85,10 +85,23 @@ func (k Key) String() string {
 	return strconv.FormatInt(k.id, 10)
 }
 
+// displayName is the key as a Lease names it: the name of a Name key, the
+// decimal number of an ID key.
+func (k Key) displayName() string {
+	if k.named {
+		return k.name
+	}
+	return strconv.FormatInt(k.id, 10)
+}
+
+// markName identifies the key's lock among a Locker's held locks: ID(n)
+// and a Name hashing to n are the same lock.
+func (k Key) markName() string { return strconv.FormatInt(k.id, 10) }
+
 // validate reports a key that cannot be locked.
 func (k Key) validate() error {
 	if k.named && k.name == "" {
-		return fmt.Errorf("advisory: empty lock name")
+		return fmt.Errorf("pgfence: advisory: empty lock name")
 	}
 	return nil
 }

@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/hold"
+	"github.com/pgfence/pgfence/internal/install"
 )
 
 // Locker takes session-level advisory locks on a few database sessions it
@@ -21,6 +23,7 @@ import (
 // methods are safe for concurrent use.
 type Locker struct {
 	cfg        Config
+	sql        statements // the SQL that names the schema
 	log        *slog.Logger
 	connConfig *pgx.ConnConfig // lock sessions
 	// listenConfig is the LISTEN connection's: connConfig with
@@ -63,18 +66,31 @@ type keyState struct {
 // settings (pool.Config().ConnConfig, with the application_name and TCP
 // settings of cfg), tracer included. The sessions are the Locker's own
 // connections: they do not count against the pool, and the pool's
-// BeforeConnect, AfterConnect and other pool hooks do not run for them. pool is not used otherwise, and is
-// never closed by the Locker.
+// BeforeConnect, AfterConnect and other pool hooks do not run for them.
+// The pool is used for nothing else, and is never closed by the Locker.
 //
-// A nil cfg means the defaults. New opens no connection; the first lock
-// does. It returns an error for a nil pool or an invalid cfg.
-func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
+// A nil cfg means the defaults. New returns an error for a nil pool or an
+// invalid cfg, without a round trip. Otherwise it checks once, through the
+// pool and bounded by ctx, that pgfence's schema ([Config].Schema) is
+// installed at the version this code needs and that its token sequence is
+// sound, and returns an error matching [pgfence.ErrNotInstalled] that says
+// how to fix it when not. It opens no lock session; the first lock does.
+// ctx has no effect on the Locker after New returns.
+func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 	if pool == nil {
-		return nil, errors.New("advisory: New: nil pool")
+		return nil, errors.New("pgfence: advisory: New: nil pool")
 	}
 	c, err := cfg.resolve()
 	if err != nil {
 		return nil, err
+	}
+	schema, quoted, err := install.Schema("pgfence: advisory: Config.Schema", c.Schema)
+	if err != nil {
+		return nil, err
+	}
+	c.Schema = schema
+	if err := install.Check(ctx, pool, schema, quoted); err != nil {
+		return nil, fmt.Errorf("pgfence: advisory: %w", err)
 	}
 	cc := pool.Config().ConnConfig.Copy()
 	if cc.RuntimeParams == nil {
@@ -86,6 +102,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 	closeCtx, closeStop := context.WithCancel(context.Background())
 	return &Locker{
 		cfg:          c,
+		sql:          newStatements(quoted),
 		log:          c.Logger,
 		connConfig:   cc,
 		listenConfig: lc,
@@ -98,6 +115,28 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 	}, nil
 }
 
+// Schema returns the schema whose sequence the Locker draws tokens from.
+func (k *Locker) Schema() string { return k.cfg.Schema }
+
+// statements is the Locker's SQL that names pgfence's schema.
+type statements struct {
+	tryLock, tryLockShared                                   string
+	tryLockXact, tryLockXactShared, lockXact, lockXactShared string
+}
+
+// newStatements fills the quoted schema into the statement templates.
+func newStatements(schema string) statements {
+	f := func(tmpl string) string { return fmt.Sprintf(tmpl, schema) }
+	return statements{
+		tryLock:           f(tryLockSQL),
+		tryLockShared:     f(tryLockSharedSQL),
+		tryLockXact:       f(tryLockXactSQL),
+		tryLockXactShared: f(tryLockXactSharedSQL),
+		lockXact:          f(lockXactSQL),
+		lockXactShared:    f(lockXactSharedSQL),
+	}
+}
+
 // Close releases every lock of the Locker, closes its sessions, stops its
 // goroutines and makes its methods return pgfence.ErrClosed.
 //
@@ -108,66 +147,107 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 // notices the connection end. Waiting Lock calls return pgfence.ErrClosed.
 // Close waits for statements in progress (each bounded by
 // Config.QueryTimeout). Calling it again does nothing.
-func (l *Locker) Close() {
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
+func (k *Locker) Close() {
+	k.mu.Lock()
+	if k.closed {
+		k.mu.Unlock()
 		return
 	}
-	l.closed = true
-	l.closeStop()
-	sessions := append([]*session(nil), l.sessions...)
-	l.mu.Unlock()
+	k.closed = true
+	k.closeStop()
+	sessions := append([]*session(nil), k.sessions...)
+	k.mu.Unlock()
 	for _, s := range sessions {
 		<-s.ready
 		if s.openErr != nil {
 			continue
 		}
 		s.sem <- struct{}{}
-		l.failSession(s, fmt.Errorf("advisory: Locker closed: %w", pgfence.ErrClosed))
+		k.failSession(s, fmt.Errorf("pgfence: advisory: Locker closed: %w", pgfence.ErrClosed))
 		<-s.sem
 	}
-	l.wg.Wait()
+	k.wg.Wait()
 }
 
-// TryLock takes the session lock on key if it is free, and returns at once.
+// TryAcquire takes the session lock on [Name](name) and returns at once; it
+// is [Locker.TryAcquireKey] for that key. The returned [pgfence.Lease] is a
+// *[Lease].
+func (k *Locker) TryAcquire(ctx context.Context, name string, opts *AcquireOpts) (pgfence.Lease, error) {
+	l, err := k.TryAcquireKey(ctx, Name(name), opts)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// TryAcquireKey takes the session lock on key if it is free, and returns at
+// once.
 //
 // When another holder has it (another session, or another caller of this
-// Locker), TryLock returns an error matching pgfence.ErrNotAcquired. After
-// the Locker is closed it returns pgfence.ErrClosed.
+// Locker), TryAcquireKey returns an error matching pgfence.ErrNotAcquired;
+// when ctx descends from the held lock's own context (the caller holds it),
+// one matching pgfence.ErrAlreadyHeld. After the Locker is closed it
+// returns pgfence.ErrClosed.
 //
 // ctx bounds the wait for a session of the Locker (opening one, or for
 // statements queued on it). The lock statement itself is bounded by
 // Config.QueryTimeout only, because cancelling a statement closes the
 // session with every lock on it; ctx's values still reach the pgx tracer.
-// If ctx ends while the statement runs and the lock was granted, TryLock
-// releases it and returns ctx.Err(): when it returns an error, the lock is
-// not held.
+// If ctx ends while the statement runs and the lock was granted, the lock
+// is released and the error wraps ctx's cause: when it returns an error,
+// the lock is not held.
 //
 // An error the server reports for the statement (such as SQLSTATE 53200,
 // out of shared memory, when its lock table is full) is returned wrapped,
 // and the session keeps its other locks. When the session itself fails
 // during the statement (or its state cannot be told, as when a shared key
 // it already holds fails again), every lock on that session is lost and
-// TryLock returns the failure.
-func (l *Locker) TryLock(ctx context.Context, key Key, opts *LockOpts) (*Lock, error) {
-	if err := key.validate(); err != nil {
+// it returns the failure.
+func (k *Locker) TryAcquireKey(ctx context.Context, key Key, opts *AcquireOpts) (*Lease, error) {
+	if err := k.prepare(ctx, key, opts); err != nil {
 		return nil, err
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("pgfence: advisory: acquire %v: %w", key, context.Cause(ctx))
 	}
-	lk, _, err := l.tryAcquire(ctx, key, opts != nil && opts.Shared)
-	return lk, err
+	l, _, err := k.tryAcquire(ctx, key, opts != nil && opts.Shared)
+	if err != nil && ctx.Err() != nil {
+		return nil, fmt.Errorf("pgfence: advisory: acquire %v: %w", key, context.Cause(ctx))
+	}
+	return l, err
 }
 
-// errWaitTimeout is the cause of a Lock's context when opts.WaitTimeout ran
-// out.
-var errWaitTimeout = errors.New("advisory: wait timeout")
+// prepare validates an acquire of key.
+func (k *Locker) prepare(ctx context.Context, key Key, opts *AcquireOpts) error {
+	if err := key.validate(); err != nil {
+		return err
+	}
+	if err := checkOpts(opts); err != nil {
+		return err
+	}
+	if hold.Held(ctx, k, key.markName()) {
+		return fmt.Errorf("pgfence: advisory: acquire %v: %w", key, pgfence.ErrAlreadyHeld)
+	}
+	return nil
+}
 
-// Lock waits until it holds the session lock on key, until ctx ends, or
-// until opts.WaitTimeout runs out (then the error matches
-// pgfence.ErrNotAcquired).
+// Acquire waits for the session lock on [Name](name); it is
+// [Locker.AcquireKey] for that key. The returned [pgfence.Lease] is a
+// *[Lease].
+func (k *Locker) Acquire(ctx context.Context, name string, opts *AcquireOpts) (pgfence.Lease, error) {
+	l, err := k.AcquireKey(ctx, Name(name), opts)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// AcquireKey waits until it holds the session lock on key, until ctx ends
+// (the error wraps ctx's cause), or until opts.WaitTimeout runs out (then
+// the error matches pgfence.ErrNotAcquired and context.DeadlineExceeded).
+// When ctx descends from the context of the lock it asks for (a nested
+// [Locker.Do]) it returns at once with an error matching
+// pgfence.ErrAlreadyHeld.
 //
 // It waits by retrying pg_try_advisory_lock on the Locker's sessions,
 // pausing 5ms at first and doubling up to Config.MaxPollInterval, and at
@@ -179,38 +259,31 @@ var errWaitTimeout = errors.New("advisory: wait timeout")
 // other locks. Waiters are not served in order, and a client blocked in
 // pg_advisory_lock elsewhere may be granted the lock first.
 //
-// If ctx ends just as the lock is granted, Lock releases it and returns
-// ctx.Err(): when Lock returns an error, the lock is not held. Other errors
-// are as for [Locker.TryLock].
-func (l *Locker) Lock(ctx context.Context, key Key, opts *LockOpts) (*Lock, error) {
-	if err := key.validate(); err != nil {
+// If ctx ends just as the lock is granted, AcquireKey releases it: when it
+// returns an error, the lock is not held. Other errors are as for
+// [Locker.TryAcquireKey].
+func (k *Locker) AcquireKey(ctx context.Context, key Key, opts *AcquireOpts) (*Lease, error) {
+	if err := k.prepare(ctx, key, opts); err != nil {
 		return nil, err
 	}
-	var o LockOpts
+	var o AcquireOpts
 	if opts != nil {
 		o = *opts
 	}
-	if o.WaitTimeout < 0 {
-		return nil, fmt.Errorf("advisory: LockOpts.WaitTimeout is negative (%v)", o.WaitTimeout)
-	}
-	parent := ctx
-	if o.WaitTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeoutCause(ctx, o.WaitTimeout, errWaitTimeout)
-		defer cancel()
-	}
+	ctx, cancel := hold.WaitTimeout(ctx, o.WaitTimeout)
+	defer cancel()
 	waitErr := func(err error) error {
-		if parent.Err() == nil && errors.Is(context.Cause(ctx), errWaitTimeout) {
-			return fmt.Errorf("advisory: lock %v not acquired within %v: %w", key, o.WaitTimeout, pgfence.ErrNotAcquired)
+		if ctx.Err() != nil {
+			return fmt.Errorf("pgfence: advisory: acquire %v: %w", key, context.Cause(ctx))
 		}
 		return err
 	}
-	pause := l.firstPause
+	pause := k.firstPause
 	var reg *waitReg            // interest registered for wake-ups (wake.go)
 	var armedSeen chan struct{} // the armed channel already acted on
 	defer func() {
 		if reg != nil {
-			l.unregister(reg)
+			k.unregister(reg)
 		}
 	}()
 	for {
@@ -221,11 +294,11 @@ func (l *Locker) Lock(ctx context.Context, key Key, opts *LockOpts) (*Lock, erro
 		// notification arriving after the attempt is not missed.
 		var armed, wake chan struct{}
 		if reg != nil {
-			armed, wake = l.channels(reg)
+			armed, wake = k.channels(reg)
 		}
-		lk, released, err := l.tryAcquire(ctx, key, o.Shared)
+		l, released, err := k.tryAcquire(ctx, key, o.Shared)
 		if err == nil {
-			return lk, nil
+			return l, nil
 		}
 		if !errors.Is(err, pgfence.ErrNotAcquired) {
 			return nil, waitErr(err)
@@ -234,8 +307,8 @@ func (l *Locker) Lock(ctx context.Context, key Key, opts *LockOpts) (*Lock, erro
 			// Held by another session for a while: ask to be woken.
 			// Until the interest lock is held (armed), an Unlock would
 			// not notify; armed closing makes the next attempt at once.
-			if reg = l.register(key.id); reg != nil {
-				armed, wake = l.channels(reg)
+			if reg = k.register(key.id); reg != nil {
+				armed, wake = k.channels(reg)
 			}
 		}
 		if armed == armedSeen {
@@ -247,7 +320,7 @@ func (l *Locker) Lock(ctx context.Context, key Key, opts *LockOpts) (*Lock, erro
 		case <-ctx.Done():
 			t.Stop()
 			return nil, waitErr(ctx.Err())
-		case <-l.closeCtx.Done():
+		case <-k.closeCtx.Done():
 			t.Stop()
 			return nil, pgfence.ErrClosed
 		case <-released: // nil (blocks) unless held in this Locker
@@ -259,33 +332,34 @@ func (l *Locker) Lock(ctx context.Context, key Key, opts *LockOpts) (*Lock, erro
 			t.Stop()
 		case <-t.C:
 		}
-		pause = min(2*pause, l.cfg.MaxPollInterval)
+		pause = min(2*pause, k.cfg.MaxPollInterval)
 	}
 }
 
-// Do waits for the lock on key as [Locker.Lock] does, calls fn while holding
-// it, then unlocks it. fn's context is derived from ctx and is also
-// cancelled, with a cause matching pgfence.ErrLeaseLost, when the lock is
-// lost: fn must stop then.
+// Do waits for the lock on [Name](name) as [Locker.Acquire] does, calls fn
+// while holding it, then releases it; it is [Locker.DoKey] for that key.
+func (k *Locker) Do(ctx context.Context, name string, opts *AcquireOpts, fn func(ctx context.Context, l pgfence.Lease) error) error {
+	return k.DoKey(ctx, Name(name), opts, fn)
+}
+
+// DoKey waits for the lock on key as [Locker.AcquireKey] does, calls fn
+// while holding it, then releases it. fn's context is derived from ctx and
+// is also cancelled, with a cause matching pgfence.ErrLeaseLost, when the
+// lock is lost: fn must stop then. fn may release the lock itself. A Do
+// nested in fn for the same key returns pgfence.ErrAlreadyHeld at once.
 //
-// Do returns Lock's error if the lock was not acquired (fn is not called).
-// Otherwise it returns fn's error, joined with the loss (an error matching
-// pgfence.ErrLeaseLost and pgfence.ErrNotHeld) if the lock was lost before
-// fn returned, or with Unlock's error.
-func (l *Locker) Do(ctx context.Context, key Key, opts *LockOpts, fn func(ctx context.Context, lk *Lock) error) error {
-	if fn == nil {
-		return errors.New("advisory: Do: nil fn")
-	}
-	lk, err := l.Lock(ctx, key, opts)
-	if err != nil {
-		return err
-	}
-	fctx, cancel := context.WithCancelCause(ctx)
-	stop := context.AfterFunc(lk.Context(), func() { cancel(context.Cause(lk.Context())) })
-	ferr := fn(fctx, lk)
-	stop()
-	cancel(nil)
-	return errors.Join(ferr, lk.Unlock(ctx))
+// DoKey returns the acquire error if the lock was not acquired (fn is not
+// called). Otherwise it returns fn's error, joined with the loss (an error
+// matching pgfence.ErrLeaseLost) whenever the lock was lost before fn
+// returned, and with the release's error.
+func (k *Locker) DoKey(ctx context.Context, key Key, opts *AcquireOpts, fn func(ctx context.Context, l pgfence.Lease) error) error {
+	return hold.Do(ctx, k, key.markName(), "pgfence: advisory", func(ctx context.Context) (pgfence.Lease, error) {
+		l, err := k.AcquireKey(ctx, key, opts)
+		if err != nil {
+			return nil, err
+		}
+		return l, nil
+	}, fn)
 }
 
 // heldHereError is the refusal of a key held in this Locker in a
@@ -295,7 +369,7 @@ func (l *Locker) Do(ctx context.Context, key Key, opts *LockOpts, fn func(ctx co
 type heldHereError struct{ key Key }
 
 func (e *heldHereError) Error() string {
-	return "advisory: lock " + e.key.String() + " is held in this Locker: " + pgfence.ErrNotAcquired.Error()
+	return "pgfence: advisory: lock " + e.key.String() + " is held in this Locker: " + pgfence.ErrNotAcquired.Error()
 }
 
 func (e *heldHereError) Unwrap() error { return pgfence.ErrNotAcquired }
@@ -303,41 +377,41 @@ func (e *heldHereError) Unwrap() error { return pgfence.ErrNotAcquired }
 // tryAcquire makes one attempt at key. When the key is held in this Locker
 // in a conflicting mode, it returns ErrNotAcquired and a channel closed when
 // that changes.
-func (l *Locker) tryAcquire(ctx context.Context, key Key, shared bool) (*Lock, <-chan struct{}, error) {
+func (k *Locker) tryAcquire(ctx context.Context, key Key, shared bool) (*Lease, <-chan struct{}, error) {
 	id := key.id
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
+	k.mu.Lock()
+	if k.closed {
+		k.mu.Unlock()
 		return nil, nil, pgfence.ErrClosed
 	}
-	ks := l.keys[id]
+	ks := k.keys[id]
 	var s *session
 	open := false
 	if ks != nil {
 		if !shared || ks.exclusive {
 			ch := ks.released
-			l.mu.Unlock()
+			k.mu.Unlock()
 			return nil, ch, &heldHereError{key: key}
 		}
 		ks.refs++
 		s = ks.s
 	} else {
-		s, open = l.pickSessionLocked()
+		s, open = k.pickSessionLocked()
 		ks = &keyState{exclusive: !shared, refs: 1, s: s, released: make(chan struct{})}
-		l.keys[id] = ks
+		k.keys[id] = ks
 	}
 	s.inflight++
-	l.mu.Unlock()
+	k.mu.Unlock()
 
 	// abandon drops the reservation taken above.
 	abandon := func() {
-		l.mu.Lock()
+		k.mu.Lock()
 		s.inflight--
-		l.dropKeyRefLocked(id)
-		l.mu.Unlock()
+		k.dropKeyRefLocked(id)
+		k.mu.Unlock()
 	}
 	if open {
-		l.openSession(s)
+		k.openSession(s)
 	}
 	select {
 	case <-s.ready:
@@ -355,7 +429,7 @@ func (l *Locker) tryAcquire(ctx context.Context, key Key, shared bool) (*Lock, <
 		abandon()
 		return nil, nil, ctx.Err()
 	}
-	lk, err := l.lockOnSession(ctx, s, key, shared)
+	l, err := k.lockOnSession(ctx, s, key, shared)
 	<-s.sem
 	if err != nil {
 		abandon()
@@ -363,30 +437,30 @@ func (l *Locker) tryAcquire(ctx context.Context, key Key, shared bool) (*Lock, <
 	}
 	if ctx.Err() != nil {
 		// Granted as ctx ended: the caller will not use it.
-		_ = lk.Unlock(ctx)
+		_ = l.Release(ctx)
 		return nil, nil, ctx.Err()
 	}
-	return lk, nil, nil
+	return l, nil, nil
 }
 
 // lockOnSession runs the lock statement on s, holding s.sem. On success the
 // reservation becomes the Lock's.
-func (l *Locker) lockOnSession(ctx context.Context, s *session, key Key, shared bool) (*Lock, error) {
-	l.mu.Lock()
-	dead, closed := s.dead, l.closed
-	l.mu.Unlock()
+func (k *Locker) lockOnSession(ctx context.Context, s *session, key Key, shared bool) (*Lease, error) {
+	k.mu.Lock()
+	dead, closed := s.dead, k.closed
+	k.mu.Unlock()
 	if closed {
 		return nil, pgfence.ErrClosed
 	}
 	if dead {
-		return nil, fmt.Errorf("advisory: lock %v: the session failed", key)
+		return nil, fmt.Errorf("pgfence: advisory: lock %v: the session failed", key)
 	}
-	q := tryLockSQL
+	q := k.sql.tryLock
 	if shared {
-		q = tryLockSharedSQL
+		q = k.sql.tryLockShared
 	}
 	var token *int64
-	err := s.queryKey(ctx, l, q, key.id, &token)
+	err := s.queryKey(ctx, k, q, key.id, &token)
 	if err != nil {
 		// Session locks survive the rollback of the statement that took
 		// them, so a failed statement may have left the lock granted.
@@ -394,61 +468,61 @@ func (l *Locker) lockOnSession(ctx context.Context, s *session, key Key, shared 
 		// "out of shared memory" from a full lock table), undo a possible
 		// grant and keep the session.
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && !s.conn.IsClosed() && l.undoFailedLock(ctx, s, key, shared) == nil {
-			return nil, fmt.Errorf("advisory: lock %v: %w", key, err)
+		if errors.As(err, &pgErr) && !s.conn.IsClosed() && k.undoFailedLock(ctx, s, key, shared) == nil {
+			return nil, fmt.Errorf("pgfence: advisory: lock %v: %w", key, err)
 		}
 		// Otherwise the session's state is unknown: drop it with its
 		// locks, and the server releases them.
-		l.failSession(s, err)
-		return nil, fmt.Errorf("advisory: lock %v: session failed, its locks are lost: %w", key, err)
+		k.failSession(s, err)
+		return nil, fmt.Errorf("pgfence: advisory: lock %v: session failed, its locks are lost: %w", key, err)
 	}
 	if token == nil {
-		return nil, fmt.Errorf("advisory: lock %v: %w", key, pgfence.ErrNotAcquired)
+		return nil, fmt.Errorf("pgfence: advisory: lock %v: %w", key, pgfence.ErrNotAcquired)
 	}
-	lk := &Lock{l: l, s: s, key: key, shared: shared, token: *token, acquired: time.Now()}
-	lk.ctx, lk.cancel = context.WithCancelCause(context.Background())
-	l.mu.Lock()
+	l := &Lease{k: k, s: s, key: key, shared: shared, token: *token, acquired: time.Now()}
+	l.ctx, l.cancel = context.WithCancelCause(hold.Mark(context.Background(), k, key.markName(), l))
+	k.mu.Lock()
 	s.inflight--
-	s.locks[lk] = struct{}{}
-	l.mu.Unlock()
-	return lk, nil
+	s.locks[l] = struct{}{}
+	k.mu.Unlock()
+	return l, nil
 }
 
 // errAmbiguousUndo is returned by undoFailedLock when it cannot tell.
-var errAmbiguousUndo = errors.New("advisory: the session already holds the key")
+var errAmbiguousUndo = errors.New("pgfence: advisory: the session already holds the key")
 
 // undoFailedLock releases key on s if the failed lock statement left it
 // granted. That is only decidable when s holds no other hold of key (an
 // unlock then succeeds exactly when the failed statement's grant stuck);
 // otherwise, or when the unlock fails, it returns an error and the caller
 // must drop the session. The caller holds s.sem.
-func (l *Locker) undoFailedLock(ctx context.Context, s *session, key Key, shared bool) error {
-	l.mu.Lock()
-	for lk := range s.locks {
-		if lk.key.id == key.id {
-			l.mu.Unlock()
+func (k *Locker) undoFailedLock(ctx context.Context, s *session, key Key, shared bool) error {
+	k.mu.Lock()
+	for l := range s.locks {
+		if l.key.id == key.id {
+			k.mu.Unlock()
 			return errAmbiguousUndo
 		}
 	}
-	l.mu.Unlock()
+	k.mu.Unlock()
 	q := unlockSQL
 	if shared {
 		q = unlockSharedSQL
 	}
 	var released bool
-	return s.queryKey(ctx, l, q, key.id, &released)
+	return s.queryKey(ctx, k, q, key.id, &released)
 }
 
 // dropKeyRefLocked drops one reference to key id, forgetting the key and
 // waking waiters when it was the last. The caller holds l.mu.
-func (l *Locker) dropKeyRefLocked(id int64) {
-	ks := l.keys[id]
+func (k *Locker) dropKeyRefLocked(id int64) {
+	ks := k.keys[id]
 	if ks == nil {
 		return
 	}
 	ks.refs--
 	if ks.refs == 0 {
-		delete(l.keys, id)
+		delete(k.keys, id)
 		close(ks.released)
 	}
 }

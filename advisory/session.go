@@ -14,31 +14,30 @@ import (
 
 // sessionSetupSQL runs once on a new lock session. It returns the backend's
 // pid (checked on every later statement, to notice a transaction-pooling
-// proxy that moves the session between backends), whether pgfence's
-// migrations are applied, and sets the server-side TCP timeouts that make
-// the server drop a vanished client's session and release its locks. It
-// takes no lock.
-const sessionSetupSQL = `SELECT pg_backend_pid(), to_regprocedure('pgfence_next_token()') IS NOT NULL, ` +
-	`set_config('tcp_keepalives_idle', $1, false), set_config('tcp_keepalives_interval', $2, false), ` +
-	`set_config('tcp_keepalives_count', $3, false), set_config('tcp_user_timeout', $4, false)`
+// proxy that moves the session between backends), and sets the server-side
+// TCP timeouts that make the server drop a vanished client's session and
+// release its locks. It takes no lock.
+const sessionSetupSQL = `SELECT pg_catalog.pg_backend_pid(), ` +
+	`pg_catalog.set_config('tcp_keepalives_idle', $1, false), pg_catalog.set_config('tcp_keepalives_interval', $2, false), ` +
+	`pg_catalog.set_config('tcp_keepalives_count', $3, false), pg_catalog.set_config('tcp_user_timeout', $4, false)`
 
 // pingSQL is the watchdog's liveness check of a lock session; it takes no
 // lock.
-const pingSQL = `SELECT pg_backend_pid()`
+const pingSQL = `SELECT pg_catalog.pg_backend_pid()`
 
 // tryLockSQL takes the session-level exclusive advisory lock on $1 if no
 // other session holds it and, only when granted, draws a fencing token in
-// the same statement (NULL when not granted).
-const tryLockSQL = `SELECT CASE WHEN pg_try_advisory_lock($1) THEN pgfence_next_token() END, pg_backend_pid()`
+// the same statement (NULL when not granted) from the schema %[1]s.
+const tryLockSQL = `SELECT CASE WHEN pg_catalog.pg_try_advisory_lock($1) THEN %[1]s.pgfence_next_token() END, pg_catalog.pg_backend_pid()`
 
 // tryLockSharedSQL is tryLockSQL for the shared lock on $1.
-const tryLockSharedSQL = `SELECT CASE WHEN pg_try_advisory_lock_shared($1) THEN pgfence_next_token() END, pg_backend_pid()`
+const tryLockSharedSQL = `SELECT CASE WHEN pg_catalog.pg_try_advisory_lock_shared($1) THEN %[1]s.pgfence_next_token() END, pg_catalog.pg_backend_pid()`
 
 // unlockSQL releases one hold of the session-level exclusive lock on $1.
-const unlockSQL = `SELECT pg_advisory_unlock($1), pg_backend_pid()`
+const unlockSQL = `SELECT pg_catalog.pg_advisory_unlock($1), pg_catalog.pg_backend_pid()`
 
 // unlockSharedSQL releases one hold of the session-level shared lock on $1.
-const unlockSharedSQL = `SELECT pg_advisory_unlock_shared($1), pg_backend_pid()`
+const unlockSharedSQL = `SELECT pg_catalog.pg_advisory_unlock_shared($1), pg_catalog.pg_backend_pid()`
 
 // unlockNotifySQL is unlockSQL for a lock held long enough that a Lock of
 // another session may wait for it with interest registered (see wake.go).
@@ -47,23 +46,20 @@ const unlockSharedSQL = `SELECT pg_advisory_unlock_shared($1), pg_backend_pid()`
 // only while some LISTEN connection holds the interest key shared for a
 // waiting Lock, and then it sends NOTIFY with the key, delivered when the
 // statement commits. CASE fixes the order: unlock, test, notify.
-const unlockNotifySQL = `SELECT CASE WHEN NOT pg_advisory_unlock($1::bigint) THEN false ` + unlockWakeSQL
+const unlockNotifySQL = `SELECT CASE WHEN NOT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8) THEN false ` + unlockWakeSQL
 
 // unlockSharedNotifySQL is unlockNotifySQL for the shared lock on $1.
-const unlockSharedNotifySQL = `SELECT CASE WHEN NOT pg_advisory_unlock_shared($1::bigint) THEN false ` + unlockWakeSQL
+const unlockSharedNotifySQL = `SELECT CASE WHEN NOT pg_catalog.pg_advisory_unlock_shared($1::pg_catalog.int8) THEN false ` + unlockWakeSQL
 
 // unlockWakeSQL is the end of unlockNotifySQL: the NOTIFY of waiters, if
 // any.
-const unlockWakeSQL = `WHEN pg_try_advisory_xact_lock(` + interestClassIDText + `, ` + interestObjIDSQL + `) THEN true ` +
-	`ELSE pg_notify('` + NotifyChannel + `', $1::bigint::text) IS NOT NULL END, pg_backend_pid()`
+const unlockWakeSQL = `WHEN pg_catalog.pg_try_advisory_xact_lock(` + interestClassIDText + `, ` + interestObjIDSQL + `) THEN true ` +
+	`ELSE pg_catalog.pg_notify('` + NotifyChannel + `', $1::pg_catalog.int8::pg_catalog.text) IS NOT NULL END, pg_catalog.pg_backend_pid()`
 
 // unlockAllSQL releases every session-level advisory lock of the session;
 // Close runs it so that the locks are free when Close returns, not only once
 // the server has processed the disconnection.
-const unlockAllSQL = `SELECT pg_advisory_unlock_all()`
-
-// errNoMigrations is returned when pgfence_next_token is missing.
-var errNoMigrations = errors.New("advisory: function pgfence_next_token() not found: apply pgfence's migrations first (pgfence.Migrate)")
+const unlockAllSQL = `SELECT pg_catalog.pg_advisory_unlock_all()`
 
 // session is one database connection owned by a Locker, holding session
 // locks for many Lock handles.
@@ -80,7 +76,7 @@ type session struct {
 
 	// Guarded by Locker.mu.
 	dead     bool
-	locks    map[*Lock]struct{}
+	locks    map[*Lease]struct{}
 	inflight int // acquisitions routed to the session, not yet finished
 }
 
@@ -90,8 +86,8 @@ func (s *session) load() int { return len(s.locks) + s.inflight }
 // but not its cancellation, bounded by QueryTimeout instead: cancelling a
 // statement makes pgx close the connection, dropping every lock on it. The
 // caller holds s.sem.
-func (s *session) query(parent context.Context, l *Locker, f func(ctx context.Context) error) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), l.cfg.QueryTimeout)
+func (s *session) query(parent context.Context, k *Locker, f func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), k.cfg.QueryTimeout)
 	defer cancel()
 	return f(ctx)
 }
@@ -102,8 +98,8 @@ func (s *session) query(parent context.Context, l *Locker, f func(ctx context.Co
 // value into dest and checks the pid. It is query written out, without a
 // closure: this is the hot path of TryLock and Unlock, and the closure cost
 // two allocations per TryLock+Unlock. The caller holds s.sem.
-func (s *session) queryKey(parent context.Context, l *Locker, q string, id int64, dest any) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), l.cfg.QueryTimeout)
+func (s *session) queryKey(parent context.Context, k *Locker, q string, id int64, dest any) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), k.cfg.QueryTimeout)
 	defer cancel()
 	var pid int32
 	if err := s.conn.QueryRow(ctx, q, id).Scan(dest, &pid); err != nil {
@@ -112,12 +108,24 @@ func (s *session) queryKey(parent context.Context, l *Locker, q string, id int64
 	return s.checkPID(pid)
 }
 
+// ping checks s with a round trip bounded by QueryTimeout (ctx lends only
+// its values). The caller holds s.sem.
+func (s *session) ping(ctx context.Context, k *Locker) error {
+	return s.query(ctx, k, func(ctx context.Context) error {
+		var pid int32
+		if err := s.conn.QueryRow(ctx, pingSQL).Scan(&pid); err != nil {
+			return err
+		}
+		return s.checkPID(pid)
+	})
+}
+
 // checkPID reports a statement that ran on another backend than the one the
 // session started on: the connection goes through a transaction- or
 // statement-pooling proxy, and session locks cannot be trusted.
 func (s *session) checkPID(pid int32) error {
 	if pid != s.pid {
-		return fmt.Errorf("advisory: the session's statements ran on backend %d, then on backend %d: "+
+		return fmt.Errorf("pgfence: advisory: the session's statements ran on backend %d, then on backend %d: "+
 			"the connection goes through a transaction- or statement-pooling proxy (such as PgBouncer "+
 			"with pool_mode=transaction), where session advisory locks do not work; connect the Locker "+
 			"directly to PostgreSQL, or use TryLockTx/LockTx", s.pid, pid)
@@ -129,47 +137,43 @@ func (s *session) checkPID(pid int32) error {
 // one, or a new one while fewer than MaxSessions exist and every existing
 // one is in use. It returns open = true when the caller must open it. The
 // caller holds l.mu.
-func (l *Locker) pickSessionLocked() (s *session, open bool) {
-	for _, c := range l.sessions {
+func (k *Locker) pickSessionLocked() (s *session, open bool) {
+	for _, c := range k.sessions {
 		if s == nil || c.load() < s.load() {
 			s = c
 		}
 	}
-	if s != nil && (s.load() == 0 || len(l.sessions) >= l.cfg.MaxSessions) {
+	if s != nil && (s.load() == 0 || len(k.sessions) >= k.cfg.MaxSessions) {
 		return s, false
 	}
-	l.nextSessionID++
+	k.nextSessionID++
 	s = &session{
-		id:    l.nextSessionID,
+		id:    k.nextSessionID,
 		sem:   make(chan struct{}, 1),
 		ready: make(chan struct{}),
 		stop:  make(chan struct{}),
-		locks: make(map[*Lock]struct{}),
+		locks: make(map[*Lease]struct{}),
 	}
-	l.sessions = append(l.sessions, s)
+	k.sessions = append(k.sessions, s)
 	return s, true
 }
 
 // openSession dials s and starts its watchdog, or records why it failed.
-func (l *Locker) openSession(s *session) {
-	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.QueryTimeout)
+func (k *Locker) openSession(s *session) {
+	ctx, cancel := context.WithTimeout(context.Background(), k.cfg.QueryTimeout)
 	defer cancel()
-	conn, err := pgx.ConnectConfig(ctx, l.connConfig)
+	conn, err := pgx.ConnectConfig(ctx, k.connConfig)
 	var pid int32
 	if err == nil {
-		var migrated bool
 		var idle, interval, count, userTimeout string
 		err = conn.QueryRow(ctx, sessionSetupSQL,
-			strconv.FormatInt(int64(l.cfg.TCPKeepalivesIdle/time.Second), 10),
-			strconv.FormatInt(int64(l.cfg.TCPKeepalivesInterval/time.Second), 10),
-			strconv.Itoa(l.cfg.TCPKeepalivesCount),
-			strconv.FormatInt(l.cfg.TCPUserTimeout.Milliseconds(), 10),
-		).Scan(&pid, &migrated, &idle, &interval, &count, &userTimeout)
-		if err == nil && !migrated {
-			err = errNoMigrations
-		}
+			strconv.FormatInt(int64(k.cfg.TCPKeepalivesIdle/time.Second), 10),
+			strconv.FormatInt(int64(k.cfg.TCPKeepalivesInterval/time.Second), 10),
+			strconv.Itoa(k.cfg.TCPKeepalivesCount),
+			strconv.FormatInt(k.cfg.TCPUserTimeout.Milliseconds(), 10),
+		).Scan(&pid, &idle, &interval, &count, &userTimeout)
 		if err == nil {
-			l.log.Debug("advisory: lock session opened", "session", s.id, "pid", pid,
+			k.log.Debug("pgfence: advisory: lock session opened", "session", s.id, "pid", pid,
 				"tcp_keepalives_idle", idle, "tcp_keepalives_interval", interval,
 				"tcp_keepalives_count", count, "tcp_user_timeout", userTimeout)
 		}
@@ -178,10 +182,10 @@ func (l *Locker) openSession(s *session) {
 		}
 	}
 	if err != nil {
-		err = fmt.Errorf("advisory: open lock session: %w", err)
+		err = fmt.Errorf("pgfence: advisory: open lock session: %w", err)
 	}
-	l.mu.Lock()
-	if err == nil && l.closed {
+	k.mu.Lock()
+	if err == nil && k.closed {
 		_ = conn.Close(ctx)
 		err = pgfence.ErrClosed
 	}
@@ -189,34 +193,34 @@ func (l *Locker) openSession(s *session) {
 		s.openErr = err
 		s.dead = true
 		close(s.stop)
-		l.removeSessionLocked(s)
-		l.log.Warn("advisory: cannot open lock session", "error", err)
+		k.removeSessionLocked(s)
+		k.log.Warn("pgfence: advisory: cannot open lock session", "error", err)
 	} else {
 		s.conn, s.pid = conn, pid
-		l.wg.Add(1)
-		go l.watch(s)
+		k.wg.Add(1)
+		go k.watch(s)
 	}
-	l.mu.Unlock()
+	k.mu.Unlock()
 	close(s.ready)
 }
 
-func (l *Locker) removeSessionLocked(s *session) {
-	for i, c := range l.sessions {
+func (k *Locker) removeSessionLocked(s *session) {
+	for i, c := range k.sessions {
 		if c == s {
-			l.sessions = append(l.sessions[:i], l.sessions[i+1:]...)
+			k.sessions = append(k.sessions[:i], k.sessions[i+1:]...)
 			return
 		}
 	}
 }
 
-// watch is the watchdog of s: every CheckInterval it checks an idle session
+// watch is the watchdog of s: every SessionCheckInterval it checks an idle session
 // with a round trip bounded by QueryTimeout, and fails the session when that
 // does not succeed. A session in use is not checked: the statement in
 // progress is bounded by QueryTimeout itself and fails the session too. A
 // session that held no lock for SessionIdleTimeout is closed.
-func (l *Locker) watch(s *session) {
-	defer l.wg.Done()
-	t := time.NewTicker(l.cfg.CheckInterval)
+func (k *Locker) watch(s *session) {
+	defer k.wg.Done()
+	t := time.NewTicker(k.cfg.SessionCheckInterval)
 	defer t.Stop()
 	idleSince := time.Now()
 	for {
@@ -230,23 +234,17 @@ func (l *Locker) watch(s *session) {
 		default:
 			continue
 		}
-		if l.retireIfIdle(s, &idleSince) {
+		if k.retireIfIdle(s, &idleSince) {
 			<-s.sem
 			return
 		}
-		l.mu.Lock()
+		k.mu.Lock()
 		dead := s.dead
-		l.mu.Unlock()
+		k.mu.Unlock()
 		if !dead {
-			err := s.query(context.Background(), l, func(ctx context.Context) error {
-				var pid int32
-				if err := s.conn.QueryRow(ctx, pingSQL).Scan(&pid); err != nil {
-					return err
-				}
-				return s.checkPID(pid)
-			})
+			err := s.ping(context.Background(), k)
 			if err != nil {
-				l.failSession(s, fmt.Errorf("advisory: liveness check failed: %w", err))
+				k.failSession(s, fmt.Errorf("pgfence: advisory: liveness check failed: %w", err))
 			}
 		}
 		<-s.sem
@@ -255,24 +253,24 @@ func (l *Locker) watch(s *session) {
 
 // retireIfIdle closes s when it has held no lock, and had no acquisition in
 // flight, for SessionIdleTimeout. The caller holds s.sem.
-func (l *Locker) retireIfIdle(s *session, idleSince *time.Time) bool {
-	l.mu.Lock()
+func (k *Locker) retireIfIdle(s *session, idleSince *time.Time) bool {
+	k.mu.Lock()
 	if s.dead || s.load() > 0 {
 		*idleSince = time.Now()
-		l.mu.Unlock()
+		k.mu.Unlock()
 		return false
 	}
-	if time.Since(*idleSince) < l.cfg.SessionIdleTimeout {
-		l.mu.Unlock()
+	if time.Since(*idleSince) < k.cfg.SessionIdleTimeout {
+		k.mu.Unlock()
 		return false
 	}
 	// No lock and nothing in flight: no caller can be routed here any more.
 	s.dead = true
-	l.removeSessionLocked(s)
+	k.removeSessionLocked(s)
 	close(s.stop)
-	l.mu.Unlock()
-	l.log.Debug("advisory: idle lock session closed", "session", s.id, "pid", s.pid)
-	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.QueryTimeout)
+	k.mu.Unlock()
+	k.log.Debug("pgfence: advisory: idle lock session closed", "session", s.id, "pid", s.pid)
+	ctx, cancel := context.WithTimeout(context.Background(), k.cfg.QueryTimeout)
 	defer cancel()
 	_ = s.conn.Close(ctx)
 	return true
@@ -282,34 +280,34 @@ func (l *Locker) retireIfIdle(s *session, idleSince *time.Time) bool {
 // cancelled with a cause matching pgfence.ErrLeaseLost) and the connection
 // is closed, which makes the server release whatever it still holds. The
 // caller holds s.sem. Nothing is re-acquired.
-func (l *Locker) failSession(s *session, cause error) {
-	l.mu.Lock()
+func (k *Locker) failSession(s *session, cause error) {
+	k.mu.Lock()
 	if s.dead {
-		l.mu.Unlock()
+		k.mu.Unlock()
 		return
 	}
 	s.dead = true
-	l.removeSessionLocked(s)
+	k.removeSessionLocked(s)
 	lostCause := fmt.Errorf("%w: advisory session (backend pid %d) ended: %w", pgfence.ErrLeaseLost, s.pid, cause)
 	n := len(s.locks)
 	// Tell the holders first, then close: when the session is still alive
 	// (a timeout), the server releases the locks only once it is closed.
-	for lk := range s.locks {
-		lk.state = stateLost
-		l.dropKeyRefLocked(lk.key.id)
-		lk.cancel(lostCause)
+	for l := range s.locks {
+		l.state = stateLost
+		k.dropKeyRefLocked(l.key.id)
+		l.cancel(lostCause)
 	}
 	clear(s.locks)
 	close(s.stop)
-	l.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.QueryTimeout)
+	k.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), k.cfg.QueryTimeout)
 	defer cancel()
 	if errors.Is(cause, pgfence.ErrClosed) {
 		// A deliberate close of a healthy session: release the locks
 		// before returning, so they are free for others when Close returns.
 		_, _ = s.conn.Exec(ctx, unlockAllSQL)
 	} else {
-		l.log.Warn("advisory: lock session lost", "session", s.id, "pid", s.pid, "locks", n, "error", cause)
+		k.log.Warn("pgfence: advisory: lock session lost", "session", s.id, "pid", s.pid, "locks", n, "error", cause)
 	}
 	_ = s.conn.Close(ctx)
 }

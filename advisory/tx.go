@@ -10,41 +10,42 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/hold"
 )
 
 // tryLockXactSQL takes the transaction-level exclusive advisory lock on $1
 // if no other transaction holds it and, only when granted, draws a fencing
 // token in the same statement (NULL when not granted).
-const tryLockXactSQL = `SELECT CASE WHEN pg_try_advisory_xact_lock($1) THEN pgfence_next_token() END`
+const tryLockXactSQL = `SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock($1) THEN %[1]s.pgfence_next_token() END`
 
 // tryLockXactSharedSQL is tryLockXactSQL for the shared lock on $1.
-const tryLockXactSharedSQL = `SELECT CASE WHEN pg_try_advisory_xact_lock_shared($1) THEN pgfence_next_token() END`
+const tryLockXactSharedSQL = `SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock_shared($1) THEN %[1]s.pgfence_next_token() END`
 
 // lockXactSQL waits for the transaction-level exclusive advisory lock on $1,
 // then draws a fencing token; the materialized CTE makes the lock come first.
-const lockXactSQL = `WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock($1)) SELECT pgfence_next_token() FROM l`
+const lockXactSQL = `WITH k AS MATERIALIZED (SELECT pg_catalog.pg_advisory_xact_lock($1)) SELECT %[1]s.pgfence_next_token() FROM k`
 
 // lockXactSharedSQL is lockXactSQL for the shared lock on $1.
-const lockXactSharedSQL = `WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared($1)) SELECT pgfence_next_token() FROM l`
+const lockXactSharedSQL = `WITH k AS MATERIALIZED (SELECT pg_catalog.pg_advisory_xact_lock_shared($1)) SELECT %[1]s.pgfence_next_token() FROM k`
 
 // setLockTimeoutSQL sets lock_timeout ($1, in milliseconds) for the rest of
 // the transaction (or until the savepoint is rolled back) and returns the
 // value it replaces.
-const setLockTimeoutSQL = `SELECT current_setting('lock_timeout'), set_config('lock_timeout', $1, true)`
+const setLockTimeoutSQL = `SELECT pg_catalog.current_setting('lock_timeout'), pg_catalog.set_config('lock_timeout', $1, true)`
 
 // restoreLockTimeoutSQL puts back the lock_timeout returned by
 // setLockTimeoutSQL, for the rest of the transaction.
-const restoreLockTimeoutSQL = `SELECT set_config('lock_timeout', $1, true)`
+const restoreLockTimeoutSQL = `SELECT pg_catalog.set_config('lock_timeout', $1, true)`
 
 // lockNotAvailable is the SQLSTATE of a lock wait ended by lock_timeout.
 const lockNotAvailable = "55P03"
 
-// TryLockTx takes the transaction-level advisory lock on key in tx if it is
+// TryAcquireTx takes the transaction-level advisory lock on key in tx if it is
 // free, and returns at once with its fencing token. The lock is released
 // when tx commits or rolls back; there is no unlock. It works behind
 // transaction-pooling proxies such as PgBouncer.
 //
-// When another transaction or session holds the lock, TryLockTx returns an
+// When another transaction or session holds the lock, TryAcquireTx returns an
 // error matching pgfence.ErrNotAcquired and tx is unchanged. Locks of one
 // transaction are re-entrant: taking the same key twice in tx succeeds
 // (with a new token). The token is drawn in the same statement, after the
@@ -59,62 +60,63 @@ const lockNotAvailable = "55P03"
 //
 // ctx is used as pgx uses it: if it ends during the statement, pgx closes
 // tx's connection, which ends tx and every lock in it.
-func TryLockTx(ctx context.Context, tx pgx.Tx, key Key, opts *LockOpts) (token int64, err error) {
-	if err := checkTx(tx, key); err != nil {
+//
+// The Locker is used only for its schema (its sequence draws the token): no
+// lock session is involved.
+func (k *Locker) TryAcquireTx(ctx context.Context, tx pgx.Tx, key Key, opts *AcquireOpts) (token int64, err error) {
+	if err := checkTx(tx, key, opts); err != nil {
 		return 0, err
 	}
-	q := tryLockXactSQL
+	q := k.sql.tryLockXact
 	if opts != nil && opts.Shared {
-		q = tryLockXactSharedSQL
+		q = k.sql.tryLockXactShared
 	}
 	var tok *int64
 	if err := tx.QueryRow(ctx, q, key.id).Scan(&tok); err != nil {
-		return 0, fmt.Errorf("advisory: lock %v in transaction: %w", key, err)
+		return 0, fmt.Errorf("pgfence: advisory: lock %v in transaction: %w", key, err)
 	}
 	if tok == nil {
-		return 0, fmt.Errorf("advisory: lock %v in transaction: %w", key, pgfence.ErrNotAcquired)
+		return 0, fmt.Errorf("pgfence: advisory: lock %v in transaction: %w", key, pgfence.ErrNotAcquired)
 	}
 	return *tok, nil
 }
 
-// LockTx waits in tx for the transaction-level advisory lock on key
+// AcquireTx waits in tx for the transaction-level advisory lock on key
 // (pg_advisory_xact_lock) and returns its fencing token, drawn after the
 // grant in the same statement. The lock is released when tx commits or
 // rolls back. It works behind transaction-pooling proxies such as PgBouncer.
-// As for [TryLockTx], the token is durable only once tx commits: fence only
+// As for [Locker.TryAcquireTx], the token is durable only once tx commits: fence only
 // writes made in tx with it. The server queues waiters and detects deadlocks between them (an error
 // with SQLSTATE 40P01, which aborts tx).
 //
-// With opts.WaitTimeout set, LockTx waits inside a savepoint with
+// With opts.WaitTimeout set, AcquireTx waits inside a savepoint with
 // lock_timeout set, and when it runs out returns an error matching
-// pgfence.ErrNotAcquired with tx still usable (the savepoint is rolled back
-// and lock_timeout is as before). Without it, LockTx waits until ctx ends;
-// then pgx closes tx's connection, which ends tx.
-func LockTx(ctx context.Context, tx pgx.Tx, key Key, opts *LockOpts) (token int64, err error) {
-	if err := checkTx(tx, key); err != nil {
+// pgfence.ErrNotAcquired and context.DeadlineExceeded with tx still usable
+// (the savepoint is rolled back and lock_timeout is as before). Without it,
+// AcquireTx waits until ctx ends; then pgx closes tx's connection, which
+// ends tx.
+func (k *Locker) AcquireTx(ctx context.Context, tx pgx.Tx, key Key, opts *AcquireOpts) (token int64, err error) {
+	if err := checkTx(tx, key, opts); err != nil {
 		return 0, err
 	}
-	var o LockOpts
+	var o AcquireOpts
 	if opts != nil {
 		o = *opts
 	}
-	if o.WaitTimeout < 0 {
-		return 0, fmt.Errorf("advisory: LockOpts.WaitTimeout is negative (%v)", o.WaitTimeout)
-	}
-	q := lockXactSQL
+	q := k.sql.lockXact
 	if o.Shared {
-		q = lockXactSharedSQL
+		q = k.sql.lockXactShared
 	}
 	if o.WaitTimeout == 0 {
 		if err := tx.QueryRow(ctx, q, key.id).Scan(&token); err != nil {
-			return 0, fmt.Errorf("advisory: lock %v in transaction: %w", key, err)
+			return 0, fmt.Errorf("pgfence: advisory: lock %v in transaction: %w", key, err)
 		}
 		return token, nil
 	}
 
 	sp, err := tx.Begin(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("advisory: lock %v in transaction: savepoint: %w", key, err)
+		return 0, fmt.Errorf("pgfence: advisory: lock %v in transaction: savepoint: %w", key, err)
 	}
 	ms := max(1, (o.WaitTimeout.Microseconds()+999)/1000)
 	var old, set string
@@ -132,17 +134,19 @@ func LockTx(ctx context.Context, tx pgx.Tx, key Key, opts *LockOpts) (token int6
 		_ = sp.Rollback(ctx)
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable {
-			return 0, fmt.Errorf("advisory: lock %v in transaction not acquired within %v: %w",
-				key, o.WaitTimeout, pgfence.ErrNotAcquired)
+			return 0, fmt.Errorf("pgfence: advisory: lock %v in transaction: %w", key, hold.TimedOut(o.WaitTimeout))
 		}
-		return 0, fmt.Errorf("advisory: lock %v in transaction: %w", key, err)
+		return 0, fmt.Errorf("pgfence: advisory: lock %v in transaction: %w", key, err)
 	}
 	return token, nil
 }
 
-func checkTx(tx pgx.Tx, key Key) error {
+func checkTx(tx pgx.Tx, key Key, opts *AcquireOpts) error {
 	if tx == nil {
-		return errors.New("advisory: nil transaction")
+		return errors.New("pgfence: advisory: nil transaction")
+	}
+	if err := checkOpts(opts); err != nil {
+		return err
 	}
 	return key.validate()
 }

@@ -53,7 +53,7 @@ const NotifyChannel = "pgfence_advisory_released"
 
 // interestObjIDSQL folds the bigint key $1 to the int4 second argument of
 // its interest key: the xor of its two halves, as a signed 32-bit integer.
-const interestObjIDSQL = `((($1::bigint # ($1::bigint >> 32)) & 4294967295) - 2147483648)::int4`
+const interestObjIDSQL = `((($1::pg_catalog.int8 # ($1::pg_catalog.int8 >> 32)) & 4294967295) - 2147483648)::pg_catalog.int4`
 
 // interestAfter is the poll pause from which a waiting Lock registers
 // interest: with pauses of 5, 10, 20, 40, 80ms..., after four failed
@@ -78,13 +78,13 @@ const notifyAfterHeld = 20 * time.Millisecond
 
 // takeInterestSQL takes a shared session lock on the interest key of each
 // key in $1, without waiting; it returns the keys whose lock was granted.
-const takeInterestSQL = `SELECT k FROM unnest($1::bigint[]) AS k ` +
-	`WHERE pg_try_advisory_lock_shared(` + interestClassIDText + `, (((k # (k >> 32)) & 4294967295) - 2147483648)::int4)`
+const takeInterestSQL = `SELECT k FROM pg_catalog.unnest($1::pg_catalog.int8[]) AS k ` +
+	`WHERE pg_catalog.pg_try_advisory_lock_shared(` + interestClassIDText + `, (((k # (k >> 32)) & 4294967295) - 2147483648)::pg_catalog.int4)`
 
 // dropInterestSQL releases one shared session lock on the interest key of
 // each key in $1.
-const dropInterestSQL = `SELECT count(*) FILTER (WHERE pg_advisory_unlock_shared(` + interestClassIDText +
-	`, (((k # (k >> 32)) & 4294967295) - 2147483648)::int4)) FROM unnest($1::bigint[]) AS k`
+const dropInterestSQL = `SELECT pg_catalog.count(*) FILTER (WHERE pg_catalog.pg_advisory_unlock_shared(` + interestClassIDText +
+	`, (((k # (k >> 32)) & 4294967295) - 2147483648)::pg_catalog.int4)) FROM pg_catalog.unnest($1::pg_catalog.int8[]) AS k`
 
 const interestClassIDText = "1885824631"
 
@@ -107,53 +107,53 @@ type waitReg struct {
 // LISTEN loop, starting it on first use, to take the interest lock. It
 // returns nil after Close or when Config.DisableListen is set. It never
 // waits for the database.
-func (l *Locker) register(id int64) *waitReg {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed || l.cfg.DisableListen {
+func (k *Locker) register(id int64) *waitReg {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed || k.cfg.DisableListen {
 		return nil
 	}
-	in := l.interests[id]
+	in := k.interests[id]
 	if in == nil {
 		in = &interest{armed: make(chan struct{}), wake: make(chan struct{})}
-		l.interests[id] = in
+		k.interests[id] = in
 	}
 	in.waiters++
-	if !l.listenStarted {
-		l.listenStarted = true
-		l.wg.Add(1)
-		go l.listen()
+	if !k.listenStarted {
+		k.listenStarted = true
+		k.wg.Add(1)
+		go k.listen()
 	}
-	l.kickLocked()
+	k.kickLocked()
 	return &waitReg{id: id, in: in}
 }
 
 // unregister drops a registration; the LISTEN loop releases the interest
 // lock once no waiter of this Locker needs it.
-func (l *Locker) unregister(r *waitReg) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+func (k *Locker) unregister(r *waitReg) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
 	r.in.waiters--
 	if r.in.waiters == 0 {
-		l.kickLocked()
+		k.kickLocked()
 	}
 }
 
 // channels returns the channels a registered waiter selects on: armed until
 // its interest lock is held, and the current wake channel.
-func (l *Locker) channels(r *waitReg) (armed, wake chan struct{}) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+func (k *Locker) channels(r *waitReg) (armed, wake chan struct{}) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
 	return r.in.armed, r.in.wake
 }
 
 // kickLocked interrupts the LISTEN loop's wait so that it applies changed
 // interests. The caller holds l.mu.
-func (l *Locker) kickLocked() {
-	l.listenDirty = true
-	if l.listenInterrupt != nil {
-		l.listenInterrupt()
-		l.listenInterrupt = nil
+func (k *Locker) kickLocked() {
+	k.listenDirty = true
+	if k.listenInterrupt != nil {
+		k.listenInterrupt()
+		k.listenInterrupt = nil
 	}
 }
 
@@ -165,37 +165,37 @@ func (in *interest) wakeLocked() {
 
 // errListenIdle ends listenOnce when no Lock has waited for
 // SessionIdleTimeout.
-var errListenIdle = errors.New("advisory: LISTEN connection idle")
+var errListenIdle = errors.New("pgfence: advisory: LISTEN connection idle")
 
 // listen keeps the LISTEN connection open until the Locker is closed, or
 // until no Lock has been registered for Config.SessionIdleTimeout (the next
 // registration starts it again), reconnecting with capped exponential
 // backoff when it fails.
-func (l *Locker) listen() {
-	defer l.wg.Done()
+func (k *Locker) listen() {
+	defer k.wg.Done()
 	const minBackoff, maxBackoff = 50 * time.Millisecond, 5 * time.Second
 	backoff := minBackoff
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		connected, err := l.listenOnce()
+		connected, err := k.listenOnce()
 		if errors.Is(err, errListenIdle) {
-			l.log.Debug("advisory: idle LISTEN connection closed")
+			k.log.Debug("pgfence: advisory: idle LISTEN connection closed")
 			return
 		}
-		l.disarmAll(connected)
-		if l.closeCtx.Err() != nil || l.stopListenIfUnused() {
+		k.disarmAll(connected)
+		if k.closeCtx.Err() != nil || k.stopListenIfUnused() {
 			return
 		}
 		if connected {
 			backoff = minBackoff
 		}
-		l.log.Warn("advisory: LISTEN connection failed; waiting Lock calls fall back to polling until it is back",
+		k.log.Warn("pgfence: advisory: LISTEN connection failed; waiting Lock calls fall back to polling until it is back",
 			"error", err, "retry_in", backoff)
 		timer.Reset(backoff/2 + rand.N(backoff/2+1))
 		select {
 		case <-timer.C:
-		case <-l.closeCtx.Done():
+		case <-k.closeCtx.Done():
 			return
 		}
 		backoff = min(2*backoff, maxBackoff)
@@ -205,12 +205,12 @@ func (l *Locker) listen() {
 // disarmAll records that no interest lock is held any more (the LISTEN
 // connection ended). When the connection had been listening, it wakes every
 // waiter, so each retries at once: a release may have gone unnoticed.
-func (l *Locker) disarmAll(wake bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.listenInterrupt = nil
-	l.listenDirty = true
-	for _, in := range l.interests {
+func (k *Locker) disarmAll(wake bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.listenInterrupt = nil
+	k.listenDirty = true
+	for _, in := range k.interests {
 		if in.held {
 			in.held = false
 			in.armed = make(chan struct{})
@@ -224,106 +224,106 @@ func (l *Locker) disarmAll(wake bool) {
 // listenOnce connects, listens and applies interests and notifications
 // until the connection fails or the Locker is closed. connected reports
 // whether LISTEN succeeded.
-func (l *Locker) listenOnce() (connected bool, err error) {
+func (k *Locker) listenOnce() (connected bool, err error) {
 	// The connection is the Locker's own, its notifications buffered for
 	// WaitForNotification; a wait ended by its context (to apply changed
 	// interests, or for a health check) leaves it usable (see
 	// listenconn.Config).
-	conn, err := listenconn.Open(l.closeCtx, l.listenConfig, NotifyChannel)
+	conn, err := listenconn.Open(k.closeCtx, k.listenConfig, NotifyChannel)
 	if err != nil {
 		return false, err
 	}
 	defer listenconn.Close(conn)
-	l.log.Debug("advisory: LISTEN connection ready", "channel", NotifyChannel)
+	k.log.Debug("pgfence: advisory: LISTEN connection ready", "channel", NotifyChannel)
 	for {
-		if err := l.applyInterests(conn); err != nil {
+		if err := k.applyInterests(conn); err != nil {
 			return true, err
 		}
-		n, err := l.nextNotification(conn)
+		n, err := k.nextNotification(conn)
 		if err != nil {
 			return true, err
 		}
 		if n != nil {
-			l.notified(n.Payload)
+			k.notified(n.Payload)
 		}
 	}
 }
 
 // notified wakes the waiters of the key named by payload.
-func (l *Locker) notified(payload string) {
+func (k *Locker) notified(payload string) {
 	id, err := strconv.ParseInt(payload, 10, 64)
 	if err != nil {
 		return
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if in := l.interests[id]; in != nil {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if in := k.interests[id]; in != nil {
 		in.wakeLocked()
 	}
 }
 
 // applyInterests takes the interest locks that waiters need and releases
 // those nobody needs any more, on the LISTEN connection.
-func (l *Locker) applyInterests(conn *pgx.Conn) error {
-	l.mu.Lock()
-	if !l.listenDirty {
-		l.mu.Unlock()
+func (k *Locker) applyInterests(conn *pgx.Conn) error {
+	k.mu.Lock()
+	if !k.listenDirty {
+		k.mu.Unlock()
 		return nil
 	}
-	l.listenDirty = false
+	k.listenDirty = false
 	var take, drop []int64
-	for id, in := range l.interests {
+	for id, in := range k.interests {
 		switch {
 		case in.waiters > 0 && !in.held:
 			take = append(take, id)
 		case in.waiters == 0 && in.held:
 			drop = append(drop, id)
 		case in.waiters == 0:
-			delete(l.interests, id)
+			delete(k.interests, id)
 		}
 	}
-	l.mu.Unlock()
+	k.mu.Unlock()
 
-	ctx, cancel := context.WithTimeout(l.closeCtx, l.cfg.QueryTimeout)
+	ctx, cancel := context.WithTimeout(k.closeCtx, k.cfg.QueryTimeout)
 	defer cancel()
 	if len(drop) > 0 {
 		var n int64
 		if err := conn.QueryRow(ctx, dropInterestSQL, drop).Scan(&n); err != nil {
-			return fmt.Errorf("advisory: release interest locks: %w", err)
+			return fmt.Errorf("pgfence: advisory: release interest locks: %w", err)
 		}
 		if n != int64(len(drop)) {
-			return fmt.Errorf("advisory: released %d of %d interest locks", n, len(drop))
+			return fmt.Errorf("pgfence: advisory: released %d of %d interest locks", n, len(drop))
 		}
-		l.mu.Lock()
+		k.mu.Lock()
 		for _, id := range drop {
-			in := l.interests[id]
+			in := k.interests[id]
 			in.held = false
 			in.armed = make(chan struct{})
 			if in.waiters == 0 {
-				delete(l.interests, id)
+				delete(k.interests, id)
 			} else {
 				// Registered again meanwhile: take it again.
-				l.listenDirty = true
+				k.listenDirty = true
 			}
 		}
-		l.mu.Unlock()
+		k.mu.Unlock()
 	}
 	if len(take) > 0 {
 		rows, err := conn.Query(ctx, takeInterestSQL, take)
 		if err != nil {
-			return fmt.Errorf("advisory: take interest locks: %w", err)
+			return fmt.Errorf("pgfence: advisory: take interest locks: %w", err)
 		}
 		granted, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 		if err != nil {
-			return fmt.Errorf("advisory: take interest locks: %w", err)
+			return fmt.Errorf("pgfence: advisory: take interest locks: %w", err)
 		}
-		l.mu.Lock()
+		k.mu.Lock()
 		for _, id := range granted {
-			in := l.interests[id]
+			in := k.interests[id]
 			in.held = true
 			close(in.armed)
 			if in.waiters == 0 {
-				l.listenDirty = true // dropped meanwhile: release it
+				k.listenDirty = true // dropped meanwhile: release it
 			}
 		}
 		if len(granted) < len(take) {
@@ -331,9 +331,9 @@ func (l *Locker) applyInterests(conn *pgx.Conn) error {
 			// statement for an instant, or by someone else using
 			// InterestClassID. Retry at the next check; the waiters
 			// poll meanwhile.
-			l.listenRetry = true
+			k.listenRetry = true
 		}
-		l.mu.Unlock()
+		k.mu.Unlock()
 	}
 	return nil
 }
@@ -343,57 +343,64 @@ func (l *Locker) applyInterests(conn *pgx.Conn) error {
 const listenRetryInterval = 20 * time.Millisecond
 
 // nextNotification waits for the next notification on conn. It returns
-// (nil, nil) when interests changed. Whenever nothing has arrived for
-// Config.CheckInterval, it checks the connection with a round trip bounded
-// by Config.QueryTimeout, and returns an error if the check fails.
-func (l *Locker) nextNotification(conn *pgx.Conn) (*pgconn.Notification, error) {
+// (nil, nil) when interests changed. It wakes every
+// Config.SessionCheckInterval to close the connection once no Lock waits,
+// and whenever nothing has arrived for Config.ListenCheckInterval it checks
+// the connection with a round trip bounded by Config.QueryTimeout, and
+// returns an error if the check fails.
+func (k *Locker) nextNotification(conn *pgx.Conn) (*pgconn.Notification, error) {
+	lastHeard := time.Now()
 	for {
-		l.mu.Lock()
-		if l.listenDirty {
-			l.mu.Unlock()
+		k.mu.Lock()
+		if k.listenDirty {
+			k.mu.Unlock()
 			return nil, nil
 		}
-		interval := l.cfg.CheckInterval
-		if l.listenRetry {
-			l.listenRetry = false
-			l.listenDirty = true
+		interval := k.cfg.SessionCheckInterval
+		if k.listenRetry {
+			k.listenRetry = false
+			k.listenDirty = true
 			interval = listenRetryInterval
 		}
-		ctx, cancel := context.WithTimeout(l.closeCtx, interval)
-		l.listenInterrupt = cancel
-		l.mu.Unlock()
+		ctx, cancel := context.WithTimeout(k.closeCtx, interval)
+		k.listenInterrupt = cancel
+		k.mu.Unlock()
 		n, err := conn.WaitForNotification(ctx)
 		interrupted := ctx.Err() != nil
 		cancel()
-		l.mu.Lock()
-		l.listenInterrupt = nil
-		dirty := l.listenDirty
-		l.mu.Unlock()
+		k.mu.Lock()
+		k.listenInterrupt = nil
+		dirty := k.listenDirty
+		k.mu.Unlock()
 		// A wait ended by its own context (the interval, or a change of
 		// interests) fails with a timeout or context error, and leaves
 		// the connection usable (see listenconn.Config).
 		ended := interrupted && (pgconn.Timeout(err) ||
 			errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded))
-		if err == nil || l.closeCtx.Err() != nil || !ended || conn.IsClosed() {
+		if err == nil || k.closeCtx.Err() != nil || !ended || conn.IsClosed() {
 			return n, err
 		}
 		if dirty {
 			return nil, nil
 		}
-		if l.retireListenIfIdle() {
+		if k.retireListenIfIdle() {
 			return nil, errListenIdle
 		}
+		if k.cfg.ListenCheckInterval < 0 || time.Since(lastHeard) < k.cfg.ListenCheckInterval {
+			continue
+		}
+		lastHeard = time.Now()
 		// Nothing arrived for an interval and the connection is still
 		// usable: check it. If the check times out, pgconn closes the
 		// connection, and listenconn.Close waits for that.
-		ctx, cancel = context.WithTimeout(l.closeCtx, l.cfg.QueryTimeout)
+		ctx, cancel = context.WithTimeout(k.closeCtx, k.cfg.QueryTimeout)
 		err = listenconn.Check(ctx, conn, NotifyChannel)
 		cancel()
 		if err != nil {
-			if l.closeCtx.Err() != nil {
+			if k.closeCtx.Err() != nil {
 				return nil, err
 			}
-			return nil, fmt.Errorf("advisory: health check of the LISTEN connection failed: %w", err)
+			return nil, fmt.Errorf("pgfence: advisory: health check of the LISTEN connection failed: %w", err)
 		}
 	}
 }
@@ -401,38 +408,38 @@ func (l *Locker) nextNotification(conn *pgx.Conn) (*pgconn.Notification, error) 
 // stopListenIfUnused forgets the interests no Lock waits for any more and,
 // when none is left, marks the LISTEN loop stopped (the next registration
 // starts a new one) and reports that it must end rather than reconnect.
-func (l *Locker) stopListenIfUnused() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for id, in := range l.interests {
+func (k *Locker) stopListenIfUnused() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for id, in := range k.interests {
 		if in.waiters == 0 {
-			delete(l.interests, id) // not held: disarmAll ran
+			delete(k.interests, id) // not held: disarmAll ran
 		}
 	}
-	if len(l.interests) > 0 {
+	if len(k.interests) > 0 {
 		return false
 	}
-	l.listenStarted = false
+	k.listenStarted = false
 	return true
 }
 
 // retireListenIfIdle reports whether the LISTEN connection has had no
 // interest for Config.SessionIdleTimeout; if so, the LISTEN loop is marked
 // stopped (the next registration starts a new one) and must end.
-func (l *Locker) retireListenIfIdle() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.interests) > 0 {
-		l.listenIdleSince = time.Time{}
+func (k *Locker) retireListenIfIdle() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if len(k.interests) > 0 {
+		k.listenIdleSince = time.Time{}
 		return false
 	}
-	if l.listenIdleSince.IsZero() {
-		l.listenIdleSince = time.Now()
+	if k.listenIdleSince.IsZero() {
+		k.listenIdleSince = time.Now()
 	}
-	if time.Since(l.listenIdleSince) < l.cfg.SessionIdleTimeout {
+	if time.Since(k.listenIdleSince) < k.cfg.SessionIdleTimeout {
 		return false
 	}
-	l.listenIdleSince = time.Time{}
-	l.listenStarted = false
+	k.listenIdleSince = time.Time{}
+	k.listenStarted = false
 	return true
 }

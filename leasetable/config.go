@@ -12,6 +12,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence"
 )
 
 // DefaultTTL is the lease time-to-live used when [Config].TTL is zero.
@@ -21,9 +23,9 @@ const DefaultTTL = 30 * time.Second
 // renewed reliably across a network round trip and a scheduling delay.
 const MinTTL = 100 * time.Millisecond
 
-// DefaultReleaseTimeout bounds [Lease.Release] (and the releases done by
-// [Locker.Close] and [Locker.Do]) when [Config].ReleaseTimeout is zero.
-const DefaultReleaseTimeout = 5 * time.Second
+// DefaultQueryTimeout bounds each statement the Locker runs on its own
+// (a renewal attempt, a release) when [Config].QueryTimeout is zero.
+const DefaultQueryTimeout = 5 * time.Second
 
 // MaxNameLength is the longest lease name, in bytes, that the lease table
 // accepts. The same limit applies to owner ids.
@@ -49,6 +51,10 @@ const NotifyChannel = "pgfence_lease_released"
 // documented default. [New] validates it and returns an error naming the bad
 // field; the caller's Config is never modified.
 type Config struct {
+	// Schema is the schema pgfence's migrations were applied to. Empty
+	// means [pgfence.DefaultSchema]. Every statement names it.
+	Schema string
+
 	// TTL is how long a lease stays held in the database after it was
 	// acquired or last renewed, judged on the database clock. Zero means
 	// [DefaultTTL]; it must be at least [MinTTL]. [AcquireOpts].TTL overrides
@@ -84,9 +90,13 @@ type Config struct {
 	// reconnects. Nil means silent.
 	Logger *slog.Logger
 
-	// ReleaseTimeout bounds each release statement. Zero means
-	// [DefaultReleaseTimeout].
-	ReleaseTimeout time.Duration
+	// QueryTimeout bounds each statement the Locker runs on its own behalf
+	// rather than within a caller's context: each renewal attempt (also
+	// never past the lease's local deadline), each release (also from
+	// [Locker.Close] and [Locker.Do]), and the give-back of a lease whose
+	// acquirer stopped waiting. A renewal attempt that times out is retried
+	// like a failed one. Zero means [DefaultQueryTimeout].
+	QueryTimeout time.Duration
 
 	// DisableListen turns off the LISTEN connection. Waiters in
 	// [Locker.Acquire] then retry at the holder's expiry time only, so a
@@ -132,29 +142,21 @@ type Config struct {
 	ListenCheckInterval time.Duration
 }
 
-// AcquireOpts are per-call choices for [Locker.TryAcquire],
-// [Locker.Acquire] and [Locker.Do]. A nil *AcquireOpts means all defaults.
-type AcquireOpts struct {
-	// TTL overrides the Locker's TTL for this lease. Zero means the Locker's
-	// TTL; otherwise it must be at least [MinTTL]. The lease is renewed at the
-	// same fraction of this TTL as configured for the Locker's TTL.
-	TTL time.Duration
-
-	// WaitTimeout bounds how long [Locker.Acquire] and [Locker.Do] wait for
-	// the lease, in addition to their context. When it elapses they return an
-	// error matching [pgfence.ErrNotAcquired] (and
-	// [context.DeadlineExceeded]). Zero means no bound beyond the context.
-	// TryAcquire ignores it.
-	WaitTimeout time.Duration
-
-	// AtLeast keeps the lease held for at least this long after it was
-	// acquired (on the database clock), even when it is released earlier:
-	// Release then leaves expires_at at acquired_at + AtLeast. This is
-	// ShedLock's lockAtLeastFor: a short scheduled job does not run a second
-	// time on a node whose schedule fires slightly later. Zero means release
-	// frees the lease at once.
-	AtLeast time.Duration
-}
+// The lease table honours these fields of [pgfence.AcquireOpts]:
+//
+//   - TTL overrides the Locker's TTL for this lease. Zero means the
+//     Locker's TTL; otherwise it must be at least [MinTTL]. The lease is
+//     renewed at the same fraction of this TTL as configured for the
+//     Locker's TTL.
+//   - WaitTimeout bounds how long [Locker.Acquire] and [Locker.Do] wait.
+//   - AtLeast keeps the lease held for at least this long after it was
+//     acquired (on the database clock), even when it is released earlier:
+//     Release then leaves expires_at at acquired_at + AtLeast. This is
+//     ShedLock's lockAtLeastFor: a short scheduled job does not run a
+//     second time on a node whose schedule fires slightly later.
+//
+// Shared is rejected: a lease has one holder.
+type AcquireOpts = pgfence.AcquireOpts
 
 // resolve returns a copy of c with defaults filled in, or an error naming
 // the first invalid field. ListenConnConfig, when set, is copied too, so
@@ -168,30 +170,30 @@ func (c *Config) resolve() (Config, error) {
 		s.TTL = DefaultTTL
 	}
 	if s.TTL < MinTTL {
-		return s, fmt.Errorf("leasetable: Config.TTL is %v; it must be at least %v (zero means %v)", s.TTL, MinTTL, DefaultTTL)
+		return s, fmt.Errorf("pgfence: leasetable: Config.TTL is %v; it must be at least %v (zero means %v)", s.TTL, MinTTL, DefaultTTL)
 	}
 	if s.RenewInterval < 0 {
-		return s, fmt.Errorf("leasetable: Config.RenewInterval is %v; it must not be negative", s.RenewInterval)
+		return s, fmt.Errorf("pgfence: leasetable: Config.RenewInterval is %v; it must not be negative", s.RenewInterval)
 	}
 	if s.RenewInterval == 0 {
 		s.RenewInterval = s.TTL / 3
 	}
 	if s.SafetyMargin < 0 {
-		return s, fmt.Errorf("leasetable: Config.SafetyMargin is %v; it must not be negative", s.SafetyMargin)
+		return s, fmt.Errorf("pgfence: leasetable: Config.SafetyMargin is %v; it must not be negative", s.SafetyMargin)
 	}
 	if s.SafetyMargin == 0 {
 		s.SafetyMargin = s.TTL / 10
 	}
 	if 2*s.RenewInterval+s.SafetyMargin > s.TTL {
-		return s, fmt.Errorf("leasetable: Config.TTL %v is too short for RenewInterval %v and SafetyMargin %v: "+
+		return s, fmt.Errorf("pgfence: leasetable: Config.TTL %v is too short for RenewInterval %v and SafetyMargin %v: "+
 			"it must be at least 2*RenewInterval + SafetyMargin so a failed renewal can be retried before the lease is given up",
 			s.TTL, s.RenewInterval, s.SafetyMargin)
 	}
-	if s.ReleaseTimeout < 0 {
-		return s, fmt.Errorf("leasetable: Config.ReleaseTimeout is %v; it must not be negative", s.ReleaseTimeout)
+	if s.QueryTimeout < 0 {
+		return s, fmt.Errorf("pgfence: leasetable: Config.QueryTimeout is %v; it must not be negative", s.QueryTimeout)
 	}
-	if s.ReleaseTimeout == 0 {
-		s.ReleaseTimeout = DefaultReleaseTimeout
+	if s.QueryTimeout == 0 {
+		s.QueryTimeout = DefaultQueryTimeout
 	}
 	if s.Owner == "" {
 		s.Owner = defaultOwner()
@@ -206,7 +208,7 @@ func (c *Config) resolve() (Config, error) {
 		s.ListenCheckInterval = DefaultListenCheckInterval
 	}
 	if s.ListenCheckInterval > 0 && s.ListenCheckInterval < minListenCheckInterval {
-		return s, fmt.Errorf("leasetable: Config.ListenCheckInterval is %v; it must be at least %v "+
+		return s, fmt.Errorf("pgfence: leasetable: Config.ListenCheckInterval is %v; it must be at least %v "+
 			"(zero means %v, a negative value turns the check off)",
 			s.ListenCheckInterval, minListenCheckInterval, DefaultListenCheckInterval)
 	}
@@ -228,16 +230,19 @@ func (c *Config) timing(o *AcquireOpts) (leaseTiming, error) {
 		return t, nil
 	}
 	if o.TTL < 0 {
-		return t, fmt.Errorf("leasetable: AcquireOpts.TTL is %v; it must not be negative (zero means the Locker's TTL)", o.TTL)
+		return t, fmt.Errorf("pgfence: leasetable: AcquireOpts.TTL is %v; it must not be negative (zero means the Locker's TTL)", o.TTL)
 	}
 	if o.TTL != 0 && o.TTL < MinTTL {
-		return t, fmt.Errorf("leasetable: AcquireOpts.TTL is %v; it must be at least %v", o.TTL, MinTTL)
+		return t, fmt.Errorf("pgfence: leasetable: AcquireOpts.TTL is %v; it must be at least %v", o.TTL, MinTTL)
 	}
 	if o.WaitTimeout < 0 {
-		return t, fmt.Errorf("leasetable: AcquireOpts.WaitTimeout is %v; it must not be negative", o.WaitTimeout)
+		return t, fmt.Errorf("pgfence: leasetable: AcquireOpts.WaitTimeout is %v; it must not be negative", o.WaitTimeout)
+	}
+	if o.Shared {
+		return t, errors.New("pgfence: leasetable: AcquireOpts.Shared is set; a lease has one holder (shared locks are advisory's)")
 	}
 	if o.AtLeast < 0 {
-		return t, fmt.Errorf("leasetable: AcquireOpts.AtLeast is %v; it must not be negative", o.AtLeast)
+		return t, fmt.Errorf("pgfence: leasetable: AcquireOpts.AtLeast is %v; it must not be negative", o.AtLeast)
 	}
 	t.atLeast = o.AtLeast
 	if o.TTL != 0 && o.TTL != c.TTL {
@@ -254,13 +259,13 @@ func (c *Config) timing(o *AcquireOpts) (leaseTiming, error) {
 func checkText(what, v string) error {
 	switch {
 	case v == "":
-		return fmt.Errorf("leasetable: %s is empty", what)
+		return fmt.Errorf("pgfence: leasetable: %s is empty", what)
 	case len(v) > MaxNameLength:
-		return fmt.Errorf("leasetable: %s is %d bytes long; at most %d are allowed", what, len(v), MaxNameLength)
+		return fmt.Errorf("pgfence: leasetable: %s is %d bytes long; at most %d are allowed", what, len(v), MaxNameLength)
 	case !utf8.ValidString(v):
-		return fmt.Errorf("leasetable: %s is not valid UTF-8", what)
+		return fmt.Errorf("pgfence: leasetable: %s is not valid UTF-8", what)
 	case strings.IndexByte(v, 0) >= 0:
-		return fmt.Errorf("leasetable: %s contains a NUL byte", what)
+		return fmt.Errorf("pgfence: leasetable: %s contains a NUL byte", what)
 	}
 	return nil
 }
@@ -279,4 +284,4 @@ func defaultOwner() string {
 	return owner
 }
 
-var errNilPool = errors.New("leasetable: pool is nil")
+var errNilPool = errors.New("pgfence: leasetable: pool is nil")

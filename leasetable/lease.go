@@ -3,10 +3,13 @@ package leasetable
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/hold"
 )
 
 type leaseState int
@@ -19,9 +22,11 @@ const (
 
 // Lease is a held lease: the right, while it lasts, to do the work its name
 // protects, and a fencing token to present to guarded writes. The Locker's
-// watchdog renews it in the background until it is released or lost.
+// watchdog renews it in the background until it is released or lost. It
+// satisfies [pgfence.Lease].
 //
-// The methods are safe for concurrent use.
+// The methods are safe for concurrent use, and Release is safe on a nil
+// *Lease.
 type Lease struct {
 	k      *Locker
 	name   string
@@ -42,19 +47,20 @@ type Lease struct {
 	dbReleased bool          // the release statement reached a definite outcome
 }
 
-func (k *Locker) newLease(name string, token int64, acquiredAt, sent time.Time, t leaseTiming) *Lease {
-	ctx, cancel := context.WithCancelCause(context.Background())
-	return &Lease{
+var _ pgfence.Lease = (*Lease)(nil)
+
+func (k *Locker) newLease(name string, rep acquireReply, t leaseTiming) *Lease {
+	l := &Lease{
 		k:          k,
 		name:       name,
-		token:      token,
+		token:      rep.token,
 		timing:     t,
-		ctx:        ctx,
-		cancel:     cancel,
-		acquiredAt: acquiredAt,
-		deadline:   sent.Add(t.ttl - t.margin),
-		nextRenew:  sent.Add(t.renewEvery),
+		acquiredAt: rep.acquiredAt,
+		deadline:   rep.sent.Add(t.ttl - t.margin),
+		nextRenew:  rep.sent.Add(t.renewEvery),
 	}
+	l.ctx, l.cancel = context.WithCancelCause(hold.Mark(context.Background(), k, name, l))
+	return l
 }
 
 // Name returns the lease name.
@@ -70,6 +76,16 @@ func (l *Lease) Token() int64 { return l.token }
 // AcquiredAt returns when the lease was acquired, on the database clock.
 func (l *Lease) AcquiredAt() time.Time { return l.acquiredAt }
 
+// Expiry returns the lease's local deadline, on the local clock: when the
+// last successful acquire or renewal request was sent, plus the TTL, minus
+// the safety margin. Unless a renewal succeeds first, the lease is lost
+// then (Done closes), before the database could grant it to anyone else.
+func (l *Lease) Expiry() time.Time {
+	l.k.mu.Lock()
+	defer l.k.mu.Unlock()
+	return l.deadline
+}
+
 // Done returns a channel that is closed when the lease is lost or released.
 // It is l.Context().Done().
 func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
@@ -77,7 +93,8 @@ func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 // Context returns a context that is cancelled when the lease is lost, with a
 // cause matching [pgfence.ErrLeaseLost], or released, with a cause matching
 // [pgfence.ErrNotHeld]. It is not derived from the context given to Acquire.
-// Derive the contexts of the protected work from it (or use [Locker.Do]).
+// Derive the contexts of the protected work from it (or use [Locker.Do]):
+// an Acquire of the same name under it returns [pgfence.ErrAlreadyHeld].
 func (l *Lease) Context() context.Context { return l.ctx }
 
 // Err returns nil while the lease is held; after it was lost, an error
@@ -86,24 +103,28 @@ func (l *Lease) Context() context.Context { return l.ctx }
 // matching [pgfence.ErrNotHeld].
 func (l *Lease) Err() error { return context.Cause(l.ctx) }
 
-var errReleased = fmt.Errorf("leasetable: lease was released: %w", pgfence.ErrNotHeld)
+var errReleased = fmt.Errorf("pgfence: leasetable: lease was released: %w", pgfence.ErrNotHeld)
 
 // Release gives the lease up: Done is closed, renewals stop, and the row is
 // expired in place if this lease still holds it (owner and token match and it
-// has not expired), which wakes waiters in other Lockers at once. With
-// [AcquireOpts].AtLeast the row stays held until acquired_at + AtLeast.
+// has not expired), which wakes waiters in this and other Lockers at once.
+// With [AcquireOpts].AtLeast the row stays held until acquired_at + AtLeast.
 //
 // Release returns an error matching [pgfence.ErrNotHeld] when the lease was
 // no longer held: it had been lost (locally or in the database). Then nothing
 // belonging to another owner is changed. After one call returned nil or
-// ErrNotHeld, later calls return nil. When the statement fails (for example
-// the database is unreachable), the error is returned and a later call tries
-// again; without one the lease simply expires after its TTL.
+// ErrNotHeld, later calls return nil, and so does a call on a nil *Lease.
+// When the statement fails (for example the database is unreachable), the
+// error is returned and a later call tries again; without one the lease
+// simply expires after its TTL.
 //
 // Release runs under context.WithoutCancel(ctx) bounded by
-// [Config].ReleaseTimeout, so it still works from a defer whose ctx has
+// [Config].QueryTimeout, so it still works from a defer whose ctx has
 // ended; ctx's values are kept.
 func (l *Lease) Release(ctx context.Context) error {
+	if l == nil {
+		return nil
+	}
 	return l.release(ctx, errReleased)
 }
 
@@ -123,7 +144,7 @@ func (l *Lease) release(ctx context.Context, cause error) error {
 	inflight := l.inflight
 	k.mu.Unlock()
 
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.cfg.ReleaseTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.cfg.QueryTimeout)
 	defer cancel()
 	if inflight != nil {
 		// Let a renewal that includes this lease finish first, so that it
@@ -131,25 +152,28 @@ func (l *Lease) release(ctx context.Context, cause error) error {
 		select {
 		case <-inflight:
 		case <-ctx.Done():
-			return fmt.Errorf("leasetable: release %q: waiting for a renewal: %w", l.name, ctx.Err())
+			return fmt.Errorf("pgfence: leasetable: release %q: waiting for a renewal: %w", l.name, ctx.Err())
 		}
 	}
 	held, err := k.releaseRow(ctx, l.name, l.token, l.timing.atLeast)
 	if err != nil {
-		return fmt.Errorf("leasetable: release %q (token %d): %w", l.name, l.token, err)
+		return fmt.Errorf("pgfence: leasetable: release %q (token %d): %w", l.name, l.token, err)
 	}
-	notHeld := !held
 	k.mu.Lock()
 	l.dbReleased = true
-	k.mu.Unlock()
-	if notHeld || !wasHeld {
-		return fmt.Errorf("leasetable: release %q (token %d): %w", l.name, l.token, pgfence.ErrNotHeld)
+	for w := range k.waiters[l.name] {
+		w.wake() // the row is free (or AtLeast-held) now
 	}
-	k.cfg.Logger.Debug("pgfence: leasetable: released", logAttrs(l)...)
+	k.mu.Unlock()
+	if !held || !wasHeld {
+		return fmt.Errorf("pgfence: leasetable: release %q (token %d): %w", l.name, l.token, pgfence.ErrNotHeld)
+	}
+	k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: released", logAttrs(l)...)
 	return nil
 }
 
-// endLocked ends a held lease: it is lost or released. k.mu must be held.
+// endLocked ends a held lease: it is lost or released. Waiters of this
+// Locker for the name are woken: it is free here. k.mu must be held.
 func (k *Locker) endLocked(l *Lease, state leaseState, cause error) {
 	if l.state != stateHeld {
 		return
@@ -159,7 +183,13 @@ func (k *Locker) endLocked(l *Lease, state leaseState, cause error) {
 		l.timer.Stop()
 	}
 	delete(k.leases, l)
+	if k.held[l.name] == l {
+		delete(k.held, l.name)
+	}
 	l.cancel(cause)
+	for w := range k.waiters[l.name] {
+		w.wake()
+	}
 	if state == stateLost {
 		k.cfg.Logger.Warn("pgfence: leasetable: lease lost", append(logAttrs(l), "cause", cause)...)
 	}
@@ -179,6 +209,103 @@ func (k *Locker) checkDeadline(l *Lease) {
 		return
 	}
 	k.endLocked(l, stateLost, fmt.Errorf(
-		"leasetable: lease %q (token %d): no successful renewal before the local deadline: %w",
+		"pgfence: leasetable: lease %q (token %d): no successful renewal before the local deadline: %w",
 		l.name, l.token, pgfence.ErrLeaseLost))
+}
+
+// releaseSQL gives a batch of leases up (%[1]s is the schema) through
+// pgfence_release, a SECURITY DEFINER function: owner-checked, only rows
+// with the name, owner and token that are still held, expired in place
+// (never deleted), and a notification on [NotifyChannel] for each one that
+// becomes free at once (delivered at commit). It returns the token of each
+// lease it released, and locks those rows.
+//
+// When every released row becomes free at once (no AtLeast keeps one held),
+// the transaction commits with synchronous_commit off: it does not wait for
+// its WAL to be flushed. The notifications make each such commit take a
+// database-wide lock until it completes, so waiting for the flush there
+// would serialise every release on the server behind the disk. Losing such
+// a release in a crash only keeps the lease held until its TTL ends; it can
+// never make a lease look free early, and whoever takes the freed row
+// commits durably, which flushes the release's WAL first. A release that
+// keeps a row held (AtLeast) commits durably.
+//
+// $1 names, $2 tokens, $3 AtLeast in microseconds (parallel arrays), $4
+// owner.
+const releaseSQL = `SELECT fence, durability FROM %[1]s.pgfence_release($1, $2, $3, $4)`
+
+// releaseReq is one caller's request to release a lease.
+type releaseReq struct {
+	ctx       context.Context
+	name      string
+	token     int64
+	atLeastUs int64
+	res       chan releaseReply // buffered(1)
+}
+
+// releaseReply is the outcome of one release request: held reports whether
+// the row was still this lease's and was released.
+type releaseReply struct {
+	held bool
+	err  error
+}
+
+// releaseRow releases one lease row through the Locker's batcher. It
+// reports whether the row was still held by the lease.
+func (k *Locker) releaseRow(ctx context.Context, name string, token int64, atLeast time.Duration) (bool, error) {
+	r := &releaseReq{ctx: ctx, name: name, token: token, atLeastUs: atLeast.Microseconds(), res: make(chan releaseReply, 1)}
+	k.releases.submit(r)
+	select {
+	case rep := <-r.res:
+		return rep.held, rep.err
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+}
+
+// failRelease answers one release request with err.
+func failRelease(r *releaseReq, err error) { r.res <- releaseReply{err: err} }
+
+// execReleases runs releaseSQL for batch and answers each request; on a
+// statement error it answers none and returns the error.
+func (k *Locker) execReleases(batch []*releaseReq) error {
+	slices.SortFunc(batch, func(a, b *releaseReq) int { return strings.Compare(a.name, b.name) })
+	names := make([]string, 0, len(batch))
+	tokens := make([]int64, 0, len(batch))
+	atLeast := make([]int64, 0, len(batch))
+	ctxs := make([]context.Context, 0, len(batch))
+	for _, r := range batch {
+		names = append(names, r.name)
+		tokens = append(tokens, r.token)
+		atLeast = append(atLeast, r.atLeastUs)
+		ctxs = append(ctxs, r.ctx)
+	}
+	// The callers' contexts are already detached from cancellation and
+	// bounded by the query timeout.
+	ctx, cancel := batchContext(context.Background(), ctxs)
+	defer cancel()
+	rows, err := k.pool.Query(ctx, k.sql.release, names, tokens, atLeast, k.cfg.Owner)
+	if err != nil {
+		return err
+	}
+	released := make(map[int64]bool, len(batch))
+	for rows.Next() {
+		var (
+			token      int64
+			durability *string
+		)
+		if err := rows.Scan(&token, &durability); err != nil {
+			rows.Close()
+			return err
+		}
+		released[token] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, r := range batch {
+		r.res <- releaseReply{held: released[r.token]}
+	}
+	return nil
 }

@@ -42,59 +42,33 @@ const pruneBatchSize = 5000
 // Prune batch waits for.
 const pruneWaitMax = 250 * time.Millisecond
 
-// pruneScanSQL reads one page of the table in name order: at most $2 rows
-// with names after $1 (through the primary key). It returns the page's last
-// name and its number of rows; the names and tokens of the page's rows that
-// expired more than $3 before the database's now(); and, only when there are
-// such rows, the virtual transaction ids of the other transactions that hold
-// a write lock (RowExclusiveLock) on pgfence_leases at this moment. Every
-// statement that puts a token into the table (an acquire, a force-release)
-// holds that lock from before it draws the token until it commits. It takes
-// no row locks; reading pg_locks briefly takes the lock manager's internal
-// locks.
-const pruneScanSQL = `
-WITH page AS (
-    SELECT name, fence, expires_at FROM pgfence_leases
-    WHERE name > $1
-    ORDER BY name
-    LIMIT $2
-), old AS (
-    SELECT name, fence FROM page WHERE expires_at < now() - $3::interval
-)
-SELECT (SELECT max(name) FROM page),
-       (SELECT count(*) FROM page),
-       ARRAY(SELECT name FROM old ORDER BY name),
-       ARRAY(SELECT fence FROM old ORDER BY name),
-       CASE WHEN EXISTS (SELECT FROM old) THEN ARRAY(
-           SELECT DISTINCT l.virtualtransaction FROM pg_locks l
-           WHERE l.locktype = 'relation'
-             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-             AND l.relation = 'pgfence_leases'::regclass
-             AND l.mode = 'RowExclusiveLock' AND l.granted
-             AND l.pid IS DISTINCT FROM pg_backend_pid())
-       END`
+// pruneScanSQL reads one page of the table in name order (%[1]s is the
+// schema) through pgfence_prune_scan, a SECURITY DEFINER function: at most
+// $2 rows with names after $1 (through the primary key). It returns the
+// page's last name and its number of rows; the names and tokens of the
+// page's rows that expired more than $3 before the database's now(); and,
+// only when there are such rows, the virtual transaction ids of the other
+// transactions that hold a write lock (RowExclusiveLock) on pgfence_leases
+// at this moment. Every statement that puts a token into the table (an
+// acquire, a force-release) holds that lock from before it draws the token
+// until it commits. It takes no row locks; reading pg_locks briefly takes
+// the lock manager's internal locks.
+const pruneScanSQL = `SELECT last_name, page_rows, names, tokens, vxids FROM %[1]s.pgfence_prune_scan($1, $2, $3)`
 
 // pruneRunningSQL reports whether any of the transactions $1 (virtual
 // transaction ids, as pg_locks shows them) is still running: a running
 // transaction holds at least the lock on its own virtual transaction id.
 // It takes no row locks.
-const pruneRunningSQL = `SELECT EXISTS (SELECT FROM pg_locks WHERE virtualtransaction = ANY($1::text[]))`
+const pruneRunningSQL = `SELECT EXISTS (SELECT FROM pg_catalog.pg_locks WHERE virtualtransaction = ANY($1::pg_catalog.text[]))`
 
-// pruneDeleteSQL deletes the rows named $1 whose token is still the one in
-// $2 (parallel arrays) and which still expired more than $3 before the
-// database's now(). It locks them FOR UPDATE first and skips every row
-// another transaction has locked (a lease-checked write's FOR SHARE, a
-// takeover in flight): such a row is left for a later Prune, and Prune
-// never waits behind a row lock. The candidates are collected first
-// (ARRAY), so the DELETE itself finds them through the primary key.
-const pruneDeleteSQL = `
-DELETE FROM pgfence_leases
-WHERE name = ANY(ARRAY(
-    SELECT p.name FROM pgfence_leases p
-    JOIN unnest($1::text[], $2::bigint[]) AS c(name, fence) ON c.name = p.name
-    WHERE p.fence = c.fence AND p.expires_at < now() - $3::interval
-    FOR UPDATE OF p SKIP LOCKED
-))`
+// pruneDeleteSQL deletes (through pgfence_prune_delete, a SECURITY
+// DEFINER function; %[1]s is the schema) the rows named $1 whose token is
+// still the one in $2 (parallel arrays) and which still expired more than $3
+// before the database's now(). It locks them FOR UPDATE first and skips
+// every row another transaction has locked (a lease-checked write's FOR
+// SHARE, a takeover in flight): such a row is left for a later Prune, and
+// Prune never waits behind a row lock. It returns how many it deleted.
+const pruneDeleteSQL = `SELECT %[1]s.pgfence_prune_delete($1, $2, $3)`
 
 // Prune deletes the rows of leases that expired (or were released) more
 // than olderThan ago, judged on the database's clock only (expires_at <
@@ -138,7 +112,7 @@ WHERE name = ANY(ARRAY(
 // Database errors are wrapped, also with the count so far.
 func (k *Locker) Prune(ctx context.Context, olderThan time.Duration) (int64, error) {
 	if olderThan < MinPruneAge {
-		return 0, fmt.Errorf("leasetable: prune: olderThan is %v; it must be at least MinPruneAge (%v)", olderThan, MinPruneAge)
+		return 0, fmt.Errorf("pgfence: leasetable: prune: olderThan is %v; it must be at least MinPruneAge (%v)", olderThan, MinPruneAge)
 	}
 	if err := k.checkOpen(); err != nil {
 		return 0, err
@@ -156,12 +130,12 @@ func (k *Locker) Prune(ctx context.Context, olderThan time.Duration) (int64, err
 		}
 		var (
 			last    *string
-			scanned int
+			scanned int64
 			names   []string
 			tokens  []int64
 			writers []string
 		)
-		err := k.pool.QueryRow(ctx, pruneScanSQL, after, pruneBatchSize, olderThan).Scan(&last, &scanned, &names, &tokens, &writers)
+		err := k.pool.QueryRow(ctx, k.sql.pruneScan, after, pruneBatchSize, olderThan).Scan(&last, &scanned, &names, &tokens, &writers)
 		if err != nil {
 			return deleted, pruneErr(ctx, deleted, err)
 		}
@@ -170,14 +144,12 @@ func (k *Locker) Prune(ctx context.Context, olderThan time.Duration) (int64, err
 			if err := k.waitForWriters(ctx, writers); err != nil {
 				return deleted, pruneErr(ctx, deleted, err)
 			}
-			tag, err := k.pool.Exec(ctx, pruneDeleteSQL, names, tokens, olderThan)
-			if err != nil {
+			if err := k.pool.QueryRow(ctx, k.sql.pruneDelete, names, tokens, olderThan).Scan(&n); err != nil {
 				return deleted, pruneErr(ctx, deleted, err)
 			}
-			n = tag.RowsAffected()
 			deleted += n
 		}
-		k.cfg.Logger.Debug("pgfence: leasetable: pruned a batch", "scanned", scanned, "deleted", n, "total", deleted)
+		k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: pruned a batch", "scanned", scanned, "deleted", n, "total", deleted)
 		if scanned < pruneBatchSize || last == nil {
 			return deleted, nil
 		}
@@ -203,7 +175,7 @@ func (k *Locker) waitForWriters(ctx context.Context, vxids []string) error {
 			return nil
 		}
 		if !logged {
-			k.cfg.Logger.Debug("pgfence: leasetable: prune waiting for transactions writing the lease table", "transactions", len(vxids))
+			k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: prune waiting for transactions writing the lease table", "transactions", len(vxids))
 			logged = true
 		}
 		timer.Reset(pause)
@@ -223,5 +195,5 @@ func pruneErr(ctx context.Context, deleted int64, err error) error {
 	if ctx.Err() != nil {
 		err = context.Cause(ctx)
 	}
-	return fmt.Errorf("leasetable: prune: stopped after deleting %d rows: %w", deleted, err)
+	return fmt.Errorf("pgfence: leasetable: prune: stopped after deleting %d rows: %w", deleted, err)
 }

@@ -258,7 +258,27 @@ func (s *Server) ensureTemplate(ctx context.Context) error {
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+ident); err != nil {
 		return fmt.Errorf("create template database: %w", err)
 	}
-	if err := migrator.Up(ctx, urlWithDatabase(s.AdminURL, s.template)); err != nil {
+	// Interim, until package migrations replaces internal/migrator: install
+	// into schema pgfence.
+	tconn, err := pgx.Connect(ctx, urlWithDatabase(s.AdminURL, s.template))
+	if err != nil {
+		return err
+	}
+	_, err = tconn.Exec(ctx, "CREATE SCHEMA pgfence")
+	_ = tconn.Close(ctx)
+	if err != nil {
+		return err
+	}
+	murl := urlWithDatabase(s.AdminURL, s.template)
+	switch {
+	case !strings.Contains(murl, "://"):
+		murl += " search_path=pgfence"
+	case strings.Contains(murl, "?"):
+		murl += "&search_path=pgfence"
+	default:
+		murl += "?search_path=pgfence"
+	}
+	if err := migrator.Up(ctx, murl); err != nil {
 		return fmt.Errorf("migrate template database: %w", err)
 	}
 	if _, err := conn.Exec(ctx, "ALTER DATABASE "+ident+" WITH IS_TEMPLATE true ALLOW_CONNECTIONS false"); err != nil {

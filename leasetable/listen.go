@@ -157,7 +157,7 @@ func (k *Locker) nextNotification(conn *pgx.Conn) (*pgconn.Notification, error) 
 			if k.closeCtx.Err() != nil {
 				return nil, err
 			}
-			return nil, fmt.Errorf("leasetable: health check of the LISTEN connection, "+
+			return nil, fmt.Errorf("pgfence: leasetable: health check of the LISTEN connection, "+
 				"silent for %v, failed (timeout %v): %w", interval, timeout, err)
 		}
 	}

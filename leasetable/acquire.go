@@ -1,0 +1,224 @@
+package leasetable
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/pgfence/pgfence"
+)
+
+// acquireSQL takes a batch of leases in one statement (%[1]s is the
+// schema), through pgfence_acquire, a SECURITY DEFINER function (the
+// application role cannot write the table itself). For each name it
+// inserts the missing row or takes over the row whose lease has expired
+// (expires_at <= now(), database clock), drawing a fresh token under the
+// row lock, in name order, so two batches over the same names cannot
+// deadlock with each other. It returns one row per name: the new lease
+// (true), or the current holder (false); no row when the holder committed
+// after the statement's snapshot. A failed attempt on a held lease draws no
+// token and locks nothing. Names must be distinct.
+//
+// $1 names, $2 owner, $3 TTLs in microseconds (parallel arrays).
+const acquireSQL = `SELECT acquired, name, owner, fence, acquired_at, expires_at, db_now FROM %[1]s.pgfence_acquire($1, $2, $3)`
+
+// try runs one acquire attempt (batched with concurrent attempts of this
+// Locker). It returns the lease when taken. Otherwise local reports that
+// another caller of this Locker holds it (its release wakes the waiters at
+// once), and retryIn how long to wait before the next attempt, judged from
+// the holder's expiry.
+func (k *Locker) try(ctx context.Context, name string, t leaseTiming) (l *Lease, local bool, retryIn time.Duration, err error) {
+	k.mu.Lock()
+	_, local = k.held[name]
+	k.mu.Unlock()
+	if local {
+		return nil, true, 0, nil
+	}
+	rep, err := k.submitAcquire(ctx, name, t)
+	if err == nil {
+		err = rep.err
+	}
+	if err != nil && ctx.Err() == nil && k.closeCtx.Err() != nil {
+		// Close cancelled the statement.
+		return nil, false, 0, fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, pgfence.ErrClosed)
+	}
+	if err != nil {
+		return nil, false, 0, fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, err)
+	}
+	if !rep.found {
+		// The holder committed after our snapshot: retry soon.
+		return nil, false, jitter(10*time.Millisecond, 50*time.Millisecond), nil
+	}
+	if !rep.acquired {
+		wait := max(rep.expiresAt.Sub(rep.dbNow), 0)
+		return nil, rep.owner == k.cfg.Owner, wait + jitter(time.Millisecond, min(50*time.Millisecond, t.ttl/10)), nil
+	}
+	l = k.newLease(name, rep, t)
+	if !k.adopt(l) {
+		// Closed while acquiring: give it straight back.
+		_ = l.release(ctx, errLostClosed)
+		return nil, false, 0, fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, pgfence.ErrClosed)
+	}
+	k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: acquired", "lease", name, "token", rep.token, "ttl", t.ttl)
+	return l, false, 0, nil
+}
+
+// adopt starts renewing l. It reports false when the Locker was closed.
+func (k *Locker) adopt(l *Lease) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed {
+		return false
+	}
+	k.leases[l] = struct{}{}
+	k.held[l.name] = l
+	l.timer = time.AfterFunc(time.Until(l.deadline), func() { k.checkDeadline(l) })
+	if !k.watchdogRunning {
+		k.watchdogRunning = true
+		k.background.Add(1)
+		go k.watchdog()
+	} else {
+		select {
+		case k.watchdogWake <- struct{}{}:
+		default:
+		}
+	}
+	return true
+}
+
+// acquireReq is one caller's request to acquire a lease.
+type acquireReq struct {
+	ctx   context.Context
+	name  string
+	ttlUs int64
+
+	mu        sync.Mutex
+	abandoned bool              // the caller stopped waiting
+	res       chan acquireReply // buffered(1)
+}
+
+// acquireReply is the outcome of one acquire request.
+type acquireReply struct {
+	found                 bool // a row came back
+	acquired              bool
+	owner                 string
+	token                 int64
+	acquiredAt, expiresAt time.Time
+	dbNow                 time.Time
+	sent                  time.Time // when the statement was sent
+	err                   error
+}
+
+// submitAcquire runs one acquire through the Locker's batcher and waits for
+// the reply or the end of ctx.
+func (k *Locker) submitAcquire(ctx context.Context, name string, t leaseTiming) (acquireReply, error) {
+	r := &acquireReq{ctx: ctx, name: name, ttlUs: t.ttl.Microseconds(), res: make(chan acquireReply, 1)}
+	k.acquires.submit(r)
+	select {
+	case rep := <-r.res:
+		return rep, nil
+	case <-ctx.Done():
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	select {
+	case rep := <-r.res:
+		return rep, nil
+	default:
+		r.abandoned = true
+		return acquireReply{}, ctx.Err()
+	}
+}
+
+// failAcquire answers one acquire request with err.
+func (k *Locker) failAcquire(r *acquireReq, err error) {
+	k.replyAcquires([]*acquireReq{r}, nil, time.Time{}, err)
+}
+
+// execAcquires runs acquireSQL for batch and answers each request; on a
+// statement error it answers none and returns the error. The statement's
+// context carries the values of the first request's context (for tracers)
+// and is cancelled once every caller in the batch stopped waiting.
+func (k *Locker) execAcquires(batch []*acquireReq) error {
+	// One request per name; the others learn the first one's outcome as
+	// "held" (by this Locker when the first one acquired it), exactly as
+	// if they had run just after it.
+	names := make([]string, 0, len(batch))
+	ttls := make([]int64, 0, len(batch))
+	seen := make(map[string]bool, len(batch))
+	ctxs := make([]context.Context, 0, len(batch))
+	for _, r := range batch {
+		ctxs = append(ctxs, r.ctx)
+		if !seen[r.name] {
+			seen[r.name] = true
+			names = append(names, r.name)
+			ttls = append(ttls, r.ttlUs)
+		}
+	}
+	ctx, cancel := batchContext(k.closeCtx, ctxs)
+	defer cancel()
+	sent := time.Now()
+	rows, err := k.pool.Query(ctx, k.sql.acquire, names, k.cfg.Owner, ttls)
+	if err != nil {
+		return err
+	}
+	got := make(map[string]acquireReply, len(names))
+	for rows.Next() {
+		var (
+			rep  acquireReply
+			name string
+		)
+		if err := rows.Scan(&rep.acquired, &name, &rep.owner, &rep.token, &rep.acquiredAt, &rep.expiresAt, &rep.dbNow); err != nil {
+			rows.Close()
+			return err
+		}
+		rep.found = true
+		got[name] = rep
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	k.replyAcquires(batch, got, sent, nil)
+	return nil
+}
+
+// replyAcquires answers every request in batch: with err when it is not
+// nil, else from got. A lease taken for a caller that stopped waiting is
+// given back at once. Only the first request for a name gets got's answer;
+// got is updated so that later ones find the lease held.
+func (k *Locker) replyAcquires(batch []*acquireReq, got map[string]acquireReply, sent time.Time, err error) {
+	for _, r := range batch {
+		rep := acquireReply{err: err}
+		if err == nil {
+			rep = got[r.name]
+			rep.sent = sent
+			held := rep
+			held.acquired = false
+			got[r.name] = held
+		}
+		r.mu.Lock()
+		if !r.abandoned {
+			r.res <- rep
+			r.mu.Unlock()
+			continue
+		}
+		r.mu.Unlock()
+		if rep.acquired {
+			k.giveBack(r.ctx, r.name, rep.token)
+		}
+	}
+}
+
+// giveBack releases a lease that was taken for a caller that stopped
+// waiting before it learnt of it, bounded by QueryTimeout; ctx (the
+// caller's) only lends its values.
+func (k *Locker) giveBack(ctx context.Context, name string, token int64) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.cfg.QueryTimeout)
+	defer cancel()
+	if _, err := k.releaseRow(ctx, name, token, 0); err != nil {
+		k.cfg.Logger.WarnContext(ctx, "pgfence: leasetable: giving back a lease whose acquirer stopped waiting failed; it expires after its TTL",
+			"lease", name, "token", token, "error", err)
+	}
+}

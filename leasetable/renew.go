@@ -1,0 +1,200 @@
+package leasetable
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/pgfence/pgfence"
+)
+
+// renewSQL extends a batch of leases in one statement (%[1]s is the
+// schema) through pgfence_renew, a SECURITY DEFINER function. A lease is
+// renewed only while it is still held by the same token: fence matches and
+// expires_at is still in the future on clock_timestamp() (judged when the
+// row lock is granted, not when the statement started), so an expired lease
+// is never resurrected; expires_at never moves backwards. It returns the
+// tokens renewed and locks the batch's rows, in name order.
+//
+// $1 names, $2 tokens, $3 TTLs in microseconds (parallel arrays).
+const renewSQL = `SELECT %[1]s.pgfence_renew($1, $2, $3)`
+
+// watchdog renews the Locker's leases until none are left or the Locker is
+// closed. When a lease is due, it and all leases due within half their
+// renewal interval are renewed together in one statement.
+func (k *Locker) watchdog() {
+	defer k.background.Done()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		k.mu.Lock()
+		if k.closed || len(k.leases) == 0 {
+			k.watchdogRunning = false
+			k.mu.Unlock()
+			return
+		}
+		// When a lease is due, renew it together with every lease that would
+		// be due within half its own interval.
+		now := time.Now()
+		var batch []*Lease
+		var next time.Time
+		due := false
+		for l := range k.leases {
+			if !l.nextRenew.After(now) {
+				due = true
+			}
+			if next.IsZero() || l.nextRenew.Before(next) {
+				next = l.nextRenew
+			}
+			if !l.nextRenew.After(now.Add(l.timing.renewEvery / 2)) {
+				batch = append(batch, l)
+			}
+		}
+		if !due {
+			batch = nil
+		}
+		k.mu.Unlock()
+		if len(batch) > 0 {
+			_, _ = k.renew(k.closeCtx, batch)
+			continue
+		}
+		timer.Reset(time.Until(next))
+		select {
+		case <-timer.C:
+		case <-k.watchdogWake:
+			timer.Stop() // Go 1.23+ timers: no stale tick is delivered after Stop
+		case <-k.closeCtx.Done():
+			return
+		}
+	}
+}
+
+// renew renews batch in one statement, bounded by QueryTimeout and the
+// last local deadline in the batch, with ctx's values and cancellation. A
+// lease the database no longer holds is lost; after a statement error the
+// leases stay held and are retried soon. It returns the statement's error
+// and the leases that were lost.
+func (k *Locker) renew(ctx context.Context, batch []*Lease) (lost map[*Lease]bool, err error) {
+	slices.SortFunc(batch, func(a, b *Lease) int { return strings.Compare(a.name, b.name) })
+	names := make([]string, 0, len(batch))
+	tokens := make([]int64, 0, len(batch))
+	ttls := make([]int64, 0, len(batch))
+	var lastDeadline time.Time
+	done := make(chan struct{})
+	k.mu.Lock()
+	for _, l := range batch {
+		if l.state != stateHeld {
+			continue
+		}
+		l.inflight = done
+		names = append(names, l.name)
+		tokens = append(tokens, l.token)
+		ttls = append(ttls, l.timing.ttl.Microseconds())
+		if l.deadline.After(lastDeadline) {
+			lastDeadline = l.deadline
+		}
+	}
+	k.mu.Unlock()
+	defer close(done)
+	if len(names) == 0 {
+		return nil, nil
+	}
+
+	// Past the last local deadline every lease in the batch is lost anyway.
+	sent := time.Now()
+	stmtDeadline := sent.Add(k.cfg.QueryTimeout)
+	if lastDeadline.Before(stmtDeadline) {
+		stmtDeadline = lastDeadline
+	}
+	ctx, cancel := context.WithDeadline(ctx, stmtDeadline)
+	defer cancel()
+	renewed := make(map[int64]bool, len(names))
+	rows, err := k.pool.Query(ctx, k.sql.renew, names, tokens, ttls)
+	if err == nil {
+		var token int64
+		for rows.Next() {
+			if err = rows.Scan(&token); err != nil {
+				break
+			}
+			renewed[token] = true
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+	}
+
+	if err != nil && k.closeCtx.Err() == nil {
+		k.cfg.Logger.WarnContext(ctx, "pgfence: leasetable: renewal failed; retrying until each lease's local deadline",
+			"leases", len(names), "error", err)
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, l := range batch {
+		if l.inflight == done {
+			l.inflight = nil
+		}
+		if l.state != stateHeld {
+			continue
+		}
+		switch {
+		case err != nil:
+			retry := max(10*time.Millisecond, min(l.timing.renewEvery/4, time.Second))
+			l.nextRenew = time.Now().Add(retry)
+		case renewed[l.token]:
+			l.deadline = sent.Add(l.timing.ttl - l.timing.margin)
+			l.nextRenew = sent.Add(l.timing.renewEvery)
+			k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: lease renewed", logAttrs(l)...)
+		default:
+			if lost == nil {
+				lost = make(map[*Lease]bool)
+			}
+			lost[l] = true
+			k.endLocked(l, stateLost, fmt.Errorf(
+				"pgfence: leasetable: lease %q (token %d) is no longer held in the database (expired or taken over): %w",
+				l.name, l.token, pgfence.ErrLeaseLost))
+		}
+	}
+	return lost, err
+}
+
+// Renew renews the lease now, in one statement bounded by ctx and
+// [Config].QueryTimeout, instead of waiting for the watchdog (which goes on
+// renewing it as before): for a long job about to start a step that must
+// not be interrupted, or to confirm the lease after a pause. On success the
+// database's expiry and [Lease.Expiry] move forward by the TTL from now.
+//
+// When the database no longer holds the lease (it expired or was taken
+// over), the lease is lost (Done closes) and Renew returns an error
+// matching [pgfence.ErrLeaseLost]. After a release or loss it returns
+// [Lease.Err] (matching [pgfence.ErrNotHeld] or ErrLeaseLost) without a
+// round trip. When the statement fails (the database is unreachable, or ctx
+// ended), the error is returned wrapped and the lease stays held: the
+// watchdog retries until the local deadline, as for any failed renewal.
+func (l *Lease) Renew(ctx context.Context) error {
+	if err := l.Err(); err != nil {
+		return err
+	}
+	k := l.k
+	k.mu.Lock()
+	inflight := l.inflight
+	k.mu.Unlock()
+	if inflight != nil {
+		// One renewal at a time per lease: wait for the watchdog's.
+		select {
+		case <-inflight:
+		case <-ctx.Done():
+			return fmt.Errorf("pgfence: leasetable: renew %q: %w", l.name, context.Cause(ctx))
+		}
+	}
+	lost, err := k.renew(ctx, []*Lease{l})
+	switch {
+	case lost[l]:
+		return l.Err()
+	case err != nil:
+		return fmt.Errorf("pgfence: leasetable: renew %q (token %d): %w", l.name, l.token, err)
+	}
+	return l.Err()
+}

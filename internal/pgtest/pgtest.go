@@ -40,7 +40,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
-	"github.com/pgfence/pgfence/internal/migrator"
 	"github.com/pgfence/pgfence/migrations"
 )
 
@@ -211,10 +210,13 @@ func (s *Server) close() {
 	s.stop()
 }
 
-// migrationsHash names the template after the migrations it holds, so a
-// shared server never serves a template from other migrations.
+// migrationsHash names the template after the migrations it holds and the
+// schema they are installed in, so a shared server never serves a template
+// from other migrations or another layout.
 func migrationsHash() string {
 	h := sha256.New()
+	// The template has pgfence in the default schema (pgfence.DefaultSchema).
+	fmt.Fprintf(h, "schema\x00%s\x00", "pgfence")
 	_ = fs.WalkDir(migrations.FS, ".", func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
@@ -258,27 +260,10 @@ func (s *Server) ensureTemplate(ctx context.Context) error {
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+ident); err != nil {
 		return fmt.Errorf("create template database: %w", err)
 	}
-	// Interim, until package migrations replaces internal/migrator: install
-	// into schema pgfence.
-	tconn, err := pgx.Connect(ctx, urlWithDatabase(s.AdminURL, s.template))
+	// Into the default schema, pgfence.DefaultSchema.
+	err = migrations.Up(ctx, migrations.Target{URL: urlWithDatabase(s.AdminURL, s.template)},
+		&migrations.Config{Schema: "pgfence"})
 	if err != nil {
-		return err
-	}
-	_, err = tconn.Exec(ctx, "CREATE SCHEMA pgfence")
-	_ = tconn.Close(ctx)
-	if err != nil {
-		return err
-	}
-	murl := urlWithDatabase(s.AdminURL, s.template)
-	switch {
-	case !strings.Contains(murl, "://"):
-		murl += " search_path=pgfence"
-	case strings.Contains(murl, "?"):
-		murl += "&search_path=pgfence"
-	default:
-		murl += "?search_path=pgfence"
-	}
-	if err := migrator.Up(ctx, murl); err != nil {
 		return fmt.Errorf("migrate template database: %w", err)
 	}
 	if _, err := conn.Exec(ctx, "ALTER DATABASE "+ident+" WITH IS_TEMPLATE true ALLOW_CONNECTIONS false"); err != nil {

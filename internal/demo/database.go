@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgfence/pgfence/internal/migrator"
+	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/internal/pgserver"
 )
 
@@ -91,12 +91,13 @@ const dropSchemaSQL = `DROP SCHEMA IF EXISTS pgfence_demo CASCADE`
 // AccountsTable is the demo's table, schema-qualified.
 var AccountsTable = pgx.Identifier{"pgfence_demo", "accounts"}
 
-// Prepare applies pgfence's migrations to the database at url, creates the
-// demo's schema pgfence_demo with the table accounts(id, balance,
-// fence_token), and sets account [AccountID] to [InitialBalance] with token
-// 0. Running it again resets the account.
-func Prepare(ctx context.Context, url string) error {
-	if err := migrator.Up(ctx, url); err != nil {
+// Prepare applies pgfence's migrations to the schema schema (empty means
+// pgfence.DefaultSchema) of the database at url, creates the demo's schema
+// pgfence_demo with the table accounts(id, balance, fence_token), and sets
+// account [AccountID] to [InitialBalance] with token 0. Running it again
+// resets the account.
+func Prepare(ctx context.Context, url, schema string) error {
+	if err := migrations.Up(ctx, migrations.Target{URL: url}, &migrations.Config{Schema: schema}); err != nil {
 		return err
 	}
 	conn, err := pgx.Connect(ctx, url)

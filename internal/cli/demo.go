@@ -174,7 +174,7 @@ type demoRun struct {
 	pool     *pgxpool.Pool
 	locker   *leasetable.Locker // reads the lease's holder
 	lastTok  int64              // the last token a worker acquired
-	guard    *pgx.Conn // holds demoLockKey on a given database
+	guard    *pgx.Conn          // holds demoLockKey on a given database
 	workers  []*demo.Worker
 	cleaned  bool
 }

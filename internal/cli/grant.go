@@ -64,6 +64,10 @@ func (a *App) grant(ctx context.Context, args []string) error {
 		return err
 	}
 	if err := migrations.Grant(ctx, target, role, &migrations.Config{Schema: schema}, opts); err != nil {
+		if ctx.Err() != nil {
+			// ctx ends on the first SIGINT or SIGTERM (see Main).
+			return fmt.Errorf("interrupted: %w; nothing was granted", err)
+		}
 		return explainSchemaError(err, schema)
 	}
 	what := "use of"

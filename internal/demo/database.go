@@ -7,8 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/internal/pgserver"
+	"github.com/pgfence/pgfence/migrations"
 )
 
 // DatabaseName is the database the demo creates on a throwaway cluster.

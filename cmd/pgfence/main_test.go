@@ -95,6 +95,8 @@ func TestHelp(t *testing.T) {
 		{[]string{"prune", "--help"}, "pgfence prune [flags]"},
 		{[]string{"migrate", "--help"}, "pgfence migrate [flags] up|down|version"},
 		{[]string{"version", "--help"}, "pgfence version"},
+		{[]string{"grant", "--help"}, "pgfence grant [flags] ROLE"},
+		{[]string{"ls", "--help"}, "--schema NAME"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

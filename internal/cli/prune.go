@@ -12,13 +12,13 @@ const pruneHelp = `
 Usage:
   pgfence prune [flags]
 
-Deletes the rows of <schema>.pgfence_leases whose lease expired or was released more
-than --older-than ago (default 24h), judged on the database's clock. A lease
-table keeps one row per lease name ever used, so a service that takes a lease
-per entity ("account:42" for every account) grows it by a row per name; run
-this from cron to bound it. Held leases and rows that expired more recently
-are never touched, and rows another transaction has locked are left for the
-next run.
+Deletes the rows of <schema>.pgfence_leases whose lease expired or was
+released more than --older-than ago (default 24h), judged on the database's
+clock. A lease table keeps one row per lease name ever used, so a service
+that takes a lease per entity ("account:42" for every account) grows it by a
+row per name; run this from cron to bound it. Held leases and rows that
+expired more recently are never touched, and rows another transaction has
+locked are left for the next run.
 
 It works in batches of a few thousand rows, each its own short statement.
 Before deleting a batch it waits for the transactions that were writing

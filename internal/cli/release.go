@@ -97,7 +97,7 @@ func (a *App) release(ctx context.Context, args []string) error {
 	}
 	state := "not held now"
 	if held {
-		state = fmt.Sprintf("held by %q with token %d, expires %s", info.Owner, info.Token, info.ExpiresAt.Local().Format("15:04:05"))
+		state = fmt.Sprintf("held by %q with token %d, expires %s", info.Owner, info.Token, info.ExpiresAt.Local().Format("15:04:05 (database clock)"))
 	}
 	if err := a.confirm(fmt.Sprintf("Lease %q is %s.\nForce-release it? Its holder will be fenced out.", name, state), yes); err != nil {
 		return err

@@ -1,97 +1,88 @@
 package pgserver
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
 	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
 
-// recorderEnv makes the test binary a signal recorder: it prints "ready",
-// records every signal it gets, and when SIGUSR1 arrives prints the names of
-// all it got, in order, and exits.
-const recorderEnv = "PGSERVER_TEST_SIGNAL_RECORDER"
-
 func TestMain(m *testing.M) {
-	if os.Getenv(recorderEnv) == "1" {
-		recordSignals()
-		return
-	}
 	goleak.VerifyTestMain(m)
 }
 
-func recordSignals() {
-	ch := make(chan os.Signal, 16)
-	signal.Notify(ch, syscall.SIGQUIT, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR1)
-	fmt.Println("ready")
-	var got []string
-	for s := range ch {
-		got = append(got, s.(syscall.Signal).String())
-		if s == syscall.SIGUSR1 {
-			fmt.Println(strings.Join(got, ","))
-			os.Exit(0)
-		}
-	}
-}
-
-// recorder is a process this test started whose /proc/PID/comm is
-// "postgres" (it is the test binary run through a symbolic link of that
-// name), so it passes the old rule's name check, and which reports every
-// signal it receives.
-type recorder struct {
+// victim is a process this test started and stopped (SIGSTOP), named
+// "postgres" in /proc/PID/comm (it is sleep run through a symbolic link of
+// that name), so it passes the old rule's name check. A stopped process
+// takes no signal off its queue but SIGKILL and SIGCONT, so any other
+// signal sent to it stays pending, where /proc shows it at once; SIGKILL
+// or SIGCONT would change its state from T. Whether it was signalled is
+// thus read without waiting for anything.
+type victim struct {
 	cmd *exec.Cmd
-	out *bufio.Reader
 }
 
-func startRecorder(t *testing.T) *recorder {
+func startVictim(t *testing.T) *victim {
 	t.Helper()
-	self, err := os.Executable()
+	sleep, err := exec.LookPath("sleep")
 	require.NoError(t, err)
 	link := filepath.Join(t.TempDir(), "postgres")
-	require.NoError(t, os.Symlink(self, link))
-	cmd := exec.Command(link, "-test.run=^$")
-	cmd.Env = append(os.Environ(), recorderEnv+"=1")
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
+	require.NoError(t, os.Symlink(sleep, link))
+	cmd := exec.Command(link, "600")
 	require.NoError(t, cmd.Start())
-	r := &recorder{cmd: cmd, out: bufio.NewReader(stdout)}
+	v := &victim{cmd: cmd}
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
-	line, err := r.out.ReadString('\n')
-	require.NoError(t, err)
-	require.Equal(t, "ready\n", line)
-	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", cmd.Process.Pid))
+	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", v.pid()))
 	require.NoError(t, err)
 	require.Equal(t, "postgres", strings.TrimSpace(string(comm)))
-	return r
+	require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
+	require.Eventually(t, func() bool { s, _ := v.status(t); return s == "T" }, time.Minute, time.Millisecond,
+		"the victim stops")
+	return v
 }
 
-func (r *recorder) pid() int { return r.cmd.Process.Pid }
+func (v *victim) pid() int { return v.cmd.Process.Pid }
 
-// signals ends the recorder with SIGUSR1 and returns every signal it got.
-// Standard signals pending together are delivered lowest number first, so
-// a SIGQUIT, SIGINT, SIGHUP or SIGTERM sent before is reported before
-// SIGUSR1.
-func (r *recorder) signals(t *testing.T) string {
+// status returns the victim's state letter and its pending signals, as
+// /proc/PID/status shows them (the thread's and the process's, ORed).
+func (v *victim) status(t *testing.T) (state string, pending uint64) {
 	t.Helper()
-	require.NoError(t, r.cmd.Process.Signal(syscall.SIGUSR1))
-	line, err := r.out.ReadString('\n')
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", v.pid()))
 	require.NoError(t, err)
-	require.NoError(t, r.cmd.Wait())
-	return strings.TrimSpace(line)
+	for _, line := range strings.Split(string(b), "\n") {
+		k, val, _ := strings.Cut(line, ":")
+		val = strings.TrimSpace(val)
+		switch k {
+		case "State":
+			state = val[:1]
+		case "SigPnd", "ShdPnd":
+			n, err := strconv.ParseUint(val, 16, 64)
+			require.NoError(t, err)
+			pending |= n
+		}
+	}
+	return state, pending
+}
+
+// requireUnsignalled checks that no signal reached the victim.
+func (v *victim) requireUnsignalled(t *testing.T) {
+	t.Helper()
+	state, pending := v.status(t)
+	require.Equal(t, "T", state, "still stopped: no SIGKILL or SIGCONT")
+	require.Zero(t, pending, "no signal pending")
 }
 
 // deadPid returns the pid of a process that has exited.
@@ -173,28 +164,31 @@ func TestRemoveStaleDirsLeavesAnotherUsersDirectoryAlone(t *testing.T) {
 	gid, _ := strconv.Atoi(nobody.Gid)
 
 	parent := t.TempDir()
-	victim := startRecorder(t)
-	dir := plant(t, parent, victim.pid())
+	v := startVictim(t)
+	dir := plant(t, parent, v.pid())
 	chownTree(t, dir, uid, gid)
 
-	require.Equal(t, victim.pid(), oldRuleWouldSignal(dir), "negative control: the old rule signals this process")
+	require.Equal(t, v.pid(), oldRuleWouldSignal(dir), "negative control: the old rule signals this process")
 	require.Error(t, staleDir(dir, serverUIDForTest(t)))
 
 	removeStaleDirs(parent)
 
 	require.DirExists(t, dir, "another user's directory is not removed")
-	require.Equal(t, "user defined signal 1", victim.signals(t), "the process got no signal from pgserver")
+	v.requireUnsignalled(t)
 }
 
-// The harness detects a signal: the old rule's action, applied to the same
-// kind of planted directory, shows up in the recorder.
-func TestRecorderSeesTheOldRulesSignal(t *testing.T) {
-	victim := startRecorder(t)
-	dir := plant(t, t.TempDir(), victim.pid())
+// The check detects a signal: the old rule's action, applied to the same
+// kind of planted directory, leaves SIGQUIT pending on the victim.
+func TestVictimShowsTheOldRulesSignal(t *testing.T) {
+	t.Parallel()
+	v := startVictim(t)
+	dir := plant(t, t.TempDir(), v.pid())
 	pid := oldRuleWouldSignal(dir)
-	require.Equal(t, victim.pid(), pid)
+	require.Equal(t, v.pid(), pid)
 	require.NoError(t, syscall.Kill(pid, syscall.SIGQUIT)) // what the old code did
-	require.Equal(t, "quit,user defined signal 1", victim.signals(t))
+	state, pending := v.status(t)
+	require.Equal(t, "T", state)
+	require.Equal(t, uint64(1)<<(syscall.SIGQUIT-1), pending, "SIGQUIT is pending")
 }
 
 func serverUIDForTest(t *testing.T) int {
@@ -210,7 +204,7 @@ func serverUIDForTest(t *testing.T) int {
 func TestRemoveStaleDirsOwnLeftovers(t *testing.T) {
 	parent := t.TempDir()
 	gone := plant(t, parent, deadPid(t))
-	running := startRecorder(t)
+	running := startVictim(t)
 	live := plant(t, parent, running.pid())
 	uid := os.Geteuid()
 	for _, d := range []string{gone, live} {
@@ -232,7 +226,7 @@ func TestRemoveStaleDirsOwnLeftovers(t *testing.T) {
 
 	require.NoDirExists(t, gone, "a leftover whose creator and server are gone is removed")
 	require.DirExists(t, live, "a leftover with a live postmaster.pid is left alone")
-	require.Equal(t, "user defined signal 1", running.signals(t))
+	running.requireUnsignalled(t)
 }
 
 func TestStaleDirPredicate(t *testing.T) {

@@ -80,7 +80,7 @@ const demoTTL = 2 * time.Second
 const demoStepTimeout = time.Minute
 
 // The demo account's row. Locks nothing.
-const demoAccountSQL = `SELECT balance, fence_token FROM pgfence_demo.accounts WHERE id = $1`
+const demoAccountSQL = `SELECT balance, fence_token FROM pgfence_demo.accounts WHERE id OPERATOR(pg_catalog.=) $1`
 
 func (a *App) demo(ctx context.Context, args []string) (err error) {
 	var database, schema string

@@ -31,11 +31,11 @@ const envDemoSchema = "PGFENCE_DEMO_SCHEMA"
 const demoAcquireTimeout = 30 * time.Second
 
 // Reads the demo account (pgfence_demo.accounts). Locks nothing.
-const demoReadSQL = `SELECT balance FROM pgfence_demo.accounts WHERE id = $1`
+const demoReadSQL = `SELECT balance FROM pgfence_demo.accounts WHERE id OPERATOR(pg_catalog.=) $1`
 
 // The unfenced write the demo contrasts with the fenced one: a plain UPDATE
 // of the account row (row lock only), as most code writes it.
-const demoPlainWriteSQL = `UPDATE pgfence_demo.accounts SET balance = $1 WHERE id = $2`
+const demoPlainWriteSQL = `UPDATE pgfence_demo.accounts SET balance = $1 WHERE id OPERATOR(pg_catalog.=) $2`
 
 // demoWrite is the fenced write: the same UPDATE, guarded by the token.
 var demoWrite = fence.UpdateIdent(demo.AccountsTable).Set("balance = $1").Where("id = $2")

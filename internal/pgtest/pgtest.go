@@ -4,8 +4,11 @@
 //
 //  1. PGFENCE_TEST_DATABASE_URL: an existing server; the role needs CREATEDB.
 //  2. Local server binaries (PG_BINDIR, PATH, /usr/lib/postgresql/*/bin):
-//     a throwaway cluster in a temporary directory on a free port, run as the
-//     postgres user when the tests run as root.
+//     a throwaway cluster from package pgserver in a private temporary
+//     directory on a free port, run as the postgres user when the tests run
+//     as root. It listens on its socket there (trust) and on 127.0.0.1,
+//     where it requires a random password (scram-sha-256) that the URLs
+//     the harness hands out carry.
 //  3. Docker, through testcontainers' postgres module.
 //
 // When none works the test fails with a message naming all three.

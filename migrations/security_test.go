@@ -323,6 +323,10 @@ func TestAppRoleDenied(t *testing.T) {
 	require.NoError(t, err)
 	_, err = connAs(t, db, operator).Exec(testCtx(t), "SELECT * FROM pgfence.pgfence_force_release('x', 'because'); SELECT * FROM pgfence.pgfence_forced_releases")
 	require.NoError(t, err)
+
+	// The grants do not keep the owner from removing everything.
+	require.NoError(t, migrations.Down(testCtx(t), migrations.Target{ConnConfig: as(t, db, owner)}, nil))
+	require.Empty(t, objectsIn(t, db, "pgfence"))
 }
 
 func TestNextTokenRefusesSequenceSettings(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -44,11 +45,20 @@ func newRoles(t *testing.T, prefixes ...string) []string {
 	defer func() { _ = admin.Close(context.Background()) }()
 	var rnd [4]byte
 	_, _ = rand.Read(rnd[:])
+	// Over TCP the test server asks for a password (the postgres role's,
+	// which TCPURL carries); the roles get the same one, so that asTCP can
+	// log them in there too.
+	tcp, err := pgx.ParseConfig(srv.TCPURL)
+	require.NoError(t, err)
 	names := make([]string, 0, len(prefixes))
 	for _, p := range prefixes {
 		name := fmt.Sprintf("pgf_%s_%s", p, hex.EncodeToString(rnd[:]))
 		_, err := admin.Exec(ctx, "CREATE ROLE "+pgx.Identifier{name}.Sanitize()+" LOGIN")
 		require.NoError(t, err)
+		if tcp.Password != "" {
+			_, err := admin.Exec(ctx, "ALTER ROLE "+pgx.Identifier{name}.Sanitize()+" PASSWORD "+quoteLiteral(tcp.Password))
+			require.NoError(t, err)
+		}
 		names = append(names, name)
 	}
 	t.Cleanup(func() {
@@ -81,8 +91,21 @@ func emptyDB(t *testing.T) *pgtest.DB {
 	return db
 }
 
+// quoteLiteral quotes s as an SQL string literal.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// asTCP is as over TCP, for tests that need a client address; the role
+// must come from newRoles.
+func asTCP(t *testing.T, db *pgtest.DB, role string) *pgx.ConnConfig {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(db.TCPURL)
+	require.NoError(t, err)
+	cfg.User = role
+	return cfg
+}
+
 // as returns the connection configuration of db for role (the test servers
-// trust every local role).
+// trust every role on their private socket).
 func as(t *testing.T, db *pgtest.DB, role string) *pgx.ConnConfig {
 	t.Helper()
 	cfg, err := pgx.ParseConfig(db.URL)
@@ -114,8 +137,8 @@ func exec(t *testing.T, db *pgtest.DB, sqls ...string) {
 func cliMigrate(t *testing.T, db *pgtest.DB, role, schema string) *migrate.Migrate {
 	t.Helper()
 	cfg := as(t, db, role)
-	u := fmt.Sprintf("pgx5://%s@%s:%d/%s?sslmode=disable&search_path=%s&x-migrations-table=%s",
-		url.PathEscape(role), cfg.Host, cfg.Port, url.PathEscape(cfg.Database), url.QueryEscape(schema), migrations.Table)
+	u := fmt.Sprintf("pgx5://%s@/%s?host=%s&port=%d&sslmode=disable&search_path=%s&x-migrations-table=%s",
+		url.PathEscape(role), url.PathEscape(cfg.Database), url.QueryEscape(cfg.Host), cfg.Port, url.QueryEscape(schema), migrations.Table)
 	src, err := iofs.New(migrations.FS, ".")
 	require.NoError(t, err)
 	m, err := migrate.NewWithSourceInstance("iofs", src, u)

@@ -212,8 +212,13 @@ func TestHostileSearchPath(t *testing.T) {
 	require.NoError(t, c.QueryRow(ctx, "SELECT pgfence.pgfence_schema_version()").Scan(&version))
 	require.Equal(t, int(migrations.Latest()), version)
 
-	// The operator, with the same search_path, force-releases the lease.
-	op := connAs(t, db, operator)
+	// The operator, with the same search_path, force-releases the lease,
+	// over TCP so that the audit records a client address.
+	opCfg := asTCP(t, db, operator)
+	opCfg.RuntimeParams["search_path"] = as(t, db, operator).RuntimeParams["search_path"]
+	op, err := pgx.ConnectConfig(ctx, opCfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = op.Close(context.Background()) })
 	var oldOwner string
 	var oldToken, forced int64
 	var wasHeld bool

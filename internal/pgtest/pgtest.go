@@ -104,8 +104,16 @@ func MainWithOptions(m *testing.M, o Options) {
 type Server struct {
 	// Kind says where the server came from: "url", "local" or "docker".
 	Kind string
-	// AdminURL connects to the server's maintenance database.
+	// AdminURL connects to the server's maintenance database: for a local
+	// throwaway cluster on its private unix socket, where every role the
+	// tests create can log in without a password (TCP needs the postgres
+	// role's password: see TCPURL).
 	AdminURL string
+	// TCPURL connects to the maintenance database over TCP (for tests that
+	// put a proxy in between); for a local cluster it carries the postgres
+	// role's password. It equals AdminURL for a server given by URL or
+	// started in Docker.
+	TCPURL string
 	// Cluster is set when the server is a local throwaway cluster.
 	Cluster *Cluster
 
@@ -131,7 +139,7 @@ func Shared(t testing.TB) *Server {
 
 func startShared(ctx context.Context, preferDocker bool) (*Server, error) {
 	if u := os.Getenv(EnvDatabaseURL); u != "" {
-		s := &Server{Kind: "url", AdminURL: u, stop: func() {}}
+		s := &Server{Kind: "url", AdminURL: u, TCPURL: u, stop: func() {}}
 		if err := s.init(ctx); err != nil {
 			return nil, fmt.Errorf("pgtest: %s=%q: %w", EnvDatabaseURL, u, err)
 		}
@@ -149,7 +157,7 @@ func startShared(ctx context.Context, preferDocker bool) (*Server, error) {
 			errs = append(errs, "local binaries in "+binDir+": "+err.Error())
 			return nil
 		}
-		s := &Server{Kind: "local", AdminURL: c.URL("postgres"), Cluster: c, stop: c.Destroy}
+		s := &Server{Kind: "local", AdminURL: c.SocketURL("postgres"), TCPURL: c.URL("postgres"), Cluster: c, stop: c.Destroy}
 		if err := s.init(ctx); err != nil {
 			c.Destroy()
 			errs = append(errs, "local binaries: "+err.Error())
@@ -163,7 +171,7 @@ func startShared(ctx context.Context, preferDocker bool) (*Server, error) {
 			errs = append(errs, "docker (testcontainers): "+err.Error())
 			return nil
 		}
-		s := &Server{Kind: "docker", AdminURL: u, stop: stop}
+		s := &Server{Kind: "docker", AdminURL: u, TCPURL: u, stop: stop}
 		if err := s.init(ctx); err != nil {
 			stop()
 			errs = append(errs, "docker (testcontainers): "+err.Error())
@@ -307,8 +315,11 @@ func quoteKV(v string) string {
 type DB struct {
 	// Name is the database's name.
 	Name string
-	// URL connects to it.
+	// URL connects to it (for a local cluster, on its private socket, as
+	// any role the test creates).
 	URL string
+	// TCPURL connects to it over TCP (see Server.TCPURL).
+	TCPURL string
 	// Pool is a pool on it, closed when the test ends.
 	Pool *pgxpool.Pool
 
@@ -343,7 +354,7 @@ func (s *Server) NewDB(t testing.TB) *DB {
 	if err := s.adminExec(ctx, "CREATE DATABASE "+ident+" TEMPLATE "+pgx.Identifier{s.template}.Sanitize()); err != nil {
 		t.Fatalf("pgtest: create database: %v", err)
 	}
-	db := &DB{Name: name, URL: urlWithDatabase(s.AdminURL, name), server: s}
+	db := &DB{Name: name, URL: urlWithDatabase(s.AdminURL, name), TCPURL: urlWithDatabase(s.TCPURL, name), server: s}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -426,7 +437,7 @@ func NewCluster(t testing.TB, opts *ClusterOptions) (*Cluster, *Server) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{Kind: "local", AdminURL: c.URL("postgres"), Cluster: c, stop: func() {}}
+	s := &Server{Kind: "local", AdminURL: c.URL("postgres"), TCPURL: c.URL("postgres"), Cluster: c, stop: func() {}}
 	t.Cleanup(func() {
 		if s.admin != nil {
 			s.admin.Close()

@@ -42,6 +42,11 @@ func TestNewChecksSchema(t *testing.T) {
 	_, err := advisory.New(ctx, db.Pool, &advisory.Config{Schema: "nope"})
 	require.ErrorIs(t, err, pgfence.ErrNotInstalled)
 	require.ErrorContains(t, err, `schema "nope" does not exist`)
+	_, err = db.Pool.Exec(ctx, `CREATE SCHEMA "Empty one"`)
+	require.NoError(t, err)
+	_, err = advisory.New(ctx, db.Pool, &advisory.Config{Schema: "Empty one"})
+	require.ErrorIs(t, err, pgfence.ErrNotInstalled)
+	require.ErrorContains(t, err, `schema "Empty one" has no pgfence_leases table; pgfence is installed in schema pgfence`)
 
 	// A cached sequence hands out tokens out of order across sessions.
 	_, err = db.Pool.Exec(ctx, "ALTER SEQUENCE pgfence.pgfence_leases_fence_seq CACHE 50")
@@ -236,6 +241,19 @@ func TestWaitTimeoutMatchesDeadlineExceeded(t *testing.T) {
 		t.Error("fn ran without the lock")
 		return nil
 	}
+	// WaitTimeout bounds the wait only: neither the Lease nor Do's fn
+	// inherits its deadline.
+	l, err := b.Acquire(ctx, "free", opts)
+	require.NoError(t, err)
+	_, hasDeadline := l.Context().Deadline()
+	require.False(t, hasDeadline)
+	require.NoError(t, l.Release(ctx))
+	require.NoError(t, b.Do(ctx, "free", opts, func(ctx context.Context, l pgfence.Lease) error {
+		_, hasDeadline := ctx.Deadline()
+		require.False(t, hasDeadline, "fn's context has no deadline of WaitTimeout")
+		return nil
+	}))
+
 	// Held by another session (b) and by another caller of this Locker (a).
 	for _, k := range map[string]*advisory.Locker{"other Locker": b, "same Locker": a} {
 		_, err := k.Acquire(ctx, name, opts)

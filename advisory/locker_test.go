@@ -173,6 +173,7 @@ func TestAcquireWaits(t *testing.T) {
 
 	_, err = b.AcquireKey(ctx, key, &advisory.AcquireOpts{WaitTimeout: 50 * time.Millisecond})
 	require.ErrorIs(t, err, pgfence.ErrNotAcquired, "WaitTimeout ran out")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
 
 	var lk *advisory.Lease
 	var lockErr error
@@ -319,9 +320,13 @@ func TestBadInput(t *testing.T) {
 		{TCPKeepalivesIdle: 1500 * time.Millisecond},
 		{TCPUserTimeout: 1500 * time.Microsecond},
 		{QueryTimeout: time.Minute}, // would notice a partition after the server
+		{Schema: strings.Repeat("s", 64)},
+		{Schema: "a\x00b"},
+		{Schema: "\xff"},
 	} {
 		_, err := advisory.New(ctx, db.Pool, cfg)
 		require.Error(t, err, "%+v", cfg)
+		require.NotErrorIs(t, err, pgfence.ErrNotInstalled, "rejected before any round trip: %+v", cfg)
 	}
 
 	l := newLocker(t, db.Pool, nil)

@@ -82,6 +82,7 @@ func TestAcquireTx(t *testing.T) {
 	require.NoError(t, err)
 	_, err = l.AcquireTx(ctx, tx2, key, &advisory.AcquireOpts{WaitTimeout: 50 * time.Millisecond})
 	require.ErrorIs(t, err, pgfence.ErrNotAcquired)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
 	var lockTimeout string
 	require.NoError(t, tx2.QueryRow(ctx, "SHOW lock_timeout").Scan(&lockTimeout))
 	require.Equal(t, "7s", lockTimeout)

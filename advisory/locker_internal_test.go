@@ -36,5 +36,6 @@ func TestBackendChangeFailsSession(t *testing.T) {
 	}
 	require.ErrorIs(t, lk.Err(), pgfence.ErrLeaseLost)
 	require.ErrorContains(t, lk.Err(), "pool_mode=transaction")
+	require.ErrorContains(t, lk.Err(), "Locker.TryAcquireTx/AcquireTx", "the remedy names methods that exist")
 	require.ErrorIs(t, lk.Release(ctx), pgfence.ErrNotHeld)
 }

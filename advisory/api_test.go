@@ -13,6 +13,13 @@ import (
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
+// The Locker and its handle are the strategy-neutral types of package
+// pgfence.
+var (
+	_ pgfence.Locker = (*advisory.Locker)(nil)
+	_ pgfence.Lease  = (*advisory.Lease)(nil)
+)
+
 // returns runs f in a goroutine and returns its error; the bound only
 // guards against hanging (a call that should return at once but waits
 // would otherwise block the test until the global timeout).

@@ -263,8 +263,12 @@ func TestWaitTimeoutMatchesDeadlineExceeded(t *testing.T) {
 
 	// Held by another session (b) and by another caller of this Locker (a).
 	for _, k := range map[string]*advisory.Locker{"other Locker": b, "same Locker": a} {
-		_, err := k.Acquire(ctx, name, opts)
+		l, err := k.Acquire(ctx, name, opts)
 		requireWaitTimedOut(t, err, "Acquire")
+		require.True(t, l == nil, "no Lease, not a Lease holding a nil *advisory.Lease")
+		l, err = k.TryAcquire(ctx, name, nil)
+		require.ErrorIs(t, err, pgfence.ErrNotAcquired)
+		require.True(t, l == nil, "no Lease, not a Lease holding a nil *advisory.Lease")
 		_, err = k.AcquireKey(ctx, advisory.Name(name), &advisory.AcquireOpts{WaitTimeout: opts.WaitTimeout, Shared: true})
 		requireWaitTimedOut(t, err, "AcquireKey shared")
 		requireWaitTimedOut(t, k.Do(ctx, name, opts, fn), "Do")

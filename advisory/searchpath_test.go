@@ -64,6 +64,9 @@ var plantedFuncs = []plantedFunc{
 	{"attacker_and", "a bigint, b bigint", "a, b", "bigint", "pg_catalog.int8and"},
 	{"attacker_minus", "a bigint, b bigint", "a, b", "bigint", "pg_catalog.int8mi"},
 	{"attacker_eq", "a bigint, b bigint", "a, b", "boolean", "pg_catalog.int8eq"},
+	{"attacker_eq84", "a bigint, b integer", "a, b", "boolean", "pg_catalog.int84eq"},
+	{"attacker_or", "a bigint, b bigint", "a, b", "bigint", "pg_catalog.int8or"},
+	{"attacker_cat", "a text, b text", "a, b", "text", "pg_catalog.textcat"},
 	// The transition function of the count(*) aggregate below.
 	{"attacker_count", "a bigint", "a, 1", "bigint", "pg_catalog.int8pl"},
 }
@@ -76,6 +79,9 @@ var plantedOperators = []struct{ op, left, right, fn string }{
 	{"&", "bigint", "bigint", "attacker_and"},
 	{"-", "bigint", "bigint", "attacker_minus"},
 	{"=", "bigint", "bigint", "attacker_eq"},
+	{"=", "bigint", "integer", "attacker_eq84"},
+	{"|", "bigint", "bigint", "attacker_or"},
+	{"||", "text", "text", "attacker_cat"},
 }
 
 // plantSQL is what the attacker runs: a table writable by all where the
@@ -118,7 +124,7 @@ func attackerRan(t *testing.T, pool *pgxpool.Pool) []string {
 	return ran
 }
 
-// TestHostileSearchPath runs advisory's statements as a role whose
+// TestHostileSearchPath runs advisory's statements (and NameKeySQL) as a role whose
 // search_path includes public, where another role with CREATE on public
 // planted functions and operators named like the ones those statements
 // call (CVE-2018-1058): none of them may run, and tokens still increase.
@@ -282,6 +288,10 @@ func testHostileSearchPath(t *testing.T, searchPath string, operatorsWin bool) {
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT array_agg(DISTINCT usename::text) FROM pg_stat_activity
 		WHERE datname = current_database() AND application_name LIKE 'hostile-%'`).Scan(&roles))
 	require.Equal(t, []string{app}, roles, "the lock sessions and LISTEN connections ran as app")
+	// NameKeySQL, which other clients run with their own search_path.
+	var nameKey int64
+	require.NoError(t, appPool.QueryRow(ctx, advisory.NameKeySQL, "account:42").Scan(&nameKey))
+	require.Equal(t, advisory.Name("account:42").Int64(), nameKey)
 	require.Empty(t, attackerRan(t, db.Pool), "no planted function or operator ran")
 
 	// Negative controls: the same pool's unqualified SQL runs the planted

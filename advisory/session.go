@@ -130,7 +130,7 @@ func (s *session) checkPID(pid int32) error {
 		return fmt.Errorf("pgfence: advisory: the session's statements ran on backend %d, then on backend %d: "+
 			"the connection goes through a transaction- or statement-pooling proxy (such as PgBouncer "+
 			"with pool_mode=transaction), where session advisory locks do not work; connect the Locker "+
-			"directly to PostgreSQL, or use TryLockTx/LockTx", s.pid, pid)
+			"directly to PostgreSQL, or use Locker.TryAcquireTx/AcquireTx", s.pid, pid)
 	}
 	return nil
 }

@@ -102,10 +102,14 @@ BEGIN
     ELSIF TG_OP = 'DELETE' THEN
         setting := pg_catalog.current_setting('pgfence.token'::text, true);
         IF setting IS NOT NULL AND setting <> ''::text THEN
-            IF setting !~ '^[[:space:]]*[-+]?[0-9]{1,19}[[:space:]]*$'::text THEN
-                malformed := true;
-            ELSIF setting::numeric NOT BETWEEN -9223372036854775808::numeric AND 9223372036854775807::numeric THEN
-                malformed := true;
+            -- Up to 18 digits (what set_config(..., token::text, true)
+            -- writes) is a bigint; anything else is checked in full.
+            IF setting !~ '^[0-9]{1,18}$'::text THEN
+                IF setting !~ '^[[:space:]]*[-+]?[0-9]{1,19}[[:space:]]*$'::text THEN
+                    malformed := true;
+                ELSIF setting::numeric NOT BETWEEN -9223372036854775808::numeric AND 9223372036854775807::numeric THEN
+                    malformed := true;
+                END IF;
             END IF;
             IF malformed THEN
                 RAISE EXCEPTION 'pgfence: malformed pgfence.token setting %: want a fencing token (a bigint) or an empty string',
@@ -210,10 +214,14 @@ BEGIN
         -- transaction's pgfence.token is the token presented.
         setting := pg_catalog.current_setting('pgfence.token'::text, true);
         IF setting IS NOT NULL AND setting <> ''::text THEN
-            IF setting !~ '^[[:space:]]*[-+]?[0-9]{1,19}[[:space:]]*$'::text THEN
-                malformed := true;
-            ELSIF setting::numeric NOT BETWEEN -9223372036854775808::numeric AND 9223372036854775807::numeric THEN
-                malformed := true;
+            -- Up to 18 digits (what set_config(..., token::text, true)
+            -- writes) is a bigint; anything else is checked in full.
+            IF setting !~ '^[0-9]{1,18}$'::text THEN
+                IF setting !~ '^[[:space:]]*[-+]?[0-9]{1,19}[[:space:]]*$'::text THEN
+                    malformed := true;
+                ELSIF setting::numeric NOT BETWEEN -9223372036854775808::numeric AND 9223372036854775807::numeric THEN
+                    malformed := true;
+                END IF;
             END IF;
             IF malformed THEN
                 RAISE EXCEPTION 'pgfence: malformed pgfence.token setting %: want a fencing token (a bigint) or an empty string',

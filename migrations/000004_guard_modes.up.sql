@@ -185,8 +185,10 @@ DECLARE
     old_row   jsonb;
     new_row   jsonb;
 BEGIN
-    IF TG_OP NOT IN ('UPDATE', 'DELETE') THEN
-        RAISE EXCEPTION 'pgfence_guard_strict: attach it BEFORE UPDATE OR DELETE ... FOR EACH ROW, not to %', TG_OP;
+    IF TG_WHEN <> 'BEFORE' OR TG_LEVEL <> 'ROW' OR TG_OP NOT IN ('UPDATE', 'DELETE') THEN
+        RAISE EXCEPTION 'pgfence_guard_strict: attach it BEFORE UPDATE OR DELETE ... FOR EACH ROW, not % % FOR EACH %',
+                TG_WHEN, TG_OP, TG_LEVEL
+            USING ERRCODE = 'trigger_protocol_violated';
     END IF;
     IF NOT other THEN
         old_token := OLD.fence_token;
@@ -294,6 +296,11 @@ CREATE FUNCTION pgfence_guard_truncate() RETURNS trigger
     LANGUAGE plpgsql
 AS $$
 BEGIN
+    IF TG_OP <> 'TRUNCATE' THEN
+        RAISE EXCEPTION 'pgfence_guard_truncate: attach it BEFORE TRUNCATE ... FOR EACH STATEMENT, not % % FOR EACH %',
+                TG_WHEN, TG_OP, TG_LEVEL
+            USING ERRCODE = 'trigger_protocol_violated';
+    END IF;
     RAISE EXCEPTION 'pgfence: TRUNCATE of fenced table %.% is not allowed', TG_TABLE_SCHEMA, TG_TABLE_NAME
         USING ERRCODE = 'PF001',
               DETAIL = 'presented= current=',

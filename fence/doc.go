@@ -175,6 +175,9 @@
 // UPDATE of the existing row. Every rejection is PF001, mapped to
 // [*StaleTokenError] (with Presented 0 when no token was presented); the
 // table owner can still empty the table by disabling the TRUNCATE trigger.
+// Attached any other way (AFTER, FOR EACH STATEMENT, on INSERT), the two
+// functions refuse every write with SQLSTATE 39P01 instead of guarding
+// nothing.
 //
 // Neither mode checks INSERT: a new row carries the token it is inserted
 // with. So once a holder has deleted a row, a stale holder can insert it

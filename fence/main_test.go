@@ -85,7 +85,7 @@ func (b *testBundle) row(t *testing.T, id int) (balance, token int64) {
 func (b *testBundle) nextToken(t *testing.T) int64 {
 	t.Helper()
 	var tok int64
-	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT pgfence_next_token()").Scan(&tok))
+	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT "+b.fn("pgfence_next_token")+"()").Scan(&tok))
 	return tok
 }
 
@@ -94,17 +94,19 @@ func (b *testBundle) nextToken(t *testing.T) int64 {
 func (b *testBundle) acquireLease(t *testing.T, name, owner string) int64 {
 	t.Helper()
 	var tok int64
-	require.NoError(t, b.pool.QueryRow(context.Background(), acquireLeaseSQL, name, owner).Scan(&tok))
+	require.NoError(t, b.pool.QueryRow(context.Background(), b.acquireLeaseSQL(), name, owner).Scan(&tok))
 	return tok
 }
 
 // acquireLeaseSQL takes the lease for one minute, whoever held it.
-const acquireLeaseSQL = `
-INSERT INTO pgfence_leases (name, owner, fence, expires_at)
-VALUES ($1, $2, pgfence_next_token(), now() + interval '1 minute')
+func (b *testBundle) acquireLeaseSQL() string {
+	return fmt.Sprintf(`
+INSERT INTO %[1]s (name, owner, fence, expires_at)
+VALUES ($1, $2, %[2]s(), now() + interval '1 minute')
 ON CONFLICT (name) DO UPDATE
 SET owner = excluded.owner, fence = excluded.fence, acquired_at = now(), expires_at = excluded.expires_at
-RETURNING fence`
+RETURNING fence`, b.fn("pgfence_leases"), b.fn("pgfence_next_token"))
+}
 
 // waitForLockWait returns once a backend running a query that contains
 // marker waits for a lock. It polls pg_stat_activity: the only signal

@@ -194,7 +194,7 @@ func TestBuildersIgnoreHostileSearchPath(t *testing.T) {
 	}
 	// The old lease check, unqualified, finds the expired lease held.
 	var held bool
-	require.NoError(t, appPool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pgfence_leases
+	require.NoError(t, appPool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+b.fn("pgfence_leases")+`
 		WHERE name = $1 AND fence = $2::bigint AND expires_at > clock_timestamp())`, "expired", expired).Scan(&held))
 	require.True(t, held, "negative control: the planted clock_timestamp revived an expired lease")
 	require.Contains(t, heard.take(), "hostile: clock_timestamp")

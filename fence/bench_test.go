@@ -50,10 +50,10 @@ func BenchmarkUpdate(b *testing.B) {
 		})
 		b.Run(name+"/fence-under-lease", func(b *testing.B) {
 			db := benchSetup(b, trigger)
-			_, err := db.Pool.Exec(ctx, `INSERT INTO pgfence_leases (name, owner, fence, expires_at)
+			_, err := db.Pool.Exec(ctx, `INSERT INTO pgfence.pgfence_leases (name, owner, fence, expires_at)
 				VALUES ('l', 'a', 5, now() + interval '1 hour')`)
 			require.NoError(b, err)
-			schema, err := installLeaseHeld(ctx, db.Pool)
+			schema, err := pgfenceSchema(ctx, db.Pool)
 			require.NoError(b, err)
 			stmt := fence.Update("accounts").Set("balance = balance + $1").Where("id = $2").UnderLease("l").LeaseSchema(schema)
 			for b.Loop() {
@@ -78,16 +78,16 @@ func BenchmarkTriggerPerRow(b *testing.B) {
 	forms := []struct{ name, triggers, where string }{
 		{"plain", "", ""},
 		{"trigger", `CREATE TRIGGER g BEFORE UPDATE OR DELETE ON t
-			FOR EACH ROW EXECUTE FUNCTION pgfence_guard('fence_token')`, ""},
+			FOR EACH ROW EXECUTE FUNCTION pgfence.pgfence_guard('fence_token')`, ""},
 		{"trigger-when", `CREATE TRIGGER g BEFORE UPDATE ON t FOR EACH ROW
 			WHEN (NEW.fence_token IS NULL OR NEW.fence_token < OLD.fence_token)
-			EXECUTE FUNCTION pgfence_guard()`, ""},
+			EXECUTE FUNCTION pgfence.pgfence_guard()`, ""},
 		{"trigger-other-column", `ALTER TABLE t RENAME fence_token TO tok;
 			CREATE TRIGGER g BEFORE UPDATE OR DELETE ON t
-			FOR EACH ROW EXECUTE FUNCTION pgfence_guard('tok')`, ""},
+			FOR EACH ROW EXECUTE FUNCTION pgfence.pgfence_guard('tok')`, ""},
 		{"plain-pgfence-token", "", presentToken},
 		{"trigger-strict", `CREATE TRIGGER g BEFORE UPDATE OR DELETE ON t
-			FOR EACH ROW EXECUTE FUNCTION pgfence_guard_strict('fence_token')`, presentToken},
+			FOR EACH ROW EXECUTE FUNCTION pgfence.pgfence_guard_strict('fence_token')`, presentToken},
 	}
 	ctx := context.Background()
 	db := pgtest.NewDB(b)

@@ -25,7 +25,7 @@ CREATE TABLE accounts (
 );
 CREATE TRIGGER accounts_fence
     BEFORE UPDATE OR DELETE ON accounts
-    FOR EACH ROW EXECUTE FUNCTION pgfence_guard('fence_token');`
+    FOR EACH ROW EXECUTE FUNCTION pgfence.pgfence_guard('fence_token');`
 
 type testBundle struct {
 	db   *pgtest.DB
@@ -41,20 +41,15 @@ func setup(t *testing.T) *testBundle {
 	ctx := context.Background()
 	_, err := db.Pool.Exec(ctx, accountsDDL)
 	require.NoError(t, err)
-	schema, err := installLeaseHeld(ctx, db.Pool)
+	schema, err := pgfenceSchema(ctx, db.Pool)
 	require.NoError(t, err)
 	return &testBundle{db: db, pool: db.Pool, schema: schema}
 }
 
-// pgfenceSchema returns the schema pgfence is installed in: the one that
-// holds pgfence_guard. (On the fence branch the old migrator installs into
-// public; once merged, this is pgfence.DefaultSchema.)
-func pgfenceSchema(ctx context.Context, db pgfence.DB) (string, error) {
-	var schema string
-	err := db.QueryRow(ctx, `SELECT n.nspname FROM pg_catalog.pg_proc AS p
-		JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
-		WHERE p.proname OPERATOR(pg_catalog.=) 'pgfence_guard'`).Scan(&schema)
-	return schema, err
+// pgfenceSchema returns the schema pgfence is installed in: the test
+// template installs it in pgfence.DefaultSchema.
+func pgfenceSchema(context.Context, pgfence.DB) (string, error) {
+	return pgfence.DefaultSchema, nil
 }
 
 // fn is the qualified name of pgfence's function name, for test SQL.

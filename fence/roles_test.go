@@ -21,6 +21,9 @@ func (b *testBundle) newRole(t *testing.T, what string) string {
 	t.Helper()
 	name := what + "_" + b.db.Name[len(b.db.Name)-8:]
 	b.exec(t, "CREATE ROLE "+pgx.Identifier{name}.Sanitize()+" LOGIN")
+	// USAGE on pgfence's schema only lets the role name what is in it
+	// (migrations.Grant gives it too); each test grants what it is about.
+	b.exec(t, "GRANT USAGE ON SCHEMA "+pgx.Identifier{b.schema}.Sanitize()+" TO "+pgx.Identifier{name}.Sanitize())
 	t.Cleanup(func() {
 		ctx := context.Background()
 		q := pgx.Identifier{name}.Sanitize()

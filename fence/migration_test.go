@@ -58,8 +58,8 @@ func migration(t *testing.T, name string) string {
 // pgfence's schema (none in pg_catalog, where creating them under the
 // pinned search_path would put them), each with that search_path pinned,
 // pgfence_last_token SECURITY DEFINER and not executable by PUBLIC; and that
-// its down migration restores pgfence_guard exactly as 000002 created it,
-// drops the new functions, sets the schema version back to 3, and that up
+// its down migration restores pgfence_guard as 000003 left it (000002's
+// body, with 000003's pinned search_path), drops the new functions, sets the schema version back to 3, and that up
 // applies again afterwards.
 func TestMigration000004(t *testing.T) {
 	t.Parallel()
@@ -88,9 +88,7 @@ func TestMigration000004(t *testing.T) {
 			require.Equal(t, schema, f.schema, name)
 			require.Equal(t, pinned, f.config, name)
 			require.Equal(t, name == "pgfence_last_token", f.definer, name)
-			if name != "pgfence_guard" && name != "pgfence_schema_version" {
-				require.False(t, f.publicExec, "%s: EXECUTE is revoked from PUBLIC", name)
-			}
+			require.False(t, f.publicExec, "%s: EXECUTE is revoked from PUBLIC", name)
 		}
 		require.Equal(t, 4, version())
 	}
@@ -105,7 +103,7 @@ func TestMigration000004(t *testing.T) {
 	up2 := migration(t, "000002_fence_guard.up.sql")
 	body := up2[strings.Index(up2, "AS $$")+len("AS $$") : strings.LastIndex(up2, "$$;")]
 	require.Equal(t, body, fns["pgfence_guard"].source, "000002's pgfence_guard body")
-	require.Empty(t, fns["pgfence_guard"].config, "000002's pgfence_guard has no pinned search_path")
+	require.Equal(t, pinned, fns["pgfence_guard"].config, "000003 pinned pgfence_guard's search_path; down keeps it")
 	require.Equal(t, 3, version())
 
 	_, err = conn.Exec(ctx, migration(t, "000004_guard_modes.up.sql"))

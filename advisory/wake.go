@@ -50,7 +50,10 @@ const NotifyChannel = "pgfence_advisory_released"
 
 // interestObjIDSQL folds the bigint key $1 to the int4 second argument of
 // its interest key: the xor of its two halves, as a signed 32-bit integer.
-const interestObjIDSQL = `((($1::pg_catalog.int8 # ($1::pg_catalog.int8 >> 32)) & 4294967295) - 2147483648)::pg_catalog.int4`
+// Operators resolve through search_path like functions do, so they are
+// named in pg_catalog too (as in takeInterestSQL and dropInterestSQL).
+const interestObjIDSQL = `((($1::pg_catalog.int8 OPERATOR(pg_catalog.#) ($1::pg_catalog.int8 OPERATOR(pg_catalog.>>) 32)) ` +
+	`OPERATOR(pg_catalog.&) 4294967295) OPERATOR(pg_catalog.-) 2147483648)::pg_catalog.int4`
 
 // interestAfter is the poll pause from which a waiting Lock registers
 // interest: with pauses of 5, 10, 20, 40, 80ms..., after four failed
@@ -73,12 +76,14 @@ const notifyAfterHeld = 20 * time.Millisecond
 // takeInterestSQL takes a shared session lock on the interest key of each
 // key in $1, without waiting; it returns the keys whose lock was granted.
 const takeInterestSQL = `SELECT k FROM pg_catalog.unnest($1::pg_catalog.int8[]) AS k ` +
-	`WHERE pg_catalog.pg_try_advisory_lock_shared(` + interestClassIDText + `, (((k # (k >> 32)) & 4294967295) - 2147483648)::pg_catalog.int4)`
+	`WHERE pg_catalog.pg_try_advisory_lock_shared(` + interestClassIDText + `, (((k OPERATOR(pg_catalog.#) (k OPERATOR(pg_catalog.>>) 32)) ` +
+	`OPERATOR(pg_catalog.&) 4294967295) OPERATOR(pg_catalog.-) 2147483648)::pg_catalog.int4)`
 
 // dropInterestSQL releases one shared session lock on the interest key of
 // each key in $1.
 const dropInterestSQL = `SELECT pg_catalog.count(*) FILTER (WHERE pg_catalog.pg_advisory_unlock_shared(` + interestClassIDText +
-	`, (((k # (k >> 32)) & 4294967295) - 2147483648)::pg_catalog.int4)) FROM pg_catalog.unnest($1::pg_catalog.int8[]) AS k`
+	`, (((k OPERATOR(pg_catalog.#) (k OPERATOR(pg_catalog.>>) 32)) OPERATOR(pg_catalog.&) 4294967295) OPERATOR(pg_catalog.-) 2147483648)::pg_catalog.int4)) ` +
+	`FROM pg_catalog.unnest($1::pg_catalog.int8[]) AS k`
 
 const interestClassIDText = "1885824631"
 

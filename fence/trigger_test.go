@@ -99,7 +99,7 @@ const (
 	migrationUp = `ALTER TABLE accounts ADD COLUMN fence_token bigint NOT NULL DEFAULT 0;
 CREATE TRIGGER accounts_fence
     BEFORE UPDATE OR DELETE ON accounts
-    FOR EACH ROW EXECUTE FUNCTION pgfence_guard('fence_token');`
+    FOR EACH ROW EXECUTE FUNCTION pgfence.pgfence_guard('fence_token');`
 	migrationDown = `DROP TRIGGER IF EXISTS accounts_fence ON accounts;
 ALTER TABLE accounts DROP COLUMN IF EXISTS fence_token;`
 )
@@ -158,17 +158,17 @@ func TestTriggerForms(t *testing.T) {
 		name, column, triggers string
 	}{
 		{"no argument", "fence_token", `CREATE TRIGGER g BEFORE UPDATE OR DELETE ON guarded
-			FOR EACH ROW EXECUTE FUNCTION pgfence_guard();`},
+			FOR EACH ROW EXECUTE FUNCTION pgfence.pgfence_guard();`},
 		{"default column", "fence_token", `CREATE TRIGGER g BEFORE UPDATE OR DELETE ON guarded
-			FOR EACH ROW EXECUTE FUNCTION pgfence_guard('fence_token');`},
+			FOR EACH ROW EXECUTE FUNCTION pgfence.pgfence_guard('fence_token');`},
 		{"other column", `"Lease Token"`, `CREATE TRIGGER g BEFORE UPDATE OR DELETE ON guarded
-			FOR EACH ROW EXECUTE FUNCTION pgfence_guard('Lease Token');`},
+			FOR EACH ROW EXECUTE FUNCTION pgfence.pgfence_guard('Lease Token');`},
 		{"with WHEN", "fence_token", `CREATE TRIGGER g_update BEFORE UPDATE ON guarded FOR EACH ROW
 			WHEN (NEW.fence_token IS NULL OR NEW.fence_token < OLD.fence_token)
-			EXECUTE FUNCTION pgfence_guard();
+			EXECUTE FUNCTION pgfence.pgfence_guard();
 			CREATE TRIGGER g_delete BEFORE DELETE ON guarded FOR EACH ROW
 			WHEN (current_setting('pgfence.token', true) <> '')
-			EXECUTE FUNCTION pgfence_guard();`},
+			EXECUTE FUNCTION pgfence.pgfence_guard();`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -212,7 +212,7 @@ func TestTriggerOnMissingColumn(t *testing.T) {
 	db := pgtest.NewDB(t)
 	_, err := db.Pool.Exec(ctx, `CREATE TABLE guarded (id int PRIMARY KEY, v int NOT NULL);
 		CREATE TRIGGER g BEFORE UPDATE OR DELETE ON guarded
-			FOR EACH ROW EXECUTE FUNCTION pgfence_guard('tok');
+			FOR EACH ROW EXECUTE FUNCTION pgfence.pgfence_guard('tok');
 		INSERT INTO guarded VALUES (1, 0);`)
 	require.NoError(t, err)
 	for _, sql := range []string{
@@ -224,5 +224,51 @@ func TestTriggerOnMissingColumn(t *testing.T) {
 		require.ErrorAs(t, err, &pgErr, sql)
 		require.Equal(t, "42703", pgErr.Code, sql)
 		require.Contains(t, pgErr.Message, `has no column tok`, sql)
+	}
+}
+
+func TestClassifyMalformedToken(t *testing.T) {
+	t.Parallel()
+	pgErr := &pgconn.PgError{Code: fence.SQLStateMalformedToken,
+		Message: "pgfence: malformed pgfence.token setting 'abc': want a fencing token (a bigint) or an empty string"}
+	for _, err := range []error{fence.Classify(pgErr), func() error { _, err := fence.Check(pgconn.CommandTag{}, pgErr); return err }()} {
+		require.ErrorIs(t, err, fence.ErrMalformedToken)
+		require.NotErrorIs(t, err, pgfence.ErrFenced)
+		var got *pgconn.PgError
+		require.ErrorAs(t, err, &got)
+		require.Same(t, pgErr, got)
+		require.Contains(t, err.Error(), "'abc'")
+	}
+}
+
+// A trigger rejection that is not a stale token is described by the
+// trigger's own message.
+func TestStaleTokenErrorMessages(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"builder", &fence.StaleTokenError{Table: `"t"`, Presented: 6, Current: 7},
+			`pgfence: write rejected on "t": stale fencing token 6, row carries 7`},
+		{"builder, current unknown", &fence.StaleTokenError{Presented: 6},
+			`pgfence: write rejected: stale fencing token 6, row carries a newer token`},
+		{"trigger, stale", fence.Classify(&pgconn.PgError{Code: fence.SQLState, Detail: "presented=6 current=7",
+			Message: "pgfence: stale fencing token 6 on public.t (current 7)"}),
+			`pgfence: write rejected: stale fencing token 6, row carries 7`},
+		{"trigger, no token", fence.Classify(&pgconn.PgError{Code: fence.SQLState, Detail: "presented= current=7",
+			Message: "pgfence: DELETE on public.t presents no fencing token (strict mode; current 7)"}),
+			`pgfence: write rejected: DELETE on public.t presents no fencing token (strict mode; current 7)`},
+		{"trigger, never issued", fence.Classify(&pgconn.PgError{Code: fence.SQLState, Detail: "presented=99 current=7",
+			Message: "pgfence: fencing token 99 on public.t was never issued (current 7)"}),
+			`pgfence: write rejected: fencing token 99 on public.t was never issued (current 7)`},
+		{"trigger, truncate", fence.Classify(&pgconn.PgError{Code: fence.SQLState, Detail: "presented= current=",
+			Message: "pgfence: TRUNCATE of fenced table public.t is not allowed"}),
+			`pgfence: write rejected: TRUNCATE of fenced table public.t is not allowed`},
+	}
+	for _, tt := range tests {
+		require.EqualError(t, tt.err, tt.want, tt.name)
+		require.ErrorIs(t, tt.err, pgfence.ErrFenced, tt.name)
 	}
 }

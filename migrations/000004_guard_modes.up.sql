@@ -102,10 +102,14 @@ BEGIN
     ELSIF TG_OP = 'DELETE' THEN
         setting := pg_catalog.current_setting('pgfence.token'::text, true);
         IF setting IS NOT NULL AND setting <> ''::text THEN
-            IF setting !~ '^[[:space:]]*[-+]?[0-9]{1,19}[[:space:]]*$'::text THEN
-                malformed := true;
-            ELSIF setting::numeric NOT BETWEEN -9223372036854775808::numeric AND 9223372036854775807::numeric THEN
-                malformed := true;
+            -- Up to 18 digits (what set_config(..., token::text, true)
+            -- writes) is a bigint; anything else is checked in full.
+            IF setting !~ '^[0-9]{1,18}$'::text THEN
+                IF setting !~ '^[[:space:]]*[-+]?[0-9]{1,19}[[:space:]]*$'::text THEN
+                    malformed := true;
+                ELSIF setting::numeric NOT BETWEEN -9223372036854775808::numeric AND 9223372036854775807::numeric THEN
+                    malformed := true;
+                END IF;
             END IF;
             IF malformed THEN
                 RAISE EXCEPTION 'pgfence: malformed pgfence.token setting %: want a fencing token (a bigint) or an empty string',
@@ -181,8 +185,10 @@ DECLARE
     old_row   jsonb;
     new_row   jsonb;
 BEGIN
-    IF TG_OP NOT IN ('UPDATE', 'DELETE') THEN
-        RAISE EXCEPTION 'pgfence_guard_strict: attach it BEFORE UPDATE OR DELETE ... FOR EACH ROW, not to %', TG_OP;
+    IF TG_WHEN <> 'BEFORE' OR TG_LEVEL <> 'ROW' OR TG_OP NOT IN ('UPDATE', 'DELETE') THEN
+        RAISE EXCEPTION 'pgfence_guard_strict: attach it BEFORE UPDATE OR DELETE ... FOR EACH ROW, not % % FOR EACH %',
+                TG_WHEN, TG_OP, TG_LEVEL
+            USING ERRCODE = 'trigger_protocol_violated';
     END IF;
     IF NOT other THEN
         old_token := OLD.fence_token;
@@ -210,10 +216,14 @@ BEGIN
         -- transaction's pgfence.token is the token presented.
         setting := pg_catalog.current_setting('pgfence.token'::text, true);
         IF setting IS NOT NULL AND setting <> ''::text THEN
-            IF setting !~ '^[[:space:]]*[-+]?[0-9]{1,19}[[:space:]]*$'::text THEN
-                malformed := true;
-            ELSIF setting::numeric NOT BETWEEN -9223372036854775808::numeric AND 9223372036854775807::numeric THEN
-                malformed := true;
+            -- Up to 18 digits (what set_config(..., token::text, true)
+            -- writes) is a bigint; anything else is checked in full.
+            IF setting !~ '^[0-9]{1,18}$'::text THEN
+                IF setting !~ '^[[:space:]]*[-+]?[0-9]{1,19}[[:space:]]*$'::text THEN
+                    malformed := true;
+                ELSIF setting::numeric NOT BETWEEN -9223372036854775808::numeric AND 9223372036854775807::numeric THEN
+                    malformed := true;
+                END IF;
             END IF;
             IF malformed THEN
                 RAISE EXCEPTION 'pgfence: malformed pgfence.token setting %: want a fencing token (a bigint) or an empty string',
@@ -239,12 +249,17 @@ BEGIN
                   DETAIL = pg_catalog.format('presented=%s current=%s', presented, old_token),
                   HINT = 'A newer lock holder has written this row; this holder''s lock was lost.';
     END IF;
-    IF (old_token IS NULL OR presented > old_token) AND presented > pgfence_last_token() THEN
-        RAISE EXCEPTION 'pgfence: fencing token % on %.% was never issued (current %)',
-                presented, TG_TABLE_SCHEMA, TG_TABLE_NAME, old_token
-            USING ERRCODE = 'PF001',
-                  DETAIL = pg_catalog.format('presented=%s current=%s', presented, old_token),
-                  HINT = 'Tokens come from pgfence_next_token(); this one is newer than any it has handed out.';
+    -- A newer token must have been issued. (A separate IF: EXECUTE on
+    -- pgfence_last_token is checked when the expression calling it is first
+    -- prepared, so writers presenting the row's own token never need it.)
+    IF old_token IS NULL OR presented > old_token THEN
+        IF presented > pgfence_last_token() THEN
+            RAISE EXCEPTION 'pgfence: fencing token % on %.% was never issued (current %)',
+                    presented, TG_TABLE_SCHEMA, TG_TABLE_NAME, old_token
+                USING ERRCODE = 'PF001',
+                      DETAIL = pg_catalog.format('presented=%s current=%s', presented, old_token),
+                      HINT = 'Tokens come from pgfence_next_token(); this one is newer than any it has handed out.';
+        END IF;
     END IF;
 
     IF TG_OP = 'DELETE' THEN
@@ -281,6 +296,11 @@ CREATE FUNCTION pgfence_guard_truncate() RETURNS trigger
     LANGUAGE plpgsql
 AS $$
 BEGIN
+    IF TG_OP <> 'TRUNCATE' THEN
+        RAISE EXCEPTION 'pgfence_guard_truncate: attach it BEFORE TRUNCATE ... FOR EACH STATEMENT, not % % FOR EACH %',
+                TG_WHEN, TG_OP, TG_LEVEL
+            USING ERRCODE = 'trigger_protocol_violated';
+    END IF;
     RAISE EXCEPTION 'pgfence: TRUNCATE of fenced table %.% is not allowed', TG_TABLE_SCHEMA, TG_TABLE_NAME
         USING ERRCODE = 'PF001',
               DETAIL = 'presented= current=',

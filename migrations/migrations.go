@@ -11,6 +11,8 @@ import (
 	"github.com/golang-migrate/migrate/v4/source"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence"
 )
 
 // FS holds the migration files, in golang-migrate's format
@@ -27,10 +29,8 @@ var FS embed.FS
 // x-migrations-table.
 const Table = "pgfence_schema_migrations"
 
-// defaultSchema is the schema used when [Config] names none. It is the root
-// package's pgfence.DefaultSchema; this package cannot import the root
-// package while the root package still applies migrations itself.
-const defaultSchema = "pgfence"
+// defaultSchema is the schema used when [Config] names none.
+const defaultSchema = pgfence.DefaultSchema
 
 // Target says which database to migrate. Exactly one field must be set.
 type Target struct {

@@ -69,7 +69,7 @@ func Down(ctx context.Context, t Target, cfg *Config) error {
 		if err := r.setSearchPath(); err != nil {
 			return err
 		}
-		return r.down()
+		return r.down(0)
 	})
 }
 
@@ -97,10 +97,12 @@ type runner struct {
 	ctx    context.Context
 	conn   *pgx.Conn
 	schema string
-	// database is current_database(), for the advisory lock's key.
+	// database is current_database(), for the advisory lock's key (not
+	// read by Version, which takes no lock).
 	database string
-	// searchPathSet reports that the session's search_path was changed.
-	searchPathSet bool
+	// oldSearchPath is the session's search_path before the run changed
+	// it, restored when the run ends; nil when it was not changed.
+	oldSearchPath *string
 	locked        bool
 }
 
@@ -140,11 +142,12 @@ func run(ctx context.Context, t Target, cfg *Config, what string, f func(*runner
 		return err
 	}
 	r := &runner{ctx: ctx, conn: conn, schema: schema}
-	defer func() { release(err == nil) }()
 
 	// When ctx ends, pgx closes the connection under the statement in
 	// progress; cancel that statement too, so the server does not go on
-	// running it (or waiting for a lock) for a client that is gone.
+	// running it (or waiting for a lock) for a client that is gone. A
+	// connection a cancel was sent on is never given back to a pool: the
+	// cancel could still reach whatever it runs next.
 	cancelled := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
 		defer close(cancelled)
@@ -153,15 +156,17 @@ func run(ctx context.Context, t Target, cfg *Config, what string, f func(*runner
 		_ = conn.PgConn().CancelRequest(cctx)
 	})
 	defer func() {
-		if !stop() {
+		fired := !stop()
+		if fired {
 			<-cancelled
 		}
+		release(err == nil && !fired)
 	}()
 
-	if err := conn.QueryRow(ctx, "SELECT pg_catalog.current_database()").Scan(&r.database); err != nil {
-		return err
-	}
 	if what != "version" {
+		if err := conn.QueryRow(ctx, "SELECT pg_catalog.current_database()").Scan(&r.database); err != nil {
+			return err
+		}
 		if err := r.lock(); err != nil {
 			return err
 		}
@@ -187,8 +192,8 @@ func (r *runner) finish(ok bool) error {
 			return fmt.Errorf("release the migrations lock: %w", err)
 		}
 	}
-	if r.searchPathSet {
-		if _, err := r.conn.Exec(ctx, "RESET search_path"); err != nil {
+	if r.oldSearchPath != nil {
+		if _, err := r.conn.Exec(ctx, "SELECT pg_catalog.set_config('search_path', $1, false)", *r.oldSearchPath); err != nil {
 			return fmt.Errorf("restore search_path: %w", err)
 		}
 	}
@@ -313,7 +318,11 @@ func (r *runner) createSchema() error {
 // setSearchPath makes the schema the session's only schema: the migration
 // files create their objects in current_schema().
 func (r *runner) setSearchPath() error {
-	r.searchPathSet = true
+	var old string
+	if err := r.conn.QueryRow(r.ctx, "SELECT pg_catalog.current_setting('search_path')").Scan(&old); err != nil {
+		return err
+	}
+	r.oldSearchPath = &old
 	if _, err := r.conn.Exec(r.ctx, "SELECT pg_catalog.set_config('search_path', $1, false)",
 		pgx.Identifier{r.schema}.Sanitize()); err != nil {
 		return fmt.Errorf("set search_path: %w", err)
@@ -416,8 +425,9 @@ func (r *runner) upTo(target uint) error {
 	return nil
 }
 
-// down reverts every applied migration, then drops the version table.
-func (r *runner) down() error {
+// down reverts the applied migrations newer than target, newest first;
+// reverting all of them (target 0) also drops the version table.
+func (r *runner) down(target uint) error {
 	ms, err := load()
 	if err != nil {
 		return err
@@ -432,7 +442,7 @@ func (r *runner) down() error {
 	}
 	for i := len(ms) - 1; i >= 0; i-- {
 		m := ms[i]
-		if m.version > v {
+		if m.version > v || m.version <= target {
 			continue
 		}
 		prev := int64(-1)
@@ -442,6 +452,9 @@ func (r *runner) down() error {
 		if err := r.apply(m.version, m.identifier, "down", m.down, prev); err != nil {
 			return err
 		}
+	}
+	if target > 0 {
+		return nil
 	}
 	if _, err := r.conn.Exec(r.ctx, "DROP TABLE IF EXISTS "+r.table()); err != nil {
 		return fmt.Errorf("drop %s: %w", r.table(), err)

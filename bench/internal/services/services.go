@@ -89,7 +89,10 @@ func StartPostgres(ctx context.Context) (*Postgres, error) {
 // connect as it. With create, the role is created first (LOGIN, no
 // password: the benchmark's cluster trusts loopback) unless it exists;
 // otherwise it must exist. Either way it is granted exactly what
-// migrations.Grant grants, and nothing else is granted to it here.
+// migrations.Grant grants, and nothing else is granted to it here. The
+// returned URL carries no password (the owner's is dropped): elsewhere than
+// the benchmark's cluster the role needs one from the environment or
+// ~/.pgpass, as pgx reads them.
 func AppRole(ctx context.Context, ownerURL, role string, create bool) (string, error) {
 	if create {
 		conn, err := pgx.Connect(ctx, ownerURL)

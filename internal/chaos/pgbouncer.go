@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -19,6 +20,10 @@ import (
 type PgBouncerConfig struct {
 	// ServerPort is the PostgreSQL server's port on 127.0.0.1. Required.
 	ServerPort int
+	// ServerPassword is the postgres role's password on the server, which
+	// PgBouncer presents when it logs in; empty when the server trusts
+	// loopback.
+	ServerPassword string
 	// PoolMode is PgBouncer's pool_mode; empty means "transaction".
 	PoolMode string
 	// PoolSize is the number of server connections per database and user;
@@ -41,7 +46,8 @@ type PgBouncer struct {
 }
 
 // pgbouncerIni is PgBouncer's configuration: every database of the server,
-// trust authentication, no unix socket.
+// trust authentication of clients, no unix socket. It logs in to the server
+// as postgres with the password of auth_file.
 const pgbouncerIni = `[databases]
 * = host=127.0.0.1 port=%d
 
@@ -111,8 +117,16 @@ func StartPgBouncer(ctx context.Context, cfg PgBouncerConfig) (*PgBouncer, error
 	ini := filepath.Join(dir, "pgbouncer.ini")
 	users := filepath.Join(dir, "userlist.txt")
 	logf := filepath.Join(dir, "pgbouncer.log")
-	if err := os.WriteFile(users, []byte(`"postgres" ""`+"\n"), 0o644); err != nil {
+	// auth_file's quoting: a double quote inside is doubled.
+	line := `"postgres" "` + strings.ReplaceAll(cfg.ServerPassword, `"`, `""`) + `"` + "\n"
+	if err := os.WriteFile(users, []byte(line), 0o600); err != nil {
 		return fail(fmt.Errorf("chaos: %w", err))
+	}
+	if cred != nil {
+		// PgBouncer, running as postgres, must read it.
+		if err := os.Chown(users, int(cred.Uid), int(cred.Gid)); err != nil {
+			return fail(fmt.Errorf("chaos: %w", err))
+		}
 	}
 	conf := fmt.Sprintf(pgbouncerIni, cfg.ServerPort, port, users, cfg.PoolMode, cfg.PoolSize, logf)
 	if err := os.WriteFile(ini, []byte(conf), 0o644); err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"strconv"
 	"sync"
 	"time"
@@ -61,10 +62,17 @@ func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 // Port returns the proxy's listening port.
 func (p *Proxy) Port() int { return p.ln.Addr().(*net.TCPAddr).Port }
 
-// URL returns a PostgreSQL connection URL for database through the proxy.
-func (p *Proxy) URL(database string) string {
+// URLFor returns serverURL, a PostgreSQL connection URL of the server the
+// proxy forwards to (user, password, database and parameters included), with
+// its host and port replaced by the proxy's.
+func (p *Proxy) URLFor(serverURL string) (string, error) {
+	u, err := url.Parse(serverURL)
+	if err != nil || u.Scheme == "" {
+		return "", fmt.Errorf("chaos: proxy needs a URL of the server, got %q: %v", serverURL, err)
+	}
 	host := p.ln.Addr().(*net.TCPAddr).IP.String()
-	return "postgres://postgres@" + net.JoinHostPort(host, strconv.Itoa(p.Port())) + "/" + database + "?sslmode=disable"
+	u.Host = net.JoinHostPort(host, strconv.Itoa(p.Port()))
+	return u.String(), nil
 }
 
 func (p *Proxy) accept() {

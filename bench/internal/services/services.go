@@ -6,6 +6,8 @@ package services
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -86,23 +88,33 @@ func StartPostgres(ctx context.Context) (*Postgres, error) {
 
 // AppRole prepares role as the application role of the database at
 // ownerURL, whose user owns pgfence's install, and returns the URL to
-// connect as it. With create, the role is created first (LOGIN, no
-// password: the benchmark's cluster trusts loopback) unless it exists;
-// otherwise it must exist. Either way it is granted exactly what
-// migrations.Grant grants, and nothing else is granted to it here. The
-// returned URL carries no password (the owner's is dropped): elsewhere than
-// the benchmark's cluster the role needs one from the environment or
-// ~/.pgpass, as pgx reads them.
+// connect as it. With create (the benchmark's own cluster, which asks for a
+// password over TCP), the role is created with a random password, which the
+// URL carries; otherwise it must exist and the URL carries no password (the
+// owner's is dropped): the role then needs one from the environment or
+// ~/.pgpass, as pgx reads them. Either way it is granted exactly what
+// migrations.Grant grants, and nothing else is granted to it here.
 func AppRole(ctx context.Context, ownerURL, role string, create bool) (string, error) {
+	password := ""
 	if create {
+		var b [16]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return "", err
+		}
+		password = hex.EncodeToString(b[:])
 		conn, err := pgx.Connect(ctx, ownerURL)
 		if err != nil {
 			return "", err
 		}
 		var exists bool
 		err = conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = $1)`, role).Scan(&exists)
-		if err == nil && !exists {
-			_, err = conn.Exec(ctx, "CREATE ROLE "+pgx.Identifier{role}.Sanitize()+" LOGIN")
+		if err == nil {
+			// A hex password needs no quoting beyond the literal's.
+			verb := "CREATE"
+			if exists {
+				verb = "ALTER"
+			}
+			_, err = conn.Exec(ctx, verb+" ROLE "+pgx.Identifier{role}.Sanitize()+" LOGIN PASSWORD '"+password+"'")
 		}
 		_ = conn.Close(ctx)
 		if err != nil {
@@ -112,20 +124,25 @@ func AppRole(ctx context.Context, ownerURL, role string, create bool) (string, e
 	if err := migrations.Grant(ctx, migrations.Target{URL: ownerURL}, role, nil, nil); err != nil {
 		return "", fmt.Errorf("grant to %s: %w", role, err)
 	}
-	return withUser(ownerURL, role)
+	return withUser(ownerURL, role, password)
 }
 
-// withUser returns the connection string s with its user replaced by user:
-// a URL, or a keyword/value string (a later user= wins).
-func withUser(s, user string) (string, error) {
+// withUser returns the connection string s with its user replaced by user
+// and its password by password (none when empty): a URL, or a keyword/value
+// string (later keywords win).
+func withUser(s, user, password string) (string, error) {
 	if !strings.Contains(s, "://") {
-		return s + " user='" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(user) + "'", nil
+		q := strings.NewReplacer(`\`, `\\`, `'`, `\'`)
+		return s + " user='" + q.Replace(user) + "' password='" + q.Replace(password) + "'", nil
 	}
 	u, err := url.Parse(s)
 	if err != nil {
 		return "", fmt.Errorf("parse database URL: %w", err)
 	}
 	u.User = url.User(user)
+	if password != "" {
+		u.User = url.UserPassword(user, password)
+	}
 	return u.String(), nil
 }
 

@@ -24,10 +24,11 @@ func newNetns(t *testing.T, ctx context.Context, db *pgtest.DB) (*chaos.Netns, *
 	ns, err := chaos.NewNetns(ctx)
 	require.NoError(t, err, "the nftables fault tests need network namespaces: root with CAP_NET_ADMIN, iproute2 and nftables")
 	t.Cleanup(func() { require.NoError(t, ns.Close()) })
-	cfg, err := pgx.ParseConfig(db.URL)
+	cfg, err := pgx.ParseConfig(db.TCPURL)
 	require.NoError(t, err)
 	p, err := chaos.NewProxyOn(ns.HostIP+":0", fmt.Sprintf("%s:%d", cfg.Host, cfg.Port))
 	require.NoError(t, err)
+	p.Password = cfg.Password
 	t.Cleanup(func() { require.NoError(t, p.Close()) })
 	connCfg := func(extra string) *pgx.ConnConfig {
 		c, err := pgx.ParseConfig(p.URL(db.Name) + "&connect_timeout=2" + extra)

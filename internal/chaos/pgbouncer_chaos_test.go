@@ -20,9 +20,9 @@ import (
 func startBouncer(t *testing.T, ctx context.Context, poolSize int) (*chaos.PgBouncer, *pgtest.DB) {
 	t.Helper()
 	db := pgtest.NewDB(t)
-	cfg, err := pgx.ParseConfig(db.URL)
+	cfg, err := pgx.ParseConfig(db.TCPURL)
 	require.NoError(t, err)
-	b, err := chaos.StartPgBouncer(ctx, chaos.PgBouncerConfig{ServerPort: int(cfg.Port), PoolSize: poolSize})
+	b, err := chaos.StartPgBouncer(ctx, chaos.PgBouncerConfig{ServerPort: int(cfg.Port), Password: cfg.Password, PoolSize: poolSize})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		if t.Failed() {

@@ -22,10 +22,11 @@ import (
 // for db through it.
 func newProxy(t *testing.T, db *pgtest.DB) (*chaos.Proxy, string) {
 	t.Helper()
-	cfg, err := pgx.ParseConfig(db.URL)
+	cfg, err := pgx.ParseConfig(db.TCPURL)
 	require.NoError(t, err)
 	p, err := chaos.NewProxy(fmt.Sprintf("%s:%d", cfg.Host, cfg.Port))
 	require.NoError(t, err)
+	p.Password = cfg.Password
 	t.Cleanup(func() { require.NoError(t, p.Close()) })
 	return p, p.URL(db.Name) + "&connect_timeout=2"
 }

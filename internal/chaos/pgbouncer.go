@@ -122,6 +122,12 @@ func StartPgBouncer(ctx context.Context, cfg PgBouncerConfig) (*PgBouncer, error
 	if err := os.WriteFile(users, []byte(`"postgres" "`+strings.ReplaceAll(cfg.Password, `"`, `""`)+`"`+"\n"), 0o600); err != nil {
 		return fail(fmt.Errorf("chaos: %w", err))
 	}
+	if cred != nil {
+		// The password file is readable by PgBouncer's user alone.
+		if err := os.Chown(users, int(cred.Uid), int(cred.Gid)); err != nil {
+			return fail(fmt.Errorf("chaos: %w", err))
+		}
+	}
 	conf := fmt.Sprintf(pgbouncerIni, cfg.ServerPort, port, users, cfg.PoolMode, cfg.PoolSize, logf)
 	if err := os.WriteFile(ini, []byte(conf), 0o644); err != nil {
 		return fail(fmt.Errorf("chaos: %w", err))

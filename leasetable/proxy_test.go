@@ -196,7 +196,7 @@ func TestLossWhenDatabaseIsUnreachable(t *testing.T) {
 	// before anyone else could be granted it.
 	var stillHeld bool
 	require.NoError(t, db.Pool.QueryRow(ctx,
-		"SELECT expires_at > clock_timestamp() FROM pgfence_leases WHERE name = 'partitioned'").Scan(&stillHeld))
+		"SELECT expires_at > clock_timestamp() FROM pgfence.pgfence_leases WHERE name = 'partitioned'").Scan(&stillHeld))
 	require.True(t, stillHeld, "the local deadline must come before the database's expiry")
 	waitFor(t, failing, "the failed renewal to be reported")
 }
@@ -269,7 +269,7 @@ func setupListenStall(t *testing.T, checkInterval time.Duration) *listenStall {
 // waiter's LISTEN connection, has the holder release the lease, and returns
 // the waiter's result. The waiter gives up after 5s, far below the holder's
 // TTL of a minute.
-func (s *listenStall) handOver(t *testing.T) (*leasetable.Lease, error) {
+func (s *listenStall) handOver(t *testing.T) (pgfence.Lease, error) {
 	t.Helper()
 	ctx := context.Background()
 	probe, err := s.holder.TryAcquire(ctx, "probe", nil)

@@ -53,7 +53,9 @@ func BenchmarkUpdate(b *testing.B) {
 			_, err := db.Pool.Exec(ctx, `INSERT INTO pgfence_leases (name, owner, fence, expires_at)
 				VALUES ('l', 'a', 5, now() + interval '1 hour')`)
 			require.NoError(b, err)
-			stmt := fence.Update("accounts").Set("balance = balance + $1").Where("id = $2").UnderLease("l")
+			schema, err := installLeaseHeld(ctx, db.Pool)
+			require.NoError(b, err)
+			stmt := fence.Update("accounts").Set("balance = balance + $1").Where("id = $2").UnderLease("l").LeaseSchema(schema)
 			for b.Loop() {
 				_, err := stmt.Exec(ctx, db.Pool, 5, 1, 1)
 				require.NoError(b, err)

@@ -138,7 +138,7 @@ func TestConcurrentNewerWriteCommittedWhileWaiting(t *testing.T) {
 
 	// A's snapshot still shows the row with the old token; the statement
 	// must report the newer one it finds after waiting, not success.
-	stmt := fence.Update("accounts").Set("balance = balance + $1").Where("id = $2 /* holder_a_update */")
+	stmt := fence.Update("accounts").Set("balance = balance + $1").Where("id = $2 AND 'holder_a_update' <> ''")
 	err = blockedBehind(t, b, "holder_a_update",
 		func() error { _, err := stmt.Exec(ctx, b.pool, a, 5, 1); return err },
 		func() error { return tx.Commit(ctx) })
@@ -163,7 +163,7 @@ func TestConcurrentOlderWriteCommittedWhileWaiting(t *testing.T) {
 	_, err = addBalance.Exec(ctx, tx, older, 1000, 1)
 	require.NoError(t, err)
 
-	stmt := fence.Update("accounts").Set("balance = balance + $1").Where("id = $2 /* holder_b_update */")
+	stmt := fence.Update("accounts").Set("balance = balance + $1").Where("id = $2 AND 'holder_b_update' <> ''")
 	err = blockedBehind(t, b, "holder_b_update",
 		func() error { _, err := stmt.Exec(ctx, b.pool, newer, 5, 1); return err },
 		func() error { return tx.Commit(ctx) })
@@ -186,7 +186,7 @@ func TestConcurrentDeleteWhileWaitingIsNoRows(t *testing.T) {
 	_, err = tx.Exec(ctx, "DELETE FROM accounts WHERE id = 1")
 	require.NoError(t, err)
 
-	stmt := fence.Update("accounts").Set("balance = balance + $1").Where("id = $2 /* holder_a_gone */")
+	stmt := fence.Update("accounts").Set("balance = balance + $1").Where("id = $2 AND 'holder_a_gone' <> ''")
 	err = blockedBehind(t, b, "holder_a_gone",
 		func() error { _, err := stmt.Exec(ctx, b.pool, a, 5, 1); return err },
 		func() error { return tx.Commit(ctx) })
@@ -206,7 +206,7 @@ func TestConcurrentRollbackWhileWaitingWrites(t *testing.T) {
 	_, err = addBalance.Exec(ctx, tx, newer, 1000, 1)
 	require.NoError(t, err)
 
-	stmt := fence.Update("accounts").Set("balance = balance + $1").Where("id = $2 /* holder_a_rb */")
+	stmt := fence.Update("accounts").Set("balance = balance + $1").Where("id = $2 AND 'holder_a_rb' <> ''")
 	err = blockedBehind(t, b, "holder_a_rb",
 		func() error { _, err := stmt.Exec(ctx, b.pool, a, 5, 1); return err },
 		func() error { return tx.Rollback(ctx) })
@@ -258,7 +258,7 @@ func TestConcurrentNewerWriteOnOneOfSeveralRowsIsAllOrNothing(t *testing.T) {
 	_, err = addBalance.Exec(ctx, tx, newer, 1000, 3)
 	require.NoError(t, err)
 
-	stmt := fence.Update("accounts").Set("balance = balance + $1").Where("id = ANY($2) /* holder_a_several */")
+	stmt := fence.Update("accounts").Set("balance = balance + $1").Where("id = ANY($2) AND 'holder_a_several' <> ''")
 	err = blockedBehind(t, b, "holder_a_several",
 		func() error { _, err := stmt.Exec(ctx, b.pool, a, 5, []int32{1, 2, 3}); return err },
 		func() error { return tx.Commit(ctx) })

@@ -45,6 +45,10 @@ func (s *DeleteStmt) Strict() *DeleteStmt { c := *s; c.g.setStrict(); return &c 
 // with the token, as for [UpdateStmt.UnderLease].
 func (s *DeleteStmt) UnderLease(name string) *DeleteStmt { c := *s; c.g.setLease(name); return &c }
 
+// LeaseSchema sets the schema pgfence is installed in, as for
+// [UpdateStmt.LeaseSchema].
+func (s *DeleteStmt) LeaseSchema(name string) *DeleteStmt { c := *s; c.g.setSchema(name); return &c }
+
 // SQL returns the statement Exec sends for a call with nargs arguments, as
 // for [UpdateStmt.SQL].
 func (s *DeleteStmt) SQL(nargs int) (string, error) {
@@ -63,9 +67,9 @@ func (s *DeleteStmt) build(nargs int) (string, error) {
 		return "", err
 	}
 	tok := nargs + 1
-	where := "(" + closed(s.where) + ")"
+	where := "(" + s.where + ")"
 	return s.g.with(where, tok, true) + fmt.Sprintf(deleteCTE,
-		s.g.tableName(), s.g.writeWhere(where, tok, fmt.Sprintf(setTokenSQL, tok))) + s.g.tail(where), nil
+		s.g.tableName(), s.g.writeWhere(where, tok)) + s.g.tail(where), nil
 }
 
 // deleteCTE deletes the rows, only if the gates pass, and only rows whose
@@ -77,10 +81,6 @@ const deleteCTE = `pgfence_write AS (
     WHERE %[2]s
     RETURNING 1
 )`
-
-// setTokenSQL sets pgfence.token for the rest of the transaction, before
-// any row is deleted, so the pgfence_guard trigger can check deletes.
-const setTokenSQL = `set_config('pgfence.token', $%d::bigint::text, true) IS NOT NULL`
 
 // Exec runs the guarded DELETE on db with the caller's args and the fencing
 // token, in one round trip: the rows the Where matches are deleted only if

@@ -53,7 +53,7 @@ func TestDeleteUnderLease(t *testing.T) {
 	b.account(t, 1, 100, 0)
 	tokA := b.acquireLease(t, "ledger", "A")
 	b.acquireLease(t, "ledger", "B")
-	_, err := deleteAccount.UnderLease("ledger").Exec(ctx, b.pool, tokA, 1)
+	_, err := deleteAccount.LeaseSchema(b.schema).UnderLease("ledger").Exec(ctx, b.pool, tokA, 1)
 	require.ErrorIs(t, err, pgfence.ErrLeaseLost)
 	require.Equal(t, 1, countAccounts(t, b))
 }
@@ -121,13 +121,13 @@ func TestUpsertUnderLease(t *testing.T) {
 	ctx := context.Background()
 	b := setup(t)
 	tokA := b.acquireLease(t, "ledger", "A")
-	_, err := upsertAccount.UnderLease("ledger").Exec(ctx, b.pool, tokA, 1, 100)
+	_, err := upsertAccount.LeaseSchema(b.schema).UnderLease("ledger").Exec(ctx, b.pool, tokA, 1, 100)
 	require.NoError(t, err)
 	tokB := b.acquireLease(t, "ledger", "B")
-	_, err = upsertAccount.UnderLease("ledger").Exec(ctx, b.pool, tokA, 2, 100)
+	_, err = upsertAccount.LeaseSchema(b.schema).UnderLease("ledger").Exec(ctx, b.pool, tokA, 2, 100)
 	require.ErrorIs(t, err, pgfence.ErrLeaseLost)
 	require.Equal(t, 1, countAccounts(t, b), "nothing inserted")
-	_, err = upsertAccount.UnderLease("ledger").Exec(ctx, b.pool, tokB, 1, 7)
+	_, err = upsertAccount.LeaseSchema(b.schema).UnderLease("ledger").Exec(ctx, b.pool, tokB, 1, 7)
 	require.NoError(t, err)
 	bal, tok := b.row(t, 1)
 	require.Equal(t, int64(7), bal, "the new holder's upsert updated the row")
@@ -146,7 +146,7 @@ func TestUpsertConcurrentInsertWhileWaiting(t *testing.T) {
 	_, err = upsertAccount.Exec(ctx, tx, newer, 1, 500)
 	require.NoError(t, err)
 
-	stmt := fence.Upsert("accounts").Columns("id", "balance").Values("$1 /* upsert_a */", "$2").OnConflict("id")
+	stmt := fence.Upsert("accounts").Columns("id", "balance").Values("$1::int + 0 * length('upsert_a')", "$2").OnConflict("id")
 	err = blockedBehind(t, b, "upsert_a",
 		func() error { _, err := stmt.Exec(ctx, b.pool, a, 1, 1); return err },
 		func() error { return tx.Commit(ctx) })

@@ -67,17 +67,18 @@ func ExampleUpdateStmt_SQL() {
 	// WITH pgfence_locked AS (
 	//     SELECT "fence_token" AS pgfence_token FROM "accounts"
 	//     WHERE (id = $2)
-	//     AND (SELECT count(*) > 1 FROM (SELECT FROM "accounts" WHERE (id = $2) LIMIT 2) AS pgfence_rows)
+	//     AND (SELECT pg_catalog.count(*) OPERATOR(pg_catalog.>) 1 FROM (SELECT FROM "accounts" WHERE (id = $2) LIMIT 2) AS pgfence_rows)
 	//     FOR UPDATE
 	// ), pgfence_write AS (
 	//     UPDATE "accounts" SET balance = balance + $1, "fence_token" = $3
 	//     WHERE (id = $2)
-	//     AND "fence_token" <= $3
-	//     AND NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token <= $3) IS NOT TRUE)
+	//     AND "fence_token" OPERATOR(pg_catalog.<=) $3
+	//     AND NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token OPERATOR(pg_catalog.<=) $3) IS NOT TRUE)
+	//     AND pg_catalog.set_config('pgfence.token', $3::pg_catalog.int8::pg_catalog.text, true) IS NOT NULL
 	//     RETURNING 1
 	// )
-	// SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
-	//     count(*) FILTER (WHERE pgfence_token IS NULL), true
+	// SELECT (SELECT pg_catalog.count(*) FROM pgfence_write), pg_catalog.count(*), pg_catalog.max(pgfence_token),
+	//     pg_catalog.count(*) FILTER (WHERE pgfence_token IS NULL), true
 	// FROM (
 	//     SELECT "fence_token" AS pgfence_token FROM "accounts"
 	//     WHERE (id = $2)
@@ -115,7 +116,10 @@ func ExampleUpdateStmt_UnderLease() {
 	must(pool.QueryRow(ctx, take, "A").Scan(&tokenA))
 	must(pool.QueryRow(ctx, take, "B").Scan(&tokenB))
 
-	run := fence.Update("jobs").Set("state = $1").Where("id = $2").UnderLease("scheduler")
+	schema, err := installLeaseHeld(ctx, pool) // test-only: delete at merge, with LeaseSchema below
+	must(err)
+
+	run := fence.Update("jobs").Set("state = $1").Where("id = $2").UnderLease("scheduler").LeaseSchema(schema)
 	_, err = run.Exec(ctx, pool, tokenA, "running on A", 1)
 	fmt.Println("lease lost:", errors.Is(err, pgfence.ErrLeaseLost), "fenced:", errors.Is(err, pgfence.ErrFenced))
 	_, err = run.Exec(ctx, pool, tokenB, "running on B", 1)
@@ -132,13 +136,14 @@ func ExampleUpsert() {
 	// Output:
 	// WITH pgfence_write AS (
 	//     INSERT INTO "accounts" ("id", "balance", "fence_token")
-	//     SELECT $1, $2, $3::bigint
+	//     SELECT ($1), ($2), $3::pg_catalog.int8
+	//     WHERE pg_catalog.set_config('pgfence.token', $3::pg_catalog.int8::pg_catalog.text, true) IS NOT NULL
 	//     ON CONFLICT ("id") DO UPDATE SET "balance" = excluded."balance", "fence_token" = excluded."fence_token"
-	//     WHERE "accounts"."fence_token" <= excluded."fence_token"
+	//     WHERE "accounts"."fence_token" OPERATOR(pg_catalog.<=) excluded."fence_token"
 	//     RETURNING 1
 	// )
-	// SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
-	//     count(*) FILTER (WHERE pgfence_token IS NULL), true
+	// SELECT (SELECT pg_catalog.count(*) FROM pgfence_write), pg_catalog.count(*), pg_catalog.max(pgfence_token),
+	//     pg_catalog.count(*) FILTER (WHERE pgfence_token IS NULL), true
 	// FROM (
 	//     SELECT "fence_token" AS pgfence_token FROM "accounts"
 	//     WHERE "id" = ($1)

@@ -18,10 +18,26 @@ import (
 // holder that last wrote the row.
 const DefaultColumn = "fence_token"
 
-// SQLState is the SQLSTATE that the pgfence_guard trigger raises when a
-// write would move a row's fencing token backwards. [Classify] and [Check]
-// turn it into a [*StaleTokenError].
+// SQLState is the SQLSTATE that the pgfence_guard triggers raise when a
+// write would move a row's fencing token backwards, presents no token or an
+// older one (pgfence_guard_strict), presents one that was never issued
+// (pgfence_guard_strict), or truncates the table (pgfence_guard_truncate).
+// [Classify] and [Check] turn it into a [*StaleTokenError].
 const SQLState = "PF001"
+
+// SQLStateMalformedToken is the SQLSTATE that the pgfence_guard triggers
+// raise when the transaction's pgfence.token setting is neither empty nor a
+// bigint. [Classify] and [Check] turn it into an error matching
+// [ErrMalformedToken].
+const SQLStateMalformedToken = "PF003"
+
+// ErrMalformedToken is matched (errors.Is) by the error [Classify] and
+// [Check] return, and the builders' Exec, when a pgfence_guard trigger
+// rejected a write because the transaction's pgfence.token setting is not a
+// bigint (SQLSTATE PF003): the setting was made by hand, not with
+// set_config('pgfence.token', token::text, true). Nothing was written; the
+// *pgconn.PgError stays reachable with errors.As.
+var ErrMalformedToken = errors.New("pgfence: malformed pgfence.token setting")
 
 // maxIdentLen is PostgreSQL's identifier limit (NAMEDATALEN-1 bytes). Longer
 // names are silently truncated by the server, so they are rejected here.
@@ -57,6 +73,15 @@ func (e *StaleTokenError) Error() string {
 	b.WriteString("pgfence: write rejected")
 	if e.Table != "" {
 		b.WriteString(" on " + e.Table)
+	}
+	// A rejection that is not a stale token (no token presented, a token
+	// never issued, a TRUNCATE) is told by the trigger's own message.
+	var pgErr *pgconn.PgError
+	if errors.As(e.Err, &pgErr) {
+		if m := detailRE.FindStringSubmatch(pgErr.Detail); pgErr.Message != "" && (m == nil || m[1] == "" || e.Presented > e.Current) {
+			b.WriteString(": " + strings.TrimPrefix(pgErr.Message, "pgfence: "))
+			return b.String()
+		}
 	}
 	fmt.Fprintf(&b, ": stale fencing token %d", e.Presented)
 	if e.Current != 0 {
@@ -125,13 +150,21 @@ func Predicate(column string, param int, strict bool) string {
 }
 
 // Classify maps an error from any statement that writes a table protected by
-// the pgfence_guard trigger: a *pgconn.PgError with SQLSTATE PF001 becomes a
+// a pgfence_guard trigger: a *pgconn.PgError with SQLSTATE PF001 becomes a
 // [*StaleTokenError] wrapping it (so errors.Is(err, pgfence.ErrFenced) holds
 // and the PgError stays reachable), with Presented and Current parsed from
-// the error's DETAIL. Any other error, and nil, is returned unchanged.
+// the error's DETAIL (0 where the DETAIL has none, as when no token was
+// presented). SQLSTATE PF003 becomes an error matching [ErrMalformedToken]
+// and wrapping the PgError. Any other error, and nil, is returned unchanged.
 func Classify(err error) error {
 	var pgErr *pgconn.PgError
-	if err == nil || !errors.As(err, &pgErr) || pgErr.Code != SQLState {
+	if err == nil || !errors.As(err, &pgErr) {
+		return err
+	}
+	if pgErr.Code == SQLStateMalformedToken {
+		return fmt.Errorf("%w: %w", ErrMalformedToken, err)
+	}
+	if pgErr.Code != SQLState {
 		return err
 	}
 	stale := &StaleTokenError{Err: err}
@@ -142,7 +175,7 @@ func Classify(err error) error {
 	return stale
 }
 
-// detailRE parses the DETAIL of pgfence_guard's PF001 errors.
+// detailRE parses the DETAIL of the pgfence_guard triggers' PF001 errors.
 var detailRE = regexp.MustCompile(`^presented=(-?\d*) current=(-?\d*)$`)
 
 // Check maps the result of a hand-written or sqlc UPDATE or DELETE on a
@@ -153,6 +186,7 @@ var detailRE = regexp.MustCompile(`^presented=(-?\d*) current=(-?\d*)$`)
 //
 //   - err with SQLSTATE PF001: a [*StaleTokenError], matching
 //     pgfence.ErrFenced; nothing was written (the statement failed).
+//   - err with SQLSTATE PF003: an error matching [ErrMalformedToken].
 //   - any other err: returned unchanged.
 //   - no row affected: an error matching pgx.ErrNoRows.
 //

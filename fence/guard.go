@@ -23,6 +23,9 @@ type guard struct {
 	strict bool
 	lease  string
 	leased bool
+	// schema is the schema pgfence is installed in, where UnderLease
+	// finds pgfence_lease_held.
+	schema string
 	// cache holds the rendered statements by number of arguments and
 	// whether the lease is checked (the lease name is a parameter, so
 	// copies made by UnderLease share it). Every other method that changes
@@ -40,12 +43,14 @@ type sqlKey struct {
 // fresh gives g an empty cache; builder methods call it on their copy.
 func (g *guard) fresh() { g.cache = new(sync.Map) }
 
-// setColumn, setStrict and setLease are the builders' Column, Strict and
-// UnderLease, applied to the builder's copy. setLease keeps the cache: the
-// lease name is a parameter and the cache key says whether it is checked.
+// setColumn, setStrict, setLease and setSchema are the builders' Column,
+// Strict, UnderLease and LeaseSchema, applied to the builder's copy.
+// setLease keeps the cache: the lease name is a parameter and the cache key
+// says whether it is checked.
 func (g *guard) setColumn(name string) { g.column = name; g.fresh() }
 func (g *guard) setStrict()            { g.strict = true; g.fresh() }
 func (g *guard) setLease(name string)  { g.lease, g.leased = name, true }
+func (g *guard) setSchema(name string) { g.schema = name; g.fresh() }
 
 // cached returns build(nargs), rendered once per statement value and
 // argument count. Errors are not cached.
@@ -68,8 +73,12 @@ func newGuard(table pgx.Identifier, err error) guard {
 	if err == nil {
 		err = checkIdent(table)
 	}
-	return guard{table: table, err: err, column: DefaultColumn, cache: new(sync.Map)}
+	return guard{table: table, err: err, column: DefaultColumn, schema: defaultSchema, cache: new(sync.Map)}
 }
+
+// defaultSchema is the schema the builders expect pgfence to be installed
+// in unless told otherwise with LeaseSchema.
+const defaultSchema = "pgfence"
 
 // tableName is the table as written in SQL, and in error messages.
 func (g *guard) tableName() string { return g.table.Sanitize() }
@@ -80,6 +89,9 @@ func (g *guard) check() error {
 		return g.err
 	}
 	if err := checkName("guard column", g.column); err != nil {
+		return err
+	}
+	if err := checkName("lease schema", g.schema); err != nil {
 		return err
 	}
 	if g.leased {
@@ -97,25 +109,31 @@ func (g *guard) check() error {
 func (g *guard) col() string { return pgx.Identifier{g.column}.Sanitize() }
 
 // op is the guard comparison: <= lets one holder write many times, < only
-// once per token.
+// once per token. It is pg_catalog's operator whatever the caller's
+// search_path.
 func (g *guard) op() string {
 	if g.strict {
-		return "<"
+		return "OPERATOR(pg_catalog.<)"
 	}
-	return "<="
+	return "OPERATOR(pg_catalog.<=)"
 }
 
 // leaseCTE requires the lease row to be held with the presented token on the
-// database clock, and locks it FOR SHARE until the transaction ends: a
-// takeover or release (an UPDATE of the row) in flight makes the statement
-// wait and then see the new row, and one that starts later waits for this
-// transaction. clock_timestamp(), not now(): inside a long transaction now()
-// is the transaction's start, which would let an expired lease pass.
+// database clock: pgfence_lease_held checks fence = token and expires_at >
+// clock_timestamp() and locks the row FOR SHARE until the transaction ends,
+// so a takeover or release (an UPDATE of the row) in flight makes the
+// statement wait and then see the new row, and one that starts later waits
+// for this transaction. The function runs as pgfence's owner (SECURITY
+// DEFINER), so the writer needs only EXECUTE on it, not the UPDATE privilege
+// on pgfence_leases that FOR SHARE takes. The CTE runs once: it is volatile.
 const leaseCTE = `pgfence_lease AS (
-    SELECT FROM pgfence_leases
-    WHERE name = $%[2]d AND fence = $%[1]d::bigint AND expires_at > clock_timestamp()
-    FOR SHARE
+    SELECT WHERE %[3]s($%[2]d::pg_catalog.text, $%[1]d::pg_catalog.int8)
 ), `
+
+// leaseFunc is the qualified name of pgfence_lease_held.
+func (g *guard) leaseFunc() string {
+	return pgx.Identifier{g.schema, "pgfence_lease_held"}.Sanitize()
+}
 
 // lockedCTE runs only when the caller's WHERE matches several rows in the
 // statement's snapshot (the count stops at the second): it locks, FOR
@@ -131,7 +149,7 @@ const leaseCTE = `pgfence_lease AS (
 const lockedCTE = `pgfence_locked AS (
     SELECT %[1]s AS pgfence_token FROM %[2]s
     WHERE %[3]s
-    AND (SELECT count(*) > 1 FROM (SELECT FROM %[2]s WHERE %[3]s LIMIT 2) AS pgfence_rows)%[4]s
+    AND (SELECT pg_catalog.count(*) OPERATOR(pg_catalog.>) 1 FROM (SELECT FROM %[2]s WHERE %[3]s LIMIT 2) AS pgfence_rows)%[4]s
     FOR UPDATE
 ), `
 
@@ -157,6 +175,12 @@ const currentSQL = `(
 // it holds no row and the gate passes.
 const gateSQL = `NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token %[1]s $%[2]d) IS NOT TRUE)`
 
+// setTokenSQL sets pgfence.token to the token for the rest of the
+// transaction. It is a condition of the write (always true), evaluated for
+// each row before the row is written, so the pgfence_guard triggers see it:
+// pgfence_guard checks deletes against it, pgfence_guard_strict every write.
+const setTokenSQL = `pg_catalog.set_config('pgfence.token', $%d::pg_catalog.int8::pg_catalog.text, true) IS NOT NULL`
+
 // leaseGate is the condition that the lease check passed.
 const leaseGate = `EXISTS (SELECT FROM pgfence_lease)`
 
@@ -164,8 +188,8 @@ const leaseGate = `EXISTS (SELECT FROM pgfence_lease)`
 // by currentSQL (none after a write that wrote a row), their newest token,
 // how many have a NULL token, and whether the lease check passed.
 const resultSQL = `
-SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
-    count(*) FILTER (WHERE pgfence_token IS NULL), %s
+SELECT (SELECT pg_catalog.count(*) FROM pgfence_write), pg_catalog.count(*), pg_catalog.max(pgfence_token),
+    pg_catalog.count(*) FILTER (WHERE pgfence_token IS NULL), %s
 FROM %s`
 
 // with renders the WITH clause up to (not including) the write CTE. match
@@ -176,7 +200,7 @@ func (g *guard) with(match string, tok int, several bool) string {
 	var b strings.Builder
 	b.WriteString("WITH ")
 	if g.leased {
-		fmt.Fprintf(&b, leaseCTE, tok, tok+1)
+		fmt.Fprintf(&b, leaseCTE, tok, tok+1, g.leaseFunc())
 	}
 	if several {
 		fmt.Fprintf(&b, lockedCTE, g.col(), g.tableName(), match, g.leaseCond())
@@ -194,10 +218,10 @@ func (g *guard) leaseCond() string {
 
 // writeWhere is the write's WHERE: the caller's condition, the guard
 // predicate (rechecked by PostgreSQL on the newest version of each row), the
-// gates, and any extra conditions.
-func (g *guard) writeWhere(where string, tok int, extra ...string) string {
+// gates, and the setting of pgfence.token.
+func (g *guard) writeWhere(where string, tok int) string {
 	conds := append([]string{where, fmt.Sprintf("%s %s $%d", g.col(), g.op(), tok)}, g.gates(tok, true)...)
-	return and(append(conds, extra...)...)
+	return and(append(conds, fmt.Sprintf(setTokenSQL, tok))...)
 }
 
 // gates are the conditions that hold the write back: the lease check, and,
@@ -264,8 +288,9 @@ func (g *guard) run(ctx context.Context, db pgfence.DB, sql string, token int64,
 	}
 	err := db.QueryRow(ctx, sql, all...).Scan(&o.written, &o.matched, &o.current, &o.nulls, &o.leaseHeld)
 	if err != nil {
+		err = Classify(err)
 		var stale *StaleTokenError
-		if errors.As(Classify(err), &stale) {
+		if errors.As(err, &stale) {
 			stale.Table = g.tableName()
 			return o, stale
 		}

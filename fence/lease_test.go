@@ -17,7 +17,7 @@ func TestUnderLeaseWritesWhileHeld(t *testing.T) {
 	b.account(t, 1, 100, 0)
 	tokA := b.acquireLease(t, "ledger", "A")
 
-	_, err := addBalance.UnderLease("ledger").Exec(ctx, b.pool, tokA, 5, 1)
+	_, err := addBalance.LeaseSchema(b.schema).UnderLease("ledger").Exec(ctx, b.pool, tokA, 5, 1)
 	require.NoError(t, err)
 	bal, tok := b.row(t, 1)
 	require.Equal(t, int64(105), bal)
@@ -36,7 +36,7 @@ func TestUnderLeaseRejectedAfterTakeover(t *testing.T) {
 	// write through; the lease check does not.
 	_, err := addBalance.Exec(ctx, b.pool, tokA, 0, 1)
 	require.NoError(t, err, "negative control: token fencing alone accepts A here")
-	_, err = addBalance.UnderLease("ledger").Exec(ctx, b.pool, tokA, 5, 1)
+	_, err = addBalance.LeaseSchema(b.schema).UnderLease("ledger").Exec(ctx, b.pool, tokA, 5, 1)
 	require.ErrorIs(t, err, pgfence.ErrLeaseLost)
 	require.ErrorIs(t, err, pgfence.ErrFenced)
 	var le *fence.LeaseLostError
@@ -44,7 +44,7 @@ func TestUnderLeaseRejectedAfterTakeover(t *testing.T) {
 	require.Equal(t, "ledger", le.Lease)
 	require.Equal(t, tokA, le.Presented)
 
-	_, err = addBalance.UnderLease("ledger").Exec(ctx, b.pool, tokB, 7, 1)
+	_, err = addBalance.LeaseSchema(b.schema).UnderLease("ledger").Exec(ctx, b.pool, tokB, 7, 1)
 	require.NoError(t, err)
 	bal, tok := b.row(t, 1)
 	require.Equal(t, int64(107), bal)
@@ -58,10 +58,10 @@ func TestUnderLeaseRejectedWhenExpiredOrReleasedOrMissing(t *testing.T) {
 	b.account(t, 1, 100, 0)
 	tok := b.acquireLease(t, "ledger", "A")
 	b.exec(t, "UPDATE pgfence_leases SET expires_at = now() WHERE name = 'ledger'") // released
-	_, err := addBalance.UnderLease("ledger").Exec(ctx, b.pool, tok, 5, 1)
+	_, err := addBalance.LeaseSchema(b.schema).UnderLease("ledger").Exec(ctx, b.pool, tok, 5, 1)
 	require.ErrorIs(t, err, pgfence.ErrLeaseLost)
 
-	_, err = addBalance.UnderLease("other").Exec(ctx, b.pool, tok, 5, 1)
+	_, err = addBalance.LeaseSchema(b.schema).UnderLease("other").Exec(ctx, b.pool, tok, 5, 1)
 	require.ErrorIs(t, err, pgfence.ErrLeaseLost)
 	bal, _ := b.row(t, 1)
 	require.Equal(t, int64(100), bal)
@@ -72,7 +72,7 @@ func TestUnderLeaseStaleRowStillFenced(t *testing.T) {
 	b := setup(t)
 	tok := b.acquireLease(t, "ledger", "A")
 	b.account(t, 1, 100, b.nextToken(t)) // written by a newer holder of another lock
-	_, err := addBalance.UnderLease("ledger").Exec(context.Background(), b.pool, tok, 5, 1)
+	_, err := addBalance.LeaseSchema(b.schema).UnderLease("ledger").Exec(context.Background(), b.pool, tok, 5, 1)
 	require.ErrorIs(t, err, pgfence.ErrFenced)
 	require.NotErrorIs(t, err, pgfence.ErrLeaseLost)
 }
@@ -83,8 +83,8 @@ func TestUnderLeaseBlockedWhileTakeoverInFlight(t *testing.T) {
 	b := setup(t)
 	b.account(t, 1, 100, 0)
 	tokA := b.acquireLease(t, "ledger", "A")
-	stmt := fence.Update("accounts").Set("balance = balance + $1").Where("id = $2 /* lease_a_blocked */").
-		UnderLease("ledger")
+	stmt := fence.Update("accounts").Set("balance = balance + $1").Where("id = $2 AND 'lease_a_blocked' <> ''").
+		LeaseSchema(b.schema).UnderLease("ledger")
 
 	for _, commit := range []bool{true, false} {
 		takeover, err := b.pool.Begin(ctx)
@@ -124,7 +124,7 @@ func TestUnderLeaseHoldsOffTakeoverUntilCommit(t *testing.T) {
 	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	_, err = addBalance.UnderLease("ledger").Exec(ctx, tx, tokA, 5, 1)
+	_, err = addBalance.LeaseSchema(b.schema).UnderLease("ledger").Exec(ctx, tx, tokA, 5, 1)
 	require.NoError(t, err)
 
 	// The lease row is locked FOR SHARE until A's transaction ends, so a

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
@@ -28,16 +30,35 @@ CREATE TRIGGER accounts_fence
 type testBundle struct {
 	db   *pgtest.DB
 	pool *pgxpool.Pool
+	// schema is the schema pgfence is installed in.
+	schema string
 }
 
 // setup returns a fresh database with the accounts table.
 func setup(t *testing.T) *testBundle {
 	t.Helper()
 	db := pgtest.NewDB(t)
-	_, err := db.Pool.Exec(context.Background(), accountsDDL)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, accountsDDL)
 	require.NoError(t, err)
-	return &testBundle{db: db, pool: db.Pool}
+	schema, err := installLeaseHeld(ctx, db.Pool)
+	require.NoError(t, err)
+	return &testBundle{db: db, pool: db.Pool, schema: schema}
 }
+
+// pgfenceSchema returns the schema pgfence is installed in: the one that
+// holds pgfence_guard. (On the fence branch the old migrator installs into
+// public; once merged, this is pgfence.DefaultSchema.)
+func pgfenceSchema(ctx context.Context, db pgfence.DB) (string, error) {
+	var schema string
+	err := db.QueryRow(ctx, `SELECT n.nspname FROM pg_catalog.pg_proc AS p
+		JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
+		WHERE p.proname OPERATOR(pg_catalog.=) 'pgfence_guard'`).Scan(&schema)
+	return schema, err
+}
+
+// fn is the qualified name of pgfence's function name, for test SQL.
+func (b *testBundle) fn(name string) string { return pgx.Identifier{b.schema, name}.Sanitize() }
 
 // exec runs SQL that must succeed.
 func (b *testBundle) exec(t *testing.T, sql string, args ...any) {

@@ -9,16 +9,24 @@ import (
 // statement (the protocol counts parameters in an int16).
 const maxParams = 65535
 
-// scanParams returns the $n placeholders used in a caller's SQL fragment, as
-// a set, and the highest one (0 when there is none). Placeholders inside
-// string constants ('...', E'...'), quoted identifiers ("..."), comments (--
-// and nested /* */), dollar-quoted strings ($$...$$, $tag$...$tag$) and
-// identifiers that contain $ (a$1) are not placeholders, as in PostgreSQL's
-// lexer (with standard_conforming_strings on, the default since 9.1). An
-// unterminated quote or comment, $0, or a number above 65535 is an error.
-// openComment reports that frag ends inside a -- comment, so SQL appended
-// after it must start on a new line.
-func scanParams(frag string, used map[int]struct{}) (highest int, openComment bool, err error) {
+// scanParams checks that a caller's SQL fragment is one self-contained
+// piece of an expression, and returns the $n placeholders it uses, as a set,
+// and the highest one (0 when there is none). It follows PostgreSQL's lexer
+// (with standard_conforming_strings on, the default since 9.1):
+// placeholders inside string constants ('...', E'...'), quoted identifiers
+// ("..."), dollar-quoted strings ($$...$$, $tag$...$tag$) and identifiers
+// that contain $ (a$1) are not placeholders.
+//
+// A fragment is rejected when SQL appended after it could be read as part
+// of it, or when it could end the clause it is placed in: an unterminated
+// string constant, quoted identifier or dollar quote; a comment (-- or /*);
+// a parenthesis or bracket that it does not close, or that closes one it did
+// not open; a semicolon; and a backslash right before a quote in a standard
+// string constant ('a\'), which a server with standard_conforming_strings
+// off reads as an escaped quote, so the string would not end where it
+// seems to. $0 or a number above 65535 is an error too.
+func scanParams(frag string, used map[int]struct{}) (highest int, err error) {
+	var open []int // byte offsets of the ( and [ not yet closed
 	n := len(frag)
 	for i := 0; i < n; {
 		c := frag[i]
@@ -26,20 +34,31 @@ func scanParams(frag string, used map[int]struct{}) (highest int, openComment bo
 		case c == '\'':
 			escapes := i > 0 && (frag[i-1] == 'e' || frag[i-1] == 'E') && (i < 2 || !isIdentChar(frag[i-2]))
 			j := i + 1
+			backslashes := 0 // run of backslashes before frag[j], in a standard string
 			for {
 				if j >= n {
-					return 0, false, fmt.Errorf("unterminated string constant at byte %d", i)
+					return 0, fmt.Errorf("unterminated string constant at byte %d", i)
 				}
 				if escapes && frag[j] == '\\' {
 					j += 2
 					continue
 				}
 				if frag[j] == '\'' {
+					if backslashes%2 == 1 {
+						return 0, fmt.Errorf("backslash before a quote in the string constant at byte %d: "+
+							"it ends the string only with standard_conforming_strings on; write E'...' with \\' or double the quote", i)
+					}
 					if j+1 < n && frag[j+1] == '\'' {
 						j += 2
+						backslashes = 0
 						continue
 					}
 					break
+				}
+				if frag[j] == '\\' {
+					backslashes++
+				} else {
+					backslashes = 0
 				}
 				j++
 			}
@@ -48,7 +67,7 @@ func scanParams(frag string, used map[int]struct{}) (highest int, openComment bo
 			j := i + 1
 			for {
 				if j >= n {
-					return 0, false, fmt.Errorf("unterminated quoted identifier at byte %d", i)
+					return 0, fmt.Errorf("unterminated quoted identifier at byte %d", i)
 				}
 				if frag[j] == '"' {
 					if j+1 < n && frag[j+1] == '"' {
@@ -60,31 +79,23 @@ func scanParams(frag string, used map[int]struct{}) (highest int, openComment bo
 				j++
 			}
 			i = j + 1
-		case c == '-' && i+1 < n && frag[i+1] == '-':
-			j := strings.IndexByte(frag[i:], '\n')
-			if j < 0 {
-				i, openComment = n, true
-			} else {
-				i += j + 1
+		case c == '-' && i+1 < n && frag[i+1] == '-', c == '/' && i+1 < n && frag[i+1] == '*':
+			return 0, fmt.Errorf("comment %q at byte %d: fragments may not contain comments", frag[i:i+2], i)
+		case c == ';':
+			return 0, fmt.Errorf("semicolon at byte %d: a fragment is part of one statement", i)
+		case c == '(' || c == '[':
+			open = append(open, i)
+			i++
+		case c == ')' || c == ']':
+			want := byte('(')
+			if c == ']' {
+				want = '['
 			}
-		case c == '/' && i+1 < n && frag[i+1] == '*':
-			depth, j := 1, i+2
-			for depth > 0 {
-				if j+1 >= n {
-					return 0, false, fmt.Errorf("unterminated /* comment at byte %d", i)
-				}
-				switch {
-				case frag[j] == '/' && frag[j+1] == '*':
-					depth++
-					j += 2
-				case frag[j] == '*' && frag[j+1] == '/':
-					depth--
-					j += 2
-				default:
-					j++
-				}
+			if len(open) == 0 || frag[open[len(open)-1]] != want {
+				return 0, fmt.Errorf("unbalanced %q at byte %d: it closes no %q of the fragment", c, i, want)
 			}
-			i = j
+			open = open[:len(open)-1]
+			i++
 		case c == '$' && i > 0 && isIdentChar(frag[i-1]):
 			// Part of an identifier such as a$1 or a$b.
 			i++
@@ -97,7 +108,7 @@ func scanParams(frag string, used map[int]struct{}) (highest int, openComment bo
 				j++
 			}
 			if num == 0 || num > maxParams {
-				return 0, false, fmt.Errorf("placeholder %s at byte %d is out of range 1..%d", frag[i:j], i, maxParams)
+				return 0, fmt.Errorf("placeholder %s at byte %d is out of range 1..%d", frag[i:j], i, maxParams)
 			}
 			used[num] = struct{}{}
 			highest = max(highest, num)
@@ -119,14 +130,18 @@ func scanParams(frag string, used map[int]struct{}) (highest int, openComment bo
 			tag := frag[i : j+1]
 			end := strings.Index(frag[j+1:], tag)
 			if end < 0 {
-				return 0, false, fmt.Errorf("unterminated dollar-quoted string %s at byte %d", tag, i)
+				return 0, fmt.Errorf("unterminated dollar-quoted string %s at byte %d", tag, i)
 			}
 			i = j + 1 + end + len(tag)
 		default:
 			i++
 		}
 	}
-	return highest, openComment, nil
+	if len(open) > 0 {
+		at := open[len(open)-1]
+		return 0, fmt.Errorf("unbalanced %q at byte %d: the fragment does not close it", frag[at], at)
+	}
+	return highest, nil
 }
 
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }
@@ -137,9 +152,9 @@ func isIdentStart(c byte) bool {
 
 func isIdentChar(c byte) bool { return isIdentStart(c) || isDigit(c) || c == '$' }
 
-// checkParams validates the placeholders of a statement's fragments against
-// the number of arguments the caller passes: together they must use exactly
-// $1..$nargs, each at least once.
+// checkParams validates a statement's fragments (see scanParams) and their
+// placeholders against the number of arguments the caller passes: together
+// they must use exactly $1..$nargs, each at least once.
 func checkParams(nargs int, frags ...fragment) error {
 	if nargs < 0 {
 		return fmt.Errorf("fence: negative argument count %d", nargs)
@@ -147,7 +162,7 @@ func checkParams(nargs int, frags ...fragment) error {
 	used := make(map[int]struct{})
 	highest := 0
 	for _, f := range frags {
-		h, _, err := scanParams(f.sql, used)
+		h, err := scanParams(f.sql, used)
 		if err != nil {
 			return fmt.Errorf("fence: %s fragment %q: %w", f.what, f.sql, err)
 		}
@@ -170,14 +185,4 @@ func checkParams(nargs int, frags ...fragment) error {
 type fragment struct {
 	what string
 	sql  string
-}
-
-// closed returns frag ready to have SQL appended: with a newline added when
-// it ends inside a -- comment, which would otherwise swallow what follows.
-// Call it on fragments checkParams accepted.
-func closed(frag string) string {
-	if _, open, err := scanParams(frag, map[int]struct{}{}); err == nil && open {
-		return frag + "\n"
-	}
-	return frag
 }

@@ -13,7 +13,7 @@ import (
 func params(t *testing.T, frag string) ([]int, error) {
 	t.Helper()
 	used := map[int]struct{}{}
-	_, _, err := scanParams(frag, used)
+	_, err := scanParams(frag, used)
 	return slices.Sorted(maps.Keys(used)), err
 }
 
@@ -31,12 +31,14 @@ func TestScanParams(t *testing.T) {
 		{frag: "note = 'it''s $1' || $2", want: []int{2}},
 		{frag: `note = E'\' $1' || $2`, want: []int{2}},
 		{frag: `note = e'\\' || $3`, want: []int{3}},
-		{frag: `note = 'a\' || $1`, want: []int{1}}, // standard strings: \ is not an escape
+		// With standard_conforming_strings off, \' would not end the string.
+		{frag: `note = 'a\' || $1`, err: "backslash before a quote"},
 		{frag: `"col$1" = $2`, want: []int{2}},
 		{frag: `"a""$1" = $2`, want: []int{2}},
-		{frag: "x = 1 -- $1\n AND y = $2", want: []int{2}},
-		{frag: "x = 1 -- $1", want: []int{}},
-		{frag: "x = /* $1 /* $2 */ $3 */ $4", want: []int{4}},
+		{frag: "x = '-- /* ; ( ]' AND \"a(--\" = $$ ) /* $$ AND y = $1", want: []int{1}},
+		{frag: "x = 'a\\\\' || $1", want: []int{1}}, // an even run of backslashes is read alike either way
+		{frag: `x = E'a\'b' || 'it''s' || $1`, want: []int{1}},
+		{frag: "f((a[1]), ARRAY[$1, (2)])", want: []int{1}},
 		{frag: "x = $$ $1 $$ || $2", want: []int{2}},
 		{frag: "x = $tag$ $1 $$ $tag$ || $2", want: []int{2}},
 		{frag: "a$1 = $2", want: []int{2}},
@@ -45,8 +47,17 @@ func TestScanParams(t *testing.T) {
 		{frag: "x = $ 1", want: []int{}},
 		{frag: "x = 'open", err: "unterminated string"},
 		{frag: `x = "open`, err: "unterminated quoted identifier"},
-		{frag: "x = /* open", err: "unterminated /* comment"},
-		{frag: "x = /* /* */", err: "unterminated /* comment"},
+		{frag: "x = 1 -- $1\n AND y = $2", err: `comment "--" at byte 6`},
+		{frag: "x = 1 --", err: "may not contain comments"},
+		{frag: "x = /* $1 */ $2", err: `comment "/*" at byte 4`},
+		{frag: "x = 1*/*/", err: "may not contain comments"},
+		{frag: "x = 1; DROP TABLE t", err: "semicolon at byte 5"},
+		{frag: "id = $2) OR (id = $2", err: `unbalanced ')' at byte 7: it closes no '('`},
+		{frag: "(id = 1", err: `unbalanced '(' at byte 0: the fragment does not close it`},
+		{frag: "a[1", err: `unbalanced '['`},
+		{frag: "f(a]", err: `unbalanced ']'`},
+		{frag: "x = 'a\\' ) OR (true OR '' = '", err: "backslash before a quote"},
+		{frag: "x = 'a\\'''", err: "backslash before a quote"},
 		{frag: "x = $a$ open", err: "unterminated dollar-quoted"},
 		{frag: "x = $0", err: "out of range"},
 		{frag: "x = $65536", err: "out of range"},
@@ -75,12 +86,13 @@ func FuzzScanParams(f *testing.F) {
 	for _, s := range []string{
 		"id = $1", "'$1'", `E'\'$1'`, `"$1"`, "-- $1\n$2", "/* $1 /* */ */ $2",
 		"$$ $1 $$", "$q$ $1 $q$ $2", "a$1", "$", "$0", "'", `"`, "/*", "$a$",
+		"a) OR (b", "(", "]", ";", `'\'`, `'a\\'`, "$$ ) $$", "f(a[1])",
 	} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		used := map[int]struct{}{}
-		highest, _, err := scanParams(s, used)
+		highest, err := scanParams(s, used)
 		if err == nil {
 			for p := range used {
 				require.True(t, p >= 1 && p <= maxParams && p <= highest)
@@ -89,19 +101,20 @@ func FuzzScanParams(f *testing.F) {
 				_, ok := used[highest]
 				require.True(t, ok)
 			}
-			// A newline ends any line comment; a placeholder after it counts.
-			got, err := params(t, s+"\n+$1")
-			require.NoError(t, err)
-			require.Contains(t, got, 1)
-			// closed leaves no comment open.
-			got, err = params(t, closed(s)+"+$1")
+			// An accepted fragment leaves nothing open: what follows it is
+			// read on its own, so a placeholder after it counts.
+			got, err := params(t, "("+s+") AND $1 IN ("+s+")")
 			require.NoError(t, err)
 			require.Contains(t, got, 1)
 		}
-		for _, quoted := range []string{
-			"'" + strings.ReplaceAll(s, "'", "''") + "'",
+		quoted := []string{
 			`"` + strings.ReplaceAll(s, `"`, `""`) + `"`,
-		} {
+			"E'" + strings.NewReplacer(`\`, `\\`, "'", `\'`).Replace(s) + "'",
+		}
+		if !strings.Contains(s, `\`) {
+			quoted = append(quoted, "'"+strings.ReplaceAll(s, "'", "''")+"'")
+		}
+		for _, quoted := range quoted {
 			got, err := params(t, "x = "+quoted+" AND y = $1")
 			require.NoError(t, err, "%q", quoted)
 			require.Equal(t, []int{1}, got, "%q", quoted)

@@ -31,17 +31,18 @@ func TestSQLGolden(t *testing.T) {
 			want: `WITH pgfence_locked AS (
     SELECT "fence_token" AS pgfence_token FROM "accounts"
     WHERE (id = $2)
-    AND (SELECT count(*) > 1 FROM (SELECT FROM "accounts" WHERE (id = $2) LIMIT 2) AS pgfence_rows)
+    AND (SELECT pg_catalog.count(*) OPERATOR(pg_catalog.>) 1 FROM (SELECT FROM "accounts" WHERE (id = $2) LIMIT 2) AS pgfence_rows)
     FOR UPDATE
 ), pgfence_write AS (
     UPDATE "accounts" SET balance = balance + $1, "fence_token" = $3
     WHERE (id = $2)
-    AND "fence_token" <= $3
-    AND NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token <= $3) IS NOT TRUE)
+    AND "fence_token" OPERATOR(pg_catalog.<=) $3
+    AND NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token OPERATOR(pg_catalog.<=) $3) IS NOT TRUE)
+    AND pg_catalog.set_config('pgfence.token', $3::pg_catalog.int8::pg_catalog.text, true) IS NOT NULL
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
-    count(*) FILTER (WHERE pgfence_token IS NULL), true
+SELECT (SELECT pg_catalog.count(*) FROM pgfence_write), pg_catalog.count(*), pg_catalog.max(pgfence_token),
+    pg_catalog.count(*) FILTER (WHERE pgfence_token IS NULL), true
 FROM (
     SELECT "fence_token" AS pgfence_token FROM "accounts"
     WHERE (id = $2)
@@ -56,17 +57,18 @@ FROM (
 			want: `WITH pgfence_locked AS (
     SELECT "Token" AS pgfence_token FROM "billing"."accounts"
     WHERE (id = $1)
-    AND (SELECT count(*) > 1 FROM (SELECT FROM "billing"."accounts" WHERE (id = $1) LIMIT 2) AS pgfence_rows)
+    AND (SELECT pg_catalog.count(*) OPERATOR(pg_catalog.>) 1 FROM (SELECT FROM "billing"."accounts" WHERE (id = $1) LIMIT 2) AS pgfence_rows)
     FOR UPDATE
 ), pgfence_write AS (
     UPDATE "billing"."accounts" SET note = 'pay $5', "Token" = $2
     WHERE (id = $1)
-    AND "Token" < $2
-    AND NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token < $2) IS NOT TRUE)
+    AND "Token" OPERATOR(pg_catalog.<) $2
+    AND NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token OPERATOR(pg_catalog.<) $2) IS NOT TRUE)
+    AND pg_catalog.set_config('pgfence.token', $2::pg_catalog.int8::pg_catalog.text, true) IS NOT NULL
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
-    count(*) FILTER (WHERE pgfence_token IS NULL), true
+SELECT (SELECT pg_catalog.count(*) FROM pgfence_write), pg_catalog.count(*), pg_catalog.max(pgfence_token),
+    pg_catalog.count(*) FILTER (WHERE pgfence_token IS NULL), true
 FROM (
     SELECT "Token" AS pgfence_token FROM "billing"."accounts"
     WHERE (id = $1)
@@ -79,25 +81,24 @@ FROM (
 			stmt:  fence.UpdateIdent(pgx.Identifier{"odd.name"}).Set("v = 1").Where("true").UnderLease("jobs"),
 			nargs: 0,
 			want: `WITH pgfence_lease AS (
-    SELECT FROM pgfence_leases
-    WHERE name = $2 AND fence = $1::bigint AND expires_at > clock_timestamp()
-    FOR SHARE
+    SELECT WHERE "pgfence"."pgfence_lease_held"($2::pg_catalog.text, $1::pg_catalog.int8)
 ), pgfence_locked AS (
     SELECT "fence_token" AS pgfence_token FROM "odd.name"
     WHERE (true)
-    AND (SELECT count(*) > 1 FROM (SELECT FROM "odd.name" WHERE (true) LIMIT 2) AS pgfence_rows)
+    AND (SELECT pg_catalog.count(*) OPERATOR(pg_catalog.>) 1 FROM (SELECT FROM "odd.name" WHERE (true) LIMIT 2) AS pgfence_rows)
     AND EXISTS (SELECT FROM pgfence_lease)
     FOR UPDATE
 ), pgfence_write AS (
     UPDATE "odd.name" SET v = 1, "fence_token" = $1
     WHERE (true)
-    AND "fence_token" <= $1
+    AND "fence_token" OPERATOR(pg_catalog.<=) $1
     AND EXISTS (SELECT FROM pgfence_lease)
-    AND NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token <= $1) IS NOT TRUE)
+    AND NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token OPERATOR(pg_catalog.<=) $1) IS NOT TRUE)
+    AND pg_catalog.set_config('pgfence.token', $1::pg_catalog.int8::pg_catalog.text, true) IS NOT NULL
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
-    count(*) FILTER (WHERE pgfence_token IS NULL), EXISTS (SELECT FROM pgfence_lease)
+SELECT (SELECT pg_catalog.count(*) FROM pgfence_write), pg_catalog.count(*), pg_catalog.max(pgfence_token),
+    pg_catalog.count(*) FILTER (WHERE pgfence_token IS NULL), EXISTS (SELECT FROM pgfence_lease)
 FROM (
     SELECT "fence_token" AS pgfence_token FROM "odd.name"
     WHERE (true)
@@ -113,18 +114,18 @@ FROM (
 			want: `WITH pgfence_locked AS (
     SELECT "fence_token" AS pgfence_token FROM "accounts"
     WHERE (id = $1)
-    AND (SELECT count(*) > 1 FROM (SELECT FROM "accounts" WHERE (id = $1) LIMIT 2) AS pgfence_rows)
+    AND (SELECT pg_catalog.count(*) OPERATOR(pg_catalog.>) 1 FROM (SELECT FROM "accounts" WHERE (id = $1) LIMIT 2) AS pgfence_rows)
     FOR UPDATE
 ), pgfence_write AS (
     DELETE FROM "accounts"
     WHERE (id = $1)
-    AND "fence_token" <= $2
-    AND NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token <= $2) IS NOT TRUE)
-    AND set_config('pgfence.token', $2::bigint::text, true) IS NOT NULL
+    AND "fence_token" OPERATOR(pg_catalog.<=) $2
+    AND NOT EXISTS (SELECT FROM pgfence_locked WHERE (pgfence_token OPERATOR(pg_catalog.<=) $2) IS NOT TRUE)
+    AND pg_catalog.set_config('pgfence.token', $2::pg_catalog.int8::pg_catalog.text, true) IS NOT NULL
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
-    count(*) FILTER (WHERE pgfence_token IS NULL), true
+SELECT (SELECT pg_catalog.count(*) FROM pgfence_write), pg_catalog.count(*), pg_catalog.max(pgfence_token),
+    pg_catalog.count(*) FILTER (WHERE pgfence_token IS NULL), true
 FROM (
     SELECT "fence_token" AS pgfence_token FROM "accounts"
     WHERE (id = $1)
@@ -138,13 +139,14 @@ FROM (
 			nargs: 2,
 			want: `WITH pgfence_write AS (
     INSERT INTO "accounts" ("id", "balance", "fence_token")
-    SELECT $1, $2, $3::bigint
+    SELECT ($1), ($2), $3::pg_catalog.int8
+    WHERE pg_catalog.set_config('pgfence.token', $3::pg_catalog.int8::pg_catalog.text, true) IS NOT NULL
     ON CONFLICT ("id") DO UPDATE SET "balance" = excluded."balance", "fence_token" = excluded."fence_token"
-    WHERE "accounts"."fence_token" <= excluded."fence_token"
+    WHERE "accounts"."fence_token" OPERATOR(pg_catalog.<=) excluded."fence_token"
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
-    count(*) FILTER (WHERE pgfence_token IS NULL), true
+SELECT (SELECT pg_catalog.count(*) FROM pgfence_write), pg_catalog.count(*), pg_catalog.max(pgfence_token),
+    pg_catalog.count(*) FILTER (WHERE pgfence_token IS NULL), true
 FROM (
     SELECT "fence_token" AS pgfence_token FROM "accounts"
     WHERE "id" = ($1)
@@ -153,24 +155,23 @@ FROM (
 ) AS pgfence_current`,
 		},
 		{
-			name: "upsert, schema, custom set, strict, lease",
+			name: "upsert, schema, custom set, strict, lease in a schema that needs quoting",
 			stmt: fence.Upsert("s.accounts").Columns("id", "balance").Values("$1", "$2").OnConflict("id").
-				Set("balance = accounts.balance + excluded.balance").Strict().UnderLease("l"),
+				Set("balance = accounts.balance + excluded.balance").Strict().UnderLease("l").LeaseSchema(`my "locks"`),
 			nargs: 2,
 			want: `WITH pgfence_lease AS (
-    SELECT FROM pgfence_leases
-    WHERE name = $4 AND fence = $3::bigint AND expires_at > clock_timestamp()
-    FOR SHARE
+    SELECT WHERE "my ""locks"""."pgfence_lease_held"($4::pg_catalog.text, $3::pg_catalog.int8)
 ), pgfence_write AS (
     INSERT INTO "s"."accounts" ("id", "balance", "fence_token")
-    SELECT $1, $2, $3::bigint
+    SELECT ($1), ($2), $3::pg_catalog.int8
     WHERE EXISTS (SELECT FROM pgfence_lease)
+    AND pg_catalog.set_config('pgfence.token', $3::pg_catalog.int8::pg_catalog.text, true) IS NOT NULL
     ON CONFLICT ("id") DO UPDATE SET balance = accounts.balance + excluded.balance, "fence_token" = excluded."fence_token"
-    WHERE "accounts"."fence_token" < excluded."fence_token"
+    WHERE "accounts"."fence_token" OPERATOR(pg_catalog.<) excluded."fence_token"
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM pgfence_write), count(*), max(pgfence_token),
-    count(*) FILTER (WHERE pgfence_token IS NULL), EXISTS (SELECT FROM pgfence_lease)
+SELECT (SELECT pg_catalog.count(*) FROM pgfence_write), pg_catalog.count(*), pg_catalog.max(pgfence_token),
+    pg_catalog.count(*) FILTER (WHERE pgfence_token IS NULL), EXISTS (SELECT FROM pgfence_lease)
 FROM (
     SELECT "fence_token" AS pgfence_token FROM "s"."accounts"
     WHERE "id" = ($1)
@@ -374,11 +375,14 @@ func TestSQLIsCachedPerStatement(t *testing.T) {
 
 	strict, err := base.Strict().SQL(2)
 	require.NoError(t, err)
-	require.Contains(t, strict, `"fence_token" < $3`)
+	require.Contains(t, strict, `"fence_token" OPERATOR(pg_catalog.<) $3`)
 	leased, err := base.UnderLease("a").SQL(2)
 	require.NoError(t, err)
-	require.Contains(t, leased, "pgfence_leases")
-	other, err := base.UnderLease("a").UnderLease("b").SQL(2)
+	require.Contains(t, leased, `"pgfence"."pgfence_lease_held"`)
+	other, err := base.UnderLease("a").LeaseSchema("locks").SQL(2)
+	require.NoError(t, err)
+	require.Contains(t, other, `"locks"."pgfence_lease_held"`)
+	other, err = base.UnderLease("a").UnderLease("b").SQL(2)
 	require.NoError(t, err)
 	require.Equal(t, leased, other, "the lease name is a parameter, not part of the SQL")
 	where, err := base.Where("id = $2 AND balance > 0").SQL(2)

@@ -58,8 +58,15 @@ func (s *UpdateStmt) Strict() *UpdateStmt { c := *s; c.g.setStrict(); return &c 
 // UnderLease makes the write also require, in the same statement, that the
 // pgfence_leases row name is held with the token (fence = token and
 // expires_at > clock_timestamp()), locking that row FOR SHARE until the
-// transaction ends. See "Lease-checked writes" in the package documentation.
+// transaction ends. The check calls pgfence_lease_held in the schema set
+// with LeaseSchema, so the writer needs EXECUTE on it (and USAGE on the
+// schema). See "Lease-checked writes" in the package documentation.
 func (s *UpdateStmt) UnderLease(name string) *UpdateStmt { c := *s; c.g.setLease(name); return &c }
+
+// LeaseSchema sets the schema pgfence is installed in, where UnderLease
+// calls pgfence_lease_held; the default is "pgfence". The name is quoted
+// with pgx.Identifier; an invalid one is reported by SQL and Exec.
+func (s *UpdateStmt) LeaseSchema(name string) *UpdateStmt { c := *s; c.g.setSchema(name); return &c }
 
 // SQL returns the statement Exec sends for a call with nargs arguments: the
 // fragments use $1..$nargs, the token is $nargs+1 and the lease name, with
@@ -84,15 +91,16 @@ func (s *UpdateStmt) build(nargs int) (string, error) {
 		return "", err
 	}
 	tok := nargs + 1
-	where := "(" + closed(s.where) + ")"
+	where := "(" + s.where + ")"
 	return s.g.with(where, tok, true) + fmt.Sprintf(updateCTE,
-		s.g.tableName(), closed(s.set), s.g.col(), tok,
+		s.g.tableName(), s.set, s.g.col(), tok,
 		s.g.writeWhere(where, tok)) + s.g.tail(where), nil
 }
 
 // updateCTE writes the rows, only if the gates pass, and only rows whose
 // token the presented one does not make stale (rechecked by PostgreSQL on
-// the newest committed version of each row).
+// the newest committed version of each row). Its WHERE also sets
+// pgfence.token, for the pgfence_guard_strict trigger.
 const updateCTE = `pgfence_write AS (
     UPDATE %[1]s SET %[2]s, %[3]s = $%[4]d
     WHERE %[5]s

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -188,23 +189,47 @@ func TestUpdateDatabaseErrorIsWrapped(t *testing.T) {
 	require.False(t, errors.Is(err, pgfence.ErrFenced))
 }
 
-func TestFragmentsEndingInLineComments(t *testing.T) {
+// Fragments are pieces of one expression: a fragment that could swallow or
+// end the SQL the builder puts after it is refused before anything is sent,
+// with an error naming the fragment and what is wrong with it.
+func TestUnsafeFragmentsAreRejectedBeforeSending(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t)
-	b.account(t, 1, 100, 0)
-	tok := b.nextToken(t)
-	_, err := fence.Update("accounts").Set("balance = balance + $1 -- add").Where("id = $2 -- the account").
-		Exec(ctx, b.pool, tok, 5, 1)
-	require.NoError(t, err)
-	_, err = fence.Upsert("accounts").Columns("id", "balance").Values("$1 -- id", "$2 -- balance").OnConflict("id").
-		Set("balance = excluded.balance -- replace").Exec(ctx, b.pool, tok, 1, 7)
-	require.NoError(t, err)
-	bal, _ := b.row(t, 1)
-	require.Equal(t, int64(7), bal)
-	_, err = fence.Delete("accounts").Where("id = $1 -- gone").Exec(ctx, b.pool, tok, 1)
-	require.NoError(t, err)
-	require.Equal(t, 0, countAccounts(t, b))
+	tests := []struct {
+		name string
+		stmt interface {
+			Exec(context.Context, pgfence.DB, int64, ...any) (pgconn.CommandTag, error)
+		}
+		nargs int
+		want  string
+	}{
+		{"where escapes its parentheses", fence.Update("accounts").Set("balance = $1").Where("id = $2) OR (id = $2"), 2,
+			`Where fragment "id = $2) OR (id = $2": unbalanced ')' at byte 7`},
+		{"delete where escapes", fence.Delete("accounts").Where("true) OR (true"), 0, `unbalanced ')'`},
+		{"unclosed parenthesis", fence.Update("accounts").Set("balance = f($1").Where("id = $2"), 2, `Set fragment "balance = f($1": unbalanced '('`},
+		{"line comment", fence.Update("accounts").Set("balance = $1 -- add").Where("id = $2"), 2, "may not contain comments"},
+		{"block comment", fence.Delete("accounts").Where("id = $1 /* x */"), 1, "may not contain comments"},
+		{"unterminated string", fence.Delete("accounts").Where("id = $1 OR 'x"), 1, "unterminated string constant"},
+		{"unterminated identifier", fence.Delete("accounts").Where(`"id = $1`), 1, "unterminated quoted identifier"},
+		{"unterminated dollar quote", fence.Delete("accounts").Where("id = $1 OR $q$"), 1, "unterminated dollar-quoted string $q$"},
+		{"semicolon", fence.Delete("accounts").Where("id = $1; DELETE FROM accounts"), 1, "semicolon"},
+		{"backslash before quote", fence.Delete("accounts").Where(`id = $1 AND 'a\' = 'a\'`), 1, "backslash before a quote"},
+		{"upsert value", fence.Upsert("accounts").Columns("id", "balance").Values("$1", "$2) UNION (SELECT 1, 2").OnConflict("id"), 2,
+			`Values fragment "$2) UNION (SELECT 1, 2": unbalanced ')'`},
+		{"upsert set", fence.Upsert("accounts").Columns("id", "balance").Values("$1", "$2").OnConflict("id").Set("balance = 1 --"), 2,
+			"may not contain comments"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			args := make([]any, tt.nargs)
+			for i := range args {
+				args[i] = i + 1
+			}
+			_, err := tt.stmt.Exec(ctx, noDB{t}, 5, args...)
+			require.ErrorContains(t, err, tt.want)
+		})
+	}
 }
 
 // Every pgx handle a caller may hold can run a guarded write.
@@ -231,7 +256,7 @@ func TestSimpleProtocolAndPoolConn(t *testing.T) {
 	require.NoError(t, err)
 	_, err = addBalance.Exec(ctx, pool, stale, 5, 1)
 	require.ErrorIs(t, err, pgfence.ErrFenced)
-	_, err = addBalance.UnderLease("ledger").Exec(ctx, pool, tokL, 5, 1)
+	_, err = addBalance.LeaseSchema(b.schema).UnderLease("ledger").Exec(ctx, pool, tokL, 5, 1)
 	require.NoError(t, err)
 
 	conn, err := pool.Acquire(ctx)

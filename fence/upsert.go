@@ -85,6 +85,10 @@ func (s *UpsertStmt) Strict() *UpsertStmt { c := *s; c.g.setStrict(); return &c 
 // the token, as for [UpdateStmt.UnderLease].
 func (s *UpsertStmt) UnderLease(name string) *UpsertStmt { c := *s; c.g.setLease(name); return &c }
 
+// LeaseSchema sets the schema pgfence is installed in, as for
+// [UpdateStmt.LeaseSchema].
+func (s *UpsertStmt) LeaseSchema(name string) *UpsertStmt { c := *s; c.g.setSchema(name); return &c }
+
 // SQL returns the statement Exec sends for a call with nargs arguments, as
 // for [UpdateStmt.SQL].
 func (s *UpsertStmt) SQL(nargs int) (string, error) {
@@ -109,7 +113,9 @@ func (s *UpsertStmt) build(nargs int) (string, error) {
 	cols := make([]string, 0, len(s.columns)+1)
 	values := make([]string, len(s.values))
 	for i, name := range s.columns {
-		values[i] = closed(s.values[i])
+		// Each value in parentheses: a value cannot add a column or a
+		// SELECT of its own.
+		values[i] = "(" + s.values[i] + ")"
 		valueOf[name] = values[i]
 		cols = append(cols, pgx.Identifier{name}.Sanitize())
 	}
@@ -119,10 +125,10 @@ func (s *UpsertStmt) build(nargs int) (string, error) {
 	for _, name := range s.conflict {
 		q := pgx.Identifier{name}.Sanitize()
 		isConflict[name] = true
-		match = append(match, fmt.Sprintf("%s = (%s)", q, valueOf[name]))
+		match = append(match, fmt.Sprintf("%s = %s", q, valueOf[name]))
 		conflict = append(conflict, q)
 	}
-	set := closed(s.set)
+	set := s.set
 	if set == "" {
 		var sets []string
 		for _, name := range s.columns {
@@ -141,10 +147,7 @@ func (s *UpsertStmt) build(nargs int) (string, error) {
 	// table too.
 	existing := pgx.Identifier{s.g.table[len(s.g.table)-1]}.Sanitize()
 	vals := strings.Join(values, ", ")
-	gate := ""
-	if gates := s.g.gates(tok, false); len(gates) > 0 {
-		gate = "\n    WHERE " + and(gates...)
-	}
+	gate := "\n    WHERE " + and(append(s.g.gates(tok, false), fmt.Sprintf(setTokenSQL, tok))...)
 	m := strings.Join(match, " AND ")
 	return s.g.with(m, tok, false) + fmt.Sprintf(upsertCTE,
 		s.g.tableName(), strings.Join(cols, ", "), vals, tok, gate,
@@ -154,10 +157,11 @@ func (s *UpsertStmt) build(nargs int) (string, error) {
 // upsertCTE inserts the row, or updates the conflicting one whose token the
 // presented one does not make stale, only if the gates pass. It is an
 // INSERT ... SELECT so the gates can hold it back; the SELECT leaves its
-// parameters' types to the INSERT's columns.
+// parameters' types to the INSERT's columns. Its WHERE also sets
+// pgfence.token, once, before the row is inserted or updated.
 const upsertCTE = `pgfence_write AS (
     INSERT INTO %[1]s (%[2]s)
-    SELECT %[3]s, $%[4]d::bigint%[5]s
+    SELECT %[3]s, $%[4]d::pg_catalog.int8%[5]s
     ON CONFLICT (%[6]s) DO UPDATE SET %[7]s%[8]s = excluded.%[8]s
     WHERE %[9]s.%[8]s %[10]s excluded.%[8]s
     RETURNING 1

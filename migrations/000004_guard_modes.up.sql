@@ -239,12 +239,17 @@ BEGIN
                   DETAIL = pg_catalog.format('presented=%s current=%s', presented, old_token),
                   HINT = 'A newer lock holder has written this row; this holder''s lock was lost.';
     END IF;
-    IF (old_token IS NULL OR presented > old_token) AND presented > pgfence_last_token() THEN
-        RAISE EXCEPTION 'pgfence: fencing token % on %.% was never issued (current %)',
-                presented, TG_TABLE_SCHEMA, TG_TABLE_NAME, old_token
-            USING ERRCODE = 'PF001',
-                  DETAIL = pg_catalog.format('presented=%s current=%s', presented, old_token),
-                  HINT = 'Tokens come from pgfence_next_token(); this one is newer than any it has handed out.';
+    -- A newer token must have been issued. (A separate IF: EXECUTE on
+    -- pgfence_last_token is checked when the expression calling it is first
+    -- prepared, so writers presenting the row's own token never need it.)
+    IF old_token IS NULL OR presented > old_token THEN
+        IF presented > pgfence_last_token() THEN
+            RAISE EXCEPTION 'pgfence: fencing token % on %.% was never issued (current %)',
+                    presented, TG_TABLE_SCHEMA, TG_TABLE_NAME, old_token
+                USING ERRCODE = 'PF001',
+                      DETAIL = pg_catalog.format('presented=%s current=%s', presented, old_token),
+                      HINT = 'Tokens come from pgfence_next_token(); this one is newer than any it has handed out.';
+        END IF;
     END IF;
 
     IF TG_OP = 'DELETE' THEN

@@ -166,7 +166,7 @@ func TestLossWhenDatabaseIsUnreachable(t *testing.T) {
 	cfg := db.Pool.Config().ConnConfig
 	proxy := newCutProxy(t, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
 	pool := db.NewPool(t, func(c *pgxpool.Config) {
-		c.ConnConfig.Host, c.ConnConfig.Port = "127.0.0.1", proxy.port()
+		c.ConnConfig.Host, c.ConnConfig.Port, c.ConnConfig.Fallbacks = "127.0.0.1", proxy.port(), nil
 		// Connection attempts into the cut proxy hang; bound them so that
 		// closing the pool does not wait long for them.
 		c.ConnConfig.ConnectTimeout = time.Second
@@ -208,7 +208,7 @@ func TestRenewalRetriesUntilTheDatabaseIsBack(t *testing.T) {
 	cfg := db.Pool.Config().ConnConfig
 	proxy := newCutProxy(t, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
 	pool := db.NewPool(t, func(c *pgxpool.Config) {
-		c.ConnConfig.Host, c.ConnConfig.Port = "127.0.0.1", proxy.port()
+		c.ConnConfig.Host, c.ConnConfig.Port, c.ConnConfig.Fallbacks = "127.0.0.1", proxy.port(), nil
 	})
 	t.Cleanup(proxy.close)
 	logs := newLogWatch()

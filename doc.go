@@ -22,21 +22,62 @@
 //     row's, optionally also checking atomically that the lease is still
 //     held; and the pgfence_guard trigger for database-side enforcement.
 //
-// This package holds what they share: the [DB] interface, the sentinel
-// errors, and [Migrate], which applies the schema the packages need.
+// This package holds what they share: the [Locker] and [Lease] interfaces
+// both strategies satisfy (switching strategy changes the constructor
+// only), [AcquireOpts], the [DB] interface, the sentinel errors, and
+// [DefaultSchema]. It imports nothing but pgx. The schema itself is
+// installed by package [github.com/pgfence/pgfence/migrations] (or the
+// pgfence command's migrate subcommand).
+//
+// # One vocabulary
+//
+// Both Lockers have the same verbs and the same behaviour: TryAcquire
+// returns at once ([ErrNotAcquired] when someone else holds the lock);
+// Acquire waits until it holds the lock, ctx ends (the error wraps ctx's
+// cause) or [AcquireOpts].WaitTimeout elapses (the error matches both
+// ErrNotAcquired and context.DeadlineExceeded); Do runs a function under the
+// lock, cancels its context with cause [ErrLeaseLost] when the lock is lost,
+// and returns the function's error joined with the loss and the release's
+// error. A caller that already holds the lock it asks for (its ctx descends
+// from the lease's Context, as in a nested Do) gets [ErrAlreadyHeld] at
+// once instead of waiting for itself. Release is idempotent and safe on a
+// nil handle. Constructors take a context and check, once, that the schema
+// is installed as the code needs ([ErrNotInstalled] otherwise). Errors and
+// log messages start with "pgfence: " and the package's name.
 //
 // # Fencing tokens
 //
-// Tokens are drawn from one PostgreSQL sequence, pgfence_leases_fence_seq,
-// by both lock strategies, after the lock is granted. The sequence never
+// Tokens are drawn from one PostgreSQL sequence, pgfence_leases_fence_seq in
+// pgfence's schema, by both lock strategies, after the lock is granted. The sequence never
 // cycles, so tokens only ever grow: a later holder of a lock always has a
 // larger token than every earlier holder, and a token is never handed out
 // twice. A random identifier such as a UUID could not be ordered this way.
 //
-// Tokens are drawn with pgfence_next_token(), which makes the drawing
-// transaction commit durably (it forces synchronous_commit on for that
-// transaction), so a token that a caller has seen is never reissued after a
-// server crash, even on a server that runs with synchronous_commit=off.
+// Tokens are drawn inside pgfence's SECURITY DEFINER functions, which make
+// the drawing transaction commit durably (they raise synchronous_commit to
+// on for that transaction, and never lower a stricter setting such as
+// remote_apply), so a token that a caller has seen is never reissued after a
+// server crash, even on a server that runs with synchronous_commit=off. The
+// sequence must count by one with no cache and no cycle; the migrations set
+// it so, the token functions refuse to draw otherwise, and every Locker's
+// New checks it.
+//
+// # Shared databases
+//
+// pgfence lives in a schema of its own ([DefaultSchema], "pgfence", unless
+// chosen otherwise at migration time and in every Config), owned by the
+// role that migrates. Applications get only what migrations.Grant gives
+// them: USAGE on the schema, SELECT on the lease table, EXECUTE on the
+// functions that acquire, renew, release and prune. Every write to the
+// lease table and every token goes through those functions, so an
+// application role cannot forge, rewind or reissue a token, take over a
+// lease that has not expired or revive one that has, and cannot change the
+// sequence. Every function pins its search_path (pg_catalog first, pg_temp
+// last), and every statement the library and the CLI send names pgfence's
+// schema and pg_catalog for the built-ins it calls, so objects another role
+// plants on the application's search_path are never called. A second
+// install in another schema of the same database, which would split the
+// token space, is refused.
 //
 // # The safety model
 //
@@ -68,8 +109,10 @@
 //     queue or another service must pass the token along and have that
 //     resource check it, or accept the failure window.
 //   - Writes that are not guarded. A stale holder's plain UPDATE is not
-//     rejected unless the table has the pgfence_guard trigger, and even the
-//     trigger only sees writes that carry a token.
+//     rejected unless the table has a pgfence trigger: pgfence_guard sees
+//     only writes that carry a token; pgfence_guard_strict rejects every
+//     UPDATE and DELETE that does not present one at least the row's (see
+//     package fence for exactly what each mode covers).
 //   - Asynchronous replication failover. If a primary fails over to an
 //     asynchronous standby, the last committed tokens and lease rows may be
 //     lost: the promoted server can hand out a token again, or grant a lease
@@ -93,10 +136,9 @@
 // # Migrations
 //
 // The schema lives in the migrations directory in golang-migrate format,
-// recorded in pgfence's own migrations table, pgfence_schema_migrations, so
-// it never collides with the application's schema_migrations. Apply it from
-// Go with [Migrate], or with the migrate CLI:
-//
-//	migrate -path migrations \
-//	    -database 'pgx5://user@host:5432/db?sslmode=disable&x-migrations-table=pgfence_schema_migrations' up
+// recorded in pgfence's own migrations table, pgfence_schema_migrations,
+// inside pgfence's schema, so it never collides with the application's
+// schema_migrations. Apply it from Go with migrations.Up, with the pgfence
+// command (pgfence migrate up), or with the migrate CLI on a connection
+// whose search_path is pgfence's schema (see package migrations).
 package pgfence

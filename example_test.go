@@ -4,24 +4,29 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fence"
-	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/leasetable"
 )
 
 // A job takes the lease for one account, and every write it makes carries
 // the lease's fencing token, so a holder that lost the lease can no longer
-// change the row.
+// change the row. DATABASE_URL names a database where pgfence's migrations
+// are applied (migrations.Up, or pgfence migrate up).
 func Example() {
-	db, drop := pgtest.ExampleDB() // a database with pgfence.Migrate applied
-	defer drop()
 	ctx := context.Background()
-	pool := db.Pool
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
 
-	_, err := pool.Exec(ctx, `
+	_, err = pool.Exec(ctx, `
 		CREATE TABLE accounts (
 			id          int PRIMARY KEY,
 			balance     bigint NOT NULL,
@@ -31,7 +36,7 @@ func Example() {
 		panic(err)
 	}
 
-	locker, err := leasetable.New(pool, &leasetable.Config{TTL: 30 * time.Second})
+	locker, err := leasetable.New(ctx, pool, &leasetable.Config{TTL: 30 * time.Second})
 	if err != nil {
 		panic(err)
 	}
@@ -41,7 +46,7 @@ func Example() {
 
 	var oldToken int64
 	for _, amount := range []int64{10, 20} {
-		err = locker.Do(ctx, "account:42", nil, func(ctx context.Context, lease *leasetable.Lease) error {
+		err = locker.Do(ctx, "account:42", nil, func(ctx context.Context, lease pgfence.Lease) error {
 			if oldToken == 0 {
 				oldToken = lease.Token()
 			}
@@ -66,4 +71,34 @@ func Example() {
 	// Output:
 	// stale write rejected: true
 	// balance: 130
+}
+
+// Code written against pgfence.Locker switches strategy by changing the
+// constructor alone: here the same job runs under a lease and under a
+// session advisory lock.
+func ExampleLocker() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+
+	nightly := func(locker pgfence.Locker) error {
+		return locker.Do(ctx, "nightly-report", nil, func(ctx context.Context, l pgfence.Lease) error {
+			fmt.Println("running with a fencing token:", l.Token() > 0)
+			return nil
+		})
+	}
+
+	leases, err := leasetable.New(ctx, pool, nil)
+	if err != nil {
+		panic(err)
+	}
+	defer leases.Close()
+	if err := nightly(leases); err != nil {
+		panic(err)
+	}
+	// Output:
+	// running with a fencing token: true
 }

@@ -2,6 +2,7 @@ package pgfence_test
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -18,8 +19,15 @@ import (
 // The end-to-end tests in this package run against PostgreSQL in Docker
 // (testcontainers) when a Docker engine is available, as a user's CI would,
 // and against the harness's throwaway cluster otherwise.
+//
+// The examples find their database in DATABASE_URL, as a user's program
+// would: TestMain gives them one of their own.
 func TestMain(m *testing.M) {
-	pgtest.MainWithOptions(m, pgtest.Options{PreferDocker: true})
+	db, drop := pgtest.ExampleDB()
+	if err := os.Setenv("DATABASE_URL", db.URL); err != nil {
+		panic(err)
+	}
+	pgtest.MainWithOptions(m, pgtest.Options{PreferDocker: true, AfterRun: drop})
 }
 
 // TestStaleHolderIsFencedEndToEnd tells pgfence's story through the public
@@ -30,9 +38,7 @@ func TestMain(m *testing.M) {
 func TestStaleHolderIsFencedEndToEnd(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := emptyDB(t)
-	require.NoError(t, pgfence.Migrate(ctx, db.URL))
-	require.NoError(t, pgfence.Migrate(ctx, db.URL), "a second Migrate is a no-op")
+	db := pgtest.NewDB(t)
 
 	_, err := db.Pool.Exec(ctx, `
 		CREATE TABLE accounts (
@@ -40,15 +46,15 @@ func TestStaleHolderIsFencedEndToEnd(t *testing.T) {
 			balance     bigint NOT NULL,
 			fence_token bigint NOT NULL DEFAULT 0);
 		CREATE TRIGGER accounts_fence BEFORE UPDATE OR DELETE ON accounts
-			FOR EACH ROW EXECUTE FUNCTION pgfence_guard('fence_token');
+			FOR EACH ROW EXECUTE FUNCTION pgfence.pgfence_guard('fence_token');
 		INSERT INTO accounts (id, balance) VALUES (42, 100)`)
 	require.NoError(t, err)
 
 	// Two services, each with its own pool and Locker.
-	lockerA, err := leasetable.New(db.NewPool(t, nil), &leasetable.Config{TTL: 5 * time.Second})
+	lockerA, err := leasetable.New(ctx, db.NewPool(t, nil), &leasetable.Config{TTL: 5 * time.Second})
 	require.NoError(t, err)
 	defer lockerA.Close()
-	lockerB, err := leasetable.New(db.NewPool(t, nil), &leasetable.Config{TTL: 5 * time.Second})
+	lockerB, err := leasetable.New(ctx, db.NewPool(t, nil), &leasetable.Config{TTL: 5 * time.Second})
 	require.NoError(t, err)
 	defer lockerB.Close()
 
@@ -63,7 +69,7 @@ func TestStaleHolderIsFencedEndToEnd(t *testing.T) {
 
 	// A is paused past its lease: the database lets the lease expire (here
 	// the expiry is forced, as the clock would do it), and B takes over.
-	_, err = db.Pool.Exec(ctx, "UPDATE pgfence_leases SET expires_at = now() WHERE name = 'account:42'")
+	_, err = db.Pool.Exec(ctx, "UPDATE pgfence.pgfence_leases SET expires_at = now() WHERE name = 'account:42'")
 	require.NoError(t, err)
 	leaseB, err := lockerB.TryAcquire(ctx, "account:42", nil)
 	require.NoError(t, err)
@@ -115,10 +121,10 @@ func TestAdvisoryTokensFenceTheSameRows(t *testing.T) {
 		INSERT INTO jobs (id, state) VALUES (1, 'new')`)
 	require.NoError(t, err)
 
-	leases, err := leasetable.New(db.Pool, nil)
+	leases, err := leasetable.New(ctx, db.Pool, nil)
 	require.NoError(t, err)
 	defer leases.Close()
-	locks, err := advisory.New(db.Pool, nil)
+	locks, err := advisory.New(ctx, db.Pool, nil)
 	require.NoError(t, err)
 	defer locks.Close()
 
@@ -129,7 +135,7 @@ func TestAdvisoryTokensFenceTheSameRows(t *testing.T) {
 	// A transaction-scoped advisory lock, then a session one.
 	tx, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
-	txToken, err := advisory.TryLockTx(ctx, tx, advisory.Name("job:1"), nil)
+	txToken, err := locks.TryAcquireTx(ctx, tx, advisory.Name("job:1"), nil)
 	require.NoError(t, err)
 	require.Greater(t, txToken, lease.Token())
 	setState := fence.Update("jobs").Set("state = $1").Where("id = $2")
@@ -137,12 +143,12 @@ func TestAdvisoryTokensFenceTheSameRows(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
 
-	lk, err := locks.TryLock(ctx, advisory.Name("job:1"), nil)
+	lk, err := locks.TryAcquire(ctx, "job:1", nil)
 	require.NoError(t, err)
 	require.Greater(t, lk.Token(), txToken)
 	_, err = setState.Exec(ctx, db.Pool, lk.Token(), "done", 1)
 	require.NoError(t, err)
-	require.NoError(t, lk.Unlock(ctx))
+	require.NoError(t, lk.Release(ctx))
 
 	for _, old := range []int64{lease.Token(), txToken} {
 		_, err = setState.Exec(ctx, db.Pool, old, "clobbered", 1)

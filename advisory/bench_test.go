@@ -15,23 +15,23 @@ import (
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
-// BenchmarkLockerTryLockUnlock measures a TryLock + Unlock cycle through a
+// BenchmarkLockerTryAcquireRelease measures a TryAcquireKey + Release cycle through a
 // Locker: two round trips, the first also drawing a durable fencing token.
-func BenchmarkLockerTryLockUnlock(b *testing.B) {
+func BenchmarkLockerTryAcquireRelease(b *testing.B) {
 	ctx := context.Background()
 	db := pgtest.NewDB(b)
 	l := newLocker(b, db.Pool, nil)
 	key := advisory.ID(1)
 	for b.Loop() {
-		lk, err := l.TryLock(ctx, key, nil)
+		lk, err := l.TryAcquireKey(ctx, key, nil)
 		require.NoError(b, err)
-		require.NoError(b, lk.Unlock(ctx))
+		require.NoError(b, lk.Release(ctx))
 	}
 }
 
-// BenchmarkLockerTryLockUnlockParallel runs cycles on distinct keys from
+// BenchmarkLockerTryAcquireReleaseParallel runs cycles on distinct keys from
 // many goroutines, which the Locker spreads over its sessions.
-func BenchmarkLockerTryLockUnlockParallel(b *testing.B) {
+func BenchmarkLockerTryAcquireReleaseParallel(b *testing.B) {
 	ctx := context.Background()
 	db := pgtest.NewDB(b)
 	l := newLocker(b, db.Pool, nil)
@@ -39,9 +39,9 @@ func BenchmarkLockerTryLockUnlockParallel(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		key := advisory.ID(next.Add(1))
 		for pb.Next() {
-			lk, err := l.TryLock(ctx, key, nil)
+			lk, err := l.TryAcquireKey(ctx, key, nil)
 			require.NoError(b, err)
-			require.NoError(b, lk.Unlock(ctx))
+			require.NoError(b, lk.Release(ctx))
 		}
 	})
 }
@@ -68,7 +68,7 @@ func BenchmarkRawTryLockTokenUnlock(b *testing.B) {
 	for b.Loop() {
 		var token *int64
 		require.NoError(b, conn.QueryRow(ctx,
-			"SELECT CASE WHEN pg_try_advisory_lock($1) THEN pgfence_next_token() END", int64(1)).Scan(&token))
+			"SELECT CASE WHEN pg_try_advisory_lock($1) THEN pgfence.pgfence_next_token() END", int64(1)).Scan(&token))
 		require.NotNil(b, token)
 		var ok bool
 		require.NoError(b, conn.QueryRow(ctx, "SELECT pg_advisory_unlock($1)", int64(1)).Scan(&ok))
@@ -76,25 +76,25 @@ func BenchmarkRawTryLockTokenUnlock(b *testing.B) {
 	}
 }
 
-// BenchmarkTryLockHeldInThisLocker measures TryLock's refusal of a key held
+// BenchmarkTryAcquireHeldInThisLocker measures TryAcquireKey's refusal of a key held
 // by another caller of the same Locker, which costs no round trip: what a
 // caller spinning on a busy key pays per attempt.
-func BenchmarkTryLockHeldInThisLocker(b *testing.B) {
+func BenchmarkTryAcquireHeldInThisLocker(b *testing.B) {
 	ctx := context.Background()
 	db := pgtest.NewDB(b)
 	l := newLocker(b, db.Pool, nil)
 	key := advisory.Name("busy")
-	lk, err := l.TryLock(ctx, key, nil)
+	lk, err := l.TryAcquireKey(ctx, key, nil)
 	require.NoError(b, err)
-	b.Cleanup(func() { require.NoError(b, lk.Unlock(ctx)) })
+	b.Cleanup(func() { require.NoError(b, lk.Release(ctx)) })
 	for b.Loop() {
-		if _, err := l.TryLock(ctx, key, nil); err == nil {
-			b.Fatal("TryLock of a held key succeeded")
+		if _, err := l.TryAcquireKey(ctx, key, nil); err == nil {
+			b.Fatal("TryAcquireKey of a held key succeeded")
 		}
 	}
 }
 
-// BenchmarkMaxSessions measures TryLock + Unlock throughput of one Locker
+// BenchmarkMaxSessions measures TryAcquireKey + Release throughput of one Locker
 // shared by 16 clients on distinct keys, on a durable server (fsync,
 // full_page_writes and synchronous_commit on, so each grant's token draw
 // waits for a WAL flush), with MaxSessions 1, 2, 4 and 8. Each op is one
@@ -128,9 +128,9 @@ func BenchmarkMaxSessions(b *testing.B) {
 					defer wg.Done()
 					key := advisory.ID(int64(1000*i + c))
 					for time.Now().Before(deadline) {
-						lk, err := l.TryLock(ctx, key, nil)
+						lk, err := l.TryAcquireKey(ctx, key, nil)
 						if err == nil {
-							err = lk.Unlock(ctx)
+							err = lk.Release(ctx)
 						}
 						if err != nil {
 							errs <- err
@@ -168,11 +168,11 @@ func medianOf(v []float64) float64 {
 	return s[len(s)/2]
 }
 
-// BenchmarkContendedLockAcrossLockers runs Lock + Unlock cycles from 16
+// BenchmarkContendedLockAcrossLockers runs AcquireKey + Release cycles from 16
 // Lockers (each its own process, as far as the server can tell) on a few
 // keys, with wake-ups by NOTIFY and without (polling alone). Waiters that
-// wait long enough register; with holds of 2ms their Unlocks do not look
-// for them (below notifyAfterHeld), with holds of 30ms every Unlock of a
+// wait long enough register; with holds of 2ms their Releases do not look
+// for them (below notifyAfterHeld), with holds of 30ms every Release of a
 // waited key sends NOTIFY. It reports cycles per second over all Lockers.
 func BenchmarkContendedLockAcrossLockers(b *testing.B) {
 	for _, c := range []struct {
@@ -198,13 +198,13 @@ func BenchmarkContendedLockAcrossLockers(b *testing.B) {
 						defer wg.Done()
 						key := advisory.ID(int64(1<<40 + i%c.keys))
 						for next.Add(1) <= int64(b.N) {
-							lk, err := l.Lock(ctx, key, nil)
+							lk, err := l.AcquireKey(ctx, key, nil)
 							if err != nil {
 								b.Error(err)
 								return
 							}
 							time.Sleep(c.hold)
-							if err := lk.Unlock(ctx); err != nil {
+							if err := lk.Release(ctx); err != nil {
 								b.Error(err)
 								return
 							}

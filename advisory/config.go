@@ -13,11 +13,10 @@ const (
 	// Locker opens to hold its session locks. It trades connections for
 	// throughput: a session runs one lock statement at a time, each grant
 	// waiting for a WAL flush (its fencing token), so under concurrent use
-	// the sessions bound the rate of TryLock and Unlock, not the number of
-	// locks held (any number fit on one session). With 16 clients on a
-	// durable server (BenchmarkMaxSessions), 1 session ran about 0.37x and 2
-	// sessions about 0.6x-0.67x the cycles per second of 4, and 8 about
-	// 1.17x. Set MaxSessions to 1 or 2 where connections are scarce.
+	// the sessions bound the rate of acquires and releases, not the number
+	// of locks held (any number fit on one session). Fewer sessions are
+	// slower under concurrency (bench/results has the figures); set
+	// MaxSessions to 1 or 2 where connections are scarce.
 	DefaultMaxSessions = 4
 	// DefaultSessionCheckInterval is the default interval between two
 	// liveness checks of an idle lock session.

@@ -3,23 +3,37 @@
 //
 // There are two kinds of lock, and the type of the handle says which:
 //
-//   - Session locks, taken through a [Locker] ([Locker.TryLock],
-//     [Locker.Lock], [Locker.Do]), are held by a database session (a
-//     connection) that the Locker owns, until [Lock.Unlock], [Locker.Close],
-//     or the death of that session.
-//   - Transaction locks ([TryLockTx], [LockTx]) are taken inside the caller's
-//     pgx.Tx and released by PostgreSQL when it commits or rolls back. There
-//     is nothing to unlock and nothing to watch.
+//   - Session locks, taken through a [Locker] ([Locker.TryAcquire],
+//     [Locker.Acquire], [Locker.Do] by name; [Locker.TryAcquireKey],
+//     [Locker.AcquireKey], [Locker.DoKey] by [Key]), are held by a database
+//     session (a connection) that the Locker owns, until [Lease.Release],
+//     [Locker.Close], or the death of that session.
+//   - Transaction locks ([Locker.TryAcquireTx], [Locker.AcquireTx]) are
+//     taken inside the caller's pgx.Tx and released by PostgreSQL when it
+//     commits or rolls back. There is nothing to release and nothing to
+//     watch.
 //
 // Both kinds share one key space per database (pg_advisory_lock(bigint) and
 // pg_advisory_xact_lock(bigint) conflict with each other), and both hand out
 // fencing tokens from the sequence that package leasetable uses.
 //
-//	locker, err := advisory.New(pool, nil) // nil Config: the defaults
+//	locker, err := advisory.New(ctx, pool, nil) // nil Config: the defaults
 //	defer locker.Close()
-//	err = locker.Do(ctx, advisory.Name("account:42"), nil, func(ctx context.Context, lk *advisory.Lock) error {
-//		// ... work that stops when ctx is cancelled; writes guarded by lk.Token() ...
+//	err = locker.Do(ctx, "account:42", nil, func(ctx context.Context, l pgfence.Lease) error {
+//		// ... work that stops when ctx is cancelled; writes guarded by l.Token() ...
 //	})
+//
+// A [Locker] is a [pgfence.Locker] and its handles are [pgfence.Lease]
+// values holding a *[Lease], as in package leasetable: the verbs, options
+// ([pgfence.AcquireOpts]), errors and Do's behaviour are the same, and the
+// shared contract tests run against both. What differs is what the
+// strategies are: an advisory lock has no TTL (TTL and AtLeast are
+// rejected; [Lease.Expiry] is zero and [Lease.Renew] checks its session),
+// it can be shared ([pgfence.AcquireOpts].Shared), and it is lost when its
+// session dies rather than when a time passes. Tokens are drawn from the
+// sequence of [Config].Schema through pgfence_next_token, a SECURITY
+// DEFINER function; every statement names pg_catalog for the built-ins it
+// calls.
 //
 // # PgBouncer and other poolers: READ THIS
 //
@@ -29,10 +43,10 @@
 // each transaction on whatever server connection is free: a lock taken by
 // one statement stays on a server connection that the next statement, or
 // another client, gets. The lock then belongs to nobody you know, is never
-// released, and Unlock runs on a connection that does not hold it.
+// released, and Release runs on a connection that does not hold it.
 //
 // Point the pool you give to [New] directly at PostgreSQL, or at a pooler in
-// session mode (pool_mode=session), or use [TryLockTx]/[LockTx], which work
+// session mode (pool_mode=session), or use [Locker.TryAcquireTx]/[Locker.AcquireTx], which work
 // behind any pooler because the lock lives exactly as long as the
 // transaction. (Behind PgBouncer, pgx's default statement cache also needs
 // PgBouncer 1.21 or later with max_prepared_statements set, or a pool with
@@ -92,9 +106,9 @@
 // A session lock is lost when its session ends: the connection dropped, an
 // operator ran pg_terminate_backend, the server restarted or failed over,
 // the network partitioned, or a statement on the session timed out. Then
-// every lock on that session ends at once: [Lock.Done] closes,
-// [Lock.Context] is cancelled with a cause matching pgfence.ErrLeaseLost,
-// and [Lock.Err] returns it. The Locker never re-acquires a lost lock: a
+// every lock on that session ends at once: [Lease.Done] closes,
+// [Lease.Context] is cancelled with a cause matching pgfence.ErrLeaseLost,
+// and [Lease.Err] returns it. The Locker never re-acquires a lost lock: a
 // caller that wants it again must ask, and gets a new token.
 //
 // The Locker learns of a loss from its watchdog, which checks each idle
@@ -128,21 +142,21 @@
 // pgx closes a connection whose statement was cancelled through its
 // context, and a closed session silently drops every lock on it. So the
 // Locker never runs statements on a lock session with a caller's context:
-// ctx bounds only the waits for a session (and a [Locker.Lock]'s polling),
+// ctx bounds only the waits for a session (and a [Locker.Acquire]'s polling),
 // and each statement is bounded by [Config.QueryTimeout]; a statement that
 // fails or times out fails its whole session, as described above.
 //
-// [Locker.Lock] waits by polling pg_try_advisory_lock on the shared sessions
+// [Locker.Acquire] waits by polling pg_try_advisory_lock on the shared sessions
 // (with exponential backoff up to [Config.MaxPollInterval], and at once
 // when a holder in the same Locker unlocks, or when woken as described in
 // Waiting), never by blocking a session in pg_advisory_lock. When its
 // context ends just as the lock is granted, it releases the lock before
-// returning the error: a Lock call that returns an error leaves nothing
+// returning the error: an acquire that returns an error leaves nothing
 // held. Polling is not fair: waiters are served in no particular order.
 //
 // # Waiting
 //
-// A [Locker.Lock] whose key is held by another session retries after 5ms,
+// A [Locker.Acquire] whose key is held by another session retries after 5ms,
 // then after pauses that double up to [Config.MaxPollInterval] (200ms by
 // default), with jitter. Once its pause reaches 80ms (after about 40-75ms
 // of waiting), it also asks to be woken: the Locker opens one more
@@ -150,13 +164,13 @@
 // [Config.ApplicationName] + "-listen"), which runs LISTEN on
 // [NotifyChannel] and takes a shared session lock on the key's interest
 // key, pg_try_advisory_lock_shared([InterestClassID], fold(key)) where
-// fold(key) is the xor of the key's two 32-bit halves. A [Lock.Unlock], in
+// fold(key) is the xor of the key's two 32-bit halves. A [Lease.Release], in
 // any Locker, of a lock held for at least 20ms releases its key and, in the
 // same statement, tries pg_try_advisory_xact_lock on that interest key:
 // only when it is held (someone waits) does the statement also run
 // pg_notify(NotifyChannel, key), delivered at its commit, and the waiters
 // retry at once. A long-held lock is thus handed over across processes
-// within milliseconds rather than up to MaxPollInterval. Unlocks of keys
+// within milliseconds rather than up to MaxPollInterval. Releases of keys
 // nobody waits for never notify (NOTIFY serialises committing transactions
 // on a database-wide lock); they pay one more lock-table operation inside
 // the server, and unlocks of locks held less than 20ms, which bound
@@ -172,18 +186,19 @@
 //
 // The wake-up is an accelerator only: a waiter keeps polling at its pace,
 // and correctness never depends on a notification. While the LISTEN
-// connection is down (it reconnects with backoff, and is checked every
-// [Config.SessionCheckInterval] like the lock sessions), waiters poll; when it
-// comes back they retry at once and register again. A Lock returning, for
+// connection is down (it reconnects with backoff, and is checked when it
+// has been silent for [Config.ListenCheckInterval], as in package
+// leasetable: both run the same LISTEN loop), waiters poll; when it
+// comes back they retry at once and register again. An acquire returning, for
 // any reason, drops its interest, and the LISTEN connection releases the
-// interest lock when no Lock of its Locker waits for the key any more;
+// interest lock when no acquire of its Locker waits for the key any more;
 // [Locker.Close] closes it. [Config.DisableListen] turns wake-ups off.
 // Releases by [Locker.Close] (pg_advisory_unlock_all), by a session's end
 // and by transaction locks send no notification: their waiters see them
-// at their next poll. [LockTx] does not poll at all: the server queues it.
+// at their next poll. [Locker.AcquireTx] does not poll at all: the server queues it.
 //
 // Transaction locks use the caller's ctx as pgx does: if it ends during
-// [LockTx]'s wait, pgx closes the transaction's connection, which ends the
+// [Locker.AcquireTx]'s wait, pgx closes the transaction's connection, which ends the
 // transaction and releases its locks.
 //
 // # What is not guaranteed
@@ -191,7 +206,7 @@
 //   - Mutual exclusion in real time: a holder can keep running after its
 //     lock was lost (see Loss detection); fencing tokens make its late
 //     writes fail.
-//   - Fairness or FIFO order among waiters of [Locker.Lock].
+//   - Fairness or FIFO order among waiters of [Locker.Acquire].
 //   - Exclusion across databases: advisory locks are per database.
 //   - Survival of session locks across a failover or restart: they are
 //     lost, and reported lost.

@@ -12,8 +12,8 @@ import (
 	"github.com/pgfence/pgfence/advisory"
 )
 
-// A Locker holds session locks on its own connections; TryLock returns at
-// once, with a fencing token for guarded writes.
+// A Locker holds session locks on its own connections; TryAcquire returns
+// at once, with a fencing token for guarded writes.
 func Example() {
 	databaseURL, drop := exampleDatabase()
 	defer drop()
@@ -24,29 +24,29 @@ func Example() {
 		panic(err)
 	}
 	defer pool.Close()
-	locker, err := advisory.New(pool, nil)
+	locker, err := advisory.New(ctx, pool, nil)
 	if err != nil {
 		panic(err)
 	}
 	defer locker.Close()
 
-	lk, err := locker.TryLock(ctx, advisory.Name("account:42"), nil)
+	lease, err := locker.TryAcquire(ctx, "account:42", nil)
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println("holding", lk.Key(), "token > 0:", lk.Token() > 0)
+	fmt.Println("holding", lease.Name(), "token > 0:", lease.Token() > 0)
 
-	_, err = locker.TryLock(ctx, advisory.Name("account:42"), nil)
-	fmt.Println("second TryLock not acquired:", errors.Is(err, pgfence.ErrNotAcquired))
+	_, err = locker.TryAcquire(ctx, "account:42", nil)
+	fmt.Println("second TryAcquire not acquired:", errors.Is(err, pgfence.ErrNotAcquired))
 
-	if err := lk.Unlock(ctx); err != nil {
+	if err := lease.Release(ctx); err != nil {
 		panic(err)
 	}
-	fmt.Println("after Unlock:", errors.Is(lk.Err(), pgfence.ErrNotHeld))
+	fmt.Println("after Release:", errors.Is(lease.Err(), pgfence.ErrNotHeld))
 	// Output:
-	// holding "account:42" (4097093253131737194) token > 0: true
-	// second TryLock not acquired: true
-	// after Unlock: true
+	// holding account:42 token > 0: true
+	// second TryAcquire not acquired: true
+	// after Release: true
 }
 
 // Do holds the lock while fn runs; fn's context is cancelled if the lock is
@@ -61,14 +61,14 @@ func ExampleLocker_Do() {
 		panic(err)
 	}
 	defer pool.Close()
-	locker, err := advisory.New(pool, nil)
+	locker, err := advisory.New(ctx, pool, nil)
 	if err != nil {
 		panic(err)
 	}
 	defer locker.Close()
 
-	err = locker.Do(ctx, advisory.Name("nightly-report"), nil, func(ctx context.Context, lk *advisory.Lock) error {
-		fmt.Println("running the report under", lk.Key())
+	err = locker.Do(ctx, "nightly-report", nil, func(ctx context.Context, lease pgfence.Lease) error {
+		fmt.Println("running the report under", lease.(*advisory.Lease).Key())
 		return nil
 	})
 	fmt.Println("done:", err)
@@ -77,9 +77,10 @@ func ExampleLocker_Do() {
 	// done: <nil>
 }
 
-// Transaction-scoped locks end with the transaction, need no Locker, and
+// Transaction-scoped locks end with the transaction, hold no session of the
+// Locker (which only names the schema whose sequence draws the token), and
 // work behind PgBouncer's transaction pooling.
-func ExampleTryLockTx() {
+func ExampleLocker_TryAcquireTx() {
 	databaseURL, drop := exampleDatabase()
 	defer drop()
 	ctx := context.Background()
@@ -89,9 +90,14 @@ func ExampleTryLockTx() {
 		panic(err)
 	}
 	defer pool.Close()
+	locker, err := advisory.New(ctx, pool, nil)
+	if err != nil {
+		panic(err)
+	}
+	defer locker.Close()
 
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		token, err := advisory.TryLockTx(ctx, tx, advisory.Name("account:42"), nil)
+		token, err := locker.TryAcquireTx(ctx, tx, advisory.Name("account:42"), nil)
 		if err != nil {
 			return err // errors.Is(err, pgfence.ErrNotAcquired): someone else has it
 		}

@@ -2,6 +2,7 @@ package advisory_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"syscall"
 	"testing"
@@ -24,9 +25,9 @@ func TestLossOnTerminatedBackend(t *testing.T) {
 	other := newLocker(t, db.NewPool(t, nil), nil)
 	keyA, keyB := advisory.Name("victim"), advisory.Name("bystander")
 
-	lkA, err := l.TryLock(ctx, keyA, nil)
+	lkA, err := l.TryAcquireKey(ctx, keyA, nil)
 	require.NoError(t, err)
-	lkB, err := l.TryLock(ctx, keyB, nil)
+	lkB, err := l.TryAcquireKey(ctx, keyB, nil)
 	require.NoError(t, err)
 	pidA, pidB := holderPID(t, db, keyA), holderPID(t, db, keyB)
 	require.NotEqual(t, pidA, pidB, "the Locker spreads locks over its sessions")
@@ -49,41 +50,61 @@ func TestLossOnTerminatedBackend(t *testing.T) {
 	}
 	require.Equal(t, []int32{pidB}, holderPIDs(t, db.Pool, keyB))
 
-	require.ErrorIs(t, lkA.Unlock(ctx), pgfence.ErrNotHeld)
-	require.NoError(t, lkA.Unlock(ctx), "a second Unlock is a no-op")
+	require.ErrorIs(t, lkA.Release(ctx), pgfence.ErrNotHeld)
+	require.NoError(t, lkA.Release(ctx), "a second Release is a no-op")
 
 	// The key is free for others, and the Locker did not re-acquire it.
-	lkO, err := other.TryLock(ctx, keyA, nil)
+	lkO, err := other.TryAcquireKey(ctx, keyA, nil)
 	require.NoError(t, err)
 	require.Greater(t, lkO.Token(), lkA.Token())
-	_, err = l.TryLock(ctx, keyA, nil)
+	_, err = l.TryAcquireKey(ctx, keyA, nil)
 	require.ErrorIs(t, err, pgfence.ErrNotAcquired)
-	require.NoError(t, lkO.Unlock(ctx))
+	require.NoError(t, lkO.Release(ctx))
 
 	// The Locker opens a new session for new locks.
-	lkA2, err := l.TryLock(ctx, keyA, nil)
+	lkA2, err := l.TryAcquireKey(ctx, keyA, nil)
 	require.NoError(t, err)
-	require.NoError(t, lkA2.Unlock(ctx))
-	require.NoError(t, lkB.Unlock(ctx))
+	require.NoError(t, lkA2.Release(ctx))
+	require.NoError(t, lkB.Release(ctx))
 }
 
+// TestDoCancelsOnLoss loses the lock while fn runs: fn's context is
+// cancelled with the loss as its cause, and Do's error reports the loss
+// whether fn swallows the cancellation (returns nil) or returns ctx.Err(),
+// which Do joins with the loss.
 func TestDoCancelsOnLoss(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	db := pgtest.NewDB(t)
-	l := newLocker(t, db.Pool, fastConfig("pgfence-do-loss"))
-	key := advisory.ID(99)
+	for _, fnReturnsCtxErr := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fnReturnsCtxErr=%v", fnReturnsCtxErr), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := pgtest.NewDB(t)
+			l := newLocker(t, db.Pool, fastConfig("pgfence-do-loss"))
+			key := advisory.ID(99)
 
-	err := l.Do(ctx, key, nil, func(ctx context.Context, lk *advisory.Lock) error {
-		// Not fn's ctx: it may be cancelled before the statement returns.
-		_, err := db.Pool.Exec(context.Background(), "SELECT pg_terminate_backend($1, 5000)", holderPID(t, db, key))
-		require.NoError(t, err)
-		<-ctx.Done()
-		require.ErrorIs(t, context.Cause(ctx), pgfence.ErrLeaseLost)
-		return nil
-	})
-	require.ErrorIs(t, err, pgfence.ErrLeaseLost)
-	require.ErrorIs(t, err, pgfence.ErrNotHeld)
+			var lease pgfence.Lease
+			err := l.DoKey(ctx, key, nil, func(ctx context.Context, lk pgfence.Lease) error {
+				lease = lk
+				// Not fn's ctx: it may be cancelled before the statement returns.
+				_, err := db.Pool.Exec(context.Background(), "SELECT pg_terminate_backend($1, 5000)", holderPID(t, db, key))
+				require.NoError(t, err)
+				<-ctx.Done()
+				require.ErrorIs(t, context.Cause(ctx), pgfence.ErrLeaseLost)
+				if fnReturnsCtxErr {
+					return ctx.Err()
+				}
+				return nil
+			})
+			require.ErrorIs(t, err, pgfence.ErrLeaseLost)
+			if fnReturnsCtxErr {
+				require.ErrorIs(t, err, context.Canceled, "fn's error is joined with the loss")
+			} else {
+				require.NotErrorIs(t, err, context.Canceled, "negative control: the loss alone")
+			}
+			require.ErrorIs(t, lease.Err(), pgfence.ErrLeaseLost)
+			require.Zero(t, heldAdvisoryLocks(t, db.Pool))
+		})
+	}
 }
 
 func TestLossOnServerRestart(t *testing.T) {
@@ -94,7 +115,7 @@ func TestLossOnServerRestart(t *testing.T) {
 	l := newLocker(t, db.Pool, fastConfig("pgfence-restart"))
 	key := advisory.Name("restart")
 
-	lk, err := l.TryLock(ctx, key, nil)
+	lk, err := l.TryAcquireKey(ctx, key, nil)
 	require.NoError(t, err)
 
 	require.NoError(t, c.Crash(syscall.SIGKILL))
@@ -106,19 +127,19 @@ func TestLossOnServerRestart(t *testing.T) {
 	// the crash did not make the sequence hand out an old token again.
 	pool := db.NewPool(t, nil)
 	other := newLocker(t, pool, nil)
-	lkO, err := other.TryLock(ctx, key, nil)
+	lkO, err := other.TryAcquireKey(ctx, key, nil)
 	require.NoError(t, err)
 	require.Greater(t, lkO.Token(), lk.Token())
-	require.ErrorIs(t, lk.Unlock(ctx), pgfence.ErrNotHeld)
+	require.ErrorIs(t, lk.Release(ctx), pgfence.ErrNotHeld)
 
 	// The first Locker did not silently re-acquire, and still works.
-	_, err = l.TryLock(ctx, key, nil)
+	_, err = l.TryAcquireKey(ctx, key, nil)
 	require.ErrorIs(t, err, pgfence.ErrNotAcquired)
-	require.NoError(t, lkO.Unlock(ctx))
-	lk2, err := l.TryLock(ctx, key, nil)
+	require.NoError(t, lkO.Release(ctx))
+	lk2, err := l.TryAcquireKey(ctx, key, nil)
 	require.NoError(t, err)
 	require.Greater(t, lk2.Token(), lkO.Token())
-	require.NoError(t, lk2.Unlock(ctx))
+	require.NoError(t, lk2.Release(ctx))
 }
 
 func TestManyLocksFewSessions(t *testing.T) {
@@ -133,7 +154,7 @@ func TestManyLocksFewSessions(t *testing.T) {
 	if testing.Short() {
 		n = 1000
 	}
-	locks := make([]*advisory.Lock, n)
+	locks := make([]*advisory.Lease, n)
 	errs := make(chan error, workers)
 	var wg sync.WaitGroup
 	for w := range workers {
@@ -141,7 +162,7 @@ func TestManyLocksFewSessions(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := w; i < n; i += workers {
-				lk, err := l.TryLock(ctx, advisory.ID(int64(1)<<40+int64(i)), nil)
+				lk, err := l.TryAcquireKey(ctx, advisory.ID(int64(1)<<40+int64(i)), nil)
 				if err != nil {
 					errs <- err
 					return
@@ -165,7 +186,7 @@ func TestManyLocksFewSessions(t *testing.T) {
 	require.LessOrEqual(t, backends, advisory.DefaultMaxSessions+int(pool.Config().MaxConns)+int(db.Pool.Config().MaxConns))
 
 	for _, lk := range locks {
-		require.NoError(t, lk.Unlock(ctx))
+		require.NoError(t, lk.Release(ctx))
 	}
 	require.Zero(t, heldAdvisoryLocks(t, db.Pool))
 }
@@ -178,34 +199,34 @@ func TestStatementOnDeadSession(t *testing.T) {
 	db := pgtest.NewDB(t)
 	// One session, and a watchdog too slow to notice during the test.
 	l := newLocker(t, db.Pool, &advisory.Config{
-		MaxSessions:       1,
-		CheckInterval:     time.Hour,
-		TCPKeepalivesIdle: 3 * time.Hour,
-		TCPUserTimeout:    3 * time.Hour,
+		MaxSessions:          1,
+		SessionCheckInterval: time.Hour,
+		TCPKeepalivesIdle:    3 * time.Hour,
+		TCPUserTimeout:       3 * time.Hour,
 	})
 	terminate := func(key advisory.Key) {
 		_, err := db.Pool.Exec(ctx, "SELECT pg_terminate_backend($1, 5000)", holderPID(t, db, key))
 		require.NoError(t, err)
 	}
 
-	lkA, err := l.TryLock(ctx, advisory.ID(1), nil)
+	lkA, err := l.TryAcquireKey(ctx, advisory.ID(1), nil)
 	require.NoError(t, err)
-	lkB, err := l.TryLock(ctx, advisory.ID(2), nil)
+	lkB, err := l.TryAcquireKey(ctx, advisory.ID(2), nil)
 	require.NoError(t, err)
 	terminate(lkA.Key())
 	require.NoError(t, lkB.Err(), "not noticed yet")
 
-	// Unlock fails on the dead session: lkA is reported not held, and lkB,
+	// Release fails on the dead session: lkA is reported not held, and lkB,
 	// on the same session, is lost at once.
-	require.ErrorIs(t, lkA.Unlock(ctx), pgfence.ErrNotHeld)
+	require.ErrorIs(t, lkA.Release(ctx), pgfence.ErrNotHeld)
 	waitDone(t, lkB)
 	require.ErrorIs(t, lkB.Err(), pgfence.ErrLeaseLost)
 
 	// A lock statement on a dead session fails likewise.
-	lkC, err := l.TryLock(ctx, advisory.ID(3), nil)
+	lkC, err := l.TryAcquireKey(ctx, advisory.ID(3), nil)
 	require.NoError(t, err, "a new session replaces the dead one")
 	terminate(lkC.Key())
-	_, err = l.TryLock(ctx, advisory.ID(4), nil)
+	_, err = l.TryAcquireKey(ctx, advisory.ID(4), nil)
 	require.Error(t, err)
 	require.NotErrorIs(t, err, pgfence.ErrNotAcquired)
 	waitDone(t, lkC)
@@ -229,7 +250,7 @@ func TestLossOnHungBackend(t *testing.T) {
 	other := newLocker(t, db.NewPool(t, nil), nil)
 	key := advisory.Name("hung")
 
-	lk, err := l.TryLock(ctx, key, nil)
+	lk, err := l.TryAcquireKey(ctx, key, nil)
 	require.NoError(t, err)
 	pid := int(holderPID(t, db, key))
 	require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
@@ -245,17 +266,17 @@ func TestLossOnHungBackend(t *testing.T) {
 	waitDone(t, lk)
 	require.ErrorIs(t, lk.Err(), pgfence.ErrLeaseLost)
 	require.ErrorContains(t, lk.Err(), "liveness check failed")
-	_, err = other.TryLock(ctx, key, nil)
+	_, err = other.TryAcquireKey(ctx, key, nil)
 	require.ErrorIs(t, err, pgfence.ErrNotAcquired, "the stopped backend still holds the lock: the holder learned first")
 
 	resume()
-	lkO, err := other.Lock(ctx, key, &advisory.LockOpts{WaitTimeout: 30 * time.Second})
+	lkO, err := other.AcquireKey(ctx, key, &advisory.AcquireOpts{WaitTimeout: 30 * time.Second})
 	require.NoError(t, err, "the backend exits once resumed, releasing the lock")
 	require.Greater(t, lkO.Token(), lk.Token())
-	require.NoError(t, lkO.Unlock(ctx))
+	require.NoError(t, lkO.Release(ctx))
 }
 
-// TestLockTableFull fills the server's lock table: the failing TryLock
+// TestLockTableFull fills the server's lock table: the failing TryAcquireKey
 // returns the server's error, and the session, with every lock on it, stays.
 func TestLockTableFull(t *testing.T) {
 	t.Parallel()
@@ -268,11 +289,11 @@ func TestLockTableFull(t *testing.T) {
 	const app = "pgfence-full"
 	l := newLocker(t, db.Pool, &advisory.Config{MaxSessions: 1, ApplicationName: app})
 
-	var locks []*advisory.Lock
+	var locks []*advisory.Lease
 	var err error
 	for i := range 100000 {
-		var lk *advisory.Lock
-		if lk, err = l.TryLock(ctx, advisory.ID(int64(i)), nil); err != nil {
+		var lk *advisory.Lease
+		if lk, err = l.TryAcquireKey(ctx, advisory.ID(int64(i)), nil); err != nil {
 			break
 		}
 		locks = append(locks, lk)
@@ -288,14 +309,14 @@ func TestLockTableFull(t *testing.T) {
 	}
 	// Make room (a new connection needs lock table entries too).
 	for _, lk := range locks[:50] {
-		require.NoError(t, lk.Unlock(ctx))
+		require.NoError(t, lk.Release(ctx))
 	}
-	lk, err := l.TryLock(ctx, advisory.ID(-1), nil)
+	lk, err := l.TryAcquireKey(ctx, advisory.ID(-1), nil)
 	require.NoError(t, err, "the same session takes a lock again")
 	require.Equal(t, 1, sessionCount(t, db.Pool, app))
-	require.NoError(t, lk.Unlock(ctx))
+	require.NoError(t, lk.Release(ctx))
 	for _, lk := range locks[50:] {
-		require.NoError(t, lk.Unlock(ctx))
+		require.NoError(t, lk.Release(ctx))
 	}
 	require.Zero(t, heldAdvisoryLocks(t, db.Pool))
 }

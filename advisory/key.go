@@ -69,9 +69,11 @@ func remapNameKey(h int64) int64 {
 //
 //	SELECT pg_advisory_xact_lock(k) FROM (<NameKeySQL with $1 = 'account:42'>) AS n(k);
 //
-// It needs PostgreSQL 11 or later (sha256).
-const NameKeySQL = `SELECT CASE WHEN h >> 32 = 0 THEN h | 4611686018427387904 ELSE h END ` +
-	`FROM (SELECT ('x' || pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(pg_catalog.convert_to($1::pg_catalog.text, 'UTF8')), 1, 8), 'hex'))::pg_catalog.bit(64)::pg_catalog.int8 AS h) AS s`
+// It needs PostgreSQL 11 or later (sha256). Its functions and operators are
+// named in pg_catalog, so no function or operator that another role created
+// in a schema on the caller's search_path can take their place.
+const NameKeySQL = `SELECT CASE WHEN (h OPERATOR(pg_catalog.>>) 32) OPERATOR(pg_catalog.=) 0 THEN h OPERATOR(pg_catalog.|) 4611686018427387904 ELSE h END ` +
+	`FROM (SELECT ('x' OPERATOR(pg_catalog.||) pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(pg_catalog.convert_to($1::pg_catalog.text, 'UTF8')), 1, 8), 'hex'))::pg_catalog.bit(64)::pg_catalog.int8 AS h) AS s`
 
 // Int64 returns the key as passed to pg_advisory_lock(bigint).
 func (k Key) Int64() int64 { return k.id }

@@ -18,11 +18,11 @@ func TestBackendChangeFailsSession(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
-	l, err := New(db.Pool, &Config{CheckInterval: 50 * time.Millisecond})
+	k, err := New(ctx, db.Pool, &Config{SessionCheckInterval: 50 * time.Millisecond})
 	require.NoError(t, err)
-	t.Cleanup(l.Close)
+	t.Cleanup(k.Close)
 
-	lk, err := l.TryLock(ctx, ID(11), nil)
+	lk, err := k.TryAcquireKey(ctx, ID(11), nil)
 	require.NoError(t, err)
 	s := lk.s
 	s.sem <- struct{}{} // as a statement would: nothing else uses the session
@@ -36,5 +36,6 @@ func TestBackendChangeFailsSession(t *testing.T) {
 	}
 	require.ErrorIs(t, lk.Err(), pgfence.ErrLeaseLost)
 	require.ErrorContains(t, lk.Err(), "pool_mode=transaction")
-	require.ErrorIs(t, lk.Unlock(ctx), pgfence.ErrNotHeld)
+	require.ErrorContains(t, lk.Err(), "Locker.TryAcquireTx/AcquireTx", "the remedy names methods that exist")
+	require.ErrorIs(t, lk.Release(ctx), pgfence.ErrNotHeld)
 }

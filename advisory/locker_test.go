@@ -27,26 +27,26 @@ func TestExclusionAcrossLockers(t *testing.T) {
 	b := newLocker(t, db.NewPool(t, nil), nil)
 	key := advisory.Name("account:42")
 
-	lkA, err := a.TryLock(ctx, key, nil)
+	lkA, err := a.TryAcquireKey(ctx, key, nil)
 	require.NoError(t, err)
 	require.Equal(t, key, lkA.Key())
 	require.NoError(t, lkA.Err())
 
-	_, err = b.TryLock(ctx, key, nil)
+	_, err = b.TryAcquireKey(ctx, key, nil)
 	require.ErrorIs(t, err, pgfence.ErrNotAcquired)
-	_, err = b.TryLock(ctx, key, &advisory.LockOpts{Shared: true})
+	_, err = b.TryAcquireKey(ctx, key, &advisory.AcquireOpts{Shared: true})
 	require.ErrorIs(t, err, pgfence.ErrNotAcquired)
 
-	require.NoError(t, lkA.Unlock(ctx))
+	require.NoError(t, lkA.Release(ctx))
 	require.ErrorIs(t, lkA.Err(), pgfence.ErrNotHeld)
 	<-lkA.Done()
-	require.NoError(t, lkA.Unlock(ctx), "a second Unlock is a no-op")
+	require.NoError(t, lkA.Release(ctx), "a second Release is a no-op")
 
-	lkB, err := b.TryLock(ctx, key, nil)
+	lkB, err := b.TryAcquireKey(ctx, key, nil)
 	require.NoError(t, err)
 	require.Greater(t, lkB.Token(), lkA.Token(), "the next holder gets a larger token")
 	require.Equal(t, 1, heldAdvisoryLocks(t, db.Pool))
-	require.NoError(t, lkB.Unlock(ctx))
+	require.NoError(t, lkB.Release(ctx))
 	require.Zero(t, heldAdvisoryLocks(t, db.Pool))
 }
 
@@ -57,18 +57,18 @@ func TestExclusionWithinLocker(t *testing.T) {
 	l := newLocker(t, db.Pool, nil)
 	key := advisory.ID(7)
 
-	// Concurrent TryLocks: exactly one wins, although the sessions of one
+	// Concurrent TryAcquireKeys: exactly one wins, although the sessions of one
 	// Locker would each be granted the key again (locks are re-entrant).
 	const n = 20
 	var wins atomic.Int32
-	locks := make(chan *advisory.Lock, n)
+	locks := make(chan *advisory.Lease, n)
 	errs := make(chan error, n)
 	var wg sync.WaitGroup
 	for range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			lk, err := l.TryLock(ctx, key, nil)
+			lk, err := l.TryAcquireKey(ctx, key, nil)
 			if err != nil {
 				errs <- err
 				return
@@ -83,7 +83,7 @@ func TestExclusionWithinLocker(t *testing.T) {
 		require.ErrorIs(t, err, pgfence.ErrNotAcquired)
 	}
 	require.Equal(t, int32(1), wins.Load())
-	require.NoError(t, (<-locks).Unlock(ctx))
+	require.NoError(t, (<-locks).Release(ctx))
 
 	// Waiting Locks from many goroutines take turns: never two inside.
 	var inside, maxInside atomic.Int32
@@ -94,7 +94,7 @@ func TestExclusionWithinLocker(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			doErrs <- l.Do(ctx, key, nil, func(ctx context.Context, lk *advisory.Lock) error {
+			doErrs <- l.DoKey(ctx, key, nil, func(ctx context.Context, lk pgfence.Lease) error {
 				in := inside.Add(1)
 				for m := maxInside.Load(); in > m && !maxInside.CompareAndSwap(m, in); m = maxInside.Load() {
 				}
@@ -127,40 +127,40 @@ func TestSharedAndExclusive(t *testing.T) {
 	a := newLocker(t, db.Pool, nil)
 	b := newLocker(t, db.NewPool(t, nil), nil)
 	key := advisory.Name("report")
-	shared := &advisory.LockOpts{Shared: true}
+	shared := &advisory.AcquireOpts{Shared: true}
 
-	s1, err := a.TryLock(ctx, key, shared)
+	s1, err := a.TryAcquireKey(ctx, key, shared)
 	require.NoError(t, err)
 	require.True(t, s1.Shared())
-	s2, err := a.TryLock(ctx, key, shared)
+	s2, err := a.TryAcquireKey(ctx, key, shared)
 	require.NoError(t, err, "shared holders in one Locker")
-	s3, err := b.TryLock(ctx, key, shared)
+	s3, err := b.TryAcquireKey(ctx, key, shared)
 	require.NoError(t, err, "shared holders across Lockers")
 	require.Greater(t, s2.Token(), s1.Token())
 	require.Greater(t, s3.Token(), s2.Token())
 
-	_, err = a.TryLock(ctx, key, nil)
+	_, err = a.TryAcquireKey(ctx, key, nil)
 	require.ErrorIs(t, err, pgfence.ErrNotAcquired)
-	_, err = b.TryLock(ctx, key, nil)
+	_, err = b.TryAcquireKey(ctx, key, nil)
 	require.ErrorIs(t, err, pgfence.ErrNotAcquired)
 
-	require.NoError(t, s1.Unlock(ctx))
-	require.NoError(t, s3.Unlock(ctx))
-	_, err = b.TryLock(ctx, key, nil)
+	require.NoError(t, s1.Release(ctx))
+	require.NoError(t, s3.Release(ctx))
+	_, err = b.TryAcquireKey(ctx, key, nil)
 	require.ErrorIs(t, err, pgfence.ErrNotAcquired, "s2 still holds it shared")
-	require.NoError(t, s2.Unlock(ctx))
+	require.NoError(t, s2.Release(ctx))
 
-	ex, err := b.TryLock(ctx, key, nil)
+	ex, err := b.TryAcquireKey(ctx, key, nil)
 	require.NoError(t, err)
-	_, err = a.TryLock(ctx, key, shared)
+	_, err = a.TryAcquireKey(ctx, key, shared)
 	require.ErrorIs(t, err, pgfence.ErrNotAcquired)
-	_, err = b.TryLock(ctx, key, shared)
+	_, err = b.TryAcquireKey(ctx, key, shared)
 	require.ErrorIs(t, err, pgfence.ErrNotAcquired)
-	require.NoError(t, ex.Unlock(ctx))
+	require.NoError(t, ex.Release(ctx))
 	require.Zero(t, heldAdvisoryLocks(t, db.Pool))
 }
 
-func TestLockWaits(t *testing.T) {
+func TestAcquireWaits(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
@@ -168,24 +168,25 @@ func TestLockWaits(t *testing.T) {
 	b := newLocker(t, db.NewPool(t, nil), nil)
 	key := advisory.ID(-5)
 
-	held, err := a.TryLock(ctx, key, nil)
+	held, err := a.TryAcquireKey(ctx, key, nil)
 	require.NoError(t, err)
 
-	_, err = b.Lock(ctx, key, &advisory.LockOpts{WaitTimeout: 50 * time.Millisecond})
+	_, err = b.AcquireKey(ctx, key, &advisory.AcquireOpts{WaitTimeout: 50 * time.Millisecond})
 	require.ErrorIs(t, err, pgfence.ErrNotAcquired, "WaitTimeout ran out")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
 
-	var lk *advisory.Lock
+	var lk *advisory.Lease
 	var lockErr error
 	got := make(chan struct{})
 	go func() {
 		defer close(got)
-		lk, lockErr = b.Lock(ctx, key, nil)
+		lk, lockErr = b.AcquireKey(ctx, key, nil)
 	}()
-	require.NoError(t, held.Unlock(ctx))
+	require.NoError(t, held.Release(ctx))
 	<-got
 	require.NoError(t, lockErr)
 	require.Greater(t, lk.Token(), held.Token())
-	require.NoError(t, lk.Unlock(ctx))
+	require.NoError(t, lk.Release(ctx))
 }
 
 func TestCancelledWaiterHoldsNothing(t *testing.T) {
@@ -196,35 +197,35 @@ func TestCancelledWaiterHoldsNothing(t *testing.T) {
 	b := newLocker(t, db.NewPool(t, nil), nil)
 	key := advisory.Name("cancel-me")
 
-	held, err := a.TryLock(ctx, key, nil)
+	held, err := a.TryAcquireKey(ctx, key, nil)
 	require.NoError(t, err)
 	// b holds another lock on its sessions, which b's waits share.
-	bystander, err := b.TryLock(ctx, advisory.Name("bystander"), nil)
+	bystander, err := b.TryAcquireKey(ctx, advisory.Name("bystander"), nil)
 	require.NoError(t, err)
 
 	// A waiter on another Locker (polling the server) and one on the same
 	// Locker (waiting in-process) are cancelled mid-wait.
 	for _, l := range []*advisory.Locker{b, a} {
 		wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-		_, err := l.Lock(wctx, key, nil)
+		_, err := l.AcquireKey(wctx, key, nil)
 		cancel()
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		require.Equal(t, []int32{holderPID(t, db, key)}, holderPIDs(t, db.Pool, key))
 		require.Equal(t, 2, heldAdvisoryLocks(t, db.Pool))
 		require.NoError(t, bystander.Err(), "cancelling a wait cost no other lock")
 	}
-	require.NoError(t, bystander.Unlock(ctx))
+	require.NoError(t, bystander.Release(ctx))
 	// A ctx that ends before the call.
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	_, err = b.Lock(cctx, key, nil)
+	_, err = b.AcquireKey(cctx, key, nil)
 	require.ErrorIs(t, err, context.Canceled)
 
-	require.NoError(t, held.Unlock(ctx))
+	require.NoError(t, held.Release(ctx))
 	require.Zero(t, heldAdvisoryLocks(t, db.Pool))
-	lk, err := b.TryLock(ctx, key, nil)
+	lk, err := b.TryAcquireKey(ctx, key, nil)
 	require.NoError(t, err, "the key is free: no waiter kept it")
-	require.NoError(t, lk.Unlock(ctx))
+	require.NoError(t, lk.Release(ctx))
 }
 
 // holderPID returns the one backend pid holding key.
@@ -243,33 +244,45 @@ func TestDo(t *testing.T) {
 	key := advisory.Name("job")
 
 	errBoom := errors.New("boom")
-	err := l.Do(ctx, key, nil, func(ctx context.Context, lk *advisory.Lock) error {
+	err := l.Do(ctx, "job", nil, func(ctx context.Context, lk pgfence.Lease) error {
 		require.Equal(t, 1, heldAdvisoryLocks(t, db.Pool))
+		require.Equal(t, []int32{holderPID(t, db, key)}, holderPIDs(t, db.Pool, key), "Do(name) locks Name(name)")
+		require.Equal(t, "job", lk.Name())
+		require.Equal(t, key, lk.(*advisory.Lease).Key())
 		return errBoom
 	})
 	require.ErrorIs(t, err, errBoom)
 	require.Zero(t, heldAdvisoryLocks(t, db.Pool), "Do unlocks after fn")
 
-	require.NoError(t, l.Do(ctx, key, nil, func(ctx context.Context, lk *advisory.Lock) error { return nil }))
+	require.NoError(t, l.Do(ctx, "job", nil, func(ctx context.Context, lk pgfence.Lease) error { return nil }))
+	require.NoError(t, l.DoKey(ctx, key, nil, func(ctx context.Context, lk pgfence.Lease) error {
+		require.Equal(t, 1, heldAdvisoryLocks(t, db.Pool))
+		return nil
+	}))
+	require.Zero(t, heldAdvisoryLocks(t, db.Pool), "DoKey unlocks after fn")
 
-	err = l.Do(ctx, advisory.Name(""), nil, func(context.Context, *advisory.Lock) error { return nil })
-	require.Error(t, err)
-	require.Error(t, l.Do(ctx, key, nil, nil))
+	err = l.Do(ctx, "", nil, func(context.Context, pgfence.Lease) error { return nil })
+	require.ErrorContains(t, err, "empty lock name")
+	err = l.DoKey(ctx, advisory.Name(""), nil, func(context.Context, pgfence.Lease) error { return nil })
+	require.ErrorContains(t, err, "empty lock name")
+	require.Error(t, l.Do(ctx, "job", nil, nil))
+	require.Error(t, l.DoKey(ctx, key, nil, nil))
+	require.Zero(t, heldAdvisoryLocks(t, db.Pool))
 }
 
 func TestClose(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
-	l, err := advisory.New(db.Pool, nil)
+	l, err := advisory.New(ctx, db.Pool, nil)
 	require.NoError(t, err)
-	lk, err := l.TryLock(ctx, advisory.ID(1), nil)
+	lk, err := l.TryAcquireKey(ctx, advisory.ID(1), nil)
 	require.NoError(t, err)
 
 	other := newLocker(t, db.NewPool(t, nil), nil)
 	waiting := make(chan error)
 	go func() {
-		_, err := l.Lock(ctx, advisory.ID(1), nil)
+		_, err := l.AcquireKey(ctx, advisory.ID(1), nil)
 		waiting <- err
 	}()
 
@@ -279,17 +292,17 @@ func TestClose(t *testing.T) {
 	waitDone(t, lk)
 	require.ErrorIs(t, lk.Err(), pgfence.ErrLeaseLost)
 	require.ErrorIs(t, lk.Err(), pgfence.ErrClosed)
-	require.ErrorIs(t, lk.Unlock(ctx), pgfence.ErrNotHeld)
-	require.NoError(t, lk.Unlock(ctx))
+	require.ErrorIs(t, lk.Release(ctx), pgfence.ErrNotHeld)
+	require.NoError(t, lk.Release(ctx))
 
-	_, err = l.TryLock(ctx, advisory.ID(2), nil)
+	_, err = l.TryAcquireKey(ctx, advisory.ID(2), nil)
 	require.ErrorIs(t, err, pgfence.ErrClosed)
-	_, err = l.Lock(ctx, advisory.ID(2), nil)
+	_, err = l.AcquireKey(ctx, advisory.ID(2), nil)
 	require.ErrorIs(t, err, pgfence.ErrClosed)
 
-	lk2, err := other.TryLock(ctx, advisory.ID(1), nil)
+	lk2, err := other.TryAcquireKey(ctx, advisory.ID(1), nil)
 	require.NoError(t, err, "Close released the lock on the server")
-	require.NoError(t, lk2.Unlock(ctx))
+	require.NoError(t, lk2.Release(ctx))
 }
 
 func TestBadInput(t *testing.T) {
@@ -297,29 +310,33 @@ func TestBadInput(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
 
-	_, err := advisory.New(nil, nil)
+	_, err := advisory.New(ctx, nil, nil)
 	require.ErrorContains(t, err, "nil pool")
 	for _, cfg := range []*advisory.Config{
 		{MaxSessions: -1},
-		{CheckInterval: -time.Second},
+		{SessionCheckInterval: -time.Second},
 		{QueryTimeout: -1},
 		{TCPKeepalivesCount: -1},
 		{TCPKeepalivesIdle: 1500 * time.Millisecond},
 		{TCPUserTimeout: 1500 * time.Microsecond},
 		{QueryTimeout: time.Minute}, // would notice a partition after the server
+		{Schema: strings.Repeat("s", 64)},
+		{Schema: "a\x00b"},
+		{Schema: "\xff"},
 	} {
-		_, err := advisory.New(db.Pool, cfg)
+		_, err := advisory.New(ctx, db.Pool, cfg)
 		require.Error(t, err, "%+v", cfg)
+		require.NotErrorIs(t, err, pgfence.ErrNotInstalled, "rejected before any round trip: %+v", cfg)
 	}
 
 	l := newLocker(t, db.Pool, nil)
-	_, err = l.TryLock(ctx, advisory.Name(""), nil)
+	_, err = l.TryAcquireKey(ctx, advisory.Name(""), nil)
 	require.ErrorContains(t, err, "empty lock name")
-	_, err = l.Lock(ctx, advisory.ID(1), &advisory.LockOpts{WaitTimeout: -1})
+	_, err = l.AcquireKey(ctx, advisory.ID(1), &advisory.AcquireOpts{WaitTimeout: -1})
 	require.ErrorContains(t, err, "negative")
-	_, err = advisory.TryLockTx(ctx, nil, advisory.ID(1), nil)
+	_, err = l.TryAcquireTx(ctx, nil, advisory.ID(1), nil)
 	require.ErrorContains(t, err, "nil transaction")
-	_, err = advisory.LockTx(ctx, nil, advisory.ID(1), nil)
+	_, err = l.AcquireTx(ctx, nil, advisory.ID(1), nil)
 	require.ErrorContains(t, err, "nil transaction")
 	require.Zero(t, heldAdvisoryLocks(t, db.Pool))
 }
@@ -356,9 +373,9 @@ func TestGrantedAsContextEnds(t *testing.T) {
 
 		var err error
 		if wait {
-			_, err = l.Lock(ctx, key, nil)
+			_, err = l.AcquireKey(ctx, key, nil)
 		} else {
-			_, err = l.TryLock(ctx, key, nil)
+			_, err = l.TryAcquireKey(ctx, key, nil)
 		}
 		require.ErrorIs(t, err, context.Canceled, "wait=%v", wait)
 		require.Zero(t, heldAdvisoryLocks(t, db.Pool), "the lock granted as ctx ended was released (wait=%v)", wait)
@@ -367,24 +384,24 @@ func TestGrantedAsContextEnds(t *testing.T) {
 
 // A key held by another caller of the same Locker is refused without a
 // round trip, with an error that names the key and matches ErrNotAcquired.
-func TestTryLockHeldInThisLocker(t *testing.T) {
+func TestTryAcquireHeldInThisLocker(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
 	l := newLocker(t, db.Pool, nil)
 	key := advisory.Name("account:7")
-	lk, err := l.TryLock(ctx, key, nil)
+	lk, err := l.TryAcquireKey(ctx, key, nil)
 	require.NoError(t, err)
 
-	_, err = l.TryLock(ctx, key, nil)
+	_, err = l.TryAcquireKey(ctx, key, nil)
 	require.ErrorIs(t, err, pgfence.ErrNotAcquired)
-	require.EqualError(t, err, `advisory: lock "account:7" (`+strconv.FormatInt(key.Int64(), 10)+`) is held in this Locker: `+
+	require.EqualError(t, err, `pgfence: advisory: lock "account:7" (`+strconv.FormatInt(key.Int64(), 10)+`) is held in this Locker: `+
 		pgfence.ErrNotAcquired.Error())
-	_, err = l.TryLock(ctx, advisory.ID(key.Int64()), &advisory.LockOpts{Shared: true})
+	_, err = l.TryAcquireKey(ctx, advisory.ID(key.Int64()), &advisory.AcquireOpts{Shared: true})
 	require.ErrorIs(t, err, pgfence.ErrNotAcquired)
 
-	require.NoError(t, lk.Unlock(ctx))
-	lk, err = l.TryLock(ctx, key, nil)
+	require.NoError(t, lk.Release(ctx))
+	lk, err = l.TryAcquireKey(ctx, key, nil)
 	require.NoError(t, err)
-	require.NoError(t, lk.Unlock(ctx))
+	require.NoError(t, lk.Release(ctx))
 }

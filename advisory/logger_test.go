@@ -87,11 +87,11 @@ func TestSessionSettingsAndLogger(t *testing.T) {
 		TCPUserTimeout:        12500 * time.Millisecond,
 		Logger:                slog.New(h),
 	})
-	lk, err := l.TryLock(ctx, advisory.ID(3), nil)
+	lk, err := l.TryAcquireKey(ctx, advisory.ID(3), nil)
 	require.NoError(t, err)
 
 	// The settings as the server reports them on the lock session.
-	opened := h.find("advisory: lock session opened")
+	opened := h.find("pgfence: advisory: lock session opened")
 	require.NotNil(t, opened)
 	require.Equal(t, "7", opened["tcp_keepalives_idle"])
 	require.Equal(t, "3", opened["tcp_keepalives_interval"])
@@ -103,11 +103,11 @@ func TestSessionSettingsAndLogger(t *testing.T) {
 	require.NoError(t, err)
 	waitDone(t, lk)
 	select { // logged just after the holders are told
-	case <-h.logged("advisory: lock session lost"):
+	case <-h.logged("pgfence: advisory: lock session lost"):
 	case <-time.After(30 * time.Second):
 		t.Fatal("the loss was not logged")
 	}
-	lost := h.find("advisory: lock session lost")
+	lost := h.find("pgfence: advisory: lock session lost")
 	require.NotNil(t, lost)
 	require.Equal(t, "1", lost["locks"])
 }
@@ -122,11 +122,11 @@ func TestIdleSessionsClose(t *testing.T) {
 	cfg.Logger = slog.New(h)
 	l := newLocker(t, db.Pool, cfg)
 
-	lk, err := l.TryLock(ctx, advisory.ID(5), nil)
+	lk, err := l.TryAcquireKey(ctx, advisory.ID(5), nil)
 	require.NoError(t, err)
-	require.NoError(t, lk.Unlock(ctx))
+	require.NoError(t, lk.Release(ctx))
 	select {
-	case <-h.logged("advisory: idle lock session closed"):
+	case <-h.logged("pgfence: advisory: idle lock session closed"):
 	case <-time.After(30 * time.Second):
 		t.Fatal("the idle session was not closed")
 	}
@@ -134,8 +134,8 @@ func TestIdleSessionsClose(t *testing.T) {
 	require.Eventually(t, func() bool { return sessionCount(t, db.Pool, "pgfence-idle") == 0 },
 		10*time.Second, 10*time.Millisecond)
 
-	lk, err = l.TryLock(ctx, advisory.ID(5), nil)
+	lk, err = l.TryAcquireKey(ctx, advisory.ID(5), nil)
 	require.NoError(t, err, "a new session is dialed")
 	require.Equal(t, 1, sessionCount(t, db.Pool, "pgfence-idle"))
-	require.NoError(t, lk.Unlock(ctx))
+	require.NoError(t, lk.Release(ctx))
 }

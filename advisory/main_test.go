@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/advisory"
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
@@ -18,19 +19,19 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // fastConfig checks sessions often, so loss tests finish quickly.
 func fastConfig(appName string) *advisory.Config {
 	return &advisory.Config{
-		CheckInterval:   100 * time.Millisecond,
-		QueryTimeout:    2 * time.Second,
-		ApplicationName: appName,
+		SessionCheckInterval: 100 * time.Millisecond,
+		QueryTimeout:         2 * time.Second,
+		ApplicationName:      appName,
 	}
 }
 
 // newLocker returns a Locker on pool, closed when t ends.
 func newLocker(t testing.TB, pool *pgxpool.Pool, cfg *advisory.Config) *advisory.Locker {
 	t.Helper()
-	l, err := advisory.New(pool, cfg)
+	k, err := advisory.New(context.Background(), pool, cfg)
 	require.NoError(t, err)
-	t.Cleanup(l.Close)
-	return l
+	t.Cleanup(k.Close)
+	return k
 }
 
 // heldAdvisoryLocks counts the advisory locks granted in pool's database,
@@ -80,12 +81,12 @@ func sessionCount(t testing.TB, pool *pgxpool.Pool, appName string) int {
 
 // waitDone waits for a lock's Done, failing the test after a generous bound
 // that only guards against hanging (it is not the property under test).
-func waitDone(t testing.TB, lk *advisory.Lock) {
+func waitDone(t testing.TB, lk pgfence.Lease) {
 	t.Helper()
 	select {
 	case <-lk.Done():
 	case <-time.After(30 * time.Second):
-		t.Fatalf("lock %v: Done did not close", lk.Key())
+		t.Fatalf("lock %q: Done did not close", lk.Name())
 	}
 }
 

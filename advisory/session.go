@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/hold"
 )
 
 // sessionSetupSQL runs once on a new lock session. It returns the backend's
@@ -128,7 +130,7 @@ func (s *session) checkPID(pid int32) error {
 		return fmt.Errorf("pgfence: advisory: the session's statements ran on backend %d, then on backend %d: "+
 			"the connection goes through a transaction- or statement-pooling proxy (such as PgBouncer "+
 			"with pool_mode=transaction), where session advisory locks do not work; connect the Locker "+
-			"directly to PostgreSQL, or use TryLockTx/LockTx", s.pid, pid)
+			"directly to PostgreSQL, or use Locker.TryAcquireTx/AcquireTx", s.pid, pid)
 	}
 	return nil
 }
@@ -310,4 +312,74 @@ func (k *Locker) failSession(s *session, cause error) {
 		k.log.Warn("pgfence: advisory: lock session lost", "session", s.id, "pid", s.pid, "locks", n, "error", cause)
 	}
 	_ = s.conn.Close(ctx)
+}
+
+// lockOnSession runs the lock statement on s, holding s.sem. On success the
+// reservation becomes the Lock's.
+func (k *Locker) lockOnSession(ctx context.Context, s *session, key Key, shared bool) (*Lease, error) {
+	k.mu.Lock()
+	dead, closed := s.dead, k.closed
+	k.mu.Unlock()
+	if closed {
+		return nil, pgfence.ErrClosed
+	}
+	if dead {
+		return nil, fmt.Errorf("pgfence: advisory: lock %v: the session failed", key)
+	}
+	q := k.sql.tryLock
+	if shared {
+		q = k.sql.tryLockShared
+	}
+	var token *int64
+	err := s.queryKey(ctx, k, q, key.id, &token)
+	if err != nil {
+		// Session locks survive the rollback of the statement that took
+		// them, so a failed statement may have left the lock granted.
+		// When the server reported an error on a live connection (say,
+		// "out of shared memory" from a full lock table), undo a possible
+		// grant and keep the session.
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && !s.conn.IsClosed() && k.undoFailedLock(ctx, s, key, shared) == nil {
+			return nil, fmt.Errorf("pgfence: advisory: lock %v: %w", key, err)
+		}
+		// Otherwise the session's state is unknown: drop it with its
+		// locks, and the server releases them.
+		k.failSession(s, err)
+		return nil, fmt.Errorf("pgfence: advisory: lock %v: session failed, its locks are lost: %w", key, err)
+	}
+	if token == nil {
+		return nil, fmt.Errorf("pgfence: advisory: lock %v: %w", key, pgfence.ErrNotAcquired)
+	}
+	l := &Lease{k: k, s: s, key: key, shared: shared, token: *token, acquired: time.Now()}
+	l.ctx, l.cancel = context.WithCancelCause(hold.Mark(context.Background(), k, key.markName(), l))
+	k.mu.Lock()
+	s.inflight--
+	s.locks[l] = struct{}{}
+	k.mu.Unlock()
+	return l, nil
+}
+
+// errAmbiguousUndo is returned by undoFailedLock when it cannot tell.
+var errAmbiguousUndo = errors.New("pgfence: advisory: the session already holds the key")
+
+// undoFailedLock releases key on s if the failed lock statement left it
+// granted. That is only decidable when s holds no other hold of key (an
+// unlock then succeeds exactly when the failed statement's grant stuck);
+// otherwise, or when the unlock fails, it returns an error and the caller
+// must drop the session. The caller holds s.sem.
+func (k *Locker) undoFailedLock(ctx context.Context, s *session, key Key, shared bool) error {
+	k.mu.Lock()
+	for l := range s.locks {
+		if l.key.id == key.id {
+			k.mu.Unlock()
+			return errAmbiguousUndo
+		}
+	}
+	k.mu.Unlock()
+	q := unlockSQL
+	if shared {
+		q = unlockSharedSQL
+	}
+	var released bool
+	return s.queryKey(ctx, k, q, key.id, &released)
 }

@@ -21,7 +21,7 @@ func begin(t *testing.T, db *pgtest.DB) pgx.Tx {
 	return tx
 }
 
-func TestTryLockTx(t *testing.T) {
+func TestTryAcquireTx(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
@@ -30,11 +30,11 @@ func TestTryLockTx(t *testing.T) {
 
 	for _, end := range []string{"commit", "rollback"} {
 		tx1, tx2 := begin(t, db), begin(t, db)
-		tok1, err := advisory.TryLockTx(ctx, tx1, key, nil)
+		tok1, err := l.TryAcquireTx(ctx, tx1, key, nil)
 		require.NoError(t, err)
-		_, err = advisory.TryLockTx(ctx, tx2, key, nil)
+		_, err = l.TryAcquireTx(ctx, tx2, key, nil)
 		require.ErrorIs(t, err, pgfence.ErrNotAcquired)
-		_, err = l.TryLock(ctx, key, nil)
+		_, err = l.TryAcquireKey(ctx, key, nil)
 		require.ErrorIs(t, err, pgfence.ErrNotAcquired, "xact and session locks share the key space")
 		require.Equal(t, 1, heldAdvisoryLocks(t, db.Pool))
 
@@ -44,7 +44,7 @@ func TestTryLockTx(t *testing.T) {
 			require.NoError(t, tx1.Rollback(ctx))
 		}
 		require.Equal(t, 0, heldAdvisoryLocks(t, db.Pool), "released at %s", end)
-		tok2, err := advisory.TryLockTx(ctx, tx2, key, nil)
+		tok2, err := l.TryAcquireTx(ctx, tx2, key, nil)
 		require.NoError(t, err)
 		require.Greater(t, tok2, tok1)
 		require.NoError(t, tx2.Rollback(ctx))
@@ -52,26 +52,27 @@ func TestTryLockTx(t *testing.T) {
 
 	// Shared xact locks.
 	tx1, tx2 := begin(t, db), begin(t, db)
-	shared := &advisory.LockOpts{Shared: true}
-	_, err := advisory.TryLockTx(ctx, tx1, key, shared)
+	shared := &advisory.AcquireOpts{Shared: true}
+	_, err := l.TryAcquireTx(ctx, tx1, key, shared)
 	require.NoError(t, err)
-	_, err = advisory.TryLockTx(ctx, tx2, key, shared)
+	_, err = l.TryAcquireTx(ctx, tx2, key, shared)
 	require.NoError(t, err)
-	_, err = l.TryLock(ctx, key, nil)
+	_, err = l.TryAcquireKey(ctx, key, nil)
 	require.ErrorIs(t, err, pgfence.ErrNotAcquired)
-	lk, err := l.TryLock(ctx, key, shared)
+	lk, err := l.TryAcquireKey(ctx, key, shared)
 	require.NoError(t, err)
-	require.NoError(t, lk.Unlock(ctx))
+	require.NoError(t, lk.Release(ctx))
 }
 
-func TestLockTx(t *testing.T) {
+func TestAcquireTx(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
+	l := newLocker(t, db.Pool, nil)
 	key := advisory.ID(4242)
 
 	tx1 := begin(t, db)
-	tok1, err := advisory.LockTx(ctx, tx1, key, nil)
+	tok1, err := l.AcquireTx(ctx, tx1, key, nil)
 	require.NoError(t, err)
 
 	// WaitTimeout: not acquired, and tx2 is still usable with its
@@ -79,19 +80,20 @@ func TestLockTx(t *testing.T) {
 	tx2 := begin(t, db)
 	_, err = tx2.Exec(ctx, "SET LOCAL lock_timeout = '7s'")
 	require.NoError(t, err)
-	_, err = advisory.LockTx(ctx, tx2, key, &advisory.LockOpts{WaitTimeout: 50 * time.Millisecond})
+	_, err = l.AcquireTx(ctx, tx2, key, &advisory.AcquireOpts{WaitTimeout: 50 * time.Millisecond})
 	require.ErrorIs(t, err, pgfence.ErrNotAcquired)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
 	var lockTimeout string
 	require.NoError(t, tx2.QueryRow(ctx, "SHOW lock_timeout").Scan(&lockTimeout))
 	require.Equal(t, "7s", lockTimeout)
 
-	// A waiting LockTx gets the lock when tx1 commits.
+	// A waiting AcquireTx gets the lock when tx1 commits.
 	var tok2 int64
 	var lockErr error
 	got := make(chan struct{})
 	go func() {
 		defer close(got)
-		tok2, lockErr = advisory.LockTx(ctx, tx2, key, nil)
+		tok2, lockErr = l.AcquireTx(ctx, tx2, key, nil)
 	}()
 	require.NoError(t, tx1.Commit(ctx))
 	<-got
@@ -101,7 +103,7 @@ func TestLockTx(t *testing.T) {
 
 	// With WaitTimeout, granted: the savepoint is released into tx2, and
 	// lock_timeout is back.
-	tok3, err := advisory.LockTx(ctx, tx2, advisory.ID(4243), &advisory.LockOpts{WaitTimeout: time.Second, Shared: true})
+	tok3, err := l.AcquireTx(ctx, tx2, advisory.ID(4243), &advisory.AcquireOpts{WaitTimeout: time.Second, Shared: true})
 	require.NoError(t, err)
 	require.Greater(t, tok3, tok2)
 	require.NoError(t, tx2.QueryRow(ctx, "SHOW lock_timeout").Scan(&lockTimeout))

@@ -40,7 +40,7 @@ func newWaiter(t *testing.T, db *pgtest.DB, appName string, disableListen bool) 
 	return l
 }
 
-// newHolder returns a Locker on db's pool whose every Unlock looks for
+// newHolder returns a Locker on db's pool whose every Release looks for
 // waiters to notify, however briefly the lock was held.
 func newHolder(t *testing.T, db *pgtest.DB) *advisory.Locker {
 	t.Helper()
@@ -50,7 +50,7 @@ func newHolder(t *testing.T, db *pgtest.DB) *advisory.Locker {
 }
 
 // interestHolders returns the pids of the sessions holding the interest
-// lock of key (shared), as taken by waiting Lock calls.
+// lock of key (shared), as taken by waiting Acquire calls.
 func interestHolders(t testing.TB, pool *pgxpool.Pool, key advisory.Key) []int32 {
 	t.Helper()
 	rows, err := pool.Query(context.Background(), `
@@ -76,15 +76,15 @@ func waitInterest(t testing.TB, pool *pgxpool.Pool, key advisory.Key, n int) []i
 }
 
 type lockResult struct {
-	lk  *advisory.Lock
+	lk  *advisory.Lease
 	err error
 }
 
-// lockAsync runs l.Lock in a goroutine.
-func lockAsync(ctx context.Context, l *advisory.Locker, key advisory.Key, opts *advisory.LockOpts) <-chan lockResult {
+// lockAsync runs l.AcquireKey in a goroutine.
+func lockAsync(ctx context.Context, l *advisory.Locker, key advisory.Key, opts *advisory.AcquireOpts) <-chan lockResult {
 	ch := make(chan lockResult, 1)
 	go func() {
-		lk, err := l.Lock(ctx, key, opts)
+		lk, err := l.AcquireKey(ctx, key, opts)
 		ch <- lockResult{lk, err}
 	}()
 	return ch
@@ -98,7 +98,7 @@ func result(t testing.TB, ch <-chan lockResult) lockResult {
 	case r := <-ch:
 		return r
 	case <-time.After(30 * time.Second):
-		t.Fatal("Lock did not return")
+		t.Fatal("AcquireKey did not return")
 		return lockResult{}
 	}
 }
@@ -117,18 +117,18 @@ func TestWakeAcrossLockers(t *testing.T) {
 			waiter := newWaiter(t, db, "wake-"+tc.name, false)
 			key := advisory.Name("wake:" + tc.name)
 
-			lk, err := holder.TryLock(ctx, key, nil)
+			lk, err := holder.TryAcquireKey(ctx, key, nil)
 			require.NoError(t, err)
-			opts := &advisory.LockOpts{Shared: tc.shared, WaitTimeout: wakeWaitTimeout}
+			opts := &advisory.AcquireOpts{Shared: tc.shared, WaitTimeout: wakeWaitTimeout}
 			res := lockAsync(ctx, waiter, key, opts)
 			waitInterest(t, db.Pool, key, 1)
-			require.NoError(t, lk.Unlock(ctx))
+			require.NoError(t, lk.Release(ctx))
 
 			r := result(t, res)
-			require.NoError(t, r.err, "woken by the Unlock's NOTIFY before the next poll")
+			require.NoError(t, r.err, "woken by the Release's NOTIFY before the next poll")
 			require.Equal(t, tc.shared, r.lk.Shared())
 			require.Greater(t, r.lk.Token(), lk.Token())
-			require.NoError(t, r.lk.Unlock(ctx))
+			require.NoError(t, r.lk.Release(ctx))
 			waitInterest(t, db.Pool, key, 0)
 		})
 	}
@@ -145,11 +145,11 @@ func TestWakeDisabled(t *testing.T) {
 	waiter := newWaiter(t, db, "wake-disabled", true)
 	key := advisory.Name("wake:disabled")
 
-	lk, err := holder.TryLock(ctx, key, nil)
+	lk, err := holder.TryAcquireKey(ctx, key, nil)
 	require.NoError(t, err)
-	res := lockAsync(ctx, waiter, key, &advisory.LockOpts{WaitTimeout: wakeWaitTimeout})
+	res := lockAsync(ctx, waiter, key, &advisory.AcquireOpts{WaitTimeout: wakeWaitTimeout})
 	// The waiter's first attempt fails (the key is held), then it sleeps
-	// past its WaitTimeout. Unlock once that attempt has run: the
+	// past its WaitTimeout. Release once that attempt has run: the
 	// waiter's session shows it as its last statement.
 	require.Eventually(t, func() bool {
 		var n int
@@ -159,7 +159,7 @@ func TestWakeDisabled(t *testing.T) {
 		return n == 1
 	}, 20*time.Second, 5*time.Millisecond)
 	require.Empty(t, interestHolders(t, db.Pool, key))
-	require.NoError(t, lk.Unlock(ctx))
+	require.NoError(t, lk.Release(ctx))
 
 	r := result(t, res)
 	require.ErrorIs(t, r.err, pgfence.ErrNotAcquired)
@@ -174,7 +174,7 @@ func TestWakeCancelledWaitReleasesInterest(t *testing.T) {
 	waiter := newWaiter(t, db, "wake-cancel", false)
 	key := advisory.ID(1 << 40)
 
-	lk, err := holder.TryLock(ctx, key, nil)
+	lk, err := holder.TryAcquireKey(ctx, key, nil)
 	require.NoError(t, err)
 	wctx, cancel := context.WithCancel(ctx)
 	res := lockAsync(wctx, waiter, key, nil)
@@ -186,12 +186,12 @@ func TestWakeCancelledWaitReleasesInterest(t *testing.T) {
 
 	// The LISTEN connection stays for the next waiter, which takes the
 	// interest lock again on it and is woken.
-	res = lockAsync(ctx, waiter, key, &advisory.LockOpts{WaitTimeout: wakeWaitTimeout})
+	res = lockAsync(ctx, waiter, key, &advisory.AcquireOpts{WaitTimeout: wakeWaitTimeout})
 	require.Equal(t, pids, waitInterest(t, db.Pool, key, 1))
-	require.NoError(t, lk.Unlock(ctx))
+	require.NoError(t, lk.Release(ctx))
 	r = result(t, res)
 	require.NoError(t, r.err)
-	require.NoError(t, r.lk.Unlock(ctx))
+	require.NoError(t, r.lk.Release(ctx))
 }
 
 // TestWakeWaitersShareInterest has two waiters of one Locker on one key:
@@ -204,9 +204,9 @@ func TestWakeWaitersShareInterest(t *testing.T) {
 	waiter := newWaiter(t, db, "wake-share", false)
 	key := advisory.ID(-42)
 
-	lk, err := holder.TryLock(ctx, key, nil)
+	lk, err := holder.TryAcquireKey(ctx, key, nil)
 	require.NoError(t, err)
-	opts := &advisory.LockOpts{WaitTimeout: wakeWaitTimeout}
+	opts := &advisory.AcquireOpts{WaitTimeout: wakeWaitTimeout}
 	first := lockAsync(ctx, waiter, key, opts)
 	waitInterest(t, db.Pool, key, 1)
 	second := lockAsync(ctx, waiter, key, opts)
@@ -215,9 +215,9 @@ func TestWakeWaitersShareInterest(t *testing.T) {
 	require.Eventually(t, func() bool { return advisory.Waiters(waiter, key) == 2 },
 		20*time.Second, time.Millisecond)
 	require.Len(t, interestHolders(t, db.Pool, key), 1)
-	require.NoError(t, lk.Unlock(ctx))
+	require.NoError(t, lk.Release(ctx))
 
-	// One waiter wins; the other, in this Locker, is woken by its Unlock.
+	// One waiter wins; the other, in this Locker, is woken by its Release.
 	var got lockResult
 	select {
 	case got = <-first:
@@ -226,12 +226,12 @@ func TestWakeWaitersShareInterest(t *testing.T) {
 		t.Fatal("no waiter acquired")
 	}
 	require.NoError(t, got.err)
-	require.NoError(t, got.lk.Unlock(ctx))
+	require.NoError(t, got.lk.Release(ctx))
 	for _, ch := range []<-chan lockResult{first, second} {
 		select {
 		case r := <-ch:
 			require.NoError(t, r.err)
-			require.NoError(t, r.lk.Unlock(ctx))
+			require.NoError(t, r.lk.Release(ctx))
 		default:
 		}
 	}
@@ -240,7 +240,7 @@ func TestWakeWaitersShareInterest(t *testing.T) {
 
 // TestWakeListenConnectionLost kills the LISTEN connection while a waiter
 // is registered: the Locker reconnects, takes the interest lock again, and
-// the waiter is still woken by the Unlock.
+// the waiter is still woken by the Release.
 func TestWakeListenConnectionLost(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -249,9 +249,9 @@ func TestWakeListenConnectionLost(t *testing.T) {
 	waiter := newWaiter(t, db, "wake-lost", false)
 	key := advisory.Name("wake:lost")
 
-	lk, err := holder.TryLock(ctx, key, nil)
+	lk, err := holder.TryAcquireKey(ctx, key, nil)
 	require.NoError(t, err)
-	res := lockAsync(ctx, waiter, key, &advisory.LockOpts{WaitTimeout: 2 * wakeWaitTimeout})
+	res := lockAsync(ctx, waiter, key, &advisory.AcquireOpts{WaitTimeout: 2 * wakeWaitTimeout})
 	old := waitInterest(t, db.Pool, key, 1)
 	var killed bool
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, old[0]).Scan(&killed))
@@ -260,15 +260,15 @@ func TestWakeListenConnectionLost(t *testing.T) {
 		pids := interestHolders(t, db.Pool, key)
 		return len(pids) == 1 && pids[0] != old[0]
 	}, 20*time.Second, 5*time.Millisecond, "the interest lock is taken again on a new LISTEN connection")
-	require.NoError(t, lk.Unlock(ctx))
+	require.NoError(t, lk.Release(ctx))
 	r := result(t, res)
 	require.NoError(t, r.err)
-	require.NoError(t, r.lk.Unlock(ctx))
+	require.NoError(t, r.lk.Release(ctx))
 }
 
-// TestWakeUnlockNotifiesOnlyWaitedKeys listens on the channel: an Unlock of
+// TestWakeReleaseNotifiesOnlyWaitedKeys listens on the channel: a Release of
 // a key nobody waits for sends nothing, one of a waited key sends its key.
-func TestWakeUnlockNotifiesOnlyWaitedKeys(t *testing.T) {
+func TestWakeReleaseNotifiesOnlyWaitedKeys(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
@@ -280,14 +280,14 @@ func TestWakeUnlockNotifiesOnlyWaitedKeys(t *testing.T) {
 	_, err := listener.Exec(ctx, "LISTEN "+advisory.NotifyChannel)
 	require.NoError(t, err)
 
-	lkQuiet, err := holder.TryLock(ctx, quiet, nil)
+	lkQuiet, err := holder.TryAcquireKey(ctx, quiet, nil)
 	require.NoError(t, err)
-	lkWaited, err := holder.TryLock(ctx, waited, nil)
+	lkWaited, err := holder.TryAcquireKey(ctx, waited, nil)
 	require.NoError(t, err)
-	res := lockAsync(ctx, waiter, waited, &advisory.LockOpts{WaitTimeout: wakeWaitTimeout})
+	res := lockAsync(ctx, waiter, waited, &advisory.AcquireOpts{WaitTimeout: wakeWaitTimeout})
 	waitInterest(t, db.Pool, waited, 1)
-	require.NoError(t, lkQuiet.Unlock(ctx))
-	require.NoError(t, lkWaited.Unlock(ctx))
+	require.NoError(t, lkQuiet.Release(ctx))
+	require.NoError(t, lkWaited.Release(ctx))
 
 	// Notifications arrive in commit order: the first is the waited key's.
 	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
@@ -297,11 +297,11 @@ func TestWakeUnlockNotifiesOnlyWaitedKeys(t *testing.T) {
 	require.Equal(t, strconv.FormatInt(waited.Int64(), 10), n.Payload)
 	r := result(t, res)
 	require.NoError(t, r.err)
-	require.NoError(t, r.lk.Unlock(ctx))
+	require.NoError(t, r.lk.Release(ctx))
 }
 
-// TestWakeCloseWhileRegistered closes a Locker whose Lock waits with
-// interest registered: Lock returns ErrClosed, and TestMain checks that no
+// TestWakeCloseWhileRegistered closes a Locker whose AcquireKey waits with
+// interest registered: AcquireKey returns ErrClosed, and TestMain checks that no
 // goroutine (LISTEN loop, pgconn cleanup) is left.
 func TestWakeCloseWhileRegistered(t *testing.T) {
 	t.Parallel()
@@ -311,7 +311,7 @@ func TestWakeCloseWhileRegistered(t *testing.T) {
 	waiter := newWaiter(t, db, "wake-close", false)
 	key := advisory.Name("wake:close")
 
-	lk, err := holder.TryLock(ctx, key, nil)
+	lk, err := holder.TryAcquireKey(ctx, key, nil)
 	require.NoError(t, err)
 	res := lockAsync(ctx, waiter, key, nil)
 	waitInterest(t, db.Pool, key, 1)
@@ -319,11 +319,11 @@ func TestWakeCloseWhileRegistered(t *testing.T) {
 	r := result(t, res)
 	require.ErrorIs(t, r.err, pgfence.ErrClosed)
 	waitInterest(t, db.Pool, key, 0)
-	require.NoError(t, lk.Unlock(ctx))
+	require.NoError(t, lk.Release(ctx))
 }
 
 // TestWakeListenConnectionIdleClosed checks that the LISTEN connection is
-// closed once no Lock has waited for SessionIdleTimeout, and opened again
+// closed once no Acquire has waited for SessionIdleTimeout, and opened again
 // by the next wait, which is still woken.
 func TestWakeListenConnectionIdleClosed(t *testing.T) {
 	t.Parallel()
@@ -337,21 +337,21 @@ func TestWakeListenConnectionIdleClosed(t *testing.T) {
 	key := advisory.Name("wake:idle")
 
 	for range 2 {
-		lk, err := holder.TryLock(ctx, key, nil)
+		lk, err := holder.TryAcquireKey(ctx, key, nil)
 		require.NoError(t, err)
-		res := lockAsync(ctx, waiter, key, &advisory.LockOpts{WaitTimeout: wakeWaitTimeout})
+		res := lockAsync(ctx, waiter, key, &advisory.AcquireOpts{WaitTimeout: wakeWaitTimeout})
 		waitInterest(t, db.Pool, key, 1)
 		require.Equal(t, 1, sessionCount(t, db.Pool, "wake-idle-listen"))
-		require.NoError(t, lk.Unlock(ctx))
+		require.NoError(t, lk.Release(ctx))
 		r := result(t, res)
 		require.NoError(t, r.err)
-		require.NoError(t, r.lk.Unlock(ctx))
+		require.NoError(t, r.lk.Release(ctx))
 		require.Eventually(t, func() bool { return sessionCount(t, db.Pool, "wake-idle-listen") == 0 },
 			20*time.Second, 10*time.Millisecond, "the idle LISTEN connection is closed")
 	}
 }
 
-// TestWakeShortHoldDoesNotNotify: an Unlock of a lock held less than the
+// TestWakeShortHoldDoesNotNotify: a Release of a lock held less than the
 // Locker's notify threshold (here an hour) does not look for waiters, and a
 // registered waiter then learns of the release only by polling.
 func TestWakeShortHoldDoesNotNotify(t *testing.T) {
@@ -363,11 +363,11 @@ func TestWakeShortHoldDoesNotNotify(t *testing.T) {
 	waiter := newWaiter(t, db, "wake-short", false)
 	key := advisory.Name("wake:short")
 
-	lk, err := holder.TryLock(ctx, key, nil)
+	lk, err := holder.TryAcquireKey(ctx, key, nil)
 	require.NoError(t, err)
-	res := lockAsync(ctx, waiter, key, &advisory.LockOpts{WaitTimeout: wakeWaitTimeout})
+	res := lockAsync(ctx, waiter, key, &advisory.AcquireOpts{WaitTimeout: wakeWaitTimeout})
 	waitInterest(t, db.Pool, key, 1)
-	require.NoError(t, lk.Unlock(ctx))
+	require.NoError(t, lk.Release(ctx))
 	r := result(t, res)
 	require.ErrorIs(t, r.err, pgfence.ErrNotAcquired)
 }
@@ -382,16 +382,16 @@ func TestWakeDefaultHolder(t *testing.T) {
 	waiter := newWaiter(t, db, "wake-default", false)
 	key := advisory.Name("wake:default")
 
-	lk, err := holder.TryLock(ctx, key, nil)
+	lk, err := holder.TryAcquireKey(ctx, key, nil)
 	require.NoError(t, err)
 	acquired := time.Now()
-	res := lockAsync(ctx, waiter, key, &advisory.LockOpts{WaitTimeout: wakeWaitTimeout})
+	res := lockAsync(ctx, waiter, key, &advisory.AcquireOpts{WaitTimeout: wakeWaitTimeout})
 	waitInterest(t, db.Pool, key, 1)
 	// Not an ordering: the hold must exceed the threshold for the
-	// Unlock to look for waiters.
+	// Release to look for waiters.
 	time.Sleep(time.Until(acquired.Add(30 * time.Millisecond)))
-	require.NoError(t, lk.Unlock(ctx))
+	require.NoError(t, lk.Release(ctx))
 	r := result(t, res)
 	require.NoError(t, r.err)
-	require.NoError(t, r.lk.Unlock(ctx))
+	require.NoError(t, r.lk.Release(ctx))
 }

@@ -296,6 +296,18 @@ func TestBadInputIsRejectedBeforeSending(t *testing.T) {
 			_, err := fence.Delete("accounts").Exec(context.Background(), db, 1)
 			return err
 		}, 1, "no Where fragment"},
+		{"empty lease schema", func(db noDB) error {
+			_, err := ok.UnderLease("l").LeaseSchema("").Exec(context.Background(), db, 1, 1, 2)
+			return err
+		}, 1, "empty lease schema name"},
+		{"lease schema too long", func(db noDB) error {
+			_, err := fence.Delete("accounts").Where("id = $1").LeaseSchema(long).Exec(context.Background(), db, 1, 1)
+			return err
+		}, 1, "lease schema name"},
+		{"lease schema with NUL", func(db noDB) error {
+			_, err := fence.Upsert("accounts").Columns("id").Values("$1").OnConflict("id").LeaseSchema("a\x00").Exec(context.Background(), db, 1, 1)
+			return err
+		}, 1, "NUL byte"},
 		{"empty lease", func(db noDB) error {
 			_, err := ok.UnderLease("").Exec(context.Background(), db, 1, 1, 2)
 			return err

@@ -226,3 +226,49 @@ func TestTriggerOnMissingColumn(t *testing.T) {
 		require.Contains(t, pgErr.Message, `has no column tok`, sql)
 	}
 }
+
+func TestClassifyMalformedToken(t *testing.T) {
+	t.Parallel()
+	pgErr := &pgconn.PgError{Code: fence.SQLStateMalformedToken,
+		Message: "pgfence: malformed pgfence.token setting 'abc': want a fencing token (a bigint) or an empty string"}
+	for _, err := range []error{fence.Classify(pgErr), func() error { _, err := fence.Check(pgconn.CommandTag{}, pgErr); return err }()} {
+		require.ErrorIs(t, err, fence.ErrMalformedToken)
+		require.NotErrorIs(t, err, pgfence.ErrFenced)
+		var got *pgconn.PgError
+		require.ErrorAs(t, err, &got)
+		require.Same(t, pgErr, got)
+		require.Contains(t, err.Error(), "'abc'")
+	}
+}
+
+// A trigger rejection that is not a stale token is described by the
+// trigger's own message.
+func TestStaleTokenErrorMessages(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"builder", &fence.StaleTokenError{Table: `"t"`, Presented: 6, Current: 7},
+			`pgfence: write rejected on "t": stale fencing token 6, row carries 7`},
+		{"builder, current unknown", &fence.StaleTokenError{Presented: 6},
+			`pgfence: write rejected: stale fencing token 6, row carries a newer token`},
+		{"trigger, stale", fence.Classify(&pgconn.PgError{Code: fence.SQLState, Detail: "presented=6 current=7",
+			Message: "pgfence: stale fencing token 6 on public.t (current 7)"}),
+			`pgfence: write rejected: stale fencing token 6, row carries 7`},
+		{"trigger, no token", fence.Classify(&pgconn.PgError{Code: fence.SQLState, Detail: "presented= current=7",
+			Message: "pgfence: DELETE on public.t presents no fencing token (strict mode; current 7)"}),
+			`pgfence: write rejected: DELETE on public.t presents no fencing token (strict mode; current 7)`},
+		{"trigger, never issued", fence.Classify(&pgconn.PgError{Code: fence.SQLState, Detail: "presented=99 current=7",
+			Message: "pgfence: fencing token 99 on public.t was never issued (current 7)"}),
+			`pgfence: write rejected: fencing token 99 on public.t was never issued (current 7)`},
+		{"trigger, truncate", fence.Classify(&pgconn.PgError{Code: fence.SQLState, Detail: "presented= current=",
+			Message: "pgfence: TRUNCATE of fenced table public.t is not allowed"}),
+			`pgfence: write rejected: TRUNCATE of fenced table public.t is not allowed`},
+	}
+	for _, tt := range tests {
+		require.EqualError(t, tt.err, tt.want, tt.name)
+		require.ErrorIs(t, tt.err, pgfence.ErrFenced, tt.name)
+	}
+}

@@ -18,9 +18,8 @@ import (
 
 // maxInflight is how many statements of one kind (acquire or release) a
 // Locker runs at once; requests arriving while that many are in flight wait
-// for the next batch. One gave the most cycles per second with 16 clients
-// on a durable server (BenchmarkDurableCycles; 2 and 4 were slower): larger
-// batches, fewer WAL flushes.
+// for the next batch. One makes the largest batches and the fewest WAL
+// flushes; the measurements behind the choice are in bench/results.
 const maxInflight = 1
 
 // maxBatch bounds the number of requests in one statement.

@@ -3,18 +3,37 @@
 //
 // A [Locker] takes leases by name through a *pgxpool.Pool:
 //
-//	locker, err := leasetable.New(pool, &leasetable.Config{TTL: 30 * time.Second})
+//	locker, err := leasetable.New(ctx, pool, &leasetable.Config{TTL: 30 * time.Second})
 //	defer locker.Close()
 //
 //	lease, err := locker.TryAcquire(ctx, "account:42", nil) // ErrNotAcquired if held
 //	lease, err := locker.Acquire(ctx, "account:42", nil)    // waits
-//	err = locker.Do(ctx, "nightly-report", nil, func(ctx context.Context, l *leasetable.Lease) error { ... })
+//	err = locker.Do(ctx, "nightly-report", nil, func(ctx context.Context, l pgfence.Lease) error { ... })
 //
-// A [Lease] is renewed in the background until it is released or lost. Its
+// A [Locker] is a [pgfence.Locker], and its handles are [pgfence.Lease]
+// values holding a *[Lease]: code written against those interfaces runs
+// unchanged on session advisory locks (package advisory). A lease is
+// renewed in the background until it is released or lost. Its
 // [Lease.Token] is a fencing token; its [Lease.Done] channel and
-// [Lease.Context] tell the holder when it must stop.
+// [Lease.Context] tell the holder when it must stop; [Lease.Expiry] is its
+// local deadline and [Lease.Renew] renews it at once.
 //
-// The pgfence migrations must be applied first ([pgfence.Migrate]).
+// pgfence's migrations must be applied first (package migrations, or
+// pgfence migrate up), into the schema [Config].Schema names
+// ([pgfence.DefaultSchema] unless set). [New] checks that they are, once.
+//
+// # Privileges
+//
+// Every statement the Locker sends calls a SECURITY DEFINER function of
+// pgfence's schema (pgfence_acquire, pgfence_renew, pgfence_release,
+// pgfence_prune_scan, pgfence_prune_delete, and, for operators,
+// pgfence_force_release) or reads the table; the application role needs no
+// write privilege on pgfence_leases and none on its sequence, so it cannot
+// forge, rewind or reissue a token, take over a lease that has not expired,
+// or revive one that has. migrations.Grant gives a role exactly what a
+// Locker needs. Every statement names the schema and calls built-ins through
+// pg_catalog, so no object another role plants on the search_path is ever
+// called.
 //
 // # What "held" means
 //
@@ -23,9 +42,11 @@
 //	name = $name AND fence = $token AND expires_at > now()
 //
 // judged on the database's clock only. The client's wall clock is never
-// compared with the database's. Package fence's lease-checked writes use the
-// same predicate, so a write checked that way in the same transaction is
-// made while the lease is held.
+// compared with the database's. Package fence's lease-checked writes check
+// the same predicate with clock_timestamp() (the time the check runs, not
+// the transaction's start), through pgfence_lease_held, and lock the row
+// until their transaction ends, so a write checked that way is made while
+// the lease is held.
 //
 // # Acquiring
 //
@@ -34,7 +55,12 @@
 // was released (expires_at <= now()), and returns the new token. Concurrent
 // acquirers of one name are serialised by the row (or unique index) lock;
 // exactly one sees the row free. A Locker does not re-enter: a name it
-// already holds is not acquired again. An attempt on a lease that is held
+// already holds is not acquired again. TryAcquire of a name held by another
+// caller of the same Locker is refused at once, without a round trip;
+// Acquire waits and is woken at once when that caller releases it (with or
+// without LISTEN); and a caller that already holds the name (its ctx
+// descends from the lease's Context, as in a nested [Locker.Do]) gets
+// [pgfence.ErrAlreadyHeld] at once. An attempt on a lease that is held
 // (in the statement's snapshot) neither locks the row nor draws a token, so
 // it writes nothing and waits for no WAL flush.
 //
@@ -76,8 +102,8 @@
 //
 // # Fencing tokens
 //
-// Tokens come from pgfence_next_token(), the one sequence shared with package
-// advisory, which also makes the acquiring transaction commit durably
+// Tokens come from the sequence pgfence_leases_fence_seq, the one shared with
+// package advisory, drawn inside pgfence_acquire, which also makes the acquiring transaction commit durably
 // (synchronous_commit forced on), so no token handed to a caller is issued
 // again after a server crash. The sequence does not cycle, so tokens never
 // wrap.
@@ -176,13 +202,16 @@
 // It also assumes the database is one serialisable history: after a
 // failover to an asynchronous standby, committed acquisitions and renewals
 // may be lost, and a lease may be granted twice. Use synchronous replication
-// if failover must not break mutual exclusion (pgfence_next_token() forces
-// synchronous_commit on for acquisitions, so tokens are not reissued on a
-// synchronous standby).
+// if failover must not break mutual exclusion (token draws raise
+// synchronous_commit to on for acquisitions, never lower it, so tokens are
+// not reissued on a synchronous standby).
 //
 // When the context of an acquire is cancelled while the statement is in
 // flight, the lease may have been taken without the caller learning its
-// token; nobody renews it, so it expires after its TTL.
+// token; it is given back as soon as the statement's answer arrives, and
+// otherwise expires after its TTL. Renewal attempts are bounded by
+// [Config].QueryTimeout, so one stuck on a dead connection is retried on
+// another before the local deadline.
 //
 // # Connection poolers
 //

@@ -169,6 +169,11 @@ COMMENT ON FUNCTION pgfence_acquire(text[], text, bigint[]) IS
 -- durably, which flushes the release's WAL first. A release that keeps a row
 -- held (at_least) commits durably.
 --
+-- A row counts as held while expires_at > clock_timestamp(), not now():
+-- now() is the start of the calling transaction, and a caller that kept a
+-- transaction open past the lease's expiry must not keep it alive with
+-- at_least (a single-statement release sees no difference).
+--
 -- The second column returns the durability setting chosen ('off', or NULL
 -- when left alone): it must be selected, or the planner removes the join to
 -- the subquery that sets it.
@@ -186,7 +191,7 @@ BEGIN
         UPDATE pgfence_leases AS l
         SET expires_at = greatest(pg_catalog.now(), l.acquired_at + r.at_least_us * interval '1 microsecond')
         FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3)) AS r(name, fence, at_least_us)
-        WHERE l.name = r.name AND l.owner = $4 AND l.fence = r.fence AND l.expires_at > pg_catalog.now()
+        WHERE l.name = r.name AND l.owner = $4 AND l.fence = r.fence AND l.expires_at > pg_catalog.clock_timestamp()
         RETURNING l.name, l.fence, l.expires_at <= pg_catalog.now() AS freed
     )
     SELECT r.fence, a.durability FROM released r
@@ -261,13 +266,17 @@ COMMENT ON FUNCTION pgfence_lease_held(text, bigint) IS
 -- Every statement that puts a token into the table (an acquire, a
 -- force-release) holds that lock from before it draws the token until it
 -- commits. It takes no row locks; reading pg_locks briefly takes the lock
--- manager's internal locks.
+-- manager's internal locks. A negative $3 is refused (invalid_parameter_value).
 CREATE FUNCTION pgfence_prune_scan(after text, page integer, older_than interval)
     RETURNS TABLE(last_name text, page_rows bigint, names text[], tokens bigint[], vxids text[])
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 #variable_conflict use_column
 BEGIN
+    IF $3 < interval '0' THEN
+        RAISE EXCEPTION 'pgfence: prune: older_than must not be negative (got %)', $3
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     RETURN QUERY
     WITH page AS (
         SELECT p.name, p.fence, p.expires_at FROM pgfence_leases p
@@ -302,6 +311,8 @@ COMMENT ON FUNCTION pgfence_prune_scan(text, integer, interval) IS
 -- write's FOR SHARE, a takeover in flight): such a row is left for a later
 -- prune, which never waits behind a row lock. The candidates are collected
 -- first (ARRAY), so the DELETE itself finds them through the primary key.
+-- A negative $3 is refused (invalid_parameter_value): it would reach rows
+-- that are still held, and delete a lease from under its holder.
 CREATE FUNCTION pgfence_prune_delete(names text[], tokens bigint[], older_than interval)
     RETURNS bigint
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -310,6 +321,10 @@ AS $$
 DECLARE
     deleted bigint;
 BEGIN
+    IF $3 < interval '0' THEN
+        RAISE EXCEPTION 'pgfence: prune: older_than must not be negative (got %)', $3
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     DELETE FROM pgfence_leases d
     WHERE d.name = ANY(ARRAY(
         SELECT p.name FROM pgfence_leases p

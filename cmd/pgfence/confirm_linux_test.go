@@ -59,7 +59,7 @@ func TestReleaseAsksOnATerminal(t *testing.T) {
 	fenceOf := func() int64 {
 		var f int64
 		require.NoError(t, db.Pool.QueryRow(context.Background(),
-			"SELECT fence FROM pgfence_leases WHERE name = 'account:42'").Scan(&f))
+			"SELECT fence FROM pgfence.pgfence_leases WHERE name = 'account:42'").Scan(&f))
 		return f
 	}
 
@@ -83,9 +83,9 @@ func TestMigrateDownAsksOnATerminal(t *testing.T) {
 	r := pgfenceOnTerminal(t, env, "\n", "migrate", "down")
 	require.Equal(t, 1, r.code)
 	require.Contains(t, r.stderr, "fencing tokens restart from 1. [y/N]")
-	require.True(t, tableExists(t, db, "pgfence_leases"))
+	require.True(t, tableExists(t, db, "pgfence.pgfence_leases"))
 
 	r = pgfenceOnTerminal(t, env, "yes\n", "migrate", "down")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.False(t, tableExists(t, db, "pgfence_leases"))
+	require.False(t, tableExists(t, db, "pgfence.pgfence_leases"))
 }

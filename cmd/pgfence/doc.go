@@ -26,14 +26,15 @@
 // pgfence's migrations, creates the schema pgfence_demo and drops it at the
 // end, and its lease name is prefixed with "pgfence-demo:" so it cannot
 // collide with a real lock); without, it starts a throwaway PostgreSQL from
-// the local server binaries and removes it at the end, also on SIGINT.
+// the local server binaries, reachable only through a unix socket in a
+// private directory, and removes it at the end, also on SIGINT.
 //
 // # Running a job under a lease
 //
 //	pgfence run [flags] NAME -- COMMAND [ARGS...]
 //
 // works like flock(1) across machines: it acquires the lease NAME in the
-// pgfence_leases table (waiting for it as long as it takes unless -n/--no-wait
+// <schema>.pgfence_leases table (waiting for it as long as it takes unless -n/--no-wait
 // or -w/--wait DURATION), runs COMMAND in its own process group with
 // PGFENCE_LEASE and PGFENCE_TOKEN in its environment, renews the lease every
 // TTL/3 while it runs, forwards SIGINT, SIGTERM and SIGHUP to it, and
@@ -70,18 +71,24 @@
 //
 // # Other commands
 //
-//   - pgfence ls [--json] [--all]: lease holders (name, owner, token, held
-//     for, expires in) and advisory locks from pg_locks.
-//   - pgfence release --force NAME: an operator's override that ends a lease
-//     and bumps its token, fencing its holder out; asks unless --yes.
+//   - pgfence ls [--json]: lease holders (name, owner, token, held for,
+//     expires in) and advisory locks from pg_locks; with --forced, the audit
+//     trail of forced releases. The table escapes control characters.
+//   - pgfence release --force NAME [--reason TEXT]: an operator's override
+//     that ends a lease and bumps its token, fencing its holder out, and is
+//     recorded (who, from where, why); asks unless --yes.
 //   - pgfence prune [--older-than 24h] [--json]: deletes the rows of leases
 //     that ended more than that long ago (database clock), in short batches,
 //     so a table with a lease per entity stops growing; for cron.
-//   - pgfence migrate up|down|version: pgfence's embedded migrations.
+//   - pgfence migrate up|down|version: pgfence's embedded migrations; the
+//     first SIGINT or SIGTERM stops a run.
+//   - pgfence grant ROLE [--operator]: lets an application role (or, with
+//     --operator, an operator) use pgfence; run as the owner.
 //   - pgfence version.
 //
 // The database comes from --database, else DATABASE_URL, else the standard
-// libpq variables (PGHOST, PGDATABASE, ...). Every command has --help; the
+// libpq variables (PGHOST, PGDATABASE, ...). Every command takes --schema
+// NAME (default pgfence), the schema pgfence is installed in. Every command has --help; the
 // other commands exit with 0 on success, 1 on failure and 2 on a usage
 // error.
 package main

@@ -17,8 +17,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgfence/pgfence/internal/migrator"
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/migrations"
 )
 
 // bin is the pgfence binary built once for all tests.
@@ -95,6 +95,8 @@ func TestHelp(t *testing.T) {
 		{[]string{"prune", "--help"}, "pgfence prune [flags]"},
 		{[]string{"migrate", "--help"}, "pgfence migrate [flags] up|down|version"},
 		{[]string{"version", "--help"}, "pgfence version"},
+		{[]string{"grant", "--help"}, "pgfence grant [flags] ROLE"},
+		{[]string{"ls", "--help"}, "--schema NAME"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -189,7 +191,7 @@ func TestDatabaseFromPGVariables(t *testing.T) {
 func tableExists(t *testing.T, db *pgtest.DB, name string) bool {
 	t.Helper()
 	var ok bool
-	require.NoError(t, db.Pool.QueryRow(context.Background(), "SELECT to_regclass($1) IS NOT NULL", name).Scan(&ok))
+	require.NoError(t, db.Pool.QueryRow(context.Background(), "SELECT pg_catalog.to_regclass($1) IS NOT NULL", name).Scan(&ok))
 	return ok
 }
 
@@ -197,8 +199,7 @@ func TestMigrateUpDownVersion(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDB(t)
 	env := dbEnv(db)
-	latest, err := migrator.Latest()
-	require.NoError(t, err)
+	latest := migrations.Latest()
 
 	r := pgfence(t, env, "", "migrate", "version")
 	require.Equal(t, 0, r.code, r.stderr)
@@ -209,12 +210,12 @@ func TestMigrateUpDownVersion(t *testing.T) {
 	r = pgfence(t, env, "y\n", "migrate", "down")
 	require.Equal(t, 2, r.code)
 	require.Contains(t, r.stderr, "standard input is not a terminal; pass --yes")
-	require.True(t, tableExists(t, db, "pgfence_leases"))
+	require.True(t, tableExists(t, db, "pgfence.pgfence_leases"))
 
 	r = pgfence(t, env, "", "migrate", "down", "--yes")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, fmt.Sprintf("reverted from version %d", latest))
-	require.False(t, tableExists(t, db, "pgfence_leases"))
+	require.False(t, tableExists(t, db, "pgfence.pgfence_leases"))
 
 	r = pgfence(t, env, "", "migrate", "down", "-y")
 	require.Equal(t, 0, r.code, r.stderr)
@@ -223,26 +224,42 @@ func TestMigrateUpDownVersion(t *testing.T) {
 	r = pgfence(t, env, "", "migrate", "version")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Equal(t, fmt.Sprintf("version 0 (latest %d)\n", latest), r.stdout)
-	require.Contains(t, r.stderr, "run 'pgfence migrate up'")
+	require.Contains(t, r.stderr, "run 'pgfence migrate up --schema pgfence'")
 
 	r = pgfence(t, env, "", "ls")
 	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "run 'pgfence migrate up' first")
+	require.Contains(t, r.stderr, "pgfence migrate up --schema pgfence")
+
+	// Another schema, named as is (not folded to lower case).
+	r = pgfence(t, env, "", "migrate", "up", "--schema", "Locks")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, fmt.Sprintf("pgfence schema \"Locks\" migrated from version 0 to %d\n", latest), r.stdout)
+	require.True(t, tableExists(t, db, `"Locks".pgfence_leases`))
+	require.False(t, tableExists(t, db, "pgfence.pgfence_leases"))
+	r = pgfence(t, env, "", "ls", "--schema", "Locks")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "No lease is held.")
+	r = pgfence(t, env, "", "migrate", "up")
+	require.Equal(t, 1, r.code, "a second install in the same database is refused")
+	require.False(t, tableExists(t, db, "pgfence.pgfence_leases"))
+	r = pgfence(t, env, "", "migrate", "down", "--yes", "--schema", "Locks")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.False(t, tableExists(t, db, `"Locks".pgfence_leases`))
 
 	r = pgfence(t, env, "", "migrate", "up")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Equal(t, fmt.Sprintf("pgfence schema migrated from version 0 to %d\n", latest), r.stdout)
-	require.True(t, tableExists(t, db, "pgfence_leases"))
+	require.Equal(t, fmt.Sprintf("pgfence schema \"pgfence\" migrated from version 0 to %d\n", latest), r.stdout)
+	require.True(t, tableExists(t, db, "pgfence.pgfence_leases"))
 
 	r = pgfence(t, nil, "", "migrate", "up", "--database", db.URL)
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Equal(t, fmt.Sprintf("pgfence schema is up to date at version %d\n", latest), r.stdout)
+	require.Equal(t, fmt.Sprintf("pgfence schema \"pgfence\" is up to date at version %d\n", latest), r.stdout)
 }
 
 func TestMigrateVersionReportsDirty(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDB(t)
-	_, err := db.Pool.Exec(context.Background(), "UPDATE pgfence_schema_migrations SET dirty = true")
+	_, err := db.Pool.Exec(context.Background(), "UPDATE pgfence.pgfence_schema_migrations SET dirty = true")
 	require.NoError(t, err)
 	r := pgfence(t, dbEnv(db), "", "migrate", "version")
 	require.Equal(t, 1, r.code)
@@ -255,8 +272,8 @@ func insertLease(t *testing.T, db *pgtest.DB, name, owner, interval string) int6
 	t.Helper()
 	var token int64
 	require.NoError(t, db.Pool.QueryRow(context.Background(), `
-		INSERT INTO pgfence_leases (name, owner, fence, acquired_at, expires_at)
-		VALUES ($1, $2, pgfence_next_token(), now() - interval '5 seconds', now() + $3::interval)
+		INSERT INTO pgfence.pgfence_leases (name, owner, fence, acquired_at, expires_at)
+		VALUES ($1, $2, pgfence.pgfence_next_token(), pg_catalog.now() - interval '5 seconds', pg_catalog.now() + $3::interval)
 		RETURNING fence`, name, owner, interval).Scan(&token))
 	return token
 }
@@ -324,7 +341,7 @@ func TestLs(t *testing.T) {
 	r = pgfence(t, env, "", "ls", "--json")
 	require.Equal(t, 0, r.code, r.stderr)
 	out = decodeLs(t, r.stdout)
-	require.Len(t, out.Leases, 1, "expired leases are listed only with --all")
+	require.Len(t, out.Leases, 1, "expired leases are not listed")
 	l := out.Leases[0]
 	require.Equal(t, "account:42", l.Name)
 	require.Equal(t, "worker-1", l.Owner)
@@ -357,21 +374,12 @@ func TestLs(t *testing.T) {
 		require.Equal(t, db.Name, a.Database)
 	}
 
-	r = pgfence(t, env, "", "ls", "--json", "--all")
-	require.Equal(t, 0, r.code, r.stderr)
-	out = decodeLs(t, r.stdout)
-	require.Len(t, out.Leases, 2)
-	require.Equal(t, "nightly", out.Leases[1].Name)
-	require.Equal(t, expired, out.Leases[1].Token)
-	require.False(t, out.Leases[1].Held)
-	require.Less(t, out.Leases[1].ExpiresInSeconds, 0.0)
-
-	r = pgfence(t, env, "", "ls", "-a")
+	r = pgfence(t, env, "", "ls")
 	require.Equal(t, 0, r.code, r.stderr)
 	lines := strings.Split(r.stdout, "\n")
 	require.Equal(t, []string{"LEASE", "OWNER", "TOKEN", "HELD", "FOR", "EXPIRES", "IN"}, strings.Fields(lines[0]))
 	require.Equal(t, []string{"account:42", "worker-1", strconv.FormatInt(held, 10)}, strings.Fields(lines[1])[:3])
-	require.Equal(t, []string{"nightly", "worker-0", strconv.FormatInt(expired, 10), "-", "expired"}, strings.Fields(lines[2])[:5])
+	require.Empty(t, lines[2], "the expired lease (token %d) is not listed", expired)
 	require.Contains(t, r.stdout, "ADVISORY KEY")
 	require.Contains(t, r.stdout, "\n-5 ")
 	require.Contains(t, r.stdout, "\n-1,7 ")
@@ -387,7 +395,7 @@ func TestReleaseForce(t *testing.T) {
 
 	leaseRow := func() (owner string, fence int64, held bool) {
 		require.NoError(t, db.Pool.QueryRow(ctx,
-			"SELECT owner, fence, expires_at > now() FROM pgfence_leases WHERE name = 'account:42'").Scan(&owner, &fence, &held))
+			"SELECT owner, fence, expires_at > pg_catalog.now() FROM pgfence.pgfence_leases WHERE name = 'account:42'").Scan(&owner, &fence, &held))
 		return owner, fence, held
 	}
 
@@ -410,8 +418,9 @@ func TestReleaseForce(t *testing.T) {
 	owner, fence, held = leaseRow()
 	require.Greater(t, fence, token, "the token was bumped")
 	require.False(t, held, "the lease expired in place")
-	require.True(t, strings.HasPrefix(owner, "pgfence-cli:force-release by "), owner)
-	require.Equal(t, fmt.Sprintf("released %q: token %d -> %d (was held by %q)\n", "account:42", token, fence, "worker-1"), r.stdout)
+	require.Equal(t, "released-by:postgres", owner, "the row names the database user")
+	require.Regexp(t, fmt.Sprintf(`^released "account:42": token %d -> %d \(was held by "worker-1"\); recorded with reason "pgfence-cli: release --force by [^"]+"\n$`,
+		token, fence), r.stdout)
 
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -420,8 +429,8 @@ func TestReleaseForce(t *testing.T) {
 	require.Equal(t, "account:42", n.Payload)
 
 	// The old holder's renewal (its token, not yet expired) finds nothing.
-	tag, err := db.Pool.Exec(ctx, `UPDATE pgfence_leases SET expires_at = now() + interval '30 seconds'
-		WHERE name = $1 AND fence = $2 AND expires_at > now()`, "account:42", token)
+	tag, err := db.Pool.Exec(ctx, `UPDATE pgfence.pgfence_leases SET expires_at = pg_catalog.now() + interval '30 seconds'
+		WHERE name = $1 AND fence = $2 AND expires_at > pg_catalog.now()`, "account:42", token)
 	require.NoError(t, err)
 	require.Zero(t, tag.RowsAffected())
 
@@ -435,4 +444,36 @@ func TestReleaseForce(t *testing.T) {
 	r = pgfence(t, env, "", "release", "--force", "--yes", "no-such-lease")
 	require.Equal(t, 1, r.code)
 	require.Contains(t, r.stderr, `no lease named "no-such-lease"`)
+}
+
+// Names and owners come from any client; ls's table shows their control
+// characters escaped, so they cannot drive the operator's terminal or break
+// the columns, and --json keeps them exact. (The server itself replaces
+// control characters in application_name with '?'.)
+func TestLsEscapesControlCharacters(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	env := dbEnv(db)
+	const name = "evil\nLEASE  FAKE-OWNER\x1b[31mred"
+	const owner = "owner\x1b]0;title\a\u009b2J\x7f"
+	insertLease(t, db, name, owner, "30 seconds")
+
+	r := pgfence(t, env, "", "ls")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.NotContains(t, r.stdout, "\x1b", "no raw ESC reaches the terminal")
+	require.NotContains(t, r.stdout, "\x7f")
+	require.NotContains(t, r.stdout, "\u009b")
+	require.NotContains(t, r.stdout, "\a")
+	require.Contains(t, r.stdout, `"evil\nLEASE  FAKE-OWNER\x1b[31mred"`)
+	require.Contains(t, r.stdout, `"owner\x1b]0;title\a\u009b2J\x7f"`)
+	for _, line := range strings.Split(r.stdout, "\n") {
+		require.False(t, strings.HasPrefix(line, "LEASE  FAKE-OWNER"), "the newline in the name did not start a line: %q", line)
+	}
+
+	r = pgfence(t, env, "", "ls", "--json")
+	require.Equal(t, 0, r.code, r.stderr)
+	out := decodeLs(t, r.stdout)
+	require.Len(t, out.Leases, 1)
+	require.Equal(t, name, out.Leases[0].Name, "JSON keeps the name exact")
+	require.Equal(t, owner, out.Leases[0].Owner)
 }

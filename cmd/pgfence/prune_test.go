@@ -17,7 +17,7 @@ func leaseNames(t *testing.T, db *pgtest.DB) []string {
 	t.Helper()
 	var names []string
 	require.NoError(t, db.Pool.QueryRow(context.Background(),
-		"SELECT coalesce(array_agg(name ORDER BY name), '{}') FROM pgfence_leases").Scan(&names))
+		"SELECT coalesce(pg_catalog.array_agg(name ORDER BY name), '{}') FROM pgfence.pgfence_leases").Scan(&names))
 	return names
 }
 
@@ -68,7 +68,7 @@ func TestPruneWithoutSchema(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	r = pgfence(t, dbEnv(db), "", "prune")
 	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "run 'pgfence migrate up' first")
+	require.Contains(t, r.stderr, "pgfence migrate up --schema pgfence")
 	require.Empty(t, r.stdout)
 }
 
@@ -78,9 +78,9 @@ func pruneWaiting(t *testing.T, db *pgtest.DB) bool {
 	t.Helper()
 	var n int
 	require.NoError(t, db.Pool.QueryRow(context.Background(), `
-		SELECT count(*) FROM pg_stat_activity
-		WHERE datname = current_database() AND application_name = 'pgfence prune'
-		  AND query LIKE '%FROM pg_locks WHERE virtualtransaction%'`).Scan(&n))
+		SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity
+		WHERE datname = pg_catalog.current_database() AND application_name = 'pgfence prune'
+		  AND query LIKE '%FROM pg_catalog.pg_locks WHERE virtualtransaction%'`).Scan(&n))
 	return n > 0
 }
 
@@ -94,7 +94,7 @@ func TestPruneInterrupted(t *testing.T) {
 	writer, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = writer.Rollback(ctx) }()
-	_, err = writer.Exec(ctx, "LOCK TABLE pgfence_leases IN ROW EXCLUSIVE MODE")
+	_, err = writer.Exec(ctx, "LOCK TABLE pgfence.pgfence_leases IN ROW EXCLUSIVE MODE")
 	require.NoError(t, err)
 
 	b := startPgfence(t, dbEnv(db), "prune")
@@ -102,7 +102,7 @@ func TestPruneInterrupted(t *testing.T) {
 		"prune waits for the writer")
 	require.NoError(t, b.cmd.Process.Signal(syscall.SIGINT))
 	require.Equal(t, 1, b.wait(t))
-	require.Contains(t, b.stderr.String(), "pgfence prune: leasetable: prune: stopped after deleting 0 rows: interrupt signal received")
+	require.Contains(t, b.stderr.String(), "pgfence prune: pgfence: leasetable: prune: stopped after deleting 0 rows: interrupt signal received")
 	require.Equal(t, []string{"ended-two-days-ago"}, leaseNames(t, db))
 
 	require.NoError(t, writer.Commit(ctx))

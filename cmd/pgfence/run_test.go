@@ -118,7 +118,7 @@ func groupAlive(t *testing.T, pgid int) bool {
 func leaseRow(t *testing.T, db *pgtest.DB, name string) (token int64, held bool) {
 	t.Helper()
 	require.NoError(t, db.Pool.QueryRow(context.Background(),
-		"SELECT fence, expires_at > now() FROM pgfence_leases WHERE name = $1", name).Scan(&token, &held))
+		"SELECT fence, expires_at > pg_catalog.now() FROM pgfence.pgfence_leases WHERE name = $1", name).Scan(&token, &held))
 	return token, held
 }
 
@@ -193,8 +193,8 @@ func waitingBackends(t *testing.T, db *pgtest.DB) int {
 	t.Helper()
 	var n int
 	require.NoError(t, db.Pool.QueryRow(context.Background(), `
-		SELECT count(*) FROM pg_stat_activity
-		WHERE datname = current_database() AND application_name = 'pgfence run' AND query ILIKE 'listen%'`).Scan(&n))
+		SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity
+		WHERE datname = pg_catalog.current_database() AND application_name = 'pgfence run' AND query ILIKE 'listen%'`).Scan(&n))
 	return n
 }
 
@@ -285,7 +285,7 @@ func TestRunKillsTheCommandWhenRenewalsFreeze(t *testing.T) {
 	tx, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, "SELECT 1 FROM pgfence_leases WHERE name = 'job' FOR UPDATE")
+	_, err = tx.Exec(ctx, "SELECT 1 FROM pgfence.pgfence_leases WHERE name = 'job' FOR UPDATE")
 	require.NoError(t, err)
 
 	require.Equal(t, 124, b.wait(t), b.stderr.String())
@@ -318,11 +318,11 @@ func TestRunHoldsAndRenews(t *testing.T) {
 	require.Contains(t, out.Leases[0].Owner, "pgfence run sh on ")
 
 	var firstExpiry time.Time
-	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT expires_at FROM pgfence_leases WHERE name = 'job'").Scan(&firstExpiry))
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT expires_at FROM pgfence.pgfence_leases WHERE name = 'job'").Scan(&firstExpiry))
 	renewals := 0
 	require.Eventually(t, func() bool {
 		var expiry time.Time
-		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT expires_at FROM pgfence_leases WHERE name = 'job'").Scan(&expiry))
+		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT expires_at FROM pgfence.pgfence_leases WHERE name = 'job'").Scan(&expiry))
 		if expiry.After(firstExpiry) {
 			firstExpiry = expiry
 			renewals++
@@ -391,7 +391,7 @@ func TestRunWithoutTheSchema(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	r = pgfence(t, dbEnv(db), "", "run", "job", "--", "true")
 	require.Equal(t, 125, r.code)
-	require.Contains(t, r.stderr, "run 'pgfence migrate up' first")
+	require.Contains(t, r.stderr, "pgfence migrate up --schema pgfence")
 }
 
 func TestRunKilledTakesTheCommandWithIt(t *testing.T) {

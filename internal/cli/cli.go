@@ -56,10 +56,11 @@ func commands() []command {
 	return []command{
 		{"demo", "watch a fenced write reject a paused lock holder (start here)", (*App).demo},
 		{"run", "run a command while holding a lease (like flock, across machines)", (*App).run},
-		{"ls", "list lease holders and advisory locks", (*App).ls},
-		{"release", "force-release a lease, fencing out its holder", (*App).release},
+		{"ls", "list lease holders, advisory locks, or forced releases", (*App).ls},
+		{"release", "force-release a lease, fencing out its holder (recorded)", (*App).release},
 		{"prune", "delete lease rows that expired long ago", (*App).prune},
 		{"migrate", "apply, revert or show pgfence's schema migrations", (*App).migrate},
+		{"grant", "let a role use pgfence (as the owner)", (*App).grant},
 		{"version", "print pgfence's version", (*App).version},
 	}
 }
@@ -77,6 +78,10 @@ Database:
   the standard libpq variables (PGHOST, PGPORT, PGDATABASE, PGUSER,
   PGPASSWORD, PGSSLMODE, PGSERVICE, ...). pgfence demo without --database
   or $DATABASE_URL starts a throwaway PostgreSQL of its own.
+
+Schema:
+  Every command takes --schema NAME (default pgfence), the schema pgfence is
+  installed in; every statement names it.
 
 %s
 Run 'pgfence <command> --help' for a command's flags and examples.

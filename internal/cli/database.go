@@ -11,10 +11,30 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/install"
 )
 
 // databaseFlagUsage is the help line of every command's --database flag.
 const databaseFlagUsage = "database URL or key=value string (default $DATABASE_URL, else the PG* variables)"
+
+// schemaFlag defines --schema on f, with pgfence.DefaultSchema as default.
+func schemaFlag(f *flags, p *string) {
+	*p = pgfence.DefaultSchema
+	f.String(p, "", "schema", "NAME", "the schema pgfence is installed in (an identifier, used as is)")
+}
+
+// checkSchema returns a usage error when schema is not a valid identifier.
+func checkSchema(schema string) error {
+	if schema == "" {
+		return usageErrorf("--schema is empty")
+	}
+	if _, _, err := install.Schema("--schema", schema); err != nil {
+		return usageErrorf("%v", err)
+	}
+	return nil
+}
 
 // connectTimeout bounds connecting when the connection string sets no
 // connect_timeout of its own.
@@ -107,12 +127,39 @@ func closeConn(ctx context.Context, conn *pgx.Conn) {
 	_ = conn.Close(ctx)
 }
 
-// explainSchemaError turns "relation pgfence_leases does not exist" and
-// "function pgfence_next_token() does not exist" into advice.
-func explainSchemaError(err error) error {
+// explainSchemaError adds advice to errors that say pgfence is not
+// installed in schema: pgfence.ErrNotInstalled (which says how to fix it
+// already), an undefined table, function or schema (42P01, 42883, 3F000),
+// and a missing privilege (42501).
+func explainSchemaError(err error, schema string) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42883") {
-		return fmt.Errorf("%w\npgfence's schema is missing from this database: run 'pgfence migrate up' first", err)
+	switch {
+	case err == nil, errors.Is(err, pgfence.ErrNotInstalled):
+		return err
+	case errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42883" || pgErr.Code == "3F000"):
+		return fmt.Errorf("%w\npgfence is not installed in schema %q of this database: run 'pgfence migrate up --schema %s' first",
+			err, schema, schema)
+	case errors.As(err, &pgErr) && pgErr.Code == "42501":
+		return fmt.Errorf("%w\nthe role lacks pgfence's grants: as the owner, run 'pgfence grant ROLE --schema %s' "+
+			"(with --operator for release --force and ls --forced)", err, schema)
 	}
 	return err
+}
+
+// newPool opens a pool of at most maxConns connections for a command named
+// app and checks that the database answers.
+func newPool(ctx context.Context, dsn, app string, maxConns int32) (*pgxpool.Pool, error) {
+	pcfg, err := poolConfig(dsn, app, maxConns)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to the database: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to the database: %w", err)
+	}
+	return pool, nil
 }

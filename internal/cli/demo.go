@@ -10,9 +10,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/advisory"
 	"github.com/pgfence/pgfence/internal/demo"
+	"github.com/pgfence/pgfence/leasetable"
 )
 
 const demoHelp = `
@@ -39,15 +41,17 @@ the database sees them.
 
 Database:
   With --database or DATABASE_URL, the demo uses that database: it applies
-  pgfence's migrations (pgfence_leases and friends stay), creates the schema
-  pgfence_demo, and drops that schema and its lease row when it ends. The
-  lease is named ` + demoLease + ` so it cannot collide with a real lock.
+  pgfence's migrations to --schema (pgfence's objects stay), creates the
+  schema pgfence_demo, and drops that schema when it ends. Its lease is
+  named ` + demoLease + ` so it cannot collide with a real lock; the
+  released row stays in pgfence_leases until 'pgfence prune' removes it.
   One demo runs on a database at a time: a second one stops at once with
   an error and touches nothing.
   The PG* variables are not used. Without a database, it starts a
   throwaway PostgreSQL from the local server binaries (initdb and postgres
-  from PG_BINDIR, PATH or /usr/lib/postgresql/*/bin) in a temporary
-  directory, and removes it at the end. SIGINT cleans up too.
+  from PG_BINDIR, PATH or /usr/lib/postgresql/*/bin) in a private temporary
+  directory, reachable only through a unix socket there (no TCP), and
+  removes it at the end. SIGINT cleans up too.
 
 Exit status 0 means the story played out: the fenced stale write was
 rejected and the unfenced one overwrote the row.
@@ -67,7 +71,7 @@ const demoLease = "pgfence-demo:account:42"
 var demoLockKey = advisory.Name("pgfence-demo").Int64()
 
 // Takes demoLockKey for the session, without waiting.
-const demoLockSQL = `SELECT pg_try_advisory_lock($1)`
+const demoLockSQL = `SELECT pg_catalog.pg_try_advisory_lock($1)`
 
 // demoTTL is the workers' lease TTL: short, so the story is quick.
 const demoTTL = 2 * time.Second
@@ -75,26 +79,23 @@ const demoTTL = 2 * time.Second
 // demoStepTimeout bounds each step a worker performs.
 const demoStepTimeout = time.Minute
 
-// The lease's holder as the database sees it. Locks nothing.
-const demoHolderSQL = `SELECT owner, fence, expires_at > now() FROM pgfence_leases WHERE name = $1`
-
 // The demo account's row. Locks nothing.
-const demoAccountSQL = `SELECT balance, fence_token FROM pgfence_demo.accounts WHERE id = $1`
-
-// Removes the demo's lease row once it has expired or been released; no
-// acquirer of this name is running any more. Locks that row.
-const demoDeleteLeaseSQL = `DELETE FROM pgfence_leases WHERE name = $1 AND expires_at <= now()`
+const demoAccountSQL = `SELECT balance, fence_token FROM pgfence_demo.accounts WHERE id OPERATOR(pg_catalog.=) $1`
 
 func (a *App) demo(ctx context.Context, args []string) (err error) {
-	var database string
+	var database, schema string
 	f := newFlags("demo")
 	f.String(&database, "d", "database", "URL", "database URL (default $DATABASE_URL, else a throwaway PostgreSQL)")
+	schemaFlag(f, &schema)
 	pos, _, err := a.parseOrHelp(f, demoHelp, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) > 0 {
 		return usageErrorf("unexpected argument %q", pos[0])
+	}
+	if err := checkSchema(schema); err != nil {
+		return err
 	}
 	source := "--database"
 	if strings.TrimSpace(database) == "" {
@@ -113,7 +114,7 @@ func (a *App) demo(ctx context.Context, args []string) (err error) {
 
 	fmt.Fprintf(a.Stdout, "pgfence demo: a paused lock holder, a fenced write and an unfenced one.\n\n")
 	fmt.Fprintf(a.Stdout, "%9s  %-8s  %-16s  %s\n", "elapsed", "actor", "lease holder", "event")
-	d := &demoRun{a: a, tl: demo.NewTimeline(a.Stdout, nil, 8)}
+	d := &demoRun{a: a, tl: demo.NewTimeline(a.Stdout, nil, 8), schema: schema}
 	defer d.cleanup(ctx)
 
 	if database == "" {
@@ -133,15 +134,21 @@ func (a *App) demo(ctx context.Context, args []string) (err error) {
 		}
 	}
 	d.url = database
-	if err := demo.Prepare(ctx, database); err != nil {
-		return fmt.Errorf("prepare the demo's database: %w", explainSchemaError(err))
+	if err := demo.Prepare(ctx, database, schema); err != nil {
+		return fmt.Errorf("prepare the demo's database: %w", explainSchemaError(err, schema))
 	}
 	d.prepared = true
 	if d.conn, err = connect(ctx, database); err != nil {
 		return err
 	}
-	d.say("demo", "pgfence migrations applied; pgfence_demo.accounts: account %d, balance %d, fence_token 0",
-		demo.AccountID, demo.InitialBalance)
+	if d.pool, err = newPool(ctx, database, "pgfence demo", 2); err != nil {
+		return err
+	}
+	if d.locker, err = leasetable.New(ctx, d.pool, &leasetable.Config{Schema: schema, DisableListen: true}); err != nil {
+		return explainSchemaError(err, schema)
+	}
+	d.say("demo", "pgfence migrations applied in schema %s; pgfence_demo.accounts: account %d, balance %d, fence_token 0",
+		schema, demo.AccountID, demo.InitialBalance)
 
 	story, err := d.play(ctx, self)
 	d.cleanup(ctx)
@@ -159,11 +166,15 @@ type demoRun struct {
 	a        *App
 	tl       *demo.Timeline
 	url      string
+	schema   string
 	userDB   bool
 	prepared bool
 	cluster  *demo.Database
 	conn     *pgx.Conn
-	guard    *pgx.Conn // holds demoLockKey on a given database
+	pool     *pgxpool.Pool
+	locker   *leasetable.Locker // reads the lease's holder
+	lastTok  int64              // the last token a worker acquired
+	guard    *pgx.Conn          // holds demoLockKey on a given database
 	workers  []*demo.Worker
 	cleaned  bool
 }
@@ -173,28 +184,25 @@ func (d *demoRun) say(actor, format string, args ...any) {
 	d.tl.Event(actor, "%-16s  %s", d.holder(), fmt.Sprintf(format, args...))
 }
 
-// holder describes the lease's holder as "worker-A #5" (owner and token),
-// "free (last #5)" once it expired or was released, or "-" before it
-// exists.
+// holder describes the lease's holder as the database sees it: "worker-A
+// #5" (owner and token), "free (last #5)" once it expired or was released,
+// or "-" before any worker acquired it.
 func (d *demoRun) holder() string {
-	if d.conn == nil {
+	if d.locker == nil {
 		return "-"
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	var owner string
-	var token int64
-	var held bool
-	err := d.conn.QueryRow(ctx, demoHolderSQL, demoLease).Scan(&owner, &token, &held)
+	info, held, err := d.locker.Get(ctx, demoLease)
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return "-"
 	case err != nil:
 		return "?"
-	case !held:
-		return fmt.Sprintf("free (last #%d)", token)
+	case held:
+		return fmt.Sprintf("%s #%d", info.Owner, info.Token)
+	case d.lastTok == 0:
+		return "-"
 	}
-	return fmt.Sprintf("%s #%d", owner, token)
+	return fmt.Sprintf("free (last #%d)", d.lastTok)
 }
 
 // account reads the demo account's balance and token.
@@ -205,7 +213,7 @@ func (d *demoRun) account(ctx context.Context) (balance, token int64, err error)
 
 func (d *demoRun) startWorker(self, name string) (*demo.Worker, error) {
 	w, err := demo.StartWorker(name, self, []string{demoWorkerCommand, name},
-		[]string{envDemoDatabase + "=" + d.url}, d.a.Stderr)
+		[]string{envDemoDatabase + "=" + d.url, envDemoSchema + "=" + d.schema}, d.a.Stderr)
 	if err != nil {
 		return nil, err
 	}
@@ -254,6 +262,7 @@ func (d *demoRun) play(ctx context.Context, self string) (demoStory, error) {
 		return s, err
 	}
 	s.tokenA = ev.Token
+	d.lastTok = ev.Token
 	d.say(a.Name, "acquired %s: token %d, TTL %v, renewed every %v", demoLease, s.tokenA, demoTTL, (demoTTL / 3).Round(time.Millisecond))
 	if ev, err = d.do(ctx, a, demo.Command{Op: "read"}); err != nil {
 		return s, err
@@ -273,6 +282,7 @@ func (d *demoRun) play(ctx context.Context, self string) (demoStory, error) {
 		return s, err
 	}
 	s.tokenB = ev.Token
+	d.lastTok = ev.Token
 	d.say(b.Name, "acquired %s after %.1fs, when worker-A's lease expired: token %d (> %d)",
 		demoLease, time.Since(start).Seconds(), s.tokenB, s.tokenA)
 	if ev, err = d.do(ctx, b, demo.Command{Op: "read"}); err != nil {
@@ -395,12 +405,15 @@ func (d *demoRun) cleanup(ctx context.Context) {
 		if err := demo.Drop(ctx, d.url); err != nil {
 			fmt.Fprintf(d.a.Stderr, "pgfence demo: cleaning up: %v (drop the schema pgfence_demo by hand)\n", err)
 		}
-		if d.conn != nil {
-			if _, err := d.conn.Exec(ctx, demoDeleteLeaseSQL, demoLease); err != nil {
-				fmt.Fprintf(d.a.Stderr, "pgfence demo: cleaning up: delete lease %q: %v\n", demoLease, err)
-			}
-		}
-		d.say("demo", "cleaned up: dropped schema pgfence_demo and the demo's lease row")
+		d.say("demo", "cleaned up: dropped schema pgfence_demo; the released lease row %s stays until 'pgfence prune'", demoLease)
+	}
+	if d.locker != nil {
+		d.locker.Close()
+		d.locker = nil
+	}
+	if d.pool != nil {
+		d.pool.Close()
+		d.pool = nil
 	}
 	if d.conn != nil {
 		closeConn(ctx, d.conn)

@@ -24,15 +24,18 @@ const demoWorkerCommand = "demo-worker"
 // command line, where ps would show a password).
 const envDemoDatabase = "PGFENCE_DEMO_DATABASE"
 
+// envDemoSchema passes the schema pgfence is installed in to the workers.
+const envDemoSchema = "PGFENCE_DEMO_SCHEMA"
+
 // demoAcquireTimeout bounds a worker's wait for the demo's lease.
 const demoAcquireTimeout = 30 * time.Second
 
-// Reads the demo account. Locks nothing.
-const demoReadSQL = `SELECT balance FROM pgfence_demo.accounts WHERE id = $1`
+// Reads the demo account (pgfence_demo.accounts). Locks nothing.
+const demoReadSQL = `SELECT balance FROM pgfence_demo.accounts WHERE id OPERATOR(pg_catalog.=) $1`
 
 // The unfenced write the demo contrasts with the fenced one: a plain UPDATE
 // of the account row (row lock only), as most code writes it.
-const demoPlainWriteSQL = `UPDATE pgfence_demo.accounts SET balance = $1 WHERE id = $2`
+const demoPlainWriteSQL = `UPDATE pgfence_demo.accounts SET balance = $1 WHERE id OPERATOR(pg_catalog.=) $2`
 
 // demoWrite is the fenced write: the same UPDATE, guarded by the token.
 var demoWrite = fence.UpdateIdent(demo.AccountsTable).Set("balance = $1").Where("id = $2")
@@ -53,7 +56,7 @@ func (a *App) demoWorker(ctx context.Context, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	locker, err := leasetable.New(pool, &leasetable.Config{Owner: args[0]})
+	locker, err := leasetable.New(ctx, pool, &leasetable.Config{Owner: args[0], Schema: os.Getenv(envDemoSchema)})
 	if err != nil {
 		return err
 	}
@@ -66,7 +69,7 @@ func (a *App) demoWorker(ctx context.Context, args []string) error {
 type demoWorkerState struct {
 	pool   *pgxpool.Pool
 	locker *leasetable.Locker
-	lease  *leasetable.Lease
+	lease  pgfence.Lease
 }
 
 // handle performs one of the demo's commands: acquire, read, write,
@@ -74,7 +77,7 @@ type demoWorkerState struct {
 func (w *demoWorkerState) handle(ctx context.Context, cmd demo.Command) demo.Event {
 	switch cmd.Op {
 	case "acquire":
-		l, err := w.locker.Acquire(ctx, cmd.Lease, &leasetable.AcquireOpts{
+		l, err := w.locker.Acquire(ctx, cmd.Lease, &pgfence.AcquireOpts{
 			TTL: time.Duration(cmd.TTLMillis) * time.Millisecond, WaitTimeout: demoAcquireTimeout,
 		})
 		if err != nil {

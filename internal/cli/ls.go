@@ -6,68 +6,84 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/leasetable"
 )
 
 const lsHelp = `
 Usage:
   pgfence ls [flags]
+  pgfence ls --forced [flags]
 
-Lists the lease holders in pgfence_leases and the advisory locks held or
-awaited in the database (from pg_locks). Times are judged on the database's
-clock: a lease is held while its expires_at is after the database's now().
+Lists the leases held in <schema>.pgfence_leases and the advisory locks held
+or awaited in the database (from pg_locks). Times are judged on the
+database's clock: a lease is held while its expires_at is after the
+database's now(). A lease that was released or expired is not listed.
+
+With --forced, lists instead the audit trail of forced releases
+(<schema>.pgfence_forced_releases, written by 'pgfence release --force'),
+newest first; reading it needs pgfence's operator grant.
+
+Names, owners, reasons and application names that hold control or other
+non-printing characters are shown quoted, with Go escapes ("a\nb",
+"\x1b[31m"); --json shows them as they are.
 
 Columns:
-  leases          NAME, OWNER, TOKEN (the fencing token), HELD FOR (since
-                  acquired), EXPIRES IN
-  advisory locks  KEY (the 64-bit key, or "k1,k2" for two 32-bit keys), MODE,
-                  GRANTED (false: waiting), PID, APPLICATION, DATABASE
+  leases            NAME, OWNER, TOKEN (the fencing token), HELD FOR (since
+                    acquired), EXPIRES IN
+  advisory locks    KEY (the 64-bit key, or "k1,k2" for two 32-bit keys), MODE,
+                    GRANTED (false: waiting), PID, APPLICATION, DATABASE
+  forced releases   RELEASED AT, LEASE, OLD OWNER, OLD TOKEN, NEW TOKEN, WAS
+                    HELD, BY (database user), FROM (client address), REASON
 
 With --json, prints one object:
   {"now": time, "leases": [{"name", "owner", "token", "held", "acquired_at",
    "expires_at", "held_for_seconds", "expires_in_seconds"}],
    "advisory_locks": [{"key", "key1", "key2", "mode", "granted", "pid",
    "application_name", "database"}]}
-where expires_in_seconds is negative for expired leases, and key is set for
-64-bit keys, key1 and key2 for pairs of 32-bit keys.
+where key is set for 64-bit keys, key1 and key2 for pairs of 32-bit keys;
+with --forced:
+  {"forced_releases": [{"name", "old_owner", "old_token", "was_held",
+   "token", "reason", "released_by", "client_addr", "released_at"}]}
+where client_addr is empty for a unix-socket client.
 
 Examples:
   pgfence ls
-  pgfence ls --all --database postgres://app@db/app
+  pgfence ls --database postgres://app@db/app --schema pgfence
   pgfence ls --json | jq '.leases[] | select(.name == "nightly-report")'
+  pgfence ls --forced --limit 10
 `
-
-// Lease rows, judged on the database clock. Durations are computed in SQL so
-// the client's clock plays no part. Reads only; locks nothing.
-const listLeasesSQL = `
-SELECT name, owner, fence, acquired_at, expires_at, expires_at > now() AS held,
-       extract(epoch FROM now() - acquired_at)::float8 AS held_for,
-       extract(epoch FROM expires_at - now())::float8 AS expires_in
-FROM pgfence_leases
-WHERE $1 OR expires_at > now()
-ORDER BY name`
 
 // Advisory locks in the current database. For a bigint key, classid holds
 // its high 32 bits and objid its low 32 bits (objsubid 1); for a pair of
 // int4 keys, classid and objid hold them (objsubid 2). Both columns are
 // unsigned oids, so an int4 key is recovered by subtracting 2^32 when its
-// sign bit is set. Reads only; locks nothing.
+// sign bit is set. Reads only; locks nothing. Built-ins are qualified, so the
+// session's search_path cannot redirect them.
 const listAdvisorySQL = `
 SELECT l.objsubid,
-       (l.classid::bigint << 32) | l.objid::bigint AS key,
-       (l.classid::bigint - CASE WHEN l.classid::bigint >= 2147483648 THEN 4294967296 ELSE 0 END)::int4 AS key1,
-       (l.objid::bigint - CASE WHEN l.objid::bigint >= 2147483648 THEN 4294967296 ELSE 0 END)::int4 AS key2,
-       l.mode, l.granted, l.pid, coalesce(a.application_name, ''), coalesce(d.datname, '')
-FROM pg_locks l
-LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-LEFT JOIN pg_database d ON d.oid = l.database
-WHERE l.locktype = 'advisory' AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+       (l.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32) OPERATOR(pg_catalog.|) l.objid::pg_catalog.int8 AS key,
+       (l.classid::pg_catalog.int8 OPERATOR(pg_catalog.-) CASE WHEN l.classid::pg_catalog.int8 OPERATOR(pg_catalog.>=) 2147483648
+            THEN 4294967296 ELSE 0 END)::pg_catalog.int4 AS key1,
+       (l.objid::pg_catalog.int8 OPERATOR(pg_catalog.-) CASE WHEN l.objid::pg_catalog.int8 OPERATOR(pg_catalog.>=) 2147483648
+            THEN 4294967296 ELSE 0 END)::pg_catalog.int4 AS key2,
+       l.mode, l.granted, l.pid, coalesce(a.application_name, ''), coalesce(d.datname::pg_catalog.text, '')
+FROM pg_catalog.pg_locks l
+LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) l.pid
+LEFT JOIN pg_catalog.pg_database d ON d.oid OPERATOR(pg_catalog.=) l.database
+WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+  AND l.database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database
+                                         WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
 ORDER BY key, key1, key2, l.granted DESC, l.pid`
 
-const dbNowSQL = `SELECT now()`
+// The database's clock. Reads nothing.
+const dbNowSQL = `SELECT pg_catalog.now()`
 
 // leaseJSON is one lease row of ls --json.
 type leaseJSON struct {
@@ -100,13 +116,36 @@ type lsJSON struct {
 	AdvisoryLocks []advisoryJSON `json:"advisory_locks"`
 }
 
+// forcedJSON is one forced release of ls --forced --json.
+type forcedJSON struct {
+	Name       string    `json:"name"`
+	OldOwner   string    `json:"old_owner"`
+	OldToken   int64     `json:"old_token"`
+	WasHeld    bool      `json:"was_held"`
+	Token      int64     `json:"token"`
+	Reason     string    `json:"reason"`
+	ReleasedBy string    `json:"released_by"`
+	ClientAddr string    `json:"client_addr"`
+	ReleasedAt time.Time `json:"released_at"`
+}
+
+// lsPoolMaxConns: ls runs one statement at a time.
+const lsPoolMaxConns = 2
+
+// defaultForcedLimit is how many forced releases ls --forced shows.
+const defaultForcedLimit = 50
+
 func (a *App) ls(ctx context.Context, args []string) error {
-	var database string
-	var asJSON, all bool
+	var database, schema string
+	var asJSON, forced bool
+	limit := defaultForcedLimit
 	f := newFlags("ls")
 	f.String(&database, "d", "database", "URL", databaseFlagUsage)
+	schemaFlag(f, &schema)
 	f.Bool(&asJSON, "j", "json", "print JSON for scripts")
-	f.Bool(&all, "a", "all", "include leases that are no longer held (released or expired rows)")
+	f.Bool(&forced, "", "forced", "list the forced releases (the audit trail of release --force) instead")
+	f.fs.IntVar(&limit, "limit", limit, "")
+	f.add("", "limit", "N", "with --forced: show the newest N", strconv.Itoa(limit))
 	pos, _, err := a.parseOrHelp(f, lsHelp, args)
 	if err != nil {
 		return err
@@ -114,30 +153,51 @@ func (a *App) ls(ctx context.Context, args []string) error {
 	if len(pos) > 0 {
 		return usageErrorf("unexpected argument %q", pos[0])
 	}
+	if limit <= 0 {
+		return usageErrorf("--limit must be positive, not %d", limit)
+	}
+	if err := checkSchema(schema); err != nil {
+		return err
+	}
 	dsn, err := connString(database)
 	if err != nil {
 		return err
 	}
-	conn, err := connect(ctx, dsn)
+	pool, err := newPool(ctx, dsn, "pgfence ls", lsPoolMaxConns)
 	if err != nil {
 		return err
 	}
-	defer closeConn(ctx, conn)
+	defer pool.Close()
+	locker, err := leasetable.New(ctx, pool, &leasetable.Config{Schema: schema, DisableListen: true})
+	if err != nil {
+		return explainSchemaError(err, schema)
+	}
+	defer locker.Close()
+	if forced {
+		return a.lsForced(ctx, locker, schema, limit, asJSON)
+	}
 
 	out := lsJSON{Leases: []leaseJSON{}, AdvisoryLocks: []advisoryJSON{}}
-	if err := conn.QueryRow(ctx, dbNowSQL).Scan(&out.Now); err != nil {
+	// The clock is read before the leases, so every lease List finds held
+	// (expires_at after its own, later now()) expires after out.Now too.
+	if err := pool.QueryRow(ctx, dbNowSQL).Scan(&out.Now); err != nil {
 		return err
 	}
-	rows, _ := conn.Query(ctx, listLeasesSQL, all)
-	out.Leases, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (leaseJSON, error) {
-		var l leaseJSON
-		err := r.Scan(&l.Name, &l.Owner, &l.Token, &l.AcquiredAt, &l.ExpiresAt, &l.Held, &l.HeldForSeconds, &l.ExpiresInSeconds)
-		return l, err
-	})
+	infos, err := locker.List(ctx)
 	if err != nil {
-		return fmt.Errorf("list leases: %w", explainSchemaError(err))
+		return explainSchemaError(err, schema)
 	}
-	rows, _ = conn.Query(ctx, listAdvisorySQL)
+	for _, i := range infos {
+		out.Leases = append(out.Leases, leaseJSON{
+			Name: i.Name, Owner: i.Owner, Token: i.Token, Held: true,
+			AcquiredAt: i.AcquiredAt, ExpiresAt: i.ExpiresAt,
+			// A lease acquired after out.Now was read has been held
+			// for no time at all on that clock.
+			HeldForSeconds:   max(0, out.Now.Sub(i.AcquiredAt).Seconds()),
+			ExpiresInSeconds: i.ExpiresAt.Sub(out.Now).Seconds(),
+		})
+	}
+	rows, _ := pool.Query(ctx, listAdvisorySQL)
 	out.AdvisoryLocks, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (advisoryJSON, error) {
 		var l advisoryJSON
 		var subid int16
@@ -159,25 +219,59 @@ func (a *App) ls(ctx context.Context, args []string) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(out)
 	}
-	return printLs(a.Stdout, out, all)
+	return printLs(a.Stdout, out)
 }
 
-func printLs(w io.Writer, out lsJSON, all bool) error {
+// lsForced is ls --forced.
+func (a *App) lsForced(ctx context.Context, locker *leasetable.Locker, schema string, limit int, asJSON bool) error {
+	frs, err := locker.ForcedReleases(ctx, limit)
+	if err != nil {
+		return fmt.Errorf("list forced releases: %w", explainSchemaError(err, schema))
+	}
+	out := struct {
+		ForcedReleases []forcedJSON `json:"forced_releases"`
+	}{ForcedReleases: []forcedJSON{}}
+	for _, r := range frs {
+		addr := ""
+		if r.ClientAddr.IsValid() {
+			addr = r.ClientAddr.String()
+		}
+		out.ForcedReleases = append(out.ForcedReleases, forcedJSON{
+			Name: r.Name, OldOwner: r.OldOwner, OldToken: r.OldToken, WasHeld: r.WasHeld, Token: r.Token,
+			Reason: r.Reason, ReleasedBy: r.ReleasedBy, ClientAddr: addr, ReleasedAt: r.ReleasedAt,
+		})
+	}
+	if asJSON {
+		enc := json.NewEncoder(a.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	tw := tabwriter.NewWriter(a.Stdout, 0, 4, 2, ' ', 0)
+	if len(out.ForcedReleases) == 0 {
+		fmt.Fprintln(tw, "No lease was force-released.")
+		return tw.Flush()
+	}
+	fmt.Fprintln(tw, "RELEASED AT\tLEASE\tOLD OWNER\tOLD TOKEN\tNEW TOKEN\tWAS HELD\tBY\tFROM\tREASON")
+	for _, r := range out.ForcedReleases {
+		from := r.ClientAddr
+		if from == "" {
+			from = "local"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%t\t%s\t%s\t%s\n", r.ReleasedAt.Local().Format(time.RFC3339),
+			display(r.Name), display(r.OldOwner), r.OldToken, r.Token, r.WasHeld, display(r.ReleasedBy), from, display(r.Reason))
+	}
+	return tw.Flush()
+}
+
+func printLs(w io.Writer, out lsJSON) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	if len(out.Leases) == 0 {
-		if all {
-			fmt.Fprintln(tw, "No leases.")
-		} else {
-			fmt.Fprintln(tw, "No lease is held.")
-		}
+		fmt.Fprintln(tw, "No lease is held.")
 	} else {
 		fmt.Fprintln(tw, "LEASE\tOWNER\tTOKEN\tHELD FOR\tEXPIRES IN")
 		for _, l := range out.Leases {
-			heldFor, expiresIn := "-", "expired "+seconds(-l.ExpiresInSeconds)+" ago"
-			if l.Held {
-				heldFor, expiresIn = seconds(l.HeldForSeconds), seconds(l.ExpiresInSeconds)
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", l.Name, l.Owner, l.Token, heldFor, expiresIn)
+			heldFor, expiresIn := seconds(l.HeldForSeconds), seconds(l.ExpiresInSeconds)
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", display(l.Name), display(l.Owner), l.Token, heldFor, expiresIn)
 		}
 	}
 	fmt.Fprintln(tw)
@@ -192,10 +286,30 @@ func printLs(w io.Writer, out lsJSON, all bool) error {
 			} else {
 				key = fmt.Sprintf("%d,%d", *l.Key1, *l.Key2)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%t\t%d\t%s\t%s\n", key, l.Mode, l.Granted, l.PID, l.ApplicationName, l.Database)
+			fmt.Fprintf(tw, "%s\t%s\t%t\t%d\t%s\t%s\n", key, display(l.Mode), l.Granted, l.PID, display(l.ApplicationName), display(l.Database))
 		}
 	}
 	return tw.Flush()
+}
+
+// display returns s for a table cell: as it is when every character is
+// printable, else quoted and escaped as Go's %q does ("a\nb", "\x1b[31m").
+// Lease names, owners and application names are chosen by any client, so a
+// terminal must not interpret them: control characters (C0, DEL, C1), tabs
+// (which would shift the columns), other non-printing characters such as
+// bidirectional overrides, and invalid UTF-8 are all escaped. A value that
+// starts with a double quote is quoted too, so a quoted cell is never
+// mistaken for a name that looks like one. JSON output is not affected.
+func display(s string) string {
+	if strings.HasPrefix(s, `"`) || !utf8.ValidString(s) {
+		return strconv.Quote(s)
+	}
+	for _, r := range s {
+		if !strconv.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
 }
 
 // seconds formats a duration given in seconds for people: "4.2s" under a

@@ -4,7 +4,8 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/pgfence/pgfence/internal/migrator"
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgfence/pgfence/migrations"
 )
 
@@ -12,31 +13,40 @@ const migrateHelp = `
 Usage:
   pgfence migrate [flags] up|down|version
 
-Applies, reverts or shows pgfence's embedded schema migrations. Progress is
-recorded in pgfence's own table, ` + migrations.Table + `, never in the
-application's schema_migrations; these are the same migrations as
-pgfence.Migrate and the files in migrations/.
+Applies, reverts or shows pgfence's embedded schema migrations in the schema
+--schema (default pgfence). Progress is recorded in pgfence's own table,
+<schema>.` + migrations.Table + `, never in the application's
+schema_migrations; these are the same migrations as migrations.Up and the
+files in migrations/. Run it as the role that is to own pgfence's objects,
+then give the application's role what it needs with 'pgfence grant'.
 
-  up       apply every pending migration (a no-op when none is pending)
+  up       create the schema if needed and apply every pending migration (a
+           no-op when none is pending). Refused when another schema of the
+           database already holds a pgfence install.
   down     revert every migration: drops pgfence_leases with every lease in
-           it, the fencing-token sequence and pgfence's functions. Tokens
-           start again from 1 afterwards, so rows that guarded writes have
-           stamped with older tokens reject new holders. Asks for
-           confirmation unless --yes.
-  version  print the applied and the latest version; exits 1 when a failed
-           migration left the schema dirty
+           it, the fencing-token sequence, the forced-release audit table and
+           pgfence's functions; the schema itself stays. Tokens start again
+           from 1 afterwards, so rows that guarded writes have stamped with
+           older tokens reject new holders. Asks for confirmation unless
+           --yes.
+  version  print the applied and the latest version (writes nothing); exits
+           1 when a failed migration left the schema dirty
+
+SIGINT or SIGTERM stops the run: the migration in progress is rolled back,
+the ones committed before stay applied (exit status 1).
 
 Examples:
   pgfence migrate up
-  DATABASE_URL=postgres://app@db/app pgfence migrate version
-  pgfence migrate down --yes --database postgres://app@db/app
+  DATABASE_URL=postgres://owner@db/app pgfence migrate version --schema pgfence
+  pgfence migrate down --yes --database postgres://owner@db/app
 `
 
 func (a *App) migrate(ctx context.Context, args []string) error {
-	var database string
+	var database, schema string
 	var yes bool
 	f := newFlags("migrate")
 	f.String(&database, "d", "database", "URL", databaseFlagUsage)
+	schemaFlag(f, &schema)
 	f.Bool(&yes, "y", "yes", "do not ask for confirmation (migrate down)")
 	pos, _, err := a.parseOrHelp(f, migrateHelp, args)
 	if err != nil {
@@ -49,57 +59,85 @@ func (a *App) migrate(ctx context.Context, args []string) error {
 	if action != "up" && action != "down" && action != "version" {
 		return usageErrorf("unknown migrate action %q: expected up, down or version", action)
 	}
+	if err := checkSchema(schema); err != nil {
+		return err
+	}
+	target, err := migrationTarget(database)
+	if err != nil {
+		return err
+	}
+	cfg := &migrations.Config{Schema: schema}
+	err = a.migrateAction(ctx, action, target, cfg, yes)
+	if err != nil && ctx.Err() != nil {
+		// ctx ends on the first SIGINT or SIGTERM (see Main).
+		return fmt.Errorf("interrupted: %w; migrations committed before stay applied: see 'pgfence migrate version --schema %s'",
+			err, schema)
+	}
+	return err
+}
+
+// migrationTarget returns the database to migrate, with connectTimeout
+// unless the connection string sets connect_timeout.
+func migrationTarget(database string) (migrations.Target, error) {
 	dsn, err := connString(database)
 	if err != nil {
-		return err
+		return migrations.Target{}, err
 	}
-	latest, err := migrator.Latest()
+	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
-		return err
+		return migrations.Target{}, usageErrorf("invalid database: %v", err)
 	}
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = connectTimeout
+	}
+	return migrations.Target{ConnConfig: cfg}, nil
+}
+
+func (a *App) migrateAction(ctx context.Context, action string, t migrations.Target, cfg *migrations.Config, yes bool) error {
+	latest := migrations.Latest()
 	switch action {
 	case "up":
-		before, _, err := migrator.Version(ctx, dsn)
+		before, _, err := migrations.Version(ctx, t, cfg)
 		if err != nil {
 			return err
 		}
-		if err := migrator.Up(ctx, dsn); err != nil {
+		if err := migrations.Up(ctx, t, cfg); err != nil {
 			return err
 		}
 		if before == latest {
-			fmt.Fprintf(a.Stdout, "pgfence schema is up to date at version %d\n", latest)
+			fmt.Fprintf(a.Stdout, "pgfence schema %q is up to date at version %d\n", cfg.Schema, latest)
 		} else {
-			fmt.Fprintf(a.Stdout, "pgfence schema migrated from version %d to %d\n", before, latest)
+			fmt.Fprintf(a.Stdout, "pgfence schema %q migrated from version %d to %d\n", cfg.Schema, before, latest)
 		}
 	case "down":
-		before, _, err := migrator.Version(ctx, dsn)
+		before, _, err := migrations.Version(ctx, t, cfg)
 		if err != nil {
 			return err
 		}
 		if before == 0 {
-			fmt.Fprintln(a.Stdout, "pgfence schema is not installed; nothing to revert")
+			fmt.Fprintf(a.Stdout, "pgfence is not installed in schema %q; nothing to revert\n", cfg.Schema)
 			return nil
 		}
-		if err := a.confirm(fmt.Sprintf("Revert pgfence's schema (version %d)? This drops pgfence_leases with every lease, "+
-			"and fencing tokens restart from 1.", before), yes); err != nil {
+		if err := a.confirm(fmt.Sprintf("Revert pgfence in schema %q (version %d)? This drops pgfence_leases with every lease, "+
+			"and fencing tokens restart from 1.", cfg.Schema, before), yes); err != nil {
 			return err
 		}
-		if err := migrator.Down(ctx, dsn); err != nil {
+		if err := migrations.Down(ctx, t, cfg); err != nil {
 			return err
 		}
-		fmt.Fprintf(a.Stdout, "pgfence schema reverted from version %d; every pgfence object is removed\n", before)
+		fmt.Fprintf(a.Stdout, "pgfence schema %q reverted from version %d; every pgfence object in it is removed\n", cfg.Schema, before)
 	case "version":
-		v, dirty, err := migrator.Version(ctx, dsn)
+		v, dirty, err := migrations.Version(ctx, t, cfg)
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(a.Stdout, "version %d (latest %d)\n", v, latest)
 		if dirty {
 			return fmt.Errorf("migration %d failed and left the schema dirty: repair it by hand, "+
-				"then set %s.dirty to false", v, migrations.Table)
+				"then set %s.%s.dirty to false", v, pgx.Identifier{cfg.Schema}.Sanitize(), migrations.Table)
 		}
 		if v < latest {
-			fmt.Fprintln(a.Stderr, "pgfence migrate: migrations are pending: run 'pgfence migrate up'")
+			fmt.Fprintf(a.Stderr, "pgfence migrate: migrations are pending: run 'pgfence migrate up --schema %s'\n", cfg.Schema)
 		}
 	}
 	return nil

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/pgfence/pgfence/leasetable"
 )
 
@@ -14,13 +12,13 @@ const pruneHelp = `
 Usage:
   pgfence prune [flags]
 
-Deletes the rows of pgfence_leases whose lease expired or was released more
-than --older-than ago (default 24h), judged on the database's clock. A lease
-table keeps one row per lease name ever used, so a service that takes a lease
-per entity ("account:42" for every account) grows it by a row per name; run
-this from cron to bound it. Held leases and rows that expired more recently
-are never touched, and rows another transaction has locked are left for the
-next run.
+Deletes the rows of <schema>.pgfence_leases whose lease expired or was
+released more than --older-than ago (default 24h), judged on the database's
+clock. A lease table keeps one row per lease name ever used, so a service
+that takes a lease per entity ("account:42" for every account) grows it by a
+row per name; run this from cron to bound it. Held leases and rows that
+expired more recently are never touched, and rows another transaction has
+locked are left for the next run.
 
 It works in batches of a few thousand rows, each its own short statement.
 Before deleting a batch it waits for the transactions that were writing
@@ -49,13 +47,14 @@ type pruneJSON struct {
 }
 
 func (a *App) prune(ctx context.Context, args []string) error {
-	var database string
+	var database, schema string
 	var asJSON bool
 	olderThan := leasetable.DefaultPruneAge
 	f := newFlags("prune")
 	f.Duration(&olderThan, "", "older-than", "delete rows whose lease ended more than DURATION ago; at least "+leasetable.MinPruneAge.String())
 	f.Bool(&asJSON, "j", "json", "print JSON for scripts")
 	f.String(&database, "d", "database", "URL", databaseFlagUsage)
+	schemaFlag(f, &schema)
 	pos, _, err := a.parseOrHelp(f, pruneHelp, args)
 	if err != nil {
 		return err
@@ -66,31 +65,27 @@ func (a *App) prune(ctx context.Context, args []string) error {
 	if olderThan < leasetable.MinPruneAge {
 		return usageErrorf("--older-than must be at least %v, not %v", leasetable.MinPruneAge, olderThan)
 	}
+	if err := checkSchema(schema); err != nil {
+		return err
+	}
 	dsn, err := connString(database)
 	if err != nil {
 		return err
 	}
-	pcfg, err := poolConfig(dsn, "pgfence prune", prunePoolMaxConns)
+	pool, err := newPool(ctx, dsn, "pgfence prune", prunePoolMaxConns)
 	if err != nil {
 		return err
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return fmt.Errorf("connect to the database: %w", err)
 	}
 	defer pool.Close()
-	if err := pool.Ping(ctx); err != nil {
-		return fmt.Errorf("connect to the database: %w", err)
-	}
-	locker, err := leasetable.New(pool, &leasetable.Config{DisableListen: true})
+	locker, err := leasetable.New(ctx, pool, &leasetable.Config{Schema: schema, DisableListen: true})
 	if err != nil {
-		return err
+		return explainSchemaError(err, schema)
 	}
 	defer locker.Close()
 
 	deleted, err := locker.Prune(ctx, olderThan)
 	if err != nil {
-		return explainSchemaError(err)
+		return explainSchemaError(err, schema)
 	}
 	if asJSON {
 		enc := json.NewEncoder(a.Stdout)

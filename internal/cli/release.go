@@ -7,25 +7,29 @@ import (
 	"os"
 	"os/user"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgfence/pgfence/leasetable"
 )
 
-// forceOwnerPrefix starts the owner written into a force-released lease's
-// row, so ls and the row itself show who ended it.
-const forceOwnerPrefix = "pgfence-cli:force-release"
+// forceReasonPrefix starts the default reason recorded for a forced
+// release, so the audit trail shows it came from this command.
+const forceReasonPrefix = "pgfence-cli: release --force"
 
 const releaseHelp = `
 Usage:
   pgfence release --force [flags] NAME
 
 An operator's override: ends the lease NAME whoever holds it. In one
-statement, the lease row gets a fresh fencing token (pgfence_next_token())
-and expires now, and waiters are notified on channel ` + leasetable.NotifyChannel + `.
-A holder that still believes in the lease then fails to renew it (renewal
-requires its own token and an unexpired row), and its guarded writes carry
-an older token than the next holder's, so they are rejected.
+statement (<schema>.pgfence_force_release), the lease row gets a fresh
+fencing token and expires now, and waiters are notified on channel
+` + leasetable.NotifyChannel + `. A holder that still believes in the lease then
+fails to renew it (renewal requires its own token and an unexpired row), and
+its guarded writes carry an older token than the next holder's, so they are
+rejected.
+
+The release is recorded in <schema>.pgfence_forced_releases with the reason
+(--reason, else who ran this command where), the database user and the
+client address, and in the server log; 'pgfence ls --forced' lists it. The
+role needs pgfence's operator grant ('pgfence grant ROLE --operator').
 
 The holder is not stopped: it finds out when it next renews or writes. Use
 this when a holder is stuck or gone and you cannot wait for its TTL.
@@ -34,37 +38,21 @@ Asks for confirmation unless --yes; without a terminal, --yes is required.
 
 Examples:
   pgfence release --force nightly-report
-  pgfence release --force --yes account:42 --database postgres://ops@db/app
+  pgfence release --force --yes account:42 --reason "worker-7 hung, ticket OPS-12" --database postgres://ops@db/app
 `
 
-// Reads the lease about to be released, for the confirmation prompt. Locks
-// nothing.
-const getLeaseSQL = `
-SELECT owner, fence, expires_at > now(), extract(epoch FROM expires_at - now())::float8
-FROM pgfence_leases WHERE name = $1`
-
-// Force-releases a lease in one statement: locks the row (FOR UPDATE) to
-// read its previous holder, gives it a fresh token and expires it now, and
-// notifies waiters. pgfence_next_token() makes the transaction commit
-// durably, so the new token is never reissued after a crash.
-const forceReleaseSQL = `
-WITH released AS (
-    UPDATE pgfence_leases l
-    SET fence = pgfence_next_token(), expires_at = now(), owner = $2
-    FROM (SELECT name, owner, fence, expires_at FROM pgfence_leases WHERE name = $1 FOR UPDATE) old
-    WHERE l.name = old.name
-    RETURNING old.owner AS old_owner, old.fence AS old_token, old.expires_at > now() AS was_held, l.fence AS token
-)
-SELECT r.old_owner, r.old_token, r.was_held, r.token
-FROM released r, LATERAL (SELECT pg_notify($3, $1)) n`
+// releasePoolMaxConns: release runs one statement at a time.
+const releasePoolMaxConns = 2
 
 func (a *App) release(ctx context.Context, args []string) error {
-	var database string
+	var database, schema, reason string
 	var force, yes bool
 	f := newFlags("release")
 	f.Bool(&force, "f", "force", "required: release the lease whoever holds it")
 	f.Bool(&yes, "y", "yes", "do not ask for confirmation")
+	f.String(&reason, "r", "reason", "TEXT", "why, for the audit trail (default: who ran this command, and where)")
 	f.String(&database, "d", "database", "URL", databaseFlagUsage)
+	schemaFlag(f, &schema)
 	pos, _, err := a.parseOrHelp(f, releaseHelp, args)
 	if err != nil {
 		return err
@@ -79,56 +67,61 @@ func (a *App) release(ctx context.Context, args []string) error {
 	if name == "" {
 		return usageErrorf("the lease name is empty")
 	}
+	if len(reason) > leasetable.MaxNameLength {
+		return usageErrorf("--reason is %d bytes long; at most %d are allowed", len(reason), leasetable.MaxNameLength)
+	}
+	if reason == "" {
+		reason = defaultForceReason()
+	}
+	if err := checkSchema(schema); err != nil {
+		return err
+	}
 	dsn, err := connString(database)
 	if err != nil {
 		return err
 	}
-	conn, err := connect(ctx, dsn)
+	pool, err := newPool(ctx, dsn, "pgfence release", releasePoolMaxConns)
 	if err != nil {
 		return err
 	}
-	defer closeConn(ctx, conn)
-
-	var owner string
-	var token int64
-	var held bool
-	var expiresIn float64
-	err = conn.QueryRow(ctx, getLeaseSQL, name).Scan(&owner, &token, &held, &expiresIn)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("no lease named %q (see 'pgfence ls --all')", name)
-	}
+	defer pool.Close()
+	locker, err := leasetable.New(ctx, pool, &leasetable.Config{Schema: schema, DisableListen: true})
 	if err != nil {
-		return explainSchemaError(err)
+		return explainSchemaError(err, schema)
 	}
-	state := fmt.Sprintf("held by %q with token %d, expires in %s", owner, token, seconds(expiresIn))
-	if !held {
-		state = fmt.Sprintf("not held (last owner %q, token %d, expired %s ago)", owner, token, seconds(-expiresIn))
+	defer locker.Close()
+
+	info, held, err := locker.Get(ctx, name)
+	if err != nil {
+		return explainSchemaError(err, schema)
+	}
+	state := "not held now"
+	if held {
+		state = fmt.Sprintf("held by %q with token %d, expires %s", info.Owner, info.Token, info.ExpiresAt.Local().Format("15:04:05 (database clock)"))
 	}
 	if err := a.confirm(fmt.Sprintf("Lease %q is %s.\nForce-release it? Its holder will be fenced out.", name, state), yes); err != nil {
 		return err
 	}
 
-	var oldOwner string
-	var oldToken, newToken int64
-	var wasHeld bool
-	err = conn.QueryRow(ctx, forceReleaseSQL, name, forceOwner(), leasetable.NotifyChannel).Scan(&oldOwner, &oldToken, &wasHeld, &newToken)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("no lease named %q: it was removed meanwhile", name)
+	r, err := locker.ForceRelease(ctx, name, reason)
+	if errors.Is(err, leasetable.ErrNoLease) {
+		return fmt.Errorf("no lease named %q (see 'pgfence ls')", name)
 	}
 	if err != nil {
-		return explainSchemaError(err)
+		return explainSchemaError(err, schema)
 	}
 	was := "was held by"
-	if !wasHeld {
+	if !r.WasHeld {
 		was = "was not held; last owner"
 	}
-	fmt.Fprintf(a.Stdout, "released %q: token %d -> %d (%s %q)\n", name, oldToken, newToken, was, oldOwner)
+	fmt.Fprintf(a.Stdout, "released %q: token %d -> %d (%s %q); recorded with reason %q\n",
+		name, r.OldToken, r.Token, was, r.OldOwner, reason)
 	return nil
 }
 
-// forceOwner names the operator in the released row's owner column:
-// "pgfence-cli:force-release by user@host".
-func forceOwner() string {
+// defaultForceReason names the operator, for the audit trail:
+// "pgfence-cli: release --force by user@host".
+func defaultForceReason() string {
 	who := "unknown"
 	if u, err := user.Current(); err == nil {
 		who = u.Username
@@ -136,9 +129,9 @@ func forceOwner() string {
 	if h, err := os.Hostname(); err == nil {
 		who += "@" + h
 	}
-	o := forceOwnerPrefix + " by " + who
-	if len(o) > 512 {
-		o = o[:512]
+	o := forceReasonPrefix + " by " + who
+	if len(o) > leasetable.MaxNameLength {
+		o = o[:leasetable.MaxNameLength]
 	}
 	return o
 }

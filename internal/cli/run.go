@@ -16,8 +16,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/supervise"
 	"github.com/pgfence/pgfence/leasetable"
@@ -85,6 +83,7 @@ Examples:
 // runOptions are the parsed flags and arguments of `pgfence run`.
 type runOptions struct {
 	database     string
+	schema       string
 	noWait       bool
 	wait         time.Duration // 0: wait until acquired (unless noWait)
 	ttl          time.Duration // 0: the lock package's default
@@ -110,6 +109,7 @@ func parseRun(args []string) (runOptions, *flags, error) {
 	f.add("E", "conflict-exit-code", "N", "exit status when the lease is held by another owner", strconv.Itoa(o.conflictExit))
 	f.Bool(&o.quiet, "q", "quiet", "say nothing when the lease is held by another owner")
 	f.String(&o.database, "d", "database", "URL", databaseFlagUsage)
+	schemaFlag(f, &o.schema)
 	pos, argv, err := f.parse(args)
 	if err != nil {
 		return o, f, err
@@ -138,19 +138,6 @@ func parseRun(args []string) (runOptions, *flags, error) {
 	return o, f, nil
 }
 
-// heldLease is what run needs of a lease it holds. A leasetable lease
-// provides it.
-type heldLease interface {
-	Name() string
-	Token() int64
-	// Done is closed when the lease is lost or released.
-	Done() <-chan struct{}
-	// Err is nil while the lease is held, and matches pgfence.ErrLeaseLost
-	// once it was lost.
-	Err() error
-	Release(ctx context.Context) error
-}
-
 // releaseTimeout bounds releasing the lease after the command ended.
 const releaseTimeout = 10 * time.Second
 
@@ -160,7 +147,7 @@ const releaseTimeout = 10 * time.Second
 // own process group with EnvLease and EnvToken set; signals from sigs are
 // forwarded to the group; when the lease is lost the group gets SIGTERM,
 // then SIGKILL after grace. The lease is released when the command ends.
-func (a *App) superviseUnderLease(lease heldLease, argv []string, sigs <-chan os.Signal, grace time.Duration) int {
+func (a *App) superviseUnderLease(lease pgfence.Lease, argv []string, sigs <-chan os.Signal, grace time.Duration) int {
 	res, err := supervise.Run(&supervise.Config{
 		Path:   argv[0],
 		Args:   argv[1:],
@@ -207,7 +194,7 @@ func (a *App) superviseUnderLease(lease heldLease, argv []string, sigs <-chan os
 
 // leaseEnv returns env with EnvLease and EnvToken set for lease, replacing
 // any inherited values.
-func leaseEnv(env []string, lease heldLease) []string {
+func leaseEnv(env []string, lease pgfence.Lease) []string {
 	out := make([]string, 0, len(env)+2)
 	for _, kv := range env {
 		if strings.HasPrefix(kv, EnvLease+"=") || strings.HasPrefix(kv, EnvToken+"=") {
@@ -254,6 +241,9 @@ func (a *App) run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := checkSchema(o.schema); err != nil {
+		return err
+	}
 	dsn, err := connString(o.database)
 	if err != nil {
 		return err
@@ -264,30 +254,35 @@ func (a *App) run(ctx context.Context, args []string) error {
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 
-	pcfg, err := poolConfig(dsn, "pgfence run", runPoolMaxConns)
-	if err != nil {
-		return err
+	ttl, margin, grace := o.timing()
+	// leasetable's rule, checked here so that a bad combination is a usage
+	// error: two renewals (every TTL/3) must fit before the local deadline.
+	switch {
+	case ttl < leasetable.MinTTL:
+		return usageErrorf("--ttl must be at least %v, not %v", leasetable.MinTTL, ttl)
+	case 2*(ttl/3)+margin > ttl:
+		return usageErrorf("--safety-margin %v is too large for --ttl %v: at most TTL/3 (%v)", margin, ttl, ttl-2*(ttl/3))
 	}
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	pool, err := newPool(ctx, dsn, "pgfence run", runPoolMaxConns)
 	if err != nil {
-		return exitWith(ExitRunFailure, fmt.Errorf("connect to the database: %w", err))
+		var uerr *usageError
+		if errors.As(err, &uerr) {
+			return err
+		}
+		return exitWith(ExitRunFailure, err)
 	}
 	defer pool.Close()
-
-	ttl, margin, grace := o.timing()
-	locker, err := leasetable.New(pool, &leasetable.Config{
+	locker, err := leasetable.New(ctx, pool, &leasetable.Config{
+		Schema:       o.schema,
 		TTL:          ttl,
 		SafetyMargin: margin,
 		Owner:        runOwner(o.argv[0]),
 		Logger:       runLogger(a.Stderr),
 	})
 	if err != nil {
-		return usageErrorf("--ttl %v with --safety-margin %v: %v", ttl, margin, err)
+		return exitWith(ExitRunFailure, explainSchemaError(err, o.schema))
 	}
 	defer locker.Close()
-	if err := pool.Ping(ctx); err != nil {
-		return exitWith(ExitRunFailure, fmt.Errorf("connect to the database: %w", err))
-	}
 
 	lease, err := a.acquireForRun(ctx, locker, &o, sigs)
 	if err != nil {
@@ -302,7 +297,7 @@ func (a *App) run(ctx context.Context, args []string) error {
 // acquireForRun takes the lease as o asks: TryAcquire with --no-wait, else
 // Acquire, bounded by --wait if given. A signal from sigs ends the wait.
 // The errors carry run's exit codes.
-func (a *App) acquireForRun(ctx context.Context, locker *leasetable.Locker, o *runOptions, sigs <-chan os.Signal) (*leasetable.Lease, error) {
+func (a *App) acquireForRun(ctx context.Context, locker *leasetable.Locker, o *runOptions, sigs <-chan os.Signal) (pgfence.Lease, error) {
 	actx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stop, stopped := make(chan struct{}), make(chan struct{})
@@ -316,8 +311,8 @@ func (a *App) acquireForRun(ctx context.Context, locker *leasetable.Locker, o *r
 		}
 	}()
 
-	opts := &leasetable.AcquireOpts{AtLeast: o.atLeast, WaitTimeout: o.wait}
-	var lease *leasetable.Lease
+	opts := &pgfence.AcquireOpts{AtLeast: o.atLeast, WaitTimeout: o.wait}
+	var lease pgfence.Lease
 	var err error
 	if o.noWait {
 		lease, err = locker.TryAcquire(actx, o.name, opts)
@@ -344,7 +339,7 @@ func (a *App) acquireForRun(ctx context.Context, locker *leasetable.Locker, o *r
 	case ctx.Err() != nil:
 		return nil, exitWith(ExitRunFailure, fmt.Errorf("interrupted while waiting for lease %q; the command was not run", o.name))
 	default:
-		return nil, exitWith(ExitRunFailure, explainSchemaError(err))
+		return nil, exitWith(ExitRunFailure, explainSchemaError(err, o.schema))
 	}
 }
 

@@ -20,12 +20,13 @@ func TestParseRun(t *testing.T) {
 	t.Parallel()
 	o, _, err := parseRun([]string{"-n", "-E", "0", "--ttl", "1m", "--at-least=5m", "nightly", "--", "sh", "-c", "exit 3"})
 	require.NoError(t, err)
-	require.Equal(t, runOptions{noWait: true, conflictExit: 0, ttl: time.Minute, atLeast: 5 * time.Minute,
+	require.Equal(t, runOptions{schema: "pgfence", noWait: true, conflictExit: 0, ttl: time.Minute, atLeast: 5 * time.Minute,
 		name: "nightly", argv: []string{"sh", "-c", "exit 3"}}, o)
 
-	o, _, err = parseRun([]string{"nightly", "--wait", "30s", "--conflict-exit-code", "75", "-d", "postgres://h/db", "--", "job", "-n"})
+	o, _, err = parseRun([]string{"nightly", "--wait", "30s", "--conflict-exit-code", "75", "-d", "postgres://h/db",
+		"--schema", "Locks", "--", "job", "-n"})
 	require.NoError(t, err)
-	require.Equal(t, runOptions{wait: 30 * time.Second, conflictExit: 75, database: "postgres://h/db",
+	require.Equal(t, runOptions{wait: 30 * time.Second, conflictExit: 75, database: "postgres://h/db", schema: "Locks",
 		name: "nightly", argv: []string{"job", "-n"}}, o)
 
 	o, _, err = parseRun([]string{"x", "--", "true"})
@@ -65,7 +66,8 @@ func TestLeaseEnv(t *testing.T) {
 type fakeLease struct {
 	name       string
 	token      int64
-	done       chan struct{}
+	ctx        context.Context
+	cancel     context.CancelCauseFunc
 	releaseErr error
 
 	mu       sync.Mutex
@@ -73,13 +75,19 @@ type fakeLease struct {
 	released int
 }
 
+var _ pgfence.Lease = (*fakeLease)(nil)
+
 func newFakeLease(name string, token int64) *fakeLease {
-	return &fakeLease{name: name, token: token, done: make(chan struct{})}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	return &fakeLease{name: name, token: token, ctx: ctx, cancel: cancel}
 }
 
-func (l *fakeLease) Name() string          { return l.name }
-func (l *fakeLease) Token() int64          { return l.token }
-func (l *fakeLease) Done() <-chan struct{} { return l.done }
+func (l *fakeLease) Name() string                { return l.name }
+func (l *fakeLease) Token() int64                { return l.token }
+func (l *fakeLease) Done() <-chan struct{}       { return l.ctx.Done() }
+func (l *fakeLease) Context() context.Context    { return l.ctx }
+func (l *fakeLease) Expiry() time.Time           { return time.Time{} }
+func (l *fakeLease) Renew(context.Context) error { return l.Err() }
 
 func (l *fakeLease) Err() error {
 	l.mu.Lock()
@@ -98,7 +106,7 @@ func (l *fakeLease) lose() {
 	l.mu.Lock()
 	l.err = pgfence.ErrLeaseLost
 	l.mu.Unlock()
-	close(l.done)
+	l.cancel(pgfence.ErrLeaseLost)
 }
 
 func TestSuperviseUnderLease(t *testing.T) {

@@ -7,8 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgfence/pgfence/internal/migrator"
-	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/internal/pgserver"
+	"github.com/pgfence/pgfence/migrations"
 )
 
 // DatabaseName is the database the demo creates on a throwaway cluster.
@@ -28,20 +28,21 @@ type Database struct {
 	// BinDir is the directory of the server binaries used.
 	BinDir string
 
-	cluster *pgtest.Cluster
+	cluster *pgserver.Cluster
 }
 
 // StartDatabase starts a throwaway PostgreSQL server from the local server
 // binaries (PG_BINDIR, PATH, or the newest /usr/lib/postgresql/*/bin) and
-// creates the demo's database on it. Call Close to stop the server and
-// remove its files. ctx bounds the start.
+// creates the demo's database on it. The server listens only on a unix
+// socket in a private directory (mode 0700), not on TCP. Call Close to stop
+// the server and remove its files. ctx bounds the start.
 func StartDatabase(ctx context.Context) (*Database, error) {
-	binDir := pgtest.FindBinDir()
+	binDir := pgserver.FindBinDir()
 	if binDir == "" {
 		return nil, errors.New("no PostgreSQL server binaries (initdb, postgres) found: " +
 			"install them (apt-get install postgresql), set PG_BINDIR, or pass a database with --database or DATABASE_URL")
 	}
-	c, err := pgtest.StartCluster(ctx, binDir, nil)
+	c, err := pgserver.StartCluster(ctx, binDir, nil)
 	if err != nil {
 		return nil, fmt.Errorf("start a throwaway PostgreSQL: %w", err)
 	}
@@ -90,12 +91,13 @@ const dropSchemaSQL = `DROP SCHEMA IF EXISTS pgfence_demo CASCADE`
 // AccountsTable is the demo's table, schema-qualified.
 var AccountsTable = pgx.Identifier{"pgfence_demo", "accounts"}
 
-// Prepare applies pgfence's migrations to the database at url, creates the
-// demo's schema pgfence_demo with the table accounts(id, balance,
-// fence_token), and sets account [AccountID] to [InitialBalance] with token
-// 0. Running it again resets the account.
-func Prepare(ctx context.Context, url string) error {
-	if err := migrator.Up(ctx, url); err != nil {
+// Prepare applies pgfence's migrations to the schema schema (empty means
+// pgfence.DefaultSchema) of the database at url, creates the demo's schema
+// pgfence_demo with the table accounts(id, balance, fence_token), and sets
+// account [AccountID] to [InitialBalance] with token 0. Running it again
+// resets the account.
+func Prepare(ctx context.Context, url, schema string) error {
+	if err := migrations.Up(ctx, migrations.Target{URL: url}, &migrations.Config{Schema: schema}); err != nil {
 		return err
 	}
 	conn, err := pgx.Connect(ctx, url)

@@ -15,7 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgfence/pgfence/internal/demo"
-	"github.com/pgfence/pgfence/internal/migrator"
+	"github.com/pgfence/pgfence/migrations"
 )
 
 // workerEnv makes the test binary run as a demo worker with testHandler.
@@ -166,10 +166,9 @@ func TestStartDatabasePrepareDrop(t *testing.T) {
 	defer db.Close()
 	require.Contains(t, db.URL, "/"+demo.DatabaseName+"?")
 
-	require.NoError(t, demo.Prepare(ctx, db.URL))
-	latest, err := migrator.Latest()
-	require.NoError(t, err)
-	v, dirty, err := migrator.Version(ctx, db.URL)
+	require.NoError(t, demo.Prepare(ctx, db.URL, ""))
+	latest := migrations.Latest()
+	v, dirty, err := migrations.Version(ctx, migrations.Target{URL: db.URL}, nil)
 	require.NoError(t, err)
 	require.False(t, dirty)
 	require.Equal(t, latest, v)
@@ -177,6 +176,9 @@ func TestStartDatabasePrepareDrop(t *testing.T) {
 	conn, err := pgx.Connect(ctx, db.URL)
 	require.NoError(t, err)
 	defer func() { _ = conn.Close(context.Background()) }()
+	var listen string
+	require.NoError(t, conn.QueryRow(ctx, "SELECT pg_catalog.current_setting('listen_addresses')").Scan(&listen))
+	require.Empty(t, listen, "the throwaway server listens on its private socket only")
 	account := func() (balance, token int64) {
 		require.NoError(t, conn.QueryRow(ctx, "SELECT balance, fence_token FROM "+demo.AccountsTable.Sanitize()+" WHERE id = $1",
 			demo.AccountID).Scan(&balance, &token))
@@ -189,16 +191,16 @@ func TestStartDatabasePrepareDrop(t *testing.T) {
 	// Preparing again resets the account.
 	_, err = conn.Exec(ctx, "UPDATE "+demo.AccountsTable.Sanitize()+" SET balance = 1, fence_token = 9")
 	require.NoError(t, err)
-	require.NoError(t, demo.Prepare(ctx, db.URL))
+	require.NoError(t, demo.Prepare(ctx, db.URL, ""))
 	b, tok = account()
 	require.Equal(t, int64(demo.InitialBalance), b)
 	require.Zero(t, tok)
 
 	require.NoError(t, demo.Drop(ctx, db.URL))
 	var exists bool
-	require.NoError(t, conn.QueryRow(ctx, "SELECT to_regnamespace('pgfence_demo') IS NOT NULL").Scan(&exists))
+	require.NoError(t, conn.QueryRow(ctx, "SELECT pg_catalog.to_regnamespace('pgfence_demo') IS NOT NULL").Scan(&exists))
 	require.False(t, exists)
-	require.NoError(t, conn.QueryRow(ctx, "SELECT to_regclass('pgfence_leases') IS NOT NULL").Scan(&exists))
+	require.NoError(t, conn.QueryRow(ctx, "SELECT pg_catalog.to_regclass('pgfence.pgfence_leases') IS NOT NULL").Scan(&exists))
 	require.True(t, exists, "pgfence's own schema is left alone")
 	require.NoError(t, conn.Close(ctx))
 

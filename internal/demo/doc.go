@@ -26,10 +26,11 @@
 // # Database
 //
 // Without a database URL, [StartDatabase] starts a throwaway PostgreSQL
-// cluster from the local server binaries (initdb and postgres, found as the
-// test harness finds them) in a temporary directory; [Database.Close] stops
-// it and removes the directory. The server also dies with the demo if the
-// demo is killed, and its directory is removed by the next run. [Prepare]
+// cluster from the local server binaries (initdb and postgres) with package
+// pgserver, in a private temporary directory, listening only on a unix
+// socket there; [Database.Close] stops it and removes the directory. The
+// server also dies with the demo if the demo is killed, and its directory
+// is removed by a later run (which signals no process). [Prepare]
 // applies pgfence's migrations and creates the demo's own schema,
 // pgfence_demo, which [Drop] removes, so the demo can also run on an
 // existing database without touching the application's tables.

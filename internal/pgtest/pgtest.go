@@ -4,8 +4,11 @@
 //
 //  1. PGFENCE_TEST_DATABASE_URL: an existing server; the role needs CREATEDB.
 //  2. Local server binaries (PG_BINDIR, PATH, /usr/lib/postgresql/*/bin):
-//     a throwaway cluster in a temporary directory on a free port, run as the
-//     postgres user when the tests run as root.
+//     a throwaway cluster from package pgserver in a private temporary
+//     directory on a free port, run as the postgres user when the tests run
+//     as root. It listens on its socket there (trust) and on 127.0.0.1,
+//     where it requires a random password (scram-sha-256) that the URLs
+//     the harness hands out carry.
 //  3. Docker, through testcontainers' postgres module.
 //
 // When none works the test fails with a message naming all three.
@@ -40,7 +43,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
-	"github.com/pgfence/pgfence/internal/migrator"
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/migrations"
 )
 
@@ -101,8 +104,16 @@ func MainWithOptions(m *testing.M, o Options) {
 type Server struct {
 	// Kind says where the server came from: "url", "local" or "docker".
 	Kind string
-	// AdminURL connects to the server's maintenance database.
+	// AdminURL connects to the server's maintenance database: for a local
+	// throwaway cluster on its private unix socket, where every role the
+	// tests create can log in without a password (TCP needs the postgres
+	// role's password: see TCPURL).
 	AdminURL string
+	// TCPURL connects to the maintenance database over TCP (for tests that
+	// put a proxy in between); for a local cluster it carries the postgres
+	// role's password. It equals AdminURL for a server given by URL or
+	// started in Docker.
+	TCPURL string
 	// Cluster is set when the server is a local throwaway cluster.
 	Cluster *Cluster
 
@@ -128,7 +139,7 @@ func Shared(t testing.TB) *Server {
 
 func startShared(ctx context.Context, preferDocker bool) (*Server, error) {
 	if u := os.Getenv(EnvDatabaseURL); u != "" {
-		s := &Server{Kind: "url", AdminURL: u, stop: func() {}}
+		s := &Server{Kind: "url", AdminURL: u, TCPURL: u, stop: func() {}}
 		if err := s.init(ctx); err != nil {
 			return nil, fmt.Errorf("pgtest: %s=%q: %w", EnvDatabaseURL, u, err)
 		}
@@ -146,7 +157,7 @@ func startShared(ctx context.Context, preferDocker bool) (*Server, error) {
 			errs = append(errs, "local binaries in "+binDir+": "+err.Error())
 			return nil
 		}
-		s := &Server{Kind: "local", AdminURL: c.URL("postgres"), Cluster: c, stop: c.Destroy}
+		s := &Server{Kind: "local", AdminURL: c.SocketURL("postgres"), TCPURL: c.URL("postgres"), Cluster: c, stop: c.Destroy}
 		if err := s.init(ctx); err != nil {
 			c.Destroy()
 			errs = append(errs, "local binaries: "+err.Error())
@@ -160,7 +171,7 @@ func startShared(ctx context.Context, preferDocker bool) (*Server, error) {
 			errs = append(errs, "docker (testcontainers): "+err.Error())
 			return nil
 		}
-		s := &Server{Kind: "docker", AdminURL: u, stop: stop}
+		s := &Server{Kind: "docker", AdminURL: u, TCPURL: u, stop: stop}
 		if err := s.init(ctx); err != nil {
 			stop()
 			errs = append(errs, "docker (testcontainers): "+err.Error())
@@ -211,10 +222,13 @@ func (s *Server) close() {
 	s.stop()
 }
 
-// migrationsHash names the template after the migrations it holds, so a
-// shared server never serves a template from other migrations.
+// migrationsHash names the template after the migrations it holds and the
+// schema they are installed in, so a shared server never serves a template
+// from other migrations or another layout.
 func migrationsHash() string {
 	h := sha256.New()
+	// The template has pgfence in the default schema (pgfence.DefaultSchema).
+	fmt.Fprintf(h, "schema\x00%s\x00", "pgfence")
 	_ = fs.WalkDir(migrations.FS, ".", func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
@@ -258,27 +272,10 @@ func (s *Server) ensureTemplate(ctx context.Context) error {
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+ident); err != nil {
 		return fmt.Errorf("create template database: %w", err)
 	}
-	// Interim, until package migrations replaces internal/migrator: install
-	// into schema pgfence.
-	tconn, err := pgx.Connect(ctx, urlWithDatabase(s.AdminURL, s.template))
+	// Into the default schema, pgfence.DefaultSchema.
+	err = migrations.Up(ctx, migrations.Target{URL: urlWithDatabase(s.AdminURL, s.template)},
+		&migrations.Config{Schema: pgfence.DefaultSchema})
 	if err != nil {
-		return err
-	}
-	_, err = tconn.Exec(ctx, "CREATE SCHEMA pgfence")
-	_ = tconn.Close(ctx)
-	if err != nil {
-		return err
-	}
-	murl := urlWithDatabase(s.AdminURL, s.template)
-	switch {
-	case !strings.Contains(murl, "://"):
-		murl += " search_path=pgfence"
-	case strings.Contains(murl, "?"):
-		murl += "&search_path=pgfence"
-	default:
-		murl += "?search_path=pgfence"
-	}
-	if err := migrator.Up(ctx, murl); err != nil {
 		return fmt.Errorf("migrate template database: %w", err)
 	}
 	if _, err := conn.Exec(ctx, "ALTER DATABASE "+ident+" WITH IS_TEMPLATE true ALLOW_CONNECTIONS false"); err != nil {
@@ -318,8 +315,11 @@ func quoteKV(v string) string {
 type DB struct {
 	// Name is the database's name.
 	Name string
-	// URL connects to it.
+	// URL connects to it (for a local cluster, on its private socket, as
+	// any role the test creates).
 	URL string
+	// TCPURL connects to it over TCP (see Server.TCPURL).
+	TCPURL string
 	// Pool is a pool on it, closed when the test ends.
 	Pool *pgxpool.Pool
 
@@ -354,7 +354,7 @@ func (s *Server) NewDB(t testing.TB) *DB {
 	if err := s.adminExec(ctx, "CREATE DATABASE "+ident+" TEMPLATE "+pgx.Identifier{s.template}.Sanitize()); err != nil {
 		t.Fatalf("pgtest: create database: %v", err)
 	}
-	db := &DB{Name: name, URL: urlWithDatabase(s.AdminURL, name), server: s}
+	db := &DB{Name: name, URL: urlWithDatabase(s.AdminURL, name), TCPURL: urlWithDatabase(s.TCPURL, name), server: s}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -437,7 +437,7 @@ func NewCluster(t testing.TB, opts *ClusterOptions) (*Cluster, *Server) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{Kind: "local", AdminURL: c.URL("postgres"), Cluster: c, stop: func() {}}
+	s := &Server{Kind: "local", AdminURL: c.URL("postgres"), TCPURL: c.URL("postgres"), Cluster: c, stop: func() {}}
 	t.Cleanup(func() {
 		if s.admin != nil {
 			s.admin.Close()

@@ -47,13 +47,13 @@ func TestNewDBIsMigratedAndIsolated(t *testing.T) {
 	require.NotEqual(t, a.Name, b.Name)
 	for _, db := range []*pgtest.DB{a, b} {
 		var n int
-		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT count(*) FROM pgfence_leases").Scan(&n))
+		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT pg_catalog.count(*) FROM pgfence.pgfence_leases").Scan(&n))
 		require.Zero(t, n)
 	}
-	_, err := a.Pool.Exec(ctx, "INSERT INTO pgfence_leases (name, owner, expires_at) VALUES ('x', 'o', now())")
+	_, err := a.Pool.Exec(ctx, "INSERT INTO pgfence.pgfence_leases (name, owner, expires_at) VALUES ('x', 'o', pg_catalog.now())")
 	require.NoError(t, err)
 	var n int
-	require.NoError(t, b.Pool.QueryRow(ctx, "SELECT count(*) FROM pgfence_leases").Scan(&n))
+	require.NoError(t, b.Pool.QueryRow(ctx, "SELECT pg_catalog.count(*) FROM pgfence.pgfence_leases").Scan(&n))
 	require.Zero(t, n, "databases must not share rows")
 }
 
@@ -70,7 +70,7 @@ func TestClusterCrashAndRestart(t *testing.T) {
 	ctx := context.Background()
 	c, s := pgtest.NewCluster(t, nil)
 	db := s.NewDB(t)
-	_, err := db.Pool.Exec(ctx, "INSERT INTO pgfence_leases (name, owner, expires_at) VALUES ('kept', 'o', now())")
+	_, err := db.Pool.Exec(ctx, "INSERT INTO pgfence.pgfence_leases (name, owner, expires_at) VALUES ('kept', 'o', pg_catalog.now())")
 	require.NoError(t, err)
 	port := c.Port
 
@@ -90,7 +90,7 @@ func TestClusterCrashAndRestart(t *testing.T) {
 	require.NoError(t, err)
 	defer conn.Close(ctx)
 	var n int
-	require.NoError(t, conn.QueryRow(ctx, "SELECT count(*) FROM pgfence_leases WHERE name = 'kept'").Scan(&n))
+	require.NoError(t, conn.QueryRow(ctx, "SELECT pg_catalog.count(*) FROM pgfence.pgfence_leases WHERE name = 'kept'").Scan(&n))
 	require.Equal(t, 1, n, "committed row must survive crashes")
 	require.Error(t, c.Crash(syscall.SIGTERM))
 }

@@ -1,7 +1,4 @@
-// Package listenconn holds what the LISTEN connections of package leasetable
-// and package advisory share: how such a connection is configured and how it
-// is closed without leaving pgconn's cleanup behind.
-package listenconn
+package notifier
 
 import (
 	"context"
@@ -12,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 )
 
-// Config returns a copy of cc for a LISTEN connection that the library owns.
+// connConfig returns a copy of cc for a LISTEN connection that the library owns.
 //
 // pgx buffers notifications for WaitForNotification only when the
 // configuration has no OnNotification callback of its own; with one (say,
@@ -33,7 +30,7 @@ import (
 // to send a cancel request at every such interruption, and whose late cancel
 // could hit the statement that follows; so the copy always uses the deadline
 // handler.
-func Config(cc *pgx.ConnConfig) *pgx.ConnConfig {
+func connConfig(cc *pgx.ConnConfig) *pgx.ConnConfig {
 	c := cc.Copy()
 	c.OnNotification = nil
 	c.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
@@ -42,39 +39,39 @@ func Config(cc *pgx.ConnConfig) *pgx.ConnConfig {
 	return c
 }
 
-// SetupTimeout bounds Open: connecting and subscribing.
-const SetupTimeout = 10 * time.Second
+// setupTimeout bounds open: connecting and subscribing.
+const setupTimeout = 10 * time.Second
 
-// Open connects with [Config](cc) and subscribes the connection to channel,
-// both within SetupTimeout (and ctx). The caller closes the connection with
-// [Close].
-func Open(ctx context.Context, cc *pgx.ConnConfig, channel string) (*pgx.Conn, error) {
-	ctx, cancel := context.WithTimeout(ctx, SetupTimeout)
+// open connects with connConfig(cc) and subscribes the connection to channel,
+// both within setupTimeout (and ctx). The caller closes the connection with
+// closeConn.
+func open(ctx context.Context, cc *pgx.ConnConfig, channel string) (*pgx.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, setupTimeout)
 	defer cancel()
-	conn, err := pgx.ConnectConfig(ctx, Config(cc))
+	conn, err := pgx.ConnectConfig(ctx, connConfig(cc))
 	if err != nil {
 		return nil, err
 	}
-	if err := Check(ctx, conn, channel); err != nil {
-		Close(conn)
+	if err := check(ctx, conn, channel); err != nil {
+		closeConn(conn)
 		return nil, err
 	}
 	return conn, nil
 }
 
-// Check runs LISTEN channel on conn. On a session that already listens it
+// check runs LISTEN channel on conn. On a session that already listens it
 // changes nothing, so it is also the health check of an idle LISTEN
 // connection: a plain round trip, after which the session still shows
 // LISTEN in pg_stat_activity.
-func Check(ctx context.Context, conn *pgx.Conn, channel string) error {
+func check(ctx context.Context, conn *pgx.Conn, channel string) error {
 	_, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize())
 	return err
 }
 
-// CloseTimeout bounds Close.
-const CloseTimeout = time.Second
+// closeTimeout bounds closeConn.
+const closeTimeout = time.Second
 
-// Close closes conn and waits, for at most CloseTimeout, until pgconn has
+// closeConn closes conn and waits, for at most closeTimeout, until pgconn has
 // finished with it. A statement interrupted by its context (a health check
 // cut short by the owner's Close, or one that timed out) or a failed read
 // leaves the connection to pgconn's asynchronous close: a goroutine that
@@ -84,12 +81,12 @@ const CloseTimeout = time.Second
 // Close. A server that answers ends it within a round trip or two; when it
 // has not ended after half the bound, the network connection is closed under
 // it, which ends its wait for an unresponsive server at once.
-func Close(conn *pgx.Conn) {
-	ctx, cancel := context.WithTimeout(context.Background(), CloseTimeout)
+func closeConn(conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 	defer cancel()
 	_ = conn.Close(ctx) // returns at once if pgconn already closed it
 	pc := conn.PgConn()
-	grace := time.NewTimer(CloseTimeout / 2)
+	grace := time.NewTimer(closeTimeout / 2)
 	defer grace.Stop()
 	select {
 	case <-pc.CleanupDone():

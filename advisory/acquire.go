@@ -1,0 +1,312 @@
+package advisory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/hold"
+)
+
+// TryAcquire takes the session lock on [Name](name) and returns at once; it
+// is [Locker.TryAcquireKey] for that key. The returned [pgfence.Lease] is a
+// *[Lease].
+func (k *Locker) TryAcquire(ctx context.Context, name string, opts *AcquireOpts) (pgfence.Lease, error) {
+	l, err := k.TryAcquireKey(ctx, Name(name), opts)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// TryAcquireKey takes the session lock on key if it is free, and returns at
+// once.
+//
+// When another holder has it (another session, or another caller of this
+// Locker), TryAcquireKey returns an error matching pgfence.ErrNotAcquired;
+// when ctx descends from the held lock's own context (the caller holds it),
+// one matching pgfence.ErrAlreadyHeld. After the Locker is closed it
+// returns pgfence.ErrClosed.
+//
+// ctx bounds the wait for a session of the Locker (opening one, or for
+// statements queued on it). The lock statement itself is bounded by
+// Config.QueryTimeout only, because cancelling a statement closes the
+// session with every lock on it; ctx's values still reach the pgx tracer.
+// If ctx ends while the statement runs and the lock was granted, the lock
+// is released and the error wraps ctx's cause: when it returns an error,
+// the lock is not held.
+//
+// An error the server reports for the statement (such as SQLSTATE 53200,
+// out of shared memory, when its lock table is full) is returned wrapped,
+// and the session keeps its other locks. When the session itself fails
+// during the statement (or its state cannot be told, as when a shared key
+// it already holds fails again), every lock on that session is lost and
+// it returns the failure.
+func (k *Locker) TryAcquireKey(ctx context.Context, key Key, opts *AcquireOpts) (*Lease, error) {
+	if err := k.prepare(ctx, key, opts); err != nil {
+		return nil, err
+	}
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("pgfence: advisory: acquire %v: %w", key, context.Cause(ctx))
+	}
+	l, _, err := k.tryAcquire(ctx, key, opts != nil && opts.Shared)
+	if err != nil && ctx.Err() != nil {
+		return nil, fmt.Errorf("pgfence: advisory: acquire %v: %w", key, context.Cause(ctx))
+	}
+	return l, err
+}
+
+// prepare validates an acquire of key.
+func (k *Locker) prepare(ctx context.Context, key Key, opts *AcquireOpts) error {
+	if err := key.validate(); err != nil {
+		return err
+	}
+	if err := checkOpts(opts); err != nil {
+		return err
+	}
+	if hold.Held(ctx, k, key.markName()) {
+		return fmt.Errorf("pgfence: advisory: acquire %v: %w", key, pgfence.ErrAlreadyHeld)
+	}
+	return nil
+}
+
+// Acquire waits for the session lock on [Name](name); it is
+// [Locker.AcquireKey] for that key. The returned [pgfence.Lease] is a
+// *[Lease].
+func (k *Locker) Acquire(ctx context.Context, name string, opts *AcquireOpts) (pgfence.Lease, error) {
+	l, err := k.AcquireKey(ctx, Name(name), opts)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// AcquireKey waits until it holds the session lock on key, until ctx ends
+// (the error wraps ctx's cause), or until opts.WaitTimeout runs out (then
+// the error matches pgfence.ErrNotAcquired and context.DeadlineExceeded).
+// When ctx descends from the context of the lock it asks for (a nested
+// [Locker.Do]) it returns at once with an error matching
+// pgfence.ErrAlreadyHeld.
+//
+// It waits by retrying pg_try_advisory_lock on the Locker's sessions,
+// pausing 5ms at first and doubling up to Config.MaxPollInterval, and at
+// once when a holder in this Locker unlocks. Once its pause reaches 80ms it
+// also registers on the Locker's LISTEN connection, so that an Unlock by
+// another session wakes it with NOTIFY (see Waiting in the package
+// documentation; Config.DisableListen turns this off). It never blocks a session in
+// pg_advisory_lock, so cancelling a wait cannot close a session holding
+// other locks. Waiters are not served in order, and a client blocked in
+// pg_advisory_lock elsewhere may be granted the lock first.
+//
+// If ctx ends just as the lock is granted, AcquireKey releases it: when it
+// returns an error, the lock is not held. Other errors are as for
+// [Locker.TryAcquireKey].
+func (k *Locker) AcquireKey(ctx context.Context, key Key, opts *AcquireOpts) (*Lease, error) {
+	if err := k.prepare(ctx, key, opts); err != nil {
+		return nil, err
+	}
+	var o AcquireOpts
+	if opts != nil {
+		o = *opts
+	}
+	ctx, cancel := hold.WaitTimeout(ctx, o.WaitTimeout)
+	defer cancel()
+	waitErr := func(err error) error {
+		if ctx.Err() != nil {
+			return fmt.Errorf("pgfence: advisory: acquire %v: %w", key, context.Cause(ctx))
+		}
+		return err
+	}
+	pause := k.firstPause
+	var reg *waitReg            // interest registered for wake-ups (wake.go)
+	var armedSeen chan struct{} // the armed channel already acted on
+	defer func() {
+		if reg != nil {
+			k.unregister(reg)
+		}
+	}()
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, waitErr(err)
+		}
+		// Take the wake channel before the attempt, so that a
+		// notification arriving after the attempt is not missed.
+		var armed, wake chan struct{}
+		if reg != nil {
+			armed, wake = k.channels(reg)
+		}
+		l, released, err := k.tryAcquire(ctx, key, o.Shared)
+		if err == nil {
+			return l, nil
+		}
+		if !errors.Is(err, pgfence.ErrNotAcquired) {
+			return nil, waitErr(err)
+		}
+		if reg == nil && released == nil && pause >= interestAfter {
+			// Held by another session for a while: ask to be woken.
+			// Until the interest lock is held (armed), an Unlock would
+			// not notify; armed closing makes the next attempt at once.
+			if reg = k.register(key.id); reg != nil {
+				armed, wake = k.channels(reg)
+			}
+		}
+		if armed == armedSeen {
+			armed = nil
+		}
+		// Full jitter over [pause/2, pause) spreads competing pollers.
+		t := time.NewTimer(pause/2 + rand.N(pause/2+1))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, waitErr(ctx.Err())
+		case <-k.closeCtx.Done():
+			t.Stop()
+			return nil, pgfence.ErrClosed
+		case <-released: // nil (blocks) unless held in this Locker
+			t.Stop()
+		case <-armed: // nil unless waiting for the interest lock
+			t.Stop()
+			armedSeen = armed
+		case <-wake: // nil unless registered
+			t.Stop()
+		case <-t.C:
+		}
+		pause = min(2*pause, k.cfg.MaxPollInterval)
+	}
+}
+
+// Do waits for the lock on [Name](name) as [Locker.Acquire] does, calls fn
+// while holding it, then releases it; it is [Locker.DoKey] for that key.
+func (k *Locker) Do(ctx context.Context, name string, opts *AcquireOpts, fn func(ctx context.Context, l pgfence.Lease) error) error {
+	return k.DoKey(ctx, Name(name), opts, fn)
+}
+
+// DoKey waits for the lock on key as [Locker.AcquireKey] does, calls fn
+// while holding it, then releases it. fn's context is derived from ctx and
+// is also cancelled, with a cause matching pgfence.ErrLeaseLost, when the
+// lock is lost: fn must stop then. fn may release the lock itself. A Do
+// nested in fn for the same key returns pgfence.ErrAlreadyHeld at once.
+//
+// DoKey returns the acquire error if the lock was not acquired (fn is not
+// called). Otherwise it returns fn's error, joined with the loss (an error
+// matching pgfence.ErrLeaseLost) whenever the lock was lost before fn
+// returned, and with the release's error.
+func (k *Locker) DoKey(ctx context.Context, key Key, opts *AcquireOpts, fn func(ctx context.Context, l pgfence.Lease) error) error {
+	return hold.Do(ctx, k, key.markName(), "pgfence: advisory", func(ctx context.Context) (pgfence.Lease, error) {
+		l, err := k.AcquireKey(ctx, key, opts)
+		if err != nil {
+			return nil, err
+		}
+		return l, nil
+	}, fn)
+}
+
+// heldHereError is the refusal of a key held in this Locker in a
+// conflicting mode. It matches pgfence.ErrNotAcquired. Callers may retry
+// such a key in a tight loop, and this refusal costs no round trip, so it is
+// built without formatting: the message is rendered only when asked for.
+type heldHereError struct{ key Key }
+
+func (e *heldHereError) Error() string {
+	return "pgfence: advisory: lock " + e.key.String() + " is held in this Locker: " + pgfence.ErrNotAcquired.Error()
+}
+
+func (e *heldHereError) Unwrap() error { return pgfence.ErrNotAcquired }
+
+// tryAcquire makes one attempt at key. When the key is held in this Locker
+// in a conflicting mode, it returns ErrNotAcquired and a channel closed when
+// that changes.
+func (k *Locker) tryAcquire(ctx context.Context, key Key, shared bool) (*Lease, <-chan struct{}, error) {
+	id := key.id
+	k.mu.Lock()
+	if k.closed {
+		k.mu.Unlock()
+		return nil, nil, pgfence.ErrClosed
+	}
+	ks := k.keys[id]
+	var s *session
+	open := false
+	if ks != nil {
+		if !shared || ks.exclusive {
+			ch := ks.released
+			k.mu.Unlock()
+			return nil, ch, &heldHereError{key: key}
+		}
+		ks.refs++
+		s = ks.s
+	} else {
+		s, open = k.pickSessionLocked()
+		ks = &keyState{exclusive: !shared, refs: 1, s: s, released: make(chan struct{})}
+		k.keys[id] = ks
+	}
+	s.inflight++
+	k.mu.Unlock()
+
+	// abandon drops the reservation taken above.
+	abandon := func() {
+		k.mu.Lock()
+		s.inflight--
+		k.dropKeyRefLocked(id)
+		k.mu.Unlock()
+	}
+	if open {
+		k.openSession(s)
+	}
+	select {
+	case <-s.ready:
+	case <-ctx.Done():
+		abandon()
+		return nil, nil, ctx.Err()
+	}
+	if s.openErr != nil {
+		abandon()
+		return nil, nil, s.openErr
+	}
+	select {
+	case s.sem <- struct{}{}:
+	case <-ctx.Done():
+		abandon()
+		return nil, nil, ctx.Err()
+	}
+	l, err := k.lockOnSession(ctx, s, key, shared)
+	<-s.sem
+	if err != nil {
+		abandon()
+		return nil, nil, err
+	}
+	if ctx.Err() != nil {
+		// Granted as ctx ended: the caller will not use it.
+		_ = l.Release(ctx)
+		return nil, nil, ctx.Err()
+	}
+	return l, nil, nil
+}
+
+// keyState is the in-process state of one key: who holds (or is acquiring)
+// it here. Advisory locks are re-entrant per session, so the server would
+// grant a key twice to the same session; the Locker grants it in-process
+// instead: at most one exclusive holder, or any number of shared holders
+// that all go to the same session.
+type keyState struct {
+	exclusive bool
+	refs      int           // holders plus acquisitions in flight
+	s         *session      // the session holding it
+	released  chan struct{} // closed when the last ref is dropped
+}
+
+// dropKeyRefLocked drops one reference to key id, forgetting the key and
+// waking waiters when it was the last. The caller holds l.mu.
+func (k *Locker) dropKeyRefLocked(id int64) {
+	ks := k.keys[id]
+	if ks == nil {
+		return
+	}
+	ks.refs--
+	if ks.refs == 0 {
+		delete(k.keys, id)
+		close(ks.released)
+	}
+}

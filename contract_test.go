@@ -1,0 +1,293 @@
+package pgfence_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/advisory"
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/leasetable"
+)
+
+// strategy is one implementation of pgfence.Locker under the contract
+// tests, which every strategy must pass alike (pgx's pgxtest is the model):
+// the two lock packages cannot drift apart without one of them failing.
+type strategy struct {
+	name string
+	// newLocker returns a Locker on pool, closed when the test ends.
+	newLocker func(t *testing.T, pool *pgxpool.Pool) pgfence.Locker
+	// nilLease is the strategy's typed nil handle.
+	nilLease pgfence.Lease
+	// hasExpiry says whether its handles have a local deadline.
+	hasExpiry bool
+	// unsupported is an AcquireOpts the strategy must reject.
+	unsupported pgfence.AcquireOpts
+}
+
+func strategies() []strategy {
+	return []strategy{
+		{
+			name: "leasetable",
+			newLocker: func(t *testing.T, pool *pgxpool.Pool) pgfence.Locker {
+				k, err := leasetable.New(t.Context(), pool, &leasetable.Config{TTL: 5 * time.Second})
+				require.NoError(t, err)
+				t.Cleanup(k.Close)
+				return k
+			},
+			nilLease:    (*leasetable.Lease)(nil),
+			hasExpiry:   true,
+			unsupported: pgfence.AcquireOpts{Shared: true},
+		},
+		{
+			name: "advisory",
+			newLocker: func(t *testing.T, pool *pgxpool.Pool) pgfence.Locker {
+				k, err := advisory.New(t.Context(), pool, nil)
+				require.NoError(t, err)
+				t.Cleanup(k.Close)
+				return k
+			},
+			nilLease:    (*advisory.Lease)(nil),
+			unsupported: pgfence.AcquireOpts{TTL: time.Second},
+		},
+	}
+}
+
+// contract runs test once per strategy, each on a database of its own.
+func contract(t *testing.T, test func(t *testing.T, s strategy, db *pgtest.DB)) {
+	t.Helper()
+	for _, s := range strategies() {
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			test(t, s, pgtest.NewDB(t))
+		})
+	}
+}
+
+func TestContractTryAcquireReleaseHandOver(t *testing.T) {
+	t.Parallel()
+	contract(t, func(t *testing.T, s strategy, db *pgtest.DB) {
+		ctx := t.Context()
+		a := s.newLocker(t, db.NewPool(t, nil))
+		b := s.newLocker(t, db.NewPool(t, nil))
+
+		la, err := a.TryAcquire(ctx, "job", nil)
+		require.NoError(t, err)
+		require.Equal(t, "job", la.Name())
+		require.Positive(t, la.Token())
+		require.NoError(t, la.Err())
+		select {
+		case <-la.Done():
+			t.Fatal("Done closed while held")
+		default:
+		}
+		if s.hasExpiry {
+			require.True(t, la.Expiry().After(time.Now()), "a lease with a TTL has a local deadline ahead")
+		} else {
+			require.True(t, la.Expiry().IsZero(), "a session lock has no local deadline")
+		}
+
+		_, err = b.TryAcquire(ctx, "job", nil)
+		require.ErrorIs(t, err, pgfence.ErrNotAcquired)
+		require.NotErrorIs(t, err, pgfence.ErrAlreadyHeld)
+
+		require.NoError(t, la.Renew(ctx))
+		require.NoError(t, la.Release(ctx))
+		require.ErrorIs(t, la.Err(), pgfence.ErrNotHeld)
+		require.ErrorIs(t, context.Cause(la.Context()), pgfence.ErrNotHeld)
+		<-la.Done()
+		require.NoError(t, la.Release(ctx), "Release is idempotent")
+		require.ErrorIs(t, la.Renew(ctx), pgfence.ErrNotHeld, "a released lock cannot be renewed")
+		require.NoError(t, s.nilLease.Release(ctx), "Release on a nil handle")
+
+		lb, err := b.TryAcquire(ctx, "job", nil)
+		require.NoError(t, err)
+		require.Greater(t, lb.Token(), la.Token(), "tokens only grow")
+		require.NoError(t, lb.Release(ctx))
+	})
+}
+
+func TestContractAcquireWaitsForRelease(t *testing.T) {
+	t.Parallel()
+	contract(t, func(t *testing.T, s strategy, db *pgtest.DB) {
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		defer cancel()
+		a := s.newLocker(t, db.NewPool(t, nil))
+		b := s.newLocker(t, db.NewPool(t, nil))
+		la, err := a.Acquire(ctx, "job", nil)
+		require.NoError(t, err)
+
+		got := make(chan pgfence.Lease, 1)
+		errc := make(chan error, 1)
+		go func() {
+			lb, err := b.Acquire(ctx, "job", nil)
+			got <- lb
+			errc <- err
+		}()
+		// Nothing is granted while a holds it; a TryAcquire proves b's wait
+		// has nothing to find yet.
+		_, err = b.TryAcquire(ctx, "job", nil)
+		require.ErrorIs(t, err, pgfence.ErrNotAcquired)
+		require.NoError(t, la.Release(ctx))
+		lb := <-got
+		require.NoError(t, <-errc)
+		require.Greater(t, lb.Token(), la.Token())
+		require.NoError(t, lb.Release(ctx))
+	})
+}
+
+func TestContractWaitTimeoutAndContext(t *testing.T) {
+	t.Parallel()
+	contract(t, func(t *testing.T, s strategy, db *pgtest.DB) {
+		ctx := t.Context()
+		a := s.newLocker(t, db.NewPool(t, nil))
+		b := s.newLocker(t, db.NewPool(t, nil))
+		la, err := a.TryAcquire(ctx, "job", nil)
+		require.NoError(t, err)
+		defer la.Release(ctx)
+
+		_, err = b.Acquire(ctx, "job", &pgfence.AcquireOpts{WaitTimeout: 50 * time.Millisecond})
+		require.ErrorIs(t, err, pgfence.ErrNotAcquired)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+
+		err = b.Do(ctx, "job", &pgfence.AcquireOpts{WaitTimeout: 50 * time.Millisecond}, func(context.Context, pgfence.Lease) error {
+			t.Error("fn ran without the lock")
+			return nil
+		})
+		require.ErrorIs(t, err, pgfence.ErrNotAcquired)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+
+		cctx, ccancel := context.WithCancelCause(ctx)
+		cause := errors.New("caller gave up")
+		ccancel(cause)
+		_, err = b.Acquire(cctx, "job", nil)
+		require.ErrorIs(t, err, cause, "an ended ctx is reported with its cause")
+		require.NotErrorIs(t, err, pgfence.ErrNotAcquired)
+	})
+}
+
+func TestContractAlreadyHeld(t *testing.T) {
+	t.Parallel()
+	contract(t, func(t *testing.T, s strategy, db *pgtest.DB) {
+		ctx := t.Context()
+		k := s.newLocker(t, db.Pool)
+		l, err := k.TryAcquire(ctx, "job", nil)
+		require.NoError(t, err)
+
+		under := l.Context()
+		_, err = k.TryAcquire(under, "job", nil)
+		require.ErrorIs(t, err, pgfence.ErrAlreadyHeld)
+		require.ErrorIs(t, err, pgfence.ErrNotAcquired)
+		_, err = k.Acquire(under, "job", nil)
+		require.ErrorIs(t, err, pgfence.ErrAlreadyHeld, "Acquire answers at once instead of waiting for itself")
+
+		// Another caller of the same Locker is refused, not told it holds it.
+		_, err = k.TryAcquire(ctx, "job", nil)
+		require.ErrorIs(t, err, pgfence.ErrNotAcquired)
+		require.NotErrorIs(t, err, pgfence.ErrAlreadyHeld)
+
+		// Another name under the same context is fine.
+		other, err := k.TryAcquire(under, "other", nil)
+		require.NoError(t, err)
+		require.NoError(t, other.Release(ctx))
+		require.NoError(t, l.Release(ctx))
+
+		// A nested Do is refused at once; the outer one still works.
+		var inner error
+		err = k.Do(ctx, "job", nil, func(ctx context.Context, _ pgfence.Lease) error {
+			inner = k.Do(ctx, "job", nil, func(context.Context, pgfence.Lease) error { return nil })
+			return nil
+		})
+		require.NoError(t, err)
+		require.ErrorIs(t, inner, pgfence.ErrAlreadyHeld)
+	})
+}
+
+func TestContractDoReportsLossJoinedWithFnError(t *testing.T) {
+	t.Parallel()
+	contract(t, func(t *testing.T, s strategy, db *pgtest.DB) {
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		defer cancel()
+		k := s.newLocker(t, db.NewPool(t, nil))
+		var token int64
+		err := k.Do(ctx, "job", nil, func(ctx context.Context, l pgfence.Lease) error {
+			token = l.Token()
+			go k.Close() // the lock is lost while fn runs
+			<-ctx.Done()
+			require.ErrorIs(t, context.Cause(ctx), pgfence.ErrLeaseLost, "fn's ctx says why it ended")
+			return ctx.Err()
+		})
+		require.ErrorIs(t, err, pgfence.ErrLeaseLost, "the loss is reported even though fn failed")
+		require.ErrorIs(t, err, context.Canceled, "and so is fn's own error")
+		require.Positive(t, token)
+
+		_, err = k.TryAcquire(ctx, "job", nil)
+		require.ErrorIs(t, err, pgfence.ErrClosed)
+		_, err = k.Acquire(ctx, "job", nil)
+		require.ErrorIs(t, err, pgfence.ErrClosed)
+	})
+}
+
+func TestContractDoReturnsFnErrorAndReleases(t *testing.T) {
+	t.Parallel()
+	contract(t, func(t *testing.T, s strategy, db *pgtest.DB) {
+		ctx := t.Context()
+		k := s.newLocker(t, db.NewPool(t, nil))
+		boom := errors.New("boom")
+		var held pgfence.Lease
+		err := k.Do(ctx, "job", nil, func(ctx context.Context, l pgfence.Lease) error {
+			held = l
+			return boom
+		})
+		require.ErrorIs(t, err, boom)
+		require.NotErrorIs(t, err, pgfence.ErrLeaseLost)
+		require.ErrorIs(t, held.Err(), pgfence.ErrNotHeld, "Do released it")
+
+		require.Error(t, k.Do(ctx, "job", nil, nil), "a nil fn is refused")
+	})
+}
+
+func TestContractRejectsWhatItCannotHonour(t *testing.T) {
+	t.Parallel()
+	contract(t, func(t *testing.T, s strategy, db *pgtest.DB) {
+		ctx := t.Context()
+		k := s.newLocker(t, db.Pool)
+		opts := s.unsupported
+		_, err := k.TryAcquire(ctx, "job", &opts)
+		require.Error(t, err)
+		require.NotErrorIs(t, err, pgfence.ErrNotAcquired)
+		_, err = k.TryAcquire(ctx, "", nil)
+		require.Error(t, err, "an empty name")
+		require.NotErrorIs(t, err, pgfence.ErrNotAcquired)
+		_, err = k.Acquire(ctx, "job", &pgfence.AcquireOpts{WaitTimeout: -time.Second})
+		require.Error(t, err, "a negative WaitTimeout")
+		l, err := k.TryAcquire(ctx, "job", nil)
+		require.NoError(t, err, "nothing was held by the refused calls")
+		require.NoError(t, l.Release(ctx))
+	})
+}
+
+// TestTokensSharedAcrossStrategies: both strategies draw from one
+// sequence, so tokens grow across them, whichever is used.
+func TestTokensSharedAcrossStrategies(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := pgtest.NewDB(t)
+	var lockers []pgfence.Locker
+	for _, s := range strategies() {
+		lockers = append(lockers, s.newLocker(t, db.Pool))
+	}
+	var last int64
+	for i := range 6 {
+		l, err := lockers[i%len(lockers)].TryAcquire(ctx, "job", nil)
+		require.NoError(t, err)
+		require.Greater(t, l.Token(), last)
+		last = l.Token()
+		require.NoError(t, l.Release(ctx))
+	}
+}

@@ -1,0 +1,271 @@
+// Package notifier keeps one LISTEN connection for a Locker of either
+// strategy: it connects, subscribes, delivers notifications, health-checks
+// the connection when it has been silent, reconnects with capped backoff
+// and jitter when it fails, and tells its owner when it is listening again
+// so the owner can wake every waiter (a release may have been missed
+// meanwhile). Package leasetable and package advisory each run one; the
+// owner's own work on the connection (advisory's interest locks) runs
+// through the Apply hook, between two waits.
+//
+// The connection is the notifier's own, opened from the owner's connection
+// configuration; it never goes back to a pool. Nothing depends on it for
+// correctness: while it is down, waiters fall back to timed retries.
+package notifier
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Backoff bounds between two connection attempts; each failure doubles the
+// pause up to MaxBackoff, and the actual pause is drawn from [pause/2,
+// pause*3/2) so that the Lockers of a fleet do not reconnect in step.
+const (
+	MinBackoff = 50 * time.Millisecond
+	MaxBackoff = 5 * time.Second
+)
+
+// Config configures a notifier. ConnConfig, Channel and Logger are
+// required; the hooks are optional.
+type Config struct {
+	// ConnConfig is how to connect; it is copied (see connConfig).
+	ConnConfig *pgx.ConnConfig
+	// Channel is the channel to LISTEN on.
+	Channel string
+	// CheckInterval is how long the connection may go without a
+	// notification before it is checked with a round trip; negative turns
+	// the check off.
+	CheckInterval time.Duration
+	// CheckTimeout bounds that round trip and each Apply.
+	CheckTimeout time.Duration
+	// Logger receives failures (Warn) and state changes (Debug); LogPrefix
+	// starts each message ("pgfence: leasetable").
+	Logger    *slog.Logger
+	LogPrefix string
+
+	// Notify is called with each notification's payload.
+	Notify func(payload string)
+	// Listening is called each time a connection is listening (after
+	// Apply succeeded on it): the owner wakes every waiter.
+	Listening func()
+	// Ended is called when a connection ended; wasListening tells whether
+	// it had been listening (waiters may have missed a notification).
+	Ended func(wasListening bool)
+	// Apply, when set, runs on the connection once after each connect and
+	// again after each Kick, before the next wait. A positive retryIn asks
+	// for another run after that long. An error ends the connection.
+	Apply func(ctx context.Context, conn *pgx.Conn) (retryIn time.Duration, err error)
+	// Idle, when set, is asked every IdleCheck, with connDown false, and
+	// after a connection ended, with connDown true, whether the notifier
+	// may stop; it stops when Idle returns true, and Idle must then record
+	// that it stopped.
+	Idle      func(connDown bool) bool
+	IdleCheck time.Duration
+}
+
+// Notifier is a running LISTEN loop. Create it with Start.
+type Notifier struct {
+	cfg  Config
+	done chan struct{}
+
+	mu        sync.Mutex
+	dirty     bool               // Kick was called since the last Apply
+	interrupt context.CancelFunc // ends the current wait, if any
+}
+
+// Start runs the loop in a goroutine until ctx ends or Idle says stop; wg
+// (if not nil) counts the goroutine.
+func Start(ctx context.Context, cfg Config, wg *sync.WaitGroup) *Notifier {
+	n := &Notifier{cfg: cfg, done: make(chan struct{}), dirty: true}
+	if wg != nil {
+		wg.Add(1)
+	}
+	go func() {
+		if wg != nil {
+			defer wg.Done()
+		}
+		defer close(n.done)
+		n.run(ctx)
+	}()
+	return n
+}
+
+// Done is closed when the loop has stopped.
+func (n *Notifier) Done() <-chan struct{} { return n.done }
+
+// Kick asks the loop to run Apply soon, interrupting its wait.
+func (n *Notifier) Kick() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.dirty = true
+	if n.interrupt != nil {
+		n.interrupt()
+		n.interrupt = nil
+	}
+}
+
+// errIdle ends a connection whose owner no longer needs it.
+var errIdle = errors.New("LISTEN connection idle")
+
+func (n *Notifier) run(ctx context.Context) {
+	backoff := MinBackoff
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		listening, err := n.once(ctx)
+		if n.cfg.Ended != nil {
+			n.cfg.Ended(listening)
+		}
+		if errors.Is(err, errIdle) {
+			n.cfg.Logger.Debug(n.cfg.LogPrefix + ": idle LISTEN connection closed")
+			return
+		}
+		if ctx.Err() != nil || (n.cfg.Idle != nil && n.cfg.Idle(true)) {
+			return
+		}
+		if listening {
+			backoff = MinBackoff
+		}
+		n.cfg.Logger.Warn(n.cfg.LogPrefix+": LISTEN connection failed; waiters fall back to timed retries until it is back",
+			"error", err, "retry_in", backoff)
+		timer.Reset(backoff/2 + rand.N(backoff+1))
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			return
+		}
+		backoff = min(2*backoff, MaxBackoff)
+	}
+}
+
+// once connects, listens, applies and delivers notifications until the
+// connection fails, ctx ends or the owner is idle. listening reports
+// whether LISTEN succeeded.
+func (n *Notifier) once(ctx context.Context) (listening bool, err error) {
+	// A wait ended by its own context (a Kick, a tick, a health check)
+	// leaves the connection usable: see connConfig.
+	conn, err := open(ctx, n.cfg.ConnConfig, n.cfg.Channel)
+	if err != nil {
+		return false, err
+	}
+	defer closeConn(conn)
+	n.mu.Lock()
+	n.dirty = true
+	n.mu.Unlock()
+	n.cfg.Logger.Debug(n.cfg.LogPrefix+": LISTEN connection ready", "channel", n.cfg.Channel)
+	var retryAt time.Time
+	first := true
+	lastHeard := time.Now()
+	for {
+		n.mu.Lock()
+		dirty := n.dirty || (!retryAt.IsZero() && !time.Now().Before(retryAt))
+		n.dirty = false
+		n.mu.Unlock()
+		if dirty && n.cfg.Apply != nil {
+			actx, cancel := context.WithTimeout(ctx, n.cfg.CheckTimeout)
+			retryIn, err := n.cfg.Apply(actx, conn)
+			cancel()
+			if err != nil {
+				return !first, err
+			}
+			retryAt = time.Time{}
+			if retryIn > 0 {
+				retryAt = time.Now().Add(retryIn)
+			}
+		}
+		if first {
+			first = false
+			if n.cfg.Listening != nil {
+				n.cfg.Listening()
+			}
+		}
+		msg, err := n.wait(ctx, conn, retryAt)
+		switch {
+		case err != nil:
+			return true, err
+		case msg != nil:
+			lastHeard = time.Now()
+			if n.cfg.Notify != nil {
+				n.cfg.Notify(msg.Payload)
+			}
+			continue
+		}
+		// The wait ended by itself: a Kick, a retry, or a tick.
+		if n.cfg.Idle != nil && n.cfg.Idle(false) {
+			return true, errIdle
+		}
+		if n.cfg.CheckInterval < 0 || time.Since(lastHeard) < n.cfg.CheckInterval {
+			continue
+		}
+		lastHeard = time.Now()
+		// Nothing arrived for CheckInterval and the connection is still
+		// usable: check it. If the check times out, pgconn closes the
+		// connection (a timeout during a query is fatal) in a goroutine of
+		// its own, which the deferred closeConn waits for.
+		cctx, cancel := context.WithTimeout(ctx, n.cfg.CheckTimeout)
+		err = check(cctx, conn, n.cfg.Channel)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return true, err
+			}
+			return true, fmt.Errorf("health check of the LISTEN connection, silent for %v, failed (timeout %v): %w",
+				n.cfg.CheckInterval, n.cfg.CheckTimeout, err)
+		}
+	}
+}
+
+// wait waits for the next notification. It returns (nil, nil) when the
+// wait ended by itself: a Kick, the retry time, or the next tick (the
+// shorter of CheckInterval and IdleCheck).
+//
+// A connection that died silently would otherwise block WaitForNotification
+// until the kernel gives up on it, while every hand-over falls back to the
+// holder's expiry: with pgx's default dialer (Go's keepalive defaults)
+// about 2.5 minutes after the path went dead on Linux; longer with a dialer
+// that turns keepalive off; and never while a proxy in between still
+// acknowledges at the TCP level but no longer forwards.
+func (n *Notifier) wait(ctx context.Context, conn *pgx.Conn, retryAt time.Time) (*pgconn.Notification, error) {
+	tick := time.Hour
+	if n.cfg.CheckInterval > 0 {
+		tick = n.cfg.CheckInterval
+	}
+	if n.cfg.Idle != nil && n.cfg.IdleCheck > 0 {
+		tick = min(tick, n.cfg.IdleCheck)
+	}
+	if !retryAt.IsZero() {
+		tick = min(tick, max(time.Until(retryAt), 0))
+	}
+	wctx, cancel := context.WithTimeout(ctx, tick)
+	defer cancel()
+	n.mu.Lock()
+	if n.dirty {
+		n.mu.Unlock()
+		return nil, nil
+	}
+	n.interrupt = cancel
+	n.mu.Unlock()
+	msg, err := conn.WaitForNotification(wctx)
+	n.mu.Lock()
+	n.interrupt = nil
+	n.mu.Unlock()
+	if err == nil {
+		return msg, nil
+	}
+	// A wait ended by its own context fails with a timeout or context
+	// error and leaves the connection usable.
+	ended := wctx.Err() != nil && ctx.Err() == nil && !conn.IsClosed() &&
+		(pgconn.Timeout(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded))
+	if ended {
+		return nil, nil
+	}
+	return nil, err
+}

@@ -1,0 +1,489 @@
+package migrations
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/golang-migrate/migrate/v4/database"
+	"github.com/jackc/pgx/v5"
+)
+
+// cleanupTimeout bounds the statements that tidy up after a run (unlocking,
+// restoring a pooled connection's search_path), which run even when ctx has
+// ended.
+const cleanupTimeout = 5 * time.Second
+
+// Up creates the schema when it does not exist (CREATE SCHEMA, which needs
+// the CREATE privilege on the database) and applies every pending migration
+// to it, on a connection whose search_path is exactly that schema. It
+// returns nil when none is pending. The role it runs as owns every object it
+// creates: see the package documentation for roles.
+//
+// Each migration runs in its own transaction, together with the update of
+// the version recorded in the [Table] of the schema, so a failed or stopped
+// migration leaves nothing behind and never a dirty version. Runs on one
+// schema are serialised with the same advisory lock the migrate CLI takes.
+//
+// Up refuses, before changing anything, when another schema of the database
+// already has a pgfence_leases table: a second install would draw tokens from
+// a second sequence. It also refuses a schema that a failed run of the
+// migrate CLI left dirty, and one migrated by a newer pgfence.
+//
+// ctx bounds everything, connecting included. When ctx ends the statement in
+// progress is cancelled and the connection closed, the migration it belonged
+// to is rolled back, and the error wraps ctx.Err(); migrations committed
+// before stay applied.
+func Up(ctx context.Context, t Target, cfg *Config) error {
+	return run(ctx, t, cfg, "up", func(r *runner) error {
+		if err := r.refuseSecondInstall(); err != nil {
+			return err
+		}
+		if err := r.createSchema(); err != nil {
+			return err
+		}
+		if err := r.setSearchPath(); err != nil {
+			return err
+		}
+		if err := r.ensureTable(); err != nil {
+			return err
+		}
+		return r.up()
+	})
+}
+
+// Down reverts every applied migration, newest first, each in its own
+// transaction, then drops the [Table]: it leaves no pgfence object in the
+// schema. The schema itself is left in place, since Down cannot know whether
+// [Up] created it; drop it yourself if pgfence was all it held. Down returns
+// nil when nothing is applied. It refuses a dirty schema, and one migrated by
+// a newer pgfence. Removing pgfence_guard fails while a table still has a
+// trigger using it: drop those triggers first.
+//
+// ctx bounds everything as for [Up].
+func Down(ctx context.Context, t Target, cfg *Config) error {
+	return run(ctx, t, cfg, "down", func(r *runner) error {
+		if err := r.setSearchPath(); err != nil {
+			return err
+		}
+		return r.down(0)
+	})
+}
+
+// Version reports the version of the last migration applied to the schema
+// (0 when none is, or when the schema or its [Table] does not exist) and
+// whether a failed run of the migrate CLI left it dirty. It writes nothing:
+// it reads the [Table] in a read-only transaction, so a role with no CREATE
+// privilege anywhere can call it, given USAGE on the schema and SELECT on the
+// table. ctx bounds everything, connecting included.
+func Version(ctx context.Context, t Target, cfg *Config) (version uint, dirty bool, err error) {
+	err = run(ctx, t, cfg, "version", func(r *runner) error {
+		tx, err := r.conn.BeginTx(r.ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+		if err != nil {
+			return err
+		}
+		defer r.rollback(tx)
+		version, dirty, err = readVersion(r.ctx, tx, r.schema)
+		return err
+	})
+	return version, dirty, err
+}
+
+// runner is one run of Up, Down or Version on one connection.
+type runner struct {
+	ctx    context.Context
+	conn   *pgx.Conn
+	schema string
+	// database is current_database(), for the advisory lock's key (not
+	// read by Version, which takes no lock).
+	database string
+	// oldSearchPath is the session's search_path before the run changed
+	// it, restored when the run ends; nil when it was not changed.
+	oldSearchPath *string
+	locked        bool
+}
+
+// cleanupCtx bounds a statement that must run even after ctx ended.
+func (r *runner) cleanupCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(r.ctx), cleanupTimeout)
+}
+
+// rollback ends tx unless it was committed.
+func (r *runner) rollback(tx pgx.Tx) {
+	ctx, cancel := r.cleanupCtx()
+	defer cancel()
+	_ = tx.Rollback(ctx)
+}
+
+// run connects to t, runs f and cleans up. Errors are prefixed with
+// "pgfence: migrations: what: " and wrap ctx.Err() when ctx ended.
+func run(ctx context.Context, t Target, cfg *Config, what string, f func(*runner) error) (err error) {
+	defer func() {
+		if err == nil {
+			return
+		}
+		if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+			err = fmt.Errorf("%w: %w", cerr, err)
+		}
+		err = fmt.Errorf("pgfence: migrations: %s: %w", what, err)
+	}()
+	schema, err := cfg.schema()
+	if err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	conn, release, err := t.connect(ctx)
+	if err != nil {
+		return err
+	}
+	r := &runner{ctx: ctx, conn: conn, schema: schema}
+
+	// When ctx ends, pgx closes the connection under the statement in
+	// progress; cancel that statement too, so the server does not go on
+	// running it (or waiting for a lock) for a client that is gone. A
+	// connection a cancel was sent on is never given back to a pool: the
+	// cancel could still reach whatever it runs next.
+	cancelled := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(cancelled)
+		cctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		defer cancel()
+		_ = conn.PgConn().CancelRequest(cctx)
+	})
+	defer func() {
+		fired := !stop()
+		if fired {
+			<-cancelled
+		}
+		release(err == nil && !fired)
+	}()
+
+	if what != "version" {
+		if err := conn.QueryRow(ctx, "SELECT pg_catalog.current_database()").Scan(&r.database); err != nil {
+			return err
+		}
+		if err := r.lock(); err != nil {
+			return err
+		}
+	}
+	err = f(r)
+	if cerr := r.finish(err == nil); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// finish undoes the session changes of the run: it releases the advisory
+// lock and restores the search_path, so a pooled connection goes back as it
+// came. It is skipped when the run failed: the connection is closed then.
+func (r *runner) finish(ok bool) error {
+	if !ok || r.conn.IsClosed() {
+		return nil
+	}
+	ctx, cancel := r.cleanupCtx()
+	defer cancel()
+	if r.locked {
+		if _, err := r.conn.Exec(ctx, "SELECT pg_catalog.pg_advisory_unlock($1)", r.lockKey()); err != nil {
+			return fmt.Errorf("release the migrations lock: %w", err)
+		}
+	}
+	if r.oldSearchPath != nil {
+		if _, err := r.conn.Exec(ctx, "SELECT pg_catalog.set_config('search_path', $1, false)", *r.oldSearchPath); err != nil {
+			return fmt.Errorf("restore search_path: %w", err)
+		}
+	}
+	return nil
+}
+
+// connect opens the run's connection. release gives it back: to the pool
+// when ok, else closed (a failed run may leave a lock or a setting behind).
+func (t Target) connect(ctx context.Context) (conn *pgx.Conn, release func(ok bool), err error) {
+	n := 0
+	if t.URL != "" {
+		n++
+	}
+	if t.ConnConfig != nil {
+		n++
+	}
+	if t.Pool != nil {
+		n++
+	}
+	if n != 1 {
+		return nil, nil, fmt.Errorf("the Target must set exactly one of URL, ConnConfig and Pool (%d are set)", n)
+	}
+	closeConn := func(c *pgx.Conn) {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		_ = c.Close(ctx)
+	}
+	switch {
+	case t.Pool != nil:
+		pc, err := t.Pool.Acquire(ctx)
+		if err != nil {
+			return nil, nil, fmt.Errorf("acquire a connection from the pool: %w", err)
+		}
+		return pc.Conn(), func(ok bool) {
+			if !ok {
+				closeConn(pc.Conn()) // the pool discards a closed connection
+			}
+			pc.Release()
+		}, nil
+	default:
+		var cc *pgx.ConnConfig
+		if t.ConnConfig != nil {
+			cc = t.ConnConfig.Copy()
+		} else {
+			if strings.TrimSpace(t.URL) == "" {
+				return nil, nil, errors.New("the database URL is empty")
+			}
+			if cc, err = pgx.ParseConfig(t.URL); err != nil {
+				return nil, nil, fmt.Errorf("parse the database URL: %w", err)
+			}
+		}
+		c, err := pgx.ConnectConfig(ctx, cc)
+		if err != nil {
+			return nil, nil, fmt.Errorf("connect: %w", err)
+		}
+		return c, func(bool) { closeConn(c) }, nil
+	}
+}
+
+// lockKey is the advisory lock golang-migrate's PostgreSQL drivers take for
+// this schema and table, so Up and Down never run beside the migrate CLI on
+// the same install.
+func (r *runner) lockKey() int64 {
+	id, _ := database.GenerateAdvisoryLockId(r.database, r.schema, Table)
+	key, _ := strconv.ParseInt(id, 10, 64)
+	return key
+}
+
+// lock takes the migrations lock, waiting for any other run to end.
+func (r *runner) lock() error {
+	if _, err := r.conn.Exec(r.ctx, "SELECT pg_catalog.pg_advisory_lock($1)", r.lockKey()); err != nil {
+		return fmt.Errorf("take the migrations lock: %w", err)
+	}
+	r.locked = true
+	return nil
+}
+
+// refuseSecondInstall fails when another schema of the database already
+// holds pgfence. Temporary tables are ignored: any role may create one.
+const otherInstallsSQL = `
+SELECT n.nspname FROM pg_catalog.pg_class c
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relname = 'pgfence_leases' AND c.relkind IN ('r', 'p')
+  AND n.nspname <> $1 AND n.nspname !~ '^pg_(toast_)?temp_'
+ORDER BY n.nspname`
+
+func (r *runner) refuseSecondInstall() error {
+	rows, err := r.conn.Query(r.ctx, otherInstallsSQL, r.schema)
+	if err != nil {
+		return err
+	}
+	others, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	if len(others) > 0 {
+		return fmt.Errorf("pgfence is already installed in schema %q of this database; "+
+			"a second install in schema %q would draw tokens from a second sequence: migrate schema %q instead (Config.Schema)",
+			others[0], r.schema, others[0])
+	}
+	return nil
+}
+
+// createSchema creates the schema unless it exists. Checking first keeps a
+// role without CREATE on the database able to migrate a schema that exists
+// (CREATE SCHEMA IF NOT EXISTS checks that privilege first).
+func (r *runner) createSchema() error {
+	var exists bool
+	if err := r.conn.QueryRow(r.ctx,
+		"SELECT EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname = $1)", r.schema).Scan(&exists); err != nil {
+		return err
+	}
+	if exists {
+		return nil
+	}
+	if _, err := r.conn.Exec(r.ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{r.schema}.Sanitize()); err != nil {
+		return fmt.Errorf("create schema %q: %w", r.schema, err)
+	}
+	return nil
+}
+
+// setSearchPath makes the schema the session's only schema: the migration
+// files create their objects in current_schema().
+func (r *runner) setSearchPath() error {
+	var old string
+	if err := r.conn.QueryRow(r.ctx, "SELECT pg_catalog.current_setting('search_path')").Scan(&old); err != nil {
+		return err
+	}
+	r.oldSearchPath = &old
+	if _, err := r.conn.Exec(r.ctx, "SELECT pg_catalog.set_config('search_path', $1, false)",
+		pgx.Identifier{r.schema}.Sanitize()); err != nil {
+		return fmt.Errorf("set search_path: %w", err)
+	}
+	return nil
+}
+
+func (r *runner) table() string { return pgx.Identifier{r.schema, Table}.Sanitize() }
+
+// ensureTable creates the version table, as golang-migrate does, unless it
+// exists.
+func (r *runner) ensureTable() error {
+	exists, err := tableExists(r.ctx, r.conn, r.schema)
+	if err != nil || exists {
+		return err
+	}
+	if _, err := r.conn.Exec(r.ctx, "CREATE TABLE IF NOT EXISTS "+r.table()+
+		" (version bigint NOT NULL PRIMARY KEY, dirty boolean NOT NULL)"); err != nil {
+		return fmt.Errorf("create %s: %w", r.table(), err)
+	}
+	return nil
+}
+
+// querier is what readVersion needs: a connection or a transaction.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+func tableExists(ctx context.Context, q querier, schema string) (bool, error) {
+	var exists bool
+	err := q.QueryRow(ctx, `SELECT EXISTS (
+    SELECT FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = $1 AND c.relname = $2)`, schema, Table).Scan(&exists)
+	return exists, err
+}
+
+// readVersion reads the version table; a missing table or an empty one is
+// version 0.
+func readVersion(ctx context.Context, q querier, schema string) (uint, bool, error) {
+	exists, err := tableExists(ctx, q, schema)
+	if err != nil || !exists {
+		return 0, false, err
+	}
+	var v int64
+	var dirty bool
+	err = q.QueryRow(ctx, "SELECT version, dirty FROM "+pgx.Identifier{schema, Table}.Sanitize()+" LIMIT 1").Scan(&v, &dirty)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("read the version: %w", err)
+	}
+	if v < 0 {
+		return 0, dirty, nil // golang-migrate's "no version", recorded dirty by a failed first migration
+	}
+	return uint(v), dirty, nil
+}
+
+// current reads the version for a run that changes it, refusing a dirty
+// schema and one newer than these migrations.
+func (r *runner) current(ms []migration) (uint, error) {
+	v, dirty, err := readVersion(r.ctx, r.conn, r.schema)
+	if err != nil {
+		return 0, err
+	}
+	if dirty {
+		return 0, fmt.Errorf("schema %q is dirty at version %d: a migration run by another tool failed part-way; "+
+			"repair the schema by hand, then record the version with the migrate CLI's force command", r.schema, v)
+	}
+	if latest := ms[len(ms)-1].version; v > latest {
+		return 0, fmt.Errorf("schema %q is at version %d, newer than this pgfence's latest migration %d", r.schema, v, latest)
+	}
+	return v, nil
+}
+
+// up applies the migrations after the current version, each in its own
+// transaction with the new version.
+func (r *runner) up() error {
+	return r.upTo(^uint(0))
+}
+
+// upTo applies the pending migrations up to version target.
+func (r *runner) upTo(target uint) error {
+	ms, err := load()
+	if err != nil {
+		return err
+	}
+	v, err := r.current(ms)
+	if err != nil {
+		return err
+	}
+	for _, m := range ms {
+		if m.version <= v || m.version > target {
+			continue
+		}
+		if err := r.apply(m.version, m.identifier, "up", m.up, int64(m.version)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// down reverts the applied migrations newer than target, newest first;
+// reverting all of them (target 0) also drops the version table.
+func (r *runner) down(target uint) error {
+	ms, err := load()
+	if err != nil {
+		return err
+	}
+	exists, err := tableExists(r.ctx, r.conn, r.schema)
+	if err != nil || !exists {
+		return err
+	}
+	v, err := r.current(ms)
+	if err != nil {
+		return err
+	}
+	for i := len(ms) - 1; i >= 0; i-- {
+		m := ms[i]
+		if m.version > v || m.version <= target {
+			continue
+		}
+		prev := int64(-1)
+		if i > 0 {
+			prev = int64(ms[i-1].version)
+		}
+		if err := r.apply(m.version, m.identifier, "down", m.down, prev); err != nil {
+			return err
+		}
+	}
+	if target > 0 {
+		return nil
+	}
+	if _, err := r.conn.Exec(r.ctx, "DROP TABLE IF EXISTS "+r.table()); err != nil {
+		return fmt.Errorf("drop %s: %w", r.table(), err)
+	}
+	return nil
+}
+
+// apply runs one migration file and records version next (none when
+// negative) in one transaction. The file is sent as one simple-protocol
+// query, as the migrate CLI sends it.
+func (r *runner) apply(version uint, identifier, direction, body string, next int64) error {
+	tx, err := r.conn.Begin(r.ctx)
+	if err != nil {
+		return err
+	}
+	defer r.rollback(tx)
+	if _, err := tx.Exec(r.ctx, body); err != nil {
+		return fmt.Errorf("migration %06d_%s.%s.sql: %w", version, identifier, direction, err)
+	}
+	if _, err := tx.Exec(r.ctx, "DELETE FROM "+r.table()); err != nil {
+		return fmt.Errorf("record the version: %w", err)
+	}
+	if next >= 0 {
+		if _, err := tx.Exec(r.ctx, "INSERT INTO "+r.table()+" (version, dirty) VALUES ($1, false)", next); err != nil {
+			return fmt.Errorf("record the version: %w", err)
+		}
+	}
+	if err := tx.Commit(r.ctx); err != nil {
+		return fmt.Errorf("migration %06d_%s.%s.sql: commit: %w", version, identifier, direction, err)
+	}
+	return nil
+}

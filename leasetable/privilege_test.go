@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"strings"
 	"testing"
 	"time"
 
@@ -16,49 +15,13 @@ import (
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/leasetable"
+	"github.com/pgfence/pgfence/migrations"
 )
 
-// grantSQL returns the statements migrations.GrantSQL(schema, role, opts)
-// runs (operator is GrantOpts.Operator), for the latest migration. Package
-// migrations is not on this branch yet: swap in migrations.GrantSQL once it
-// is.
-func grantSQL(schema, role string, operator bool) []string {
-	s := pgx.Identifier{schema}.Sanitize()
-	to := " TO " + pgx.Identifier{role}.Sanitize()
-	fns := []string{
-		"pgfence_next_token()",
-		"pgfence_schema_version()",
-		"pgfence_acquire(pg_catalog.text[], pg_catalog.text, pg_catalog.int8[])",
-		"pgfence_release(pg_catalog.text[], pg_catalog.int8[], pg_catalog.int8[], pg_catalog.text)",
-		"pgfence_renew(pg_catalog.text[], pg_catalog.int8[], pg_catalog.int8[])",
-		"pgfence_lease_held(pg_catalog.text, pg_catalog.int8)",
-		"pgfence_prune_scan(pg_catalog.text, pg_catalog.int4, pg_catalog.interval)",
-		"pgfence_prune_delete(pg_catalog.text[], pg_catalog.int8[], pg_catalog.interval)",
-		"pgfence_guard()",
-		"pgfence_guard_strict()",
-		"pgfence_guard_truncate()",
-		"pgfence_last_token()",
-	}
-	for i, f := range fns {
-		fns[i] = s + "." + f
-	}
-	stmts := []string{
-		"GRANT USAGE ON SCHEMA " + s + to,
-		"GRANT SELECT ON TABLE " + pgx.Identifier{schema, "pgfence_leases"}.Sanitize() + to,
-		"GRANT EXECUTE ON FUNCTION " + strings.Join(fns, ", ") + to,
-	}
-	if operator {
-		stmts = append(stmts,
-			"GRANT EXECUTE ON FUNCTION "+s+".pgfence_force_release(pg_catalog.text, pg_catalog.text)"+to,
-			"GRANT SELECT ON TABLE "+pgx.Identifier{schema, "pgfence_forced_releases"}.Sanitize()+to,
-		)
-	}
-	return stmts
-}
-
-// newRolePool creates a login role with pgfence's grants on db (operator:
-// the operator's too) and returns a pool connected as it. The role is
-// dropped when the test ends; roles are per server, so its name is unique.
+// newRolePool creates a login role with pgfence's grants on db
+// (migrations.Grant; operator: the operator's grant too) and returns a pool
+// connected as it. The role is dropped when the test ends; roles are per
+// server, so its name is unique.
 func newRolePool(t *testing.T, db *pgtest.DB, operator bool) (*pgxpool.Pool, string) {
 	t.Helper()
 	ctx := context.Background()
@@ -77,10 +40,9 @@ func newRolePool(t *testing.T, db *pgtest.DB, operator bool) (*pgxpool.Pool, str
 		_, err = db.Pool.Exec(ctx, "DROP ROLE "+ident)
 		require.NoError(t, err)
 	})
-	for _, stmt := range grantSQL(pgfence.DefaultSchema, role, operator) {
-		_, err := db.Pool.Exec(ctx, stmt)
-		require.NoError(t, err, stmt)
-	}
+	// As the install's owner, exactly what pgfence grant [--operator] runs.
+	require.NoError(t, migrations.Grant(ctx, migrations.Target{Pool: db.Pool}, role, nil,
+		&migrations.GrantOpts{Operator: operator}))
 	return db.NewPool(t, func(c *pgxpool.Config) { c.ConnConfig.User = role }), role
 }
 

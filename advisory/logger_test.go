@@ -80,7 +80,8 @@ func TestSessionSettingsAndLogger(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
 	h := &recordHandler{}
-	l := newLocker(t, db.Pool, &advisory.Config{
+	// Over TCP: the server's TCP settings read 0 on a Unix-domain socket.
+	l := newLocker(t, db.NewTCPPool(t, nil), &advisory.Config{
 		TCPKeepalivesIdle:     7 * time.Second,
 		TCPKeepalivesInterval: 3 * time.Second,
 		TCPKeepalivesCount:    4,

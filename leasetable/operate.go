@@ -21,16 +21,18 @@ type LeaseInfo struct {
 }
 
 // listSQL reads the current holders (%[1]s is the schema); it takes no
-// locks.
+// locks. Operators are named with their schema too: a search_path that puts
+// another schema before pg_catalog would otherwise let a planted operator
+// of the same signature win.
 const listSQL = `
 SELECT name, owner, fence, acquired_at, expires_at FROM %[1]s.pgfence_leases
-WHERE expires_at > pg_catalog.now()
+WHERE expires_at OPERATOR(pg_catalog.>) pg_catalog.now()
 ORDER BY name`
 
 // getSQL reads one lease's current holder; it takes no locks.
 const getSQL = `
 SELECT name, owner, fence, acquired_at, expires_at FROM %[1]s.pgfence_leases
-WHERE name = $1 AND expires_at > pg_catalog.now()`
+WHERE name OPERATOR(pg_catalog.=) $1 AND expires_at OPERATOR(pg_catalog.>) pg_catalog.now()`
 
 // List returns the leases currently held (expires_at after the database's
 // now()), ordered by name, for operators. It reads all lease rows, not only

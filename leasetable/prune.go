@@ -59,7 +59,7 @@ const pruneScanSQL = `SELECT last_name, page_rows, names, tokens, vxids FROM %[1
 // transaction ids, as pg_locks shows them) is still running: a running
 // transaction holds at least the lock on its own virtual transaction id.
 // It takes no row locks.
-const pruneRunningSQL = `SELECT EXISTS (SELECT FROM pg_catalog.pg_locks WHERE virtualtransaction = ANY($1::pg_catalog.text[]))`
+const pruneRunningSQL = `SELECT EXISTS (SELECT FROM pg_catalog.pg_locks WHERE virtualtransaction OPERATOR(pg_catalog.=) ANY($1::pg_catalog.text[]))`
 
 // pruneDeleteSQL deletes (through pgfence_prune_delete, a SECURITY
 // DEFINER function; %[1]s is the schema) the rows named $1 whose token is

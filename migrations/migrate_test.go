@@ -527,8 +527,8 @@ func describe(t *testing.T, db *pgtest.DB) []string {
 
 func TestGrantSQL(t *testing.T) {
 	t.Parallel()
-	// At version 3; migration 4 adds its trigger functions and
-	// pgfence_last_token to the EXECUTE list.
+	// At version 4, which added its trigger functions and pgfence_last_token
+	// to the EXECUTE list.
 	require.Equal(t, []string{
 		`GRANT USAGE ON SCHEMA "pgfence" TO "app"`,
 		`GRANT SELECT ON TABLE "pgfence"."pgfence_leases" TO "app"`,
@@ -539,7 +539,8 @@ func TestGrantSQL(t *testing.T) {
 			`"pgfence".pgfence_lease_held(pg_catalog.text, pg_catalog.int8), ` +
 			`"pgfence".pgfence_prune_scan(pg_catalog.text, pg_catalog.int4, pg_catalog.interval), ` +
 			`"pgfence".pgfence_prune_delete(pg_catalog.text[], pg_catalog.int8[], pg_catalog.interval), ` +
-			`"pgfence".pgfence_guard() TO "app"`,
+			`"pgfence".pgfence_guard(), "pgfence".pgfence_guard_strict(), "pgfence".pgfence_guard_truncate(), ` +
+			`"pgfence".pgfence_last_token() TO "app"`,
 	}, migrations.GrantSQL("", "app", nil))
 
 	op := migrations.GrantSQL(`we"ird`, `Ro le`, &migrations.GrantOpts{Operator: true})

@@ -401,7 +401,7 @@ func TestForceReleaseAudit(t *testing.T) {
 
 	var mu sync.Mutex
 	var logged []string
-	cfg := as(t, db, operator)
+	cfg := asTCP(t, db, operator) // over TCP: the audit records the client address
 	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
 		if strings.HasPrefix(n.Message, "pgfence:") {
 			mu.Lock()

@@ -71,7 +71,7 @@ func TestCommandsUseTheSchema(t *testing.T) {
 
 // newRole creates a login role with a password for the test and returns a
 // URL to db as that role. The role and its grants go at cleanup.
-func newRole(t *testing.T, db *pgtest.DB) (role, roleURL string) {
+func newRole(t *testing.T, db *pgtest.DB) (role, roleURL string) { // over TCP, with a password: the audit records the address
 	t.Helper()
 	ctx := context.Background()
 	var rnd [6]byte
@@ -86,7 +86,7 @@ func newRole(t *testing.T, db *pgtest.DB) (role, roleURL string) {
 		_, err = db.Pool.Exec(ctx, "DROP ROLE "+pgx.Identifier{role}.Sanitize())
 		require.NoError(t, err)
 	})
-	u, err := url.Parse(db.URL)
+	u, err := url.Parse(db.TCPURL)
 	require.NoError(t, err)
 	u.User = url.UserPassword(role, password)
 	return role, u.String()

@@ -389,7 +389,19 @@ func (s *Server) adminExec(ctx context.Context, sql string) error {
 // when not nil, may change the pool's configuration first.
 func (db *DB) NewPool(t testing.TB, configure func(*pgxpool.Config)) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(db.URL)
+	return db.newPool(t, db.URL, configure)
+}
+
+// NewTCPPool is NewPool over TCP (TCPURL), for tests of what only TCP
+// connections have: keepalive settings, client addresses, proxies.
+func (db *DB) NewTCPPool(t testing.TB, configure func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	return db.newPool(t, db.TCPURL, configure)
+}
+
+func (db *DB) newPool(t testing.TB, url string, configure func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence"
@@ -15,14 +16,14 @@ import (
 )
 
 // sessionOf returns the session_user and client address of a connection
-// of db's pool, as pgfence_forced_releases records them.
-func sessionOf(t *testing.T, db *pgtest.DB) (string, netip.Addr) {
+// of pool, as pgfence_forced_releases records them.
+func sessionOf(t *testing.T, pool *pgxpool.Pool) (string, netip.Addr) {
 	t.Helper()
 	var (
 		user string
 		addr *netip.Prefix
 	)
-	require.NoError(t, db.Pool.QueryRow(context.Background(),
+	require.NoError(t, pool.QueryRow(context.Background(),
 		"SELECT session_user::text, inet_client_addr()").Scan(&user, &addr))
 	if addr == nil {
 		return user, netip.Addr{}
@@ -39,7 +40,9 @@ func TestForceRelease(t *testing.T) {
 	holder := newLocker(t, db.NewPool(t, nil), &leasetable.Config{Owner: "holder"})
 	logs := newLogWatch()
 	waiter := newLocker(t, db.NewPool(t, nil), &leasetable.Config{Owner: "waiter", Logger: logs.logger()})
-	operator := newLocker(t, db.Pool, &leasetable.Config{Owner: "operator"})
+	// Over TCP, so that the audit trail has a client address to record.
+	opsPool := db.NewTCPPool(t, nil)
+	operator := newLocker(t, opsPool, &leasetable.Config{Owner: "operator"})
 
 	// The holder's lease outlives the waiter's deadline: only the forced
 	// release's notification can hand it over in time.
@@ -81,7 +84,8 @@ func TestForceRelease(t *testing.T) {
 	require.Equal(t, w.l.Token(), info.Token)
 
 	// The audit trail survives the next acquire.
-	user, addr := sessionOf(t, db)
+	user, addr := sessionOf(t, opsPool)
+	require.True(t, addr.IsValid(), "a TCP client has an address")
 	audit, err := operator.ForcedReleases(ctx, 10)
 	require.NoError(t, err)
 	require.Len(t, audit, 1)

@@ -12,7 +12,9 @@
 // (fsync, full_page_writes and synchronous_commit on), redis-server and a
 // single-member etcd. -database, -redis and -etcd point it at existing
 // ones instead; the database must be disposable (the benchmark creates and
-// truncates its tables and pgfence's).
+// truncates its tables and pgfence's). -app-role connects pgfence's lockers
+// as a role holding only what migrations.Grant grants, as an application
+// should run.
 package main
 
 import (
@@ -31,12 +33,12 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/bench/internal/harness"
 	"github.com/pgfence/pgfence/bench/internal/services"
 	"github.com/pgfence/pgfence/bench/internal/systems"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/leasetable"
+	"github.com/pgfence/pgfence/migrations"
 )
 
 // config holds the run's parameters, all printed and reported.
@@ -48,6 +50,7 @@ type config struct {
 	Scenarios        []int
 	Systems          []string
 	DatabaseURL      string
+	AppRole          string
 	RedisAddr        string
 	EtcdURL          string
 	Out              string
@@ -73,6 +76,8 @@ type config struct {
 	RenewalTTL       time.Duration
 	RenewalIntervals int
 	AdvisoryLocks    int
+	CallBatches      int
+	CallCycles       int
 	CPUProfile       string
 }
 
@@ -84,9 +89,10 @@ func parseFlags(args []string) (*config, error) {
 	fs.DurationVar(&c.Duration, "duration", 0, "measured time per point (default 5s, 1s with -quick)")
 	fs.DurationVar(&c.Warmup, "warmup", 0, "unmeasured warm-up per point (default 1s, 250ms with -quick)")
 	fs.StringVar(&clients, "clients", "1,4,16,64", "client counts of the uncontended scenario")
-	fs.StringVar(&scenarios, "scenarios", "1,2,3,4,5,6,7", "scenarios to run")
+	fs.StringVar(&scenarios, "scenarios", "1,2,3,4,5,6,7,8", "scenarios to run")
 	fs.StringVar(&sysList, "systems", "", "comma-separated system names to run (default all)")
 	fs.StringVar(&c.DatabaseURL, "database", "", "a disposable, empty PostgreSQL database to use instead of starting a cluster; pgfence migrations are applied")
+	fs.StringVar(&c.AppRole, "app-role", "", "connect pgfence's lockers (and raw-advisory-token) as this role, granted only what migrations.Grant grants; created in the benchmark's own cluster, must exist with -database (default: the owner that migrated)")
 	fs.StringVar(&c.RedisAddr, "redis", "", "host:port of a Redis to use instead of starting redis-server")
 	fs.StringVar(&c.EtcdURL, "etcd", "", "client URL of an etcd to use instead of starting one")
 	fs.StringVar(&c.Out, "out", "results", "directory for latest.md and the SVG charts")
@@ -112,6 +118,8 @@ func parseFlags(args []string) (*config, error) {
 	fs.DurationVar(&c.RenewalTTL, "renewal-ttl", 3*time.Second, "lease TTL in the renewal scenario (renewed every TTL/3)")
 	fs.IntVar(&c.RenewalIntervals, "renewal-intervals", 0, "renewal intervals measured (default 10, 3 with -quick)")
 	fs.IntVar(&c.AdvisoryLocks, "advisory-locks", 10_000, "session locks one advisory Locker holds in scenario 7")
+	fs.IntVar(&c.CallBatches, "call-batches", 0, "batches per path in the security-cost scenario, alternating between the paths (default 20, 6 with -quick)")
+	fs.IntVar(&c.CallCycles, "call-cycles", 200, "cycles per batch in the security-cost scenario")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a Go CPU profile of the whole run (benchmark clients and libraries) to this file")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -140,6 +148,12 @@ func parseFlags(args []string) (*config, error) {
 			c.RenewalIntervals = 3
 		}
 	}
+	if c.CallBatches == 0 {
+		c.CallBatches = 20
+		if c.Quick {
+			c.CallBatches = 6
+		}
+	}
 	if c.Rounds == 0 {
 		c.Rounds = 3
 		if c.Quick {
@@ -160,7 +174,7 @@ func parseFlags(args []string) (*config, error) {
 		return nil, fmt.Errorf("-scenarios: %w", err)
 	}
 	for _, s := range c.Scenarios {
-		if s < 1 || s > 7 {
+		if s < 1 || s > 8 {
 			return nil, fmt.Errorf("-scenarios: no scenario %d", s)
 		}
 	}
@@ -176,7 +190,8 @@ func parseFlags(args []string) (*config, error) {
 	}{{"-handover-waiters", c.HandoverWaiters}, {"-contended-clients", c.ContendedClients},
 		{"-contended-names", c.ContendedNames}, {"-write-clients", c.WriteClients},
 		{"-scale-clients", c.ScaleClients}, {"-scale-names", c.ScaleNames}, {"-rounds", c.Rounds},
-		{"-renewal-leases", c.RenewalLeases}, {"-advisory-locks", c.AdvisoryLocks}} {
+		{"-renewal-leases", c.RenewalLeases}, {"-advisory-locks", c.AdvisoryLocks},
+		{"-call-batches", c.CallBatches}, {"-call-cycles", c.CallCycles}} {
 		if v.n < 1 {
 			return nil, fmt.Errorf("%s must be at least 1", v.name)
 		}
@@ -214,6 +229,9 @@ func specs(c *config) []harness.Spec {
 		systems.AdvisoryCeiling,
 		systems.AdvisoryXactCeiling,
 		systems.AdvisoryTokenCeiling,
+		systems.RCLeasetableSQL,
+		systems.FnLeasetable,
+		systems.RCAdvisoryToken,
 		systems.Leasetable,
 		systems.Advisory,
 		systems.AdvisoryXact,
@@ -275,8 +293,15 @@ func run(ctx context.Context, cfg *config) error {
 		defer pg.Stop()
 		env.DatabaseURL = pg.URL
 		r.ownCluster = true
-	} else if err := pgfence.Migrate(ctx, env.DatabaseURL); err != nil {
+	} else if err := migrations.Up(ctx, migrations.Target{URL: env.DatabaseURL}, nil); err != nil {
 		return fmt.Errorf("migrate %s: %w", cfg.DatabaseURL, err)
+	}
+	if cfg.AppRole != "" {
+		u, err := services.AppRole(ctx, env.DatabaseURL, cfg.AppRole, r.ownCluster)
+		if err != nil {
+			return fmt.Errorf("-app-role: %w", err)
+		}
+		env.AppDatabaseURL = u
 	}
 	if env.RedisAddr == "" {
 		fmt.Println("starting redis-server ...")
@@ -302,7 +327,7 @@ func run(ctx context.Context, cfg *config) error {
 	r.res.Machine = gatherMachine(ctx, env.DatabaseURL, env.RedisAddr, env.EtcdEndpoints)
 
 	for _, s := range specs(cfg) {
-		if len(cfg.Systems) > 0 && !slices.Contains(cfg.Systems, s.Name) {
+		if (len(cfg.Systems) > 0 || s.OptIn) && !slices.Contains(cfg.Systems, s.Name) {
 			continue
 		}
 		if (s.Name == "redislock" && env.RedisAddr == "") || (s.Name == "etcd-mutex" && env.EtcdEndpoints == nil) {
@@ -317,7 +342,7 @@ func run(ctx context.Context, cfg *config) error {
 
 	scenarios := map[int]func(context.Context) error{
 		1: r.uncontended, 2: r.handover, 3: r.contended, 4: r.fencedWrites, 5: r.scale,
-		6: r.renewal, 7: r.advisoryScale,
+		6: r.renewal, 7: r.advisoryScale, 8: r.securityCost,
 	}
 	for _, n := range cfg.Scenarios {
 		f, ok := scenarios[n]
@@ -355,6 +380,11 @@ func run(ctx context.Context, cfg *config) error {
 
 func printParams(c *config) {
 	fmt.Printf("parameters: quick=%v duration=%v warmup=%v rounds=%d clients=%v scenarios=%v\n", c.Quick, c.Duration, c.Warmup, c.Rounds, c.Clients, c.Scenarios)
+	role := "the owner of the install"
+	if c.AppRole != "" {
+		role = c.AppRole + " (migrations.Grant only)"
+	}
+	fmt.Printf("  pgfence's lockers connect as %s\n", role)
 	fmt.Printf("  hand-over: waiters=%d hold-short=%v (at least %d hand-overs) hold-long=%v handovers-long=%d long-duration=%v\n",
 		c.HandoverWaiters, c.HoldShort, c.HandoversMin, c.HoldLong, c.HandoversLong, c.LongDuration)
 	fmt.Printf("  contended: clients=%d names=%d; writes: clients=%d\n", c.ContendedClients, c.ContendedNames, c.WriteClients)

@@ -92,8 +92,8 @@ func renderMisses(p func(string, ...any), res *results, cfg *config) {
 		q("While leasetable ran, %s of the active backend observations waited on `Lock:object` (raw-2update-notify: %s; raw-2update: %s, whose backends wait on the WAL instead: `LWLock:WALWrite` %s). ",
 			share(lw, "Lock:object"), share(nw, "Lock:object"), share(rw, "Lock:object"), share(rw, "LWLock:WALWrite"))
 		q("The statements themselves are cheap on the server (pg_stat_statements mean: acquire %s, release %s; the raw UPDATEs %s).\n\n",
-			stmtMean(lw, "INSERT INTO pgfence_leases"), stmtMean(lw, "WITH released"), stmtMean(rw, "UPDATE bench_ceiling_leases"))
-		q("The remaining gap to the notify ceiling moves from run to run on a loaded machine; what the library adds over two raw UPDATEs is the token draw in a PL/pgSQL function (a durable commit, by design) and the CTE around each statement. The benchmark's own CPU is not the limit: profile a point with `-cpuprofile` to check on another machine.\n\n")
+			stmtMean(lw, "pgfence_acquire("), stmtMean(lw, "pgfence_release("), stmtMean(rw, "UPDATE bench_ceiling_leases"))
+		q("The remaining gap to the notify ceiling moves from run to run on a loaded machine; what the library adds over two raw UPDATEs is the token draw (a durable commit, by design) and the SECURITY DEFINER function each statement runs in (pgfence_acquire, pgfence_release: the application role writes the table only through them). The benchmark's own CPU is not the limit: profile a point with `-cpuprofile` to check on another machine.\n\n")
 		q("How the design meets it: a release calls pg_notify in the releasing transaction, and at commit PostgreSQL's PreCommit_Notify holds a database-wide lock (the `Lock:object` wait) until the commit completes, so notifying commits run one after another. leasetable therefore (1) commits a release that frees its leases with `synchronous_commit = off` for that transaction only, so the lock is not held across a WAL flush (after a crash such a release may be undone and the lease stays held until its TTL: progress, not safety), and (2) combines the concurrent acquires, and the concurrent releases, of one Locker into one statement each (group commit), so many cycles share one round trip and one flush. A failed TryAcquire on a held lease writes nothing (no token, no WAL).\n\n")
 		q("If the ratio here is still low, compare raw-2update-notify with raw-2update in this run: a gap there is PostgreSQL's NOTIFY cost on this machine, which any design that wakes waiters through NOTIFY pays.\n\n")
 	}
@@ -145,7 +145,7 @@ func renderMisses(p func(string, ...any), res *results, cfg *config) {
 			case "pgfence-advisory":
 				q("Each waiter has its own Locker (as separate processes would), and Locker.Lock waits by polling pg_try_advisory_lock with a pause that starts at 5 ms and doubles up to MaxPollInterval (200 ms): a release by another Locker is only seen at the waiter's next poll, so the hand-over takes up to the current pause (it is immediate only within one Locker). Fix: wake cross-Locker waiters through LISTEN/NOTIFY as leasetable does, or cap the poll pause lower for short holds.\n")
 			case "pgfence-advisory-xact":
-				q("LockTx blocks in pg_advisory_xact_lock, so the server wakes the next waiter as soon as the holder's COMMIT releases the lock; what remains is the new holder's token draw, whose commit waits for a WAL flush on a loaded 2-core machine.\n")
+				q("AcquireTx blocks in pg_advisory_xact_lock, so the server wakes the next waiter as soon as the holder's COMMIT releases the lock; what remains is the new holder's token draw, whose commit waits for a WAL flush on a loaded 2-core machine.\n")
 			}
 		}
 		q("\n")
@@ -199,7 +199,7 @@ func renderMisses(p func(string, ...any), res *results, cfg *config) {
 			continue
 		}
 		q("### contended advisory (no target): busy answers from the Locker itself\n\n")
-		q("In scenario 3 pgfence-advisory completed %s cycles/s while answering %s busy TryLocks per second (raw-advisory: %s cycles/s, %s busy/s). A key held by another caller of the same Locker is refused in-process, without a round trip, so the %d benchmark clients, which retry the next name at once, spin on the Locker: the holders wait to be scheduled for their Unlock round trip on 2 cores while the spinners take the CPU. The refusal itself costs about 50 ns and one allocation (BenchmarkTryLockHeldInThisLocker); real callers back off between attempts. The raw ceiling's refusals cost a round trip each, which paces its clients.\n\n",
+		q("In scenario 3 pgfence-advisory completed %s cycles/s while answering %s busy TryAcquires per second (raw-advisory: %s cycles/s, %s busy/s). A key held by another caller of the same Locker is refused in-process, without a round trip, so the %d benchmark clients, which retry the next name at once, spin on the Locker: the holders wait to be scheduled for their Release round trip on 2 cores while the spinners take the CPU. The refusal itself costs about 50 ns and one allocation (BenchmarkTryLockHeldInThisLocker); real callers back off between attempts. The raw ceiling's refusals cost a round trip each, which paces its clients.\n\n",
 			report.Rate(a.Throughput), report.Rate(a.BusyRate), report.Rate(cycleTP(res.Contended, "raw-advisory", cfg.ContendedClients)),
 			func() string {
 				for j := range res.Contended {

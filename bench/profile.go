@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"sort"
 	"strconv"
 	"strings"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/bench/internal/report"
 )
 
 // waitSample is what the server's backends were doing during one point:
@@ -197,4 +200,76 @@ func pct(a, b int) string {
 		return "n/a"
 	}
 	return strconv.FormatFloat(100*float64(a)/float64(b), 'f', 0, 64) + "%"
+}
+
+// renderProfiles writes where the server spent its time in the profiled
+// points, and the plans of the write paths.
+func renderProfiles(p func(string, ...any), res *results) {
+	if len(res.WaitEvents) > 0 || len(res.WriteWaits) > 0 {
+		p("## Where the server spends the time\n\n")
+		p("During the last round of scenario 1 at %d clients, and of scenario 4, pg_stat_activity was sampled every 10ms: the share of active backend observations per wait event (CPU = active, not waiting). pg_stat_statements was reset before each point: its top statements by total execution time follow (mean server-side execution time per call; the client's round trip and the commit's WAL flush are not in it, except for statements that call pgfence_next_token(), whose flush happens at commit).\n\n",
+			func() int {
+				if len(res.WaitEvents) > 0 {
+					return res.WaitEvents[0].Clients
+				}
+				return 0
+			}())
+		for _, group := range [][]waitSample{res.WaitEvents, res.WriteWaits} {
+			if len(group) == 0 {
+				continue
+			}
+			t := &report.Table{Header: []string{"system", "snapshots", "busiest backends: wait events", "top statements (calls, mean ms)"}, TextColumns: 4}
+			for _, w := range group {
+				var st []string
+				for _, s := range w.Statements {
+					st = append(st, fmt.Sprintf("`%s` (%s, %.3f)", shorten(s.Query, 90), report.Thousands(s.Calls), s.MeanMs))
+				}
+				t.Rows = append(t.Rows, []string{w.System, strconv.Itoa(w.Samples), strings.Join(w.topEvents(4), ", "), strings.Join(st, "<br>")})
+			}
+			p("%s\n", t.Markdown())
+		}
+		renderPlans(p, res.WriteWaits)
+	}
+}
+
+// renderPlans writes the EXPLAIN ANALYZE of one write of each write path:
+// a summary table, then the plans in a collapsed block.
+func renderPlans(p func(string, ...any), ws []waitSample) {
+	t := &report.Table{Header: []string{"write path", "execution time", "WAL", "buffers", "row locks"}, TextColumns: 1}
+	var plans strings.Builder
+	for _, w := range ws {
+		if w.Plan == "" {
+			continue
+		}
+		exec, wal, buf := "", "", ""
+		locks := "no"
+		for _, l := range strings.Split(w.Plan, "\n") {
+			l = strings.TrimSpace(l)
+			switch {
+			case strings.HasPrefix(l, "Execution Time:"):
+				exec = strings.TrimSpace(strings.TrimPrefix(l, "Execution Time:"))
+			case strings.HasPrefix(l, "WAL:") && wal == "":
+				wal = strings.TrimPrefix(l, "WAL: ")
+			case strings.HasPrefix(l, "Buffers:") && buf == "":
+				buf = strings.TrimPrefix(l, "Buffers: ")
+			case strings.Contains(l, "LockRows"):
+				locks = "LockRows (FOR UPDATE/SHARE)"
+			}
+		}
+		t.Rows = append(t.Rows, []string{w.System, exec, wal, buf, locks})
+		fmt.Fprintf(&plans, "%s:\n\n```\n%s\n```\n\n", w.System, w.Plan)
+	}
+	if len(t.Rows) == 0 {
+		return
+	}
+	p("EXPLAIN (ANALYZE, BUFFERS, WAL) of one write of each path after its last round, in a rolled-back transaction (the first WAL and buffer lines are the top node's, which include its children):\n\n%s\n", t.Markdown())
+	p("<details><summary>Plans</summary>\n\n%s</details>\n\n", plans.String())
+}
+
+func shorten(s string, n int) string {
+	s = strings.ReplaceAll(s, "`", "'")
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }

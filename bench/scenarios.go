@@ -29,6 +29,7 @@ type results struct {
 	ScaleStore    []scaleStorage
 	Renewal       *renewalResult
 	AdvisoryConns []advisoryConns
+	CallCosts     []callCost
 	WaitEvents    []waitSample // scenario 1 at profileClients, last round
 	WriteWaits    []waitSample // scenario 4, last round
 	Notes         []string

@@ -50,10 +50,10 @@ func BenchmarkUpdate(b *testing.B) {
 		})
 		b.Run(name+"/fence-under-lease", func(b *testing.B) {
 			db := benchSetup(b, trigger)
-			_, err := db.Pool.Exec(ctx, `INSERT INTO pgfence_leases (name, owner, fence, expires_at)
+			_, err := db.Pool.Exec(ctx, `INSERT INTO pgfence.pgfence_leases (name, owner, fence, expires_at)
 				VALUES ('l', 'a', 5, now() + interval '1 hour')`)
 			require.NoError(b, err)
-			schema, err := installLeaseHeld(ctx, db.Pool)
+			schema, err := pgfenceSchema(ctx, db.Pool)
 			require.NoError(b, err)
 			stmt := fence.Update("accounts").Set("balance = balance + $1").Where("id = $2").UnderLease("l").LeaseSchema(schema)
 			for b.Loop() {
@@ -69,19 +69,25 @@ func BenchmarkUpdate(b *testing.B) {
 // dominate a single-row statement: each op updates benchRows rows in one
 // statement. Forms: no trigger; the trigger on the default column; the
 // trigger behind WHEN conditions that skip it for rows it would accept; and
-// the trigger on another column (read through to_jsonb).
+// the trigger on another column (read through to_jsonb); and strict mode,
+// with the UPDATE presenting the rows' own token in pgfence.token (the
+// plain UPDATE with that setting is the reference for it).
 func BenchmarkTriggerPerRow(b *testing.B) {
 	const benchRows = 1000
-	forms := []struct{ name, triggers string }{
-		{"plain", ""},
+	const presentToken = " WHERE pg_catalog.set_config('pgfence.token', '5', true) IS NOT NULL"
+	forms := []struct{ name, triggers, where string }{
+		{"plain", "", ""},
 		{"trigger", `CREATE TRIGGER g BEFORE UPDATE OR DELETE ON t
-			FOR EACH ROW EXECUTE FUNCTION pgfence_guard('fence_token')`},
+			FOR EACH ROW EXECUTE FUNCTION pgfence.pgfence_guard('fence_token')`, ""},
 		{"trigger-when", `CREATE TRIGGER g BEFORE UPDATE ON t FOR EACH ROW
 			WHEN (NEW.fence_token IS NULL OR NEW.fence_token < OLD.fence_token)
-			EXECUTE FUNCTION pgfence_guard()`},
+			EXECUTE FUNCTION pgfence.pgfence_guard()`, ""},
 		{"trigger-other-column", `ALTER TABLE t RENAME fence_token TO tok;
 			CREATE TRIGGER g BEFORE UPDATE OR DELETE ON t
-			FOR EACH ROW EXECUTE FUNCTION pgfence_guard('tok')`},
+			FOR EACH ROW EXECUTE FUNCTION pgfence.pgfence_guard('tok')`, ""},
+		{"plain-pgfence-token", "", presentToken},
+		{"trigger-strict", `CREATE TRIGGER g BEFORE UPDATE OR DELETE ON t
+			FOR EACH ROW EXECUTE FUNCTION pgfence.pgfence_guard_strict('fence_token')`, presentToken},
 	}
 	ctx := context.Background()
 	db := pgtest.NewDB(b)
@@ -94,7 +100,7 @@ func BenchmarkTriggerPerRow(b *testing.B) {
 			ALTER TABLE t RENAME TO %s`, benchRows, f.triggers, table))
 		require.NoError(b, err)
 		b.Run(f.name, func(b *testing.B) {
-			update := "UPDATE " + table + " SET balance = balance + 1"
+			update := "UPDATE " + table + " SET balance = balance + 1" + f.where
 			for b.Loop() {
 				tag, err := db.Pool.Exec(ctx, update)
 				require.NoError(b, err)

@@ -31,7 +31,7 @@ func TestCachedRendersOnce(t *testing.T) {
 	require.NoError(t, render(base.UnderLease("b"), 2))
 	require.Equal(t, 2, renders, "the lease name is a parameter: the UnderLease copies share the rendering")
 
-	for _, derived := range []*UpdateStmt{base.Strict(), base.Column("epoch"), base.Set("balance = $1"), base.Where("true AND id = $2")} {
+	for _, derived := range []*UpdateStmt{base.Strict(), base.Column("epoch"), base.Set("balance = $1"), base.Where("true AND id = $2"), base.LeaseSchema("locks")} {
 		before := renders
 		require.NoError(t, render(derived, 2))
 		require.Equal(t, before+1, renders, "a derived statement renders its own SQL")

@@ -54,7 +54,7 @@ func TestConcurrentHoldersNoStaleWriteLands(t *testing.T) {
 			<-start
 			for i := 0; i < writes; i++ {
 				var tok int64
-				if err := b.pool.QueryRow(ctx, "SELECT pgfence_next_token()").Scan(&tok); err != nil {
+				if err := b.pool.QueryRow(ctx, "SELECT "+b.fn("pgfence_next_token")+"()").Scan(&tok); err != nil {
 					results <- result{err: err}
 					return
 				}

@@ -103,70 +103,134 @@
 // With the lease table strategy the lease lives in the same database, so a
 // write can also require, in the same statement, that the lease is still
 // held by the presenting holder: [UpdateStmt.UnderLease] (and the same on
-// [DeleteStmt] and [UpsertStmt]) adds
+// [DeleteStmt] and [UpsertStmt]) adds a call of
 //
-//	SELECT FROM pgfence_leases
-//	WHERE name = $n AND fence = $token AND expires_at > clock_timestamp()
-//	FOR SHARE
+//	pgfence.pgfence_lease_held(name, token)
 //
-// and writes nothing unless it finds the row. The FOR SHARE lock lasts until
-// the transaction ends: a takeover or release in flight (an UPDATE of the
-// lease row) makes the write wait, then fail; one that starts later waits
-// until the writer commits, so no takeover can commit between the check and
-// the write. The write is then rejected with a [*LeaseLostError], which
-// matches both pgfence.ErrLeaseLost and pgfence.ErrFenced. This is strictly
-// stronger than token fencing alone: token fencing rejects a stale holder
-// only after the new holder has written the row, the lease check as soon as
-// the lease has passed on. The expiry check uses clock_timestamp(), the
-// database's clock when the statement runs, not now() (the start of the
-// transaction). Keep such transactions short: the lease's own renewal waits
-// behind the FOR SHARE lock too.
+// which is true only if the lease row has fence = token and expires_at >
+// clock_timestamp(), and then locks that row FOR SHARE, and writes nothing
+// unless it is true. The FOR SHARE lock lasts until the transaction ends: a
+// takeover or release in flight (an UPDATE of the lease row) makes the
+// write wait, then fail; one that starts later waits until the writer
+// commits, so no takeover can commit between the check and the write. The
+// write is then rejected with a [*LeaseLostError], which matches both
+// pgfence.ErrLeaseLost and pgfence.ErrFenced. This is strictly stronger
+// than token fencing alone: token fencing rejects a stale holder only after
+// the new holder has written the row, the lease check as soon as the lease
+// has passed on. The expiry check uses clock_timestamp(), the database's
+// clock when the statement runs, not now() (the start of the transaction).
+// Keep such transactions short: the lease's own renewal waits behind the FOR
+// SHARE lock too.
 //
-// # The trigger
+// pgfence_lease_held runs as pgfence's owner (SECURITY DEFINER): the writer
+// needs EXECUTE on it and USAGE on pgfence's schema, which migrations.Grant
+// gives the application role, and no privilege on pgfence_leases (taking
+// FOR SHARE there directly would need UPDATE on it). The function is
+// called in the schema pgfence is installed in, "pgfence" unless the
+// builder is told otherwise with [UpdateStmt.LeaseSchema].
 //
-// pgfence's migrations install the trigger function pgfence_guard(column),
-// which makes the table itself reject writes that move the guard column
-// backwards, whatever SQL path they come from (an ad-hoc UPDATE, an ORM, a
-// sqlc query). Attach it to each protected table:
+// # The triggers
+//
+// pgfence's migrations install trigger functions that make a table itself
+// reject writes from stale holders, whatever SQL path they come from (an
+// ad-hoc UPDATE, an ORM, a sqlc query). Each takes the guard column's name
+// as its argument (default fence_token). They come in two modes.
+//
+// The default mode, pgfence_guard, rejects with SQLSTATE PF001 ([SQLState])
+// an UPDATE that sets the column to a smaller value or to NULL, and a DELETE
+// of a row whose token is newer than the transaction's pgfence.token
+// setting, when that is set:
 //
 //	CREATE TRIGGER accounts_fence
 //	    BEFORE UPDATE OR DELETE ON accounts
-//	    FOR EACH ROW EXECUTE FUNCTION pgfence_guard('fence_token');
+//	    FOR EACH ROW EXECUTE FUNCTION pgfence.pgfence_guard('fence_token');
 //
-// It rejects, with SQLSTATE PF001 ([SQLState]), an UPDATE that sets the
-// column to a smaller value or to NULL, and a DELETE of a row whose token is
-// newer than the transaction's pgfence.token setting, when that is set. An
-// UPDATE that does not change the column and a DELETE without pgfence.token
-// carry no token and pass. [DeleteStmt] sets pgfence.token with
-// set_config('pgfence.token', token, true) in its own statement; it stays
-// set for the rest of the transaction. Errors from the trigger are mapped to
-// [*StaleTokenError] by the builders and by [Classify] and [Check], with
-// both tokens parsed from the error's DETAIL and the *pgconn.PgError
-// reachable with errors.As.
+// It does not guard: an UPDATE that leaves the column unchanged (including
+// one that does not mention it, and INSERT ... ON CONFLICT DO UPDATE that
+// does not set it), a DELETE without pgfence.token, a token that was never
+// issued (any larger number passes), TRUNCATE, and INSERT. Those carry no
+// token it could check, so it lets them through; that is what lets code
+// that knows nothing of fencing keep working on the table.
 //
-// The trigger costs about as much per changed row as any PL/pgSQL trigger
-// (a few microseconds) for the default column fence_token, which it reads
-// directly; another column is read through the row's jsonb form, which
-// costs a little more. Where that matters (bulk updates), attach it behind
-// WHEN conditions that call it only for the rows it rejects, which brings
-// its cost close to nothing:
+// Strict mode, pgfence_guard_strict, requires every UPDATE and DELETE to
+// present a token at least as new as the row's, and pgfence_guard_truncate
+// rejects TRUNCATE (which fires no row trigger):
+//
+//	CREATE TRIGGER accounts_fence
+//	    BEFORE UPDATE OR DELETE ON accounts
+//	    FOR EACH ROW EXECUTE FUNCTION pgfence.pgfence_guard_strict('fence_token');
+//	CREATE TRIGGER accounts_fence_truncate
+//	    BEFORE TRUNCATE ON accounts
+//	    FOR EACH STATEMENT EXECUTE FUNCTION pgfence.pgfence_guard_truncate();
+//
+// An UPDATE that sets the column to a larger value presents that value. One
+// that leaves it unchanged (or does not mention it) presents the
+// transaction's pgfence.token, which must be set; when that is newer than
+// the row's token, the trigger writes it into the column, so the row always
+// records the newest token that wrote it. A DELETE presents pgfence.token.
+// A presented token must be at least the row's, and, when it is newer, not
+// newer than the last token pgfence_next_token() has handed out; an UPDATE
+// that moves the column backwards or to NULL is rejected whatever
+// pgfence.token says. INSERT ... ON CONFLICT DO UPDATE is checked as the
+// UPDATE of the existing row. Every rejection is PF001, mapped to
+// [*StaleTokenError] (with Presented 0 when no token was presented); the
+// table owner can still empty the table by disabling the TRUNCATE trigger.
+// Attached any other way (AFTER, FOR EACH STATEMENT, on INSERT), the two
+// functions refuse every write with SQLSTATE 39P01 instead of guarding
+// nothing.
+//
+// Neither mode checks INSERT: a new row carries the token it is inserted
+// with. So once a holder has deleted a row, a stale holder can insert it
+// again (with its older token, which newer holders then overwrite): strict
+// mode guards rows that exist, not their absence. Where re-creation
+// matters, keep the row and mark it deleted with a guarded UPDATE.
+//
+// pgfence.token is an ordinary setting of the transaction:
+// set_config('pgfence.token', token::text, true) sets it until the
+// transaction ends, for every statement and table in it. The builders set it
+// in each of their statements, so they work on strict tables (a holder can
+// write the same row twice with one token) and behave as before on others.
+// A pgfence.token that is neither empty nor a bigint makes either mode raise
+// SQLSTATE PF003 ([SQLStateMalformedToken]), which [Classify], [Check] and
+// the builders report as an error matching [ErrMalformedToken].
+//
+// Privileges: attaching a trigger needs EXECUTE on its function (CREATE
+// TRIGGER checks it); firing needs none, so writers need nothing on pgfence
+// for pgfence_guard and pgfence_guard_truncate. pgfence_guard_strict calls
+// pgfence.pgfence_last_token() when a presented token is newer than the
+// row's, so a writer of a strict table needs USAGE on pgfence's schema and
+// EXECUTE on pgfence_last_token (migrations.Grant gives both); without them
+// such a write fails with SQLSTATE 42501, it is never let through. The
+// trigger functions run as the writer, with their search_path pinned to
+// pg_catalog, pgfence's schema and pg_temp.
+//
+// Errors from the triggers are mapped to [*StaleTokenError] by the builders
+// and by [Classify] and [Check], with both tokens parsed from the error's
+// DETAIL and the *pgconn.PgError reachable with errors.As.
+//
+// The default mode costs about as much per changed row as any PL/pgSQL
+// trigger for the default column fence_token, which it reads directly;
+// another column is read through the row's jsonb form, which costs a
+// little more. Strict mode also reads pgfence.token, and calls
+// pgfence_last_token for a newer token. Where the default mode's cost
+// matters (bulk updates), attach it behind WHEN conditions that call it only
+// for the rows it rejects:
 //
 //	CREATE TRIGGER accounts_fence_update BEFORE UPDATE ON accounts FOR EACH ROW
 //	    WHEN (NEW.fence_token IS NULL OR NEW.fence_token < OLD.fence_token)
-//	    EXECUTE FUNCTION pgfence_guard('fence_token');
+//	    EXECUTE FUNCTION pgfence.pgfence_guard('fence_token');
 //	CREATE TRIGGER accounts_fence_delete BEFORE DELETE ON accounts FOR EACH ROW
 //	    WHEN (current_setting('pgfence.token', true) <> '')
-//	    EXECUTE FUNCTION pgfence_guard('fence_token');
+//	    EXECUTE FUNCTION pgfence.pgfence_guard('fence_token');
 //
 // To protect an existing table, add the column and the trigger in a
-// golang-migrate migration of your own, after pgfence's migrations have run
-// (pgfence.Migrate):
+// golang-migrate migration of your own, after pgfence's migrations have run:
 //
 //	-- 000010_fence_accounts.up.sql
 //	ALTER TABLE accounts ADD COLUMN fence_token bigint NOT NULL DEFAULT 0;
 //	CREATE TRIGGER accounts_fence
 //	    BEFORE UPDATE OR DELETE ON accounts
-//	    FOR EACH ROW EXECUTE FUNCTION pgfence_guard('fence_token');
+//	    FOR EACH ROW EXECUTE FUNCTION pgfence.pgfence_guard('fence_token');
 //
 //	-- 000010_fence_accounts.down.sql
 //	DROP TRIGGER IF EXISTS accounts_fence ON accounts;
@@ -187,15 +251,49 @@
 //
 //	_, err := fence.Check(q.AddBalance(ctx, params))
 //
-// For deletes, set pgfence.token in the same statement:
+// For deletes, and for every write to a strict table, set pgfence.token in
+// the same statement too:
 //
 //	DELETE FROM accounts
-//	WHERE id = $1 AND set_config('pgfence.token', $2::bigint::text, true) IS NOT NULL;
+//	WHERE id = $1 AND pg_catalog.set_config('pgfence.token', $2::pg_catalog.int8::pg_catalog.text, true) IS NOT NULL;
 //
 // Without the trigger, add [Predicate]'s condition ("fence_token" <= $n) to
 // the WHERE; a stale write and a missing row are then both zero rows
 // affected. [Classify] maps PF001 in the error of any query (a sqlc :one or
 // :exec) to [*StaleTokenError].
+//
+// # Search path
+//
+// The statements the builders send resolve nothing of their own through
+// the caller's search_path: every built-in function, aggregate, operator
+// and type they use is named with pg_catalog (pg_catalog.set_config,
+// OPERATOR(pg_catalog.<=), $n::pg_catalog.int8, ...), and pgfence's
+// functions with pgfence's schema, so a role that can create objects in a
+// schema on the caller's path cannot plant an overload that runs instead.
+// The caller's fragments, and the equality of an upsert's OnConflict
+// columns with their values (the columns' own types), are resolved through
+// the caller's search_path like any SQL the caller writes: keep schemas
+// that others can write out of it, or after pg_catalog.
+//
+// # Fragments are trusted SQL
+//
+// Set, Where and Values fragments are the caller's constant SQL, written by
+// the programmer, and are sent as written: never build them from user
+// input, which belongs in the arguments ($1..$n). They use $1..$n for the
+// caller's arguments; the token takes $n+1 and the lease name, with
+// UnderLease, $n+2. SQL and Exec check, before anything is sent, that the
+// fragments use exactly $1..$n (placeholders inside string constants,
+// quoted identifiers and dollar quotes do not count), and reject a fragment
+// that could reach beyond its own clause: one with an unterminated string
+// constant, quoted identifier or dollar quote, a comment (-- or /*), a
+// parenthesis or bracket it does not close or that closes one it did not
+// open (Where("id = $2) OR (id = $2") is refused), a semicolon, or a
+// backslash right before a quote in a standard string constant (which a
+// server with standard_conforming_strings off, not the default since
+// PostgreSQL 9.1, would read as an escaped quote). Each Where fragment is
+// put in parentheses and each Values expression too, so an accepted
+// fragment cannot change what the guard predicate applies to. These checks
+// catch mistakes; they are not a defence against hostile SQL.
 //
 // # Tables and placeholders
 //
@@ -203,13 +301,8 @@
 // separates the schema. For names that contain a dot or a double quote, use
 // the *Ident constructors ([UpdateIdent], [DeleteIdent], [UpsertIdent]) with
 // a pgx.Identifier. All identifiers are quoted with pgx.Identifier.Sanitize.
-// Set, Where and Values fragments are the caller's SQL and are sent as
-// written; they use $1..$n for the caller's arguments. The token takes
-// $n+1 and the lease name, with UnderLease, $n+2. SQL and Exec check, before
-// anything is sent, that the fragments use exactly $1..$n (placeholders
-// inside string constants, quoted identifiers, comments and dollar quotes do
-// not count), and reject empty or over-long names, a missing Set or Where,
-// and a token that is not positive.
+// Exec also rejects empty or over-long names, a missing Set or Where, and a
+// token that is not positive.
 //
 // # When not to use a lock at all
 //

@@ -31,7 +31,7 @@ func Example() {
 		INSERT INTO accounts (id, balance) VALUES (42, 100)`)
 	must(err)
 	var tokenA, tokenB int64 // as the lock strategies hand them out
-	must(pool.QueryRow(ctx, "SELECT pgfence_next_token(), pgfence_next_token()").Scan(&tokenA, &tokenB))
+	must(pool.QueryRow(ctx, "SELECT pgfence.pgfence_next_token(), pgfence.pgfence_next_token()").Scan(&tokenA, &tokenB))
 
 	addBalance := fence.Update("accounts").Set("balance = balance + $1").Where("id = $2")
 
@@ -107,8 +107,8 @@ func ExampleUpdateStmt_UnderLease() {
 	must(err)
 	// A holds the lease "scheduler", then B takes it over (as the lease
 	// table strategy would, with a newer token).
-	const take = `INSERT INTO pgfence_leases (name, owner, fence, expires_at)
-		VALUES ('scheduler', $1, pgfence_next_token(), now() + interval '30 seconds')
+	const take = `INSERT INTO pgfence.pgfence_leases (name, owner, fence, expires_at)
+		VALUES ('scheduler', $1, pgfence.pgfence_next_token(), now() + interval '30 seconds')
 		ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, fence = excluded.fence,
 		    expires_at = excluded.expires_at
 		RETURNING fence`
@@ -116,10 +116,7 @@ func ExampleUpdateStmt_UnderLease() {
 	must(pool.QueryRow(ctx, take, "A").Scan(&tokenA))
 	must(pool.QueryRow(ctx, take, "B").Scan(&tokenB))
 
-	schema, err := installLeaseHeld(ctx, pool) // test-only: delete at merge, with LeaseSchema below
-	must(err)
-
-	run := fence.Update("jobs").Set("state = $1").Where("id = $2").UnderLease("scheduler").LeaseSchema(schema)
+	run := fence.Update("jobs").Set("state = $1").Where("id = $2").UnderLease("scheduler")
 	_, err = run.Exec(ctx, pool, tokenA, "running on A", 1)
 	fmt.Println("lease lost:", errors.Is(err, pgfence.ErrLeaseLost), "fenced:", errors.Is(err, pgfence.ErrFenced))
 	_, err = run.Exec(ctx, pool, tokenB, "running on B", 1)

@@ -54,15 +54,18 @@ type StaleTokenError struct {
 	// Table is the table written to, as given to the builder; empty when the
 	// error was classified from a plain-SQL statement.
 	Table string
-	// Presented is the fencing token the write carried.
+	// Presented is the fencing token the write carried; 0 when a trigger
+	// rejected a write that presented none (a NULL column, or, in strict
+	// mode, no pgfence.token), or a TRUNCATE.
 	Presented int64
 	// Current is the newest token on the rows the write matched. It is 0
 	// when it could not be read in the same statement: an upsert that lost
-	// a race with a concurrent insert, or a trigger error whose DETAIL could
-	// not be parsed.
+	// a race with a concurrent insert, a TRUNCATE, or a trigger error whose
+	// DETAIL could not be parsed. Presented > Current means a strict-mode
+	// trigger rejected a token that was never issued.
 	Current int64
 	// Err is the *pgconn.PgError (SQLSTATE PF001) when the rejection came
-	// from the pgfence_guard trigger, and nil when the builder's own
+	// from a pgfence_guard trigger, and nil when the builder's own
 	// predicate rejected the write.
 	Err error
 }

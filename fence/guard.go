@@ -78,7 +78,7 @@ func newGuard(table pgx.Identifier, err error) guard {
 
 // defaultSchema is the schema the builders expect pgfence to be installed
 // in unless told otherwise with LeaseSchema.
-const defaultSchema = "pgfence"
+const defaultSchema = pgfence.DefaultSchema
 
 // tableName is the table as written in SQL, and in error messages.
 func (g *guard) tableName() string { return g.table.Sanitize() }

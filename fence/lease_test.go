@@ -57,7 +57,7 @@ func TestUnderLeaseRejectedWhenExpiredOrReleasedOrMissing(t *testing.T) {
 	b := setup(t)
 	b.account(t, 1, 100, 0)
 	tok := b.acquireLease(t, "ledger", "A")
-	b.exec(t, "UPDATE pgfence_leases SET expires_at = now() WHERE name = 'ledger'") // released
+	b.exec(t, "UPDATE "+b.fn("pgfence_leases")+" SET expires_at = now() WHERE name = 'ledger'") // released
 	_, err := addBalance.LeaseSchema(b.schema).UnderLease("ledger").Exec(ctx, b.pool, tok, 5, 1)
 	require.ErrorIs(t, err, pgfence.ErrLeaseLost)
 
@@ -90,7 +90,7 @@ func TestUnderLeaseBlockedWhileTakeoverInFlight(t *testing.T) {
 		takeover, err := b.pool.Begin(ctx)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = takeover.Rollback(context.Background()) })
-		_, err = takeover.Exec(ctx, acquireLeaseSQL, "ledger", "B")
+		_, err = takeover.Exec(ctx, b.acquireLeaseSQL(), "ledger", "B")
 		require.NoError(t, err)
 		err = blockedBehind(t, b, "lease_a_blocked",
 			func() error { _, err := stmt.Exec(ctx, b.pool, tokA, 5, 1); return err },
@@ -105,7 +105,7 @@ func TestUnderLeaseBlockedWhileTakeoverInFlight(t *testing.T) {
 			bal, _ := b.row(t, 1)
 			require.Equal(t, int64(100), bal)
 			// Give the lease back to A for the rollback case.
-			b.exec(t, "UPDATE pgfence_leases SET owner = 'A', fence = $1 WHERE name = 'ledger'", tokA)
+			b.exec(t, "UPDATE "+b.fn("pgfence_leases")+" SET owner = 'A', fence = $1 WHERE name = 'ledger'", tokA)
 		} else {
 			require.NoError(t, err, "the takeover rolled back, so A still holds the lease")
 			bal, _ := b.row(t, 1)
@@ -129,7 +129,7 @@ func TestUnderLeaseHoldsOffTakeoverUntilCommit(t *testing.T) {
 
 	// The lease row is locked FOR SHARE until A's transaction ends, so a
 	// takeover cannot commit between A's check and A's commit.
-	const takeoverSQL = "/* takeover_waits */ " + acquireLeaseSQL
+	takeoverSQL := "/* takeover_waits */ " + b.acquireLeaseSQL()
 	var tokB int64
 	err = blockedBehind(t, b, "takeover_waits",
 		func() error { return b.pool.QueryRow(ctx, takeoverSQL, "ledger", "B").Scan(&tokB) },

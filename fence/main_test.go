@@ -25,7 +25,7 @@ CREATE TABLE accounts (
 );
 CREATE TRIGGER accounts_fence
     BEFORE UPDATE OR DELETE ON accounts
-    FOR EACH ROW EXECUTE FUNCTION pgfence_guard('fence_token');`
+    FOR EACH ROW EXECUTE FUNCTION pgfence.pgfence_guard('fence_token');`
 
 type testBundle struct {
 	db   *pgtest.DB
@@ -41,20 +41,15 @@ func setup(t *testing.T) *testBundle {
 	ctx := context.Background()
 	_, err := db.Pool.Exec(ctx, accountsDDL)
 	require.NoError(t, err)
-	schema, err := installLeaseHeld(ctx, db.Pool)
+	schema, err := pgfenceSchema(ctx, db.Pool)
 	require.NoError(t, err)
 	return &testBundle{db: db, pool: db.Pool, schema: schema}
 }
 
-// pgfenceSchema returns the schema pgfence is installed in: the one that
-// holds pgfence_guard. (On the fence branch the old migrator installs into
-// public; once merged, this is pgfence.DefaultSchema.)
-func pgfenceSchema(ctx context.Context, db pgfence.DB) (string, error) {
-	var schema string
-	err := db.QueryRow(ctx, `SELECT n.nspname FROM pg_catalog.pg_proc AS p
-		JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
-		WHERE p.proname OPERATOR(pg_catalog.=) 'pgfence_guard'`).Scan(&schema)
-	return schema, err
+// pgfenceSchema returns the schema pgfence is installed in: the test
+// template installs it in pgfence.DefaultSchema.
+func pgfenceSchema(context.Context, pgfence.DB) (string, error) {
+	return pgfence.DefaultSchema, nil
 }
 
 // fn is the qualified name of pgfence's function name, for test SQL.
@@ -85,7 +80,7 @@ func (b *testBundle) row(t *testing.T, id int) (balance, token int64) {
 func (b *testBundle) nextToken(t *testing.T) int64 {
 	t.Helper()
 	var tok int64
-	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT pgfence_next_token()").Scan(&tok))
+	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT "+b.fn("pgfence_next_token")+"()").Scan(&tok))
 	return tok
 }
 
@@ -94,17 +89,19 @@ func (b *testBundle) nextToken(t *testing.T) int64 {
 func (b *testBundle) acquireLease(t *testing.T, name, owner string) int64 {
 	t.Helper()
 	var tok int64
-	require.NoError(t, b.pool.QueryRow(context.Background(), acquireLeaseSQL, name, owner).Scan(&tok))
+	require.NoError(t, b.pool.QueryRow(context.Background(), b.acquireLeaseSQL(), name, owner).Scan(&tok))
 	return tok
 }
 
 // acquireLeaseSQL takes the lease for one minute, whoever held it.
-const acquireLeaseSQL = `
-INSERT INTO pgfence_leases (name, owner, fence, expires_at)
-VALUES ($1, $2, pgfence_next_token(), now() + interval '1 minute')
+func (b *testBundle) acquireLeaseSQL() string {
+	return fmt.Sprintf(`
+INSERT INTO %[1]s (name, owner, fence, expires_at)
+VALUES ($1, $2, %[2]s(), now() + interval '1 minute')
 ON CONFLICT (name) DO UPDATE
 SET owner = excluded.owner, fence = excluded.fence, acquired_at = now(), expires_at = excluded.expires_at
-RETURNING fence`
+RETURNING fence`, b.fn("pgfence_leases"), b.fn("pgfence_next_token"))
+}
 
 // waitForLockWait returns once a backend running a query that contains
 // marker waits for a lock. It polls pg_stat_activity: the only signal

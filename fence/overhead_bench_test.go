@@ -103,13 +103,13 @@ func BenchmarkWriteOverhead(b *testing.B) {
 	db := srv.NewDB(b)
 	_, err := db.Pool.Exec(ctx, accountsDDL+"DROP TRIGGER accounts_fence ON accounts")
 	require.NoError(b, err)
-	schema, err := installLeaseHeld(ctx, db.Pool)
+	schema, err := pgfenceSchema(ctx, db.Pool)
 	require.NoError(b, err)
 	require.Equal(b, overheadSchema, schema)
 	_, err = db.Pool.Exec(ctx, `INSERT INTO accounts (id, balance) SELECT g, 0 FROM generate_series(1, $1::int) AS g`,
 		overheadClients)
 	require.NoError(b, err)
-	_, err = db.Pool.Exec(ctx, `INSERT INTO pgfence_leases (name, owner, fence, expires_at)
+	_, err = db.Pool.Exec(ctx, `INSERT INTO pgfence.pgfence_leases (name, owner, fence, expires_at)
 		SELECT 'w' || g, 'bench', 5, now() + interval '1 hour' FROM generate_series(1, $1::int) AS g`,
 		overheadClients)
 	require.NoError(b, err)

@@ -21,6 +21,9 @@ func (b *testBundle) newRole(t *testing.T, what string) string {
 	t.Helper()
 	name := what + "_" + b.db.Name[len(b.db.Name)-8:]
 	b.exec(t, "CREATE ROLE "+pgx.Identifier{name}.Sanitize()+" LOGIN")
+	// USAGE on pgfence's schema only lets the role name what is in it
+	// (migrations.Grant gives it too); each test grants what it is about.
+	b.exec(t, "GRANT USAGE ON SCHEMA "+pgx.Identifier{b.schema}.Sanitize()+" TO "+pgx.Identifier{name}.Sanitize())
 	t.Cleanup(func() {
 		ctx := context.Background()
 		q := pgx.Identifier{name}.Sanitize()
@@ -194,7 +197,7 @@ func TestBuildersIgnoreHostileSearchPath(t *testing.T) {
 	}
 	// The old lease check, unqualified, finds the expired lease held.
 	var held bool
-	require.NoError(t, appPool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pgfence_leases
+	require.NoError(t, appPool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+b.fn("pgfence_leases")+`
 		WHERE name = $1 AND fence = $2::bigint AND expires_at > clock_timestamp())`, "expired", expired).Scan(&held))
 	require.True(t, held, "negative control: the planted clock_timestamp revived an expired lease")
 	require.Contains(t, heard.take(), "hostile: clock_timestamp")

@@ -280,3 +280,31 @@ func TestStrictDoesNotGuardReinsert(t *testing.T) {
 	_, err = b.inTx(t, "fence_token", "", "UPDATE guarded SET v = 1 WHERE id = 1")
 	require.ErrorIs(t, err, pgfence.ErrFenced, "once inserted, the row is guarded again")
 }
+
+// Attached the wrong way, the strict and TRUNCATE trigger functions refuse
+// every write with an error that says how to attach them (SQLSTATE 39P01),
+// rather than guarding nothing.
+func TestStrictTriggersAttachedWrongly(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	s := pgx.Identifier{b.schema}.Sanitize()
+	for _, tt := range []struct{ ddl, write, want string }{
+		{"CREATE TRIGGER g AFTER UPDATE ON t FOR EACH ROW EXECUTE FUNCTION " + s + ".pgfence_guard_strict()",
+			"UPDATE t SET v = 1", "attach it BEFORE UPDATE OR DELETE ... FOR EACH ROW, not AFTER UPDATE FOR EACH ROW"},
+		{"CREATE TRIGGER g BEFORE UPDATE ON t FOR EACH STATEMENT EXECUTE FUNCTION " + s + ".pgfence_guard_strict()",
+			"UPDATE t SET v = 1", "not BEFORE UPDATE FOR EACH STATEMENT"},
+		{"CREATE TRIGGER g BEFORE INSERT ON t FOR EACH ROW EXECUTE FUNCTION " + s + ".pgfence_guard_strict()",
+			"INSERT INTO t VALUES (2, 0, 0)", "not BEFORE INSERT FOR EACH ROW"},
+		{"CREATE TRIGGER g BEFORE UPDATE ON t FOR EACH ROW EXECUTE FUNCTION " + s + ".pgfence_guard_truncate()",
+			"UPDATE t SET v = 1", "attach it BEFORE TRUNCATE ... FOR EACH STATEMENT, not BEFORE UPDATE FOR EACH ROW"},
+	} {
+		b.exec(t, "DROP TABLE IF EXISTS t; CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL, fence_token bigint NOT NULL); "+
+			"INSERT INTO t VALUES (1, 0, 0); "+tt.ddl)
+		_, err := b.pool.Exec(ctx, tt.write)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr, tt.ddl)
+		require.Equal(t, "39P01", pgErr.Code, tt.ddl)
+		require.Contains(t, pgErr.Message, tt.want, tt.ddl)
+	}
+}

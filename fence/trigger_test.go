@@ -99,7 +99,7 @@ const (
 	migrationUp = `ALTER TABLE accounts ADD COLUMN fence_token bigint NOT NULL DEFAULT 0;
 CREATE TRIGGER accounts_fence
     BEFORE UPDATE OR DELETE ON accounts
-    FOR EACH ROW EXECUTE FUNCTION pgfence_guard('fence_token');`
+    FOR EACH ROW EXECUTE FUNCTION pgfence.pgfence_guard('fence_token');`
 	migrationDown = `DROP TRIGGER IF EXISTS accounts_fence ON accounts;
 ALTER TABLE accounts DROP COLUMN IF EXISTS fence_token;`
 )
@@ -158,17 +158,17 @@ func TestTriggerForms(t *testing.T) {
 		name, column, triggers string
 	}{
 		{"no argument", "fence_token", `CREATE TRIGGER g BEFORE UPDATE OR DELETE ON guarded
-			FOR EACH ROW EXECUTE FUNCTION pgfence_guard();`},
+			FOR EACH ROW EXECUTE FUNCTION pgfence.pgfence_guard();`},
 		{"default column", "fence_token", `CREATE TRIGGER g BEFORE UPDATE OR DELETE ON guarded
-			FOR EACH ROW EXECUTE FUNCTION pgfence_guard('fence_token');`},
+			FOR EACH ROW EXECUTE FUNCTION pgfence.pgfence_guard('fence_token');`},
 		{"other column", `"Lease Token"`, `CREATE TRIGGER g BEFORE UPDATE OR DELETE ON guarded
-			FOR EACH ROW EXECUTE FUNCTION pgfence_guard('Lease Token');`},
+			FOR EACH ROW EXECUTE FUNCTION pgfence.pgfence_guard('Lease Token');`},
 		{"with WHEN", "fence_token", `CREATE TRIGGER g_update BEFORE UPDATE ON guarded FOR EACH ROW
 			WHEN (NEW.fence_token IS NULL OR NEW.fence_token < OLD.fence_token)
-			EXECUTE FUNCTION pgfence_guard();
+			EXECUTE FUNCTION pgfence.pgfence_guard();
 			CREATE TRIGGER g_delete BEFORE DELETE ON guarded FOR EACH ROW
 			WHEN (current_setting('pgfence.token', true) <> '')
-			EXECUTE FUNCTION pgfence_guard();`},
+			EXECUTE FUNCTION pgfence.pgfence_guard();`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -212,7 +212,7 @@ func TestTriggerOnMissingColumn(t *testing.T) {
 	db := pgtest.NewDB(t)
 	_, err := db.Pool.Exec(ctx, `CREATE TABLE guarded (id int PRIMARY KEY, v int NOT NULL);
 		CREATE TRIGGER g BEFORE UPDATE OR DELETE ON guarded
-			FOR EACH ROW EXECUTE FUNCTION pgfence_guard('tok');
+			FOR EACH ROW EXECUTE FUNCTION pgfence.pgfence_guard('tok');
 		INSERT INTO guarded VALUES (1, 0);`)
 	require.NoError(t, err)
 	for _, sql := range []string{

@@ -13,7 +13,8 @@ CREATE OR REPLACE FUNCTION pgfence_schema_version() RETURNS integer
     LANGUAGE sql IMMUTABLE
 AS $$ SELECT 3 $$;
 
--- pgfence_guard exactly as 000002 created it (no pinned search_path).
+-- pgfence_guard as 000003 left it: 000002's body, with the search_path
+-- 000003 pinned (restored below: CREATE OR REPLACE drops it).
 CREATE OR REPLACE FUNCTION pgfence_guard() RETURNS trigger
     LANGUAGE plpgsql
 AS $$
@@ -73,7 +74,9 @@ END;
 $$;
 
 
--- pgfence_schema_version keeps a pinned search_path, as 000003 created it.
+-- pgfence_schema_version and pgfence_guard keep a pinned search_path, as
+-- 000003 left them.
 SELECT pg_catalog.set_config('search_path',
     'pg_catalog, ' || pg_catalog.quote_ident(pg_catalog.current_schema()) || ', pg_temp', true);
 ALTER FUNCTION pgfence_schema_version() SET search_path FROM CURRENT;
+ALTER FUNCTION pgfence_guard() SET search_path FROM CURRENT;

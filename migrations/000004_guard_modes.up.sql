@@ -102,10 +102,14 @@ BEGIN
     ELSIF TG_OP = 'DELETE' THEN
         setting := pg_catalog.current_setting('pgfence.token'::text, true);
         IF setting IS NOT NULL AND setting <> ''::text THEN
-            IF setting !~ '^[[:space:]]*[-+]?[0-9]{1,19}[[:space:]]*$'::text THEN
-                malformed := true;
-            ELSIF setting::numeric NOT BETWEEN -9223372036854775808::numeric AND 9223372036854775807::numeric THEN
-                malformed := true;
+            -- Up to 18 digits (what set_config(..., token::text, true)
+            -- writes) is a bigint; anything else is checked in full.
+            IF setting !~ '^[0-9]{1,18}$'::text THEN
+                IF setting !~ '^[[:space:]]*[-+]?[0-9]{1,19}[[:space:]]*$'::text THEN
+                    malformed := true;
+                ELSIF setting::numeric NOT BETWEEN -9223372036854775808::numeric AND 9223372036854775807::numeric THEN
+                    malformed := true;
+                END IF;
             END IF;
             IF malformed THEN
                 RAISE EXCEPTION 'pgfence: malformed pgfence.token setting %: want a fencing token (a bigint) or an empty string',
@@ -181,8 +185,10 @@ DECLARE
     old_row   jsonb;
     new_row   jsonb;
 BEGIN
-    IF TG_OP NOT IN ('UPDATE', 'DELETE') THEN
-        RAISE EXCEPTION 'pgfence_guard_strict: attach it BEFORE UPDATE OR DELETE ... FOR EACH ROW, not to %', TG_OP;
+    IF TG_WHEN <> 'BEFORE' OR TG_LEVEL <> 'ROW' OR TG_OP NOT IN ('UPDATE', 'DELETE') THEN
+        RAISE EXCEPTION 'pgfence_guard_strict: attach it BEFORE UPDATE OR DELETE ... FOR EACH ROW, not % % FOR EACH %',
+                TG_WHEN, TG_OP, TG_LEVEL
+            USING ERRCODE = 'trigger_protocol_violated';
     END IF;
     IF NOT other THEN
         old_token := OLD.fence_token;
@@ -210,10 +216,14 @@ BEGIN
         -- transaction's pgfence.token is the token presented.
         setting := pg_catalog.current_setting('pgfence.token'::text, true);
         IF setting IS NOT NULL AND setting <> ''::text THEN
-            IF setting !~ '^[[:space:]]*[-+]?[0-9]{1,19}[[:space:]]*$'::text THEN
-                malformed := true;
-            ELSIF setting::numeric NOT BETWEEN -9223372036854775808::numeric AND 9223372036854775807::numeric THEN
-                malformed := true;
+            -- Up to 18 digits (what set_config(..., token::text, true)
+            -- writes) is a bigint; anything else is checked in full.
+            IF setting !~ '^[0-9]{1,18}$'::text THEN
+                IF setting !~ '^[[:space:]]*[-+]?[0-9]{1,19}[[:space:]]*$'::text THEN
+                    malformed := true;
+                ELSIF setting::numeric NOT BETWEEN -9223372036854775808::numeric AND 9223372036854775807::numeric THEN
+                    malformed := true;
+                END IF;
             END IF;
             IF malformed THEN
                 RAISE EXCEPTION 'pgfence: malformed pgfence.token setting %: want a fencing token (a bigint) or an empty string',
@@ -286,6 +296,11 @@ CREATE FUNCTION pgfence_guard_truncate() RETURNS trigger
     LANGUAGE plpgsql
 AS $$
 BEGIN
+    IF TG_OP <> 'TRUNCATE' THEN
+        RAISE EXCEPTION 'pgfence_guard_truncate: attach it BEFORE TRUNCATE ... FOR EACH STATEMENT, not % % FOR EACH %',
+                TG_WHEN, TG_OP, TG_LEVEL
+            USING ERRCODE = 'trigger_protocol_violated';
+    END IF;
     RAISE EXCEPTION 'pgfence: TRUNCATE of fenced table %.% is not allowed', TG_TABLE_SCHEMA, TG_TABLE_NAME
         USING ERRCODE = 'PF001',
               DETAIL = 'presented= current=',

@@ -11,7 +11,6 @@ import (
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/advisory"
 	"github.com/pgfence/pgfence/fence"
-	"github.com/pgfence/pgfence/leasetable"
 )
 
 // Watched is implemented by a [Holder] that learns when its lock is lost:
@@ -39,61 +38,40 @@ type ScopedRegister interface {
 	On(db pgfence.DB) Register
 }
 
-// LeaseLocker is a [Locker] backed by a leasetable.Locker: Acquire waits for
-// the lease, the token is the lease's, Release releases it, and Done is the
-// lease's Done.
-type LeaseLocker struct {
-	// L is the lease locker.
-	L *leasetable.Locker
+// PgfenceLocker is a [Locker] backed by one of pgfence's lockers (a
+// *leasetable.Locker or an *advisory.Locker, both pgfence.Locker): Acquire
+// is the Locker's Acquire, and the [Holder] is the pgfence.Lease it returns,
+// whose Token, Release and Done ([Watched]) the workload uses as they are.
+type PgfenceLocker struct {
+	// L is the locker.
+	L pgfence.Locker
 	// Opts are the options of each acquisition; nil means the defaults.
-	Opts *leasetable.AcquireOpts
+	Opts *pgfence.AcquireOpts
 }
 
+// Every pgfence.Lease is a Holder the workload can watch.
+var (
+	_ Holder  = pgfence.Lease(nil)
+	_ Watched = pgfence.Lease(nil)
+)
+
 // Acquire implements [Locker].
-func (l *LeaseLocker) Acquire(ctx context.Context, name string) (Holder, error) {
+func (l *PgfenceLocker) Acquire(ctx context.Context, name string) (Holder, error) {
 	lease, err := l.L.Acquire(ctx, name, l.Opts)
 	if err != nil {
 		return nil, err
 	}
-	return leaseHolder{lease}, nil
+	return lease, nil
 }
-
-type leaseHolder struct{ l *leasetable.Lease }
-
-func (h leaseHolder) Token() int64                      { return h.l.Token() }
-func (h leaseHolder) Done() <-chan struct{}             { return h.l.Done() }
-func (h leaseHolder) Release(ctx context.Context) error { return h.l.Release(ctx) }
-
-// AdvisoryLocker is a [Locker] backed by session advisory locks of an
-// advisory.Locker: Acquire is Lock on advisory.Name(name), Release is
-// Unlock, Done is the lock's Done.
-type AdvisoryLocker struct {
-	// L is the advisory locker.
-	L *advisory.Locker
-	// Opts are the options of each acquisition; nil means the defaults.
-	Opts *advisory.LockOpts
-}
-
-// Acquire implements [Locker].
-func (l *AdvisoryLocker) Acquire(ctx context.Context, name string) (Holder, error) {
-	lk, err := l.L.Lock(ctx, advisory.Name(name), l.Opts)
-	if err != nil {
-		return nil, err
-	}
-	return advisoryHolder{lk}, nil
-}
-
-type advisoryHolder struct{ lk *advisory.Lock }
-
-func (h advisoryHolder) Token() int64                      { return h.lk.Token() }
-func (h advisoryHolder) Done() <-chan struct{}             { return h.lk.Done() }
-func (h advisoryHolder) Release(ctx context.Context) error { return h.lk.Unlock(ctx) }
 
 // AdvisoryTxLocker is a [Locker] of advisory transaction locks: Acquire
-// begins a transaction on Pool and waits in it with advisory.LockTx; the
-// holder is [Scoped] (the register's operations run in that transaction) and
-// Release commits it, which releases the lock.
+// begins a transaction on Pool and waits in it with L's AcquireTx on
+// advisory.Name(name); the holder is [Scoped] (the register's operations
+// run in that transaction) and Release commits it, which releases the lock.
 type AdvisoryTxLocker struct {
+	// L is the advisory locker whose AcquireTx takes the locks; it opens no
+	// session for them.
+	L *advisory.Locker
 	// Pool is where the transactions run.
 	Pool *pgxpool.Pool
 }
@@ -104,7 +82,7 @@ func (l *AdvisoryTxLocker) Acquire(ctx context.Context, name string) (Holder, er
 	if err != nil {
 		return nil, &notSentError{err}
 	}
-	tok, err := advisory.LockTx(ctx, tx, advisory.Name(name), nil)
+	tok, err := l.L.AcquireTx(ctx, tx, advisory.Name(name), nil)
 	if err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, err
@@ -187,7 +165,8 @@ func (r *FenceRegister) WithoutClaim() *FenceRegister {
 // NewFenceRegister creates table (if missing) with its one row, as
 // [NewSQLRegister] does, and returns a register writing it through package
 // fence. A non-empty lease makes every claim and write lease-checked
-// (UnderLease(lease)): use the workload's lock name with a [LeaseLocker].
+// (UnderLease(lease)): use the workload's lock name with a [PgfenceLocker]
+// of a leasetable Locker.
 func NewFenceRegister(ctx context.Context, db pgfence.DB, table, lease string) (*FenceRegister, error) {
 	if _, err := NewSQLRegister(ctx, db, table, true); err != nil {
 		return nil, err

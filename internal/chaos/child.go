@@ -69,7 +69,7 @@ func childMain(in io.Reader, out io.Writer) int {
 	defer pool.Close()
 	table := os.Getenv(EnvChildTable)
 	var reg Register
-	var lease *leasetable.Lease
+	var lease pgfence.Lease
 	switch kind := os.Getenv(EnvChildRegister); kind {
 	case "", "sql":
 		reg, err = NewSQLRegister(ctx, pool, table, os.Getenv(EnvChildGuarded) == "1")
@@ -91,7 +91,7 @@ func childMain(in io.Reader, out io.Writer) int {
 	if v := os.Getenv(EnvChildLeaseTTL); v != "" {
 		ttl, err := time.ParseDuration(v)
 		if err == nil {
-			locker, err = leasetable.New(pool, &leasetable.Config{TTL: ttl, Owner: fmt.Sprintf("chaos-child/%d", os.Getpid())})
+			locker, err = leasetable.New(ctx, pool, &leasetable.Config{TTL: ttl, Owner: fmt.Sprintf("chaos-child/%d", os.Getpid())})
 		}
 		if err != nil {
 			fmt.Fprintf(out, "fail %v\n", err)

@@ -17,10 +17,10 @@ import (
 const (
 	// leaseGrantSQL grants a lease whose expiry is computed on the
 	// database clock, as the lease table does.
-	leaseGrantSQL = `INSERT INTO pgfence_leases (name, owner, fence, expires_at)
-		VALUES ($1, 'chaos', pgfence_next_token(), now() + $2::interval) RETURNING fence`
+	leaseGrantSQL = `INSERT INTO pgfence.pgfence_leases (name, owner, fence, expires_at)
+		VALUES ($1, 'chaos', pgfence.pgfence_next_token(), pg_catalog.now() + $2::pg_catalog.interval) RETURNING fence`
 	// leaseHeldSQL is the lease table's "held" predicate.
-	leaseHeldSQL = `SELECT EXISTS (SELECT 1 FROM pgfence_leases WHERE name = $1 AND fence = $2 AND expires_at > now())`
+	leaseHeldSQL = `SELECT EXISTS (SELECT 1 FROM pgfence.pgfence_leases WHERE name = $1 AND fence = $2 AND expires_at > pg_catalog.now())`
 )
 
 func serverOffset(t *testing.T, ctx context.Context, conn *pgx.Conn) time.Duration {

@@ -118,7 +118,7 @@ func plainNextval(t *testing.T, ctx context.Context, rec *chaos.Recorder, conn *
 	for i := 0; i < n; i++ {
 		op := rec.Invoke(chaos.Op{Process: p, Kind: chaos.Acquire, Name: "tokens"})
 		var tok int64
-		require.NoError(t, conn.QueryRow(ctx, "SELECT nextval('pgfence_leases_fence_seq')").Scan(&tok))
+		require.NoError(t, conn.QueryRow(ctx, "SELECT pg_catalog.nextval('pgfence.pgfence_leases_fence_seq'::pg_catalog.regclass)").Scan(&tok))
 		op.Complete(chaos.Ok, func(o *chaos.Op) { o.Token = tok })
 	}
 }

@@ -50,14 +50,15 @@
 //   - [SQLRegister] is the same with raw SQL: guarded, or unguarded (plain
 //     read and write: the negative control).
 //
-// The real lockers join through adapters: [LeaseLocker] (leasetable:
-// Acquire, Token, Release, and Done, which the workload watches: see
-// [Watched] and [Op.Lost]), [AdvisoryLocker] (session advisory locks:
-// Lock(advisory.Name(name)), Unlock) and [AdvisoryTxLocker] (a transaction
-// per critical section, locked with advisory.LockTx; the register's
-// operations run in it, see [Scoped], and take effect only if its commit
-// does). [SimLocker] is a test-only locker whose grants lapse after a TTL
-// while their holders still run.
+// The real lockers join through adapters: [PgfenceLocker] takes any
+// pgfence.Locker (a leasetable or an advisory Locker: Acquire by name) and
+// hands the workload the pgfence.Lease itself (Token, Release, and Done,
+// which the workload watches: see [Watched] and [Op.Lost]);
+// [AdvisoryTxLocker] runs a transaction per critical section, locked with
+// the advisory Locker's AcquireTx (the register's operations run in it, see
+// [Scoped], and take effect only if its commit does). [SimLocker] is a
+// test-only locker whose grants lapse after a TTL while their holders still
+// run.
 //
 // # Why the read claims the row
 //

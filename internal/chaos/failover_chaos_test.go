@@ -19,9 +19,9 @@ import (
 const (
 	// leaseInsertSQL writes a lease row the way a lease table grant does,
 	// with its token from pgfence_next_token().
-	leaseInsertSQL = `INSERT INTO pgfence_leases (name, owner, fence, expires_at)
-		VALUES ($1, 'chaos', pgfence_next_token(), now() + interval '1 hour') RETURNING fence`
-	leaseCountSQL = `SELECT count(*) FROM pgfence_leases`
+	leaseInsertSQL = `INSERT INTO pgfence.pgfence_leases (name, owner, fence, expires_at)
+		VALUES ($1, 'chaos', pgfence.pgfence_next_token(), pg_catalog.now() + interval '1 hour') RETURNING fence`
+	leaseCountSQL = `SELECT pg_catalog.count(*) FROM pgfence.pgfence_leases`
 )
 
 // drawTokens records n token draws on conn as Acquire operations of name

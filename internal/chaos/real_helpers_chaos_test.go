@@ -57,24 +57,30 @@ func realLockers(t *testing.T, kind lockerKind, pool *pgxpool.Pool, o realOpts) 
 	if o.TTL == 0 {
 		o.TTL = 300 * time.Millisecond
 	}
+	// New checks the install with one round trip through pool.
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
 	var out []chaos.Locker
 	for i := 0; i < o.Workers; i++ {
 		switch kind {
 		case kindLease, kindLeaseChecked, kindLeaseUnguarded:
-			l, err := leasetable.New(pool, &leasetable.Config{TTL: o.TTL, DisableListen: o.Pooled})
+			l, err := leasetable.New(ctx, pool, &leasetable.Config{TTL: o.TTL, DisableListen: o.Pooled})
 			require.NoError(t, err)
 			t.Cleanup(l.Close)
-			out = append(out, &chaos.LeaseLocker{L: l})
+			out = append(out, &chaos.PgfenceLocker{L: l})
 		case kindAdvisory:
-			l, err := advisory.New(pool, &advisory.Config{
-				MaxSessions: 1, CheckInterval: 100 * time.Millisecond, QueryTimeout: time.Second,
+			l, err := advisory.New(ctx, pool, &advisory.Config{
+				MaxSessions: 1, SessionCheckInterval: 100 * time.Millisecond, QueryTimeout: time.Second,
 				MaxPollInterval: 20 * time.Millisecond,
 			})
 			require.NoError(t, err)
 			t.Cleanup(l.Close)
-			out = append(out, &chaos.AdvisoryLocker{L: l})
+			out = append(out, &chaos.PgfenceLocker{L: l})
 		case kindAdvisoryTx:
-			out = append(out, &chaos.AdvisoryTxLocker{Pool: pool})
+			l, err := advisory.New(ctx, pool, nil)
+			require.NoError(t, err)
+			t.Cleanup(l.Close)
+			out = append(out, &chaos.AdvisoryTxLocker{L: l, Pool: pool})
 		default:
 			t.Fatalf("unknown locker kind %q", kind)
 		}

@@ -60,9 +60,9 @@ func leaseFailover(t *testing.T, synchronous bool) {
 	ctx := ctxFor(t, 3*time.Minute)
 	f := newFailoverPair(t, synchronous)
 
-	cfg := &leasetable.Config{TTL: time.Minute, ReleaseTimeout: 200 * time.Millisecond}
+	cfg := &leasetable.Config{TTL: time.Minute, QueryTimeout: 200 * time.Millisecond}
 	primaryPool := appPool(t, ctx, f.primary.URL(f.db.Name), "chaos-primary", 4, nil)
-	onPrimary, err := leasetable.New(primaryPool, cfg)
+	onPrimary, err := leasetable.New(ctx, primaryPool, cfg)
 	require.NoError(t, err)
 	t.Cleanup(onPrimary.Close)
 	rec := chaos.NewRecorder()
@@ -77,7 +77,7 @@ func leaseFailover(t *testing.T, synchronous bool) {
 
 	f.crashAndPromote(t, ctx)
 	standbyPool := appPool(t, ctx, f.standby.URL(f.db.Name), "chaos-standby", 4, nil)
-	onStandby, err := leasetable.New(standbyPool, cfg)
+	onStandby, err := leasetable.New(ctx, standbyPool, cfg)
 	require.NoError(t, err)
 	t.Cleanup(onStandby.Close)
 	regranted := tryLeases(t, ctx, rec, onStandby, 1, leases)
@@ -142,20 +142,20 @@ func TestRealLockersTokensSurviveCrashSyncCommitOff(t *testing.T) {
 	const rounds, perRound = 4, 12
 	for i := 0; i < rounds; i++ {
 		pool := appPool(t, ctx, c.URL(db.Name), "chaos-locker", 2, nil)
-		lt, err := leasetable.New(pool, &leasetable.Config{TTL: time.Minute, ReleaseTimeout: 200 * time.Millisecond})
+		lt, err := leasetable.New(ctx, pool, &leasetable.Config{TTL: time.Minute, QueryTimeout: 200 * time.Millisecond})
 		require.NoError(t, err)
 		require.Equal(t, perRound, tryLeases(t, ctx, rec, lt, 0, names(fmt.Sprintf("r%d", i), perRound)))
-		al, err := advisory.New(pool, nil)
+		al, err := advisory.New(ctx, pool, nil)
 		require.NoError(t, err)
 		for j := 0; j < perRound; j++ {
 			op := rec.Invoke(chaos.Op{Process: 1, Kind: chaos.Acquire, Name: fmt.Sprintf("adv-%d-%d", i, j)})
-			lk, err := al.TryLock(ctx, advisory.Name(fmt.Sprintf("adv-%d-%d", i, j)), nil)
+			lk, err := al.TryAcquire(ctx, fmt.Sprintf("adv-%d-%d", i, j), nil)
 			require.NoError(t, err)
 			op.Complete(chaos.Ok, func(o *chaos.Op) { o.Token = lk.Token() })
 			op = rec.Invoke(chaos.Op{Process: 2, Kind: chaos.Acquire, Name: fmt.Sprintf("xact-%d-%d", i, j)})
 			tx, err := pool.Begin(ctx)
 			require.NoError(t, err)
-			tok, err := advisory.TryLockTx(ctx, tx, advisory.Name(fmt.Sprintf("xact-%d-%d", i, j)), nil)
+			tok, err := al.TryAcquireTx(ctx, tx, advisory.Name(fmt.Sprintf("xact-%d-%d", i, j)), nil)
 			require.NoError(t, err)
 			require.NoError(t, tx.Commit(ctx))
 			op.Complete(chaos.Ok, func(o *chaos.Op) { o.Token = tok })
@@ -195,10 +195,10 @@ func TestRealLockersPgBouncerTransactionMode(t *testing.T) {
 				direct, err := pgx.ParseConfig(db.URL)
 				require.NoError(t, err)
 				for i := 0; i < 4; i++ {
-					l, err := leasetable.New(pool, &leasetable.Config{TTL: time.Second, ListenConnConfig: direct})
+					l, err := leasetable.New(ctx, pool, &leasetable.Config{TTL: time.Second, ListenConnConfig: direct})
 					require.NoError(t, err)
 					t.Cleanup(l.Close)
-					lockers = append(lockers, &chaos.LeaseLocker{L: l})
+					lockers = append(lockers, &chaos.PgfenceLocker{L: l})
 				}
 			} else {
 				lockers = realLockers(t, kind, pool, realOpts{})
@@ -250,7 +250,7 @@ func TestRealAdvisorySessionPgBouncerTransactionMode(t *testing.T) {
 
 // recordingTracer records the arguments of every query a pool sends, and
 // closes renewed once it has seen three lease renewals (leasetable's batch
-// renewal statement, recognised by its unnest of the lease arrays).
+// renewal statement, recognised by its call of pgfence_renew).
 type recordingTracer struct {
 	mu       sync.Mutex
 	sql      []string
@@ -264,7 +264,7 @@ func (r *recordingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pg
 	defer r.mu.Unlock()
 	r.sql = append(r.sql, d.SQL)
 	r.args = append(r.args, d.Args)
-	if strings.Contains(d.SQL, "unnest(") {
+	if strings.Contains(d.SQL, ".pgfence_renew(") {
 		r.renewals++
 		if r.renewals == 3 {
 			close(r.renewed)
@@ -290,17 +290,17 @@ func TestRealLeaseSendsNoClientTime(t *testing.T) {
 	// Frequent renewals with a TTL no scheduling stall on a loaded CI
 	// machine outlasts: the lease must not lapse before a releases it.
 	cfg := &leasetable.Config{TTL: 3 * time.Second, RenewInterval: 100 * time.Millisecond}
-	a, err := leasetable.New(pool, cfg)
+	a, err := leasetable.New(ctx, pool, cfg)
 	require.NoError(t, err)
 	defer a.Close()
-	b, err := leasetable.New(pool, cfg)
+	b, err := leasetable.New(ctx, pool, cfg)
 	require.NoError(t, err)
 	defer b.Close()
 
 	la, err := a.Acquire(ctx, "skew", nil)
 	require.NoError(t, err)
 	// Held through several renewals; b waits, wakes on the release.
-	got := make(chan *leasetable.Lease, 1)
+	got := make(chan pgfence.Lease, 1)
 	go func() {
 		lb, err := b.Acquire(ctx, "skew", nil)
 		if err != nil {

@@ -12,9 +12,10 @@ import (
 
 // nextTokenSQL draws a fencing token the way both pgfence lockers do; the
 // function makes the drawing transaction commit durably.
-const nextTokenSQL = `SELECT pgfence_next_token()`
+const nextTokenSQL = `SELECT pgfence.pgfence_next_token()`
 
-// NextToken draws a fencing token from pgfence_next_token() on db.
+// NextToken draws a fencing token from pgfence_next_token() on db, in the
+// default schema (pgfence.DefaultSchema) that the fault suite installs.
 func NextToken(ctx context.Context, db pgfence.DB) (int64, error) {
 	var t int64
 	if err := db.QueryRow(ctx, nextTokenSQL).Scan(&t); err != nil {

@@ -16,13 +16,13 @@ import (
 
 const (
 	// Expiry judged on the database clock, as the lease table does.
-	skewGrantDBClock    = `INSERT INTO pgfence_leases (name, owner, fence, expires_at) VALUES ($1, $2, pgfence_next_token(), now() + interval '10 minutes')`
-	skewTakeoverDBClock = `UPDATE pgfence_leases SET owner = $2, fence = pgfence_next_token(), expires_at = now() + interval '10 minutes'
-		WHERE name = $1 AND expires_at <= now()`
+	skewGrantDBClock    = `INSERT INTO pgfence.pgfence_leases (name, owner, fence, expires_at) VALUES ($1, $2, pgfence.pgfence_next_token(), pg_catalog.now() + interval '10 minutes')`
+	skewTakeoverDBClock = `UPDATE pgfence.pgfence_leases SET owner = $2, fence = pgfence.pgfence_next_token(), expires_at = pg_catalog.now() + interval '10 minutes'
+		WHERE name = $1 AND expires_at <= pg_catalog.now()`
 	// Expiry judged on the client's clock ($3): what pgfence must not do.
-	skewGrantClientClock    = `INSERT INTO pgfence_leases (name, owner, fence, expires_at) VALUES ($1, $2, pgfence_next_token(), $3::timestamptz + interval '10 minutes')`
-	skewTakeoverClientClock = `UPDATE pgfence_leases SET owner = $2, fence = pgfence_next_token(), expires_at = $3::timestamptz + interval '10 minutes'
-		WHERE name = $1 AND expires_at <= $3::timestamptz`
+	skewGrantClientClock    = `INSERT INTO pgfence.pgfence_leases (name, owner, fence, expires_at) VALUES ($1, $2, pgfence.pgfence_next_token(), $3::pg_catalog.timestamptz + interval '10 minutes')`
+	skewTakeoverClientClock = `UPDATE pgfence.pgfence_leases SET owner = $2, fence = pgfence.pgfence_next_token(), expires_at = $3::pg_catalog.timestamptz + interval '10 minutes'
+		WHERE name = $1 AND expires_at <= $3::pg_catalog.timestamptz`
 )
 
 // skewedGrants has client A (clock right) take a 10-minute lease, then
@@ -67,7 +67,7 @@ func TestClientClockSkew(t *testing.T) {
 	require.Equal(t, 1, h.Count(chaos.Acquire, chaos.Fail))
 	verdict(t, h, &chaos.CheckOpts{Name: "client-clock-skew-db-clock", Exclusive: true}, false)
 
-	_, err := db.Pool.Exec(ctx, "DELETE FROM pgfence_leases")
+	_, err := db.Pool.Exec(ctx, "DELETE FROM pgfence.pgfence_leases")
 	require.NoError(t, err)
 	h = skewedGrants(t, ctx, db.Pool, skewGrantClientClock, skewTakeoverClientClock, true)
 	verdict(t, h, &chaos.CheckOpts{Name: "negative-control-client-clock-skew-client-clock", Exclusive: true}, true)

@@ -17,14 +17,19 @@ import (
 	"github.com/pgfence/pgfence"
 )
 
-// Locker grants locks by name. Adapters for pgfence's lockers (leasetable,
-// advisory) and the test-only [SimLocker] implement it.
+// Locker grants locks by name, for the workload. [PgfenceLocker] adapts
+// any pgfence.Locker (leasetable, advisory session locks) to it;
+// [AdvisoryTxLocker] (advisory transaction locks) and the test-only
+// [SimLocker] implement it too.
 type Locker interface {
 	// Acquire waits until the caller holds name or ctx ends.
 	Acquire(ctx context.Context, name string) (Holder, error)
 }
 
-// Holder is a granted lock.
+// Holder is a granted lock: the part of pgfence.Lease the workload uses,
+// so every pgfence.Lease is a Holder. Holders of locks that do not live as
+// a pgfence.Lease (a transaction lock, a simulated grant) implement just
+// this.
 type Holder interface {
 	// Token returns the fencing token of the grant.
 	Token() int64

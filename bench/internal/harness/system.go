@@ -55,7 +55,8 @@ type Resetter interface {
 // Storage is implemented by systems that keep their locks in PostgreSQL
 // tables, for the scale scenario.
 type Storage interface {
-	// Tables names the tables that hold the locks, first the main one.
+	// Tables names the tables that hold the locks, first the main one, as
+	// SQL names (schema-qualified when not on the search path).
 	Tables() []string
 	// FillLive makes the table hold at least n live (held, unexpired)
 	// locks on names that the benchmark never acquires.
@@ -74,9 +75,24 @@ const (
 
 // Env tells systems where the servers are.
 type Env struct {
-	DatabaseURL   string   // a migrated, disposable PostgreSQL database
-	RedisAddr     string   // host:port of a Redis server
-	EtcdEndpoints []string // etcd client URLs
+	// DatabaseURL is a migrated, disposable PostgreSQL database, as the
+	// role that owns pgfence's install (and the benchmark's own tables).
+	DatabaseURL string
+	// AppDatabaseURL is the same database as the application role
+	// pgfence's lockers connect as, which holds only the privileges of
+	// migrations.Grant; empty means DatabaseURL (the owner).
+	AppDatabaseURL string
+	RedisAddr      string   // host:port of a Redis server
+	EtcdEndpoints  []string // etcd client URLs
+}
+
+// AppURL returns the URL pgfence's lockers connect with: AppDatabaseURL,
+// or DatabaseURL when no application role is set.
+func (e *Env) AppURL() string {
+	if e.AppDatabaseURL != "" {
+		return e.AppDatabaseURL
+	}
+	return e.DatabaseURL
 }
 
 // Spec describes a system and how to open it.
@@ -86,6 +102,9 @@ type Spec struct {
 	// Note describes the parameters that matter for reading the figures
 	// (round trips per cycle, lease and retry settings).
 	Note string
+	// OptIn systems run only when named in -systems (probes that answer
+	// one question, such as the security-cost probes).
+	OptIn bool
 	// Open connects for clients concurrent clients (plus waiters, for the
 	// hand-over scenario).
 	Open func(ctx context.Context, env *Env, clients int) (System, error)

@@ -9,11 +9,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -22,8 +24,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/migrations"
 )
 
 // PostgresSettings are the server settings of the benchmark cluster:
@@ -65,7 +67,7 @@ func StartPostgres(ctx context.Context) (*Postgres, error) {
 		c.Destroy()
 		return nil, fmt.Errorf("create database: %w", err)
 	}
-	if err := pgfence.Migrate(ctx, p.URL); err != nil {
+	if err := migrations.Up(ctx, migrations.Target{URL: p.URL}, nil); err != nil {
 		c.Destroy()
 		return nil, err
 	}
@@ -80,6 +82,48 @@ func StartPostgres(ctx context.Context) (*Postgres, error) {
 		_ = conn.Close(ctx)
 	}
 	return p, nil
+}
+
+// AppRole prepares role as the application role of the database at
+// ownerURL, whose user owns pgfence's install, and returns the URL to
+// connect as it. With create, the role is created first (LOGIN, no
+// password: the benchmark's cluster trusts loopback) unless it exists;
+// otherwise it must exist. Either way it is granted exactly what
+// migrations.Grant grants, and nothing else is granted to it here.
+func AppRole(ctx context.Context, ownerURL, role string, create bool) (string, error) {
+	if create {
+		conn, err := pgx.Connect(ctx, ownerURL)
+		if err != nil {
+			return "", err
+		}
+		var exists bool
+		err = conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = $1)`, role).Scan(&exists)
+		if err == nil && !exists {
+			_, err = conn.Exec(ctx, "CREATE ROLE "+pgx.Identifier{role}.Sanitize()+" LOGIN")
+		}
+		_ = conn.Close(ctx)
+		if err != nil {
+			return "", fmt.Errorf("create role %s: %w", role, err)
+		}
+	}
+	if err := migrations.Grant(ctx, migrations.Target{URL: ownerURL}, role, nil, nil); err != nil {
+		return "", fmt.Errorf("grant to %s: %w", role, err)
+	}
+	return withUser(ownerURL, role)
+}
+
+// withUser returns the connection string s with its user replaced by user:
+// a URL, or a keyword/value string (a later user= wins).
+func withUser(s, user string) (string, error) {
+	if !strings.Contains(s, "://") {
+		return s + " user='" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(user) + "'", nil
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return "", fmt.Errorf("parse database URL: %w", err)
+	}
+	u.User = url.User(user)
+	return u.String(), nil
 }
 
 // Stop stops the cluster and removes its files.

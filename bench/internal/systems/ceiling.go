@@ -207,7 +207,7 @@ const (
 	advUnlock  = `SELECT pg_advisory_unlock($1)`
 	// advTryLockToken is advTryLock with pgfence's token draw on a grant;
 	// it returns NULL when the lock is busy.
-	advTryLockToken = `SELECT CASE WHEN pg_try_advisory_lock($1) THEN pgfence_next_token() END`
+	advTryLockToken = `SELECT CASE WHEN pg_catalog.pg_try_advisory_lock($1) THEN pgfence.pgfence_next_token() END`
 )
 
 // AdvisoryCeiling is raw pg_try_advisory_lock + pg_advisory_unlock on a
@@ -227,7 +227,7 @@ var AdvisoryCeiling = harness.Spec{
 
 type advisoryCeiling struct {
 	pool    *pgxpool.Pool
-	tryLock string // advTryLock or advTryLockToken
+	tryLock string // advTryLock, advTryLockToken or rcAdvisoryToken
 }
 
 func (s *advisoryCeiling) TryAcquire(ctx context.Context, name string) (harness.Release, error) {
@@ -282,9 +282,10 @@ func (s *advisoryCeiling) lock(ctx context.Context, sql, name string) (harness.R
 }
 
 // scanTry runs a try-lock statement and reports whether it was granted:
-// advTryLock returns a boolean, advTryLockToken a token or NULL.
+// advTryLock returns a boolean, advTryLockToken and rcAdvisoryToken a token
+// or NULL.
 func (s *advisoryCeiling) scanTry(ctx context.Context, conn *pgxpool.Conn, sql string, key int64) (bool, error) {
-	if sql == advTryLockToken {
+	if sql == advTryLockToken || sql == rcAdvisoryToken {
 		var token *int64
 		err := conn.QueryRow(ctx, sql, key).Scan(&token)
 		return token != nil, err

@@ -6,10 +6,13 @@
 //
 // # pgfence
 //
-// TryAcquire goes through one shared Locker, as a service would use it.
-// A waiting Acquire takes a Locker of its own from a set (one per concurrent
-// waiter), so every hand-over passes between Lockers as between processes,
-// never through one Locker's in-process bookkeeping.
+// Both session strategies go through one adapter over pgfence.Locker,
+// releasing with the pgfence.Lease it returned. TryAcquire goes through one
+// shared Locker, as a service would use it. A waiting Acquire takes a Locker
+// of its own from a set (one per concurrent waiter), so every hand-over
+// passes between Lockers as between processes, never through one Locker's
+// in-process bookkeeping. They connect as the application role when the run
+// has one (harness.Env.AppURL).
 //
 // # Ceilings
 //
@@ -23,6 +26,7 @@
 //
 // The ceilings and pglock keep their rows in tables of their own
 // (bench_ceiling_leases, locks, bench_accounts*), created when the system is
-// opened; pgfence-leasetable uses pgfence_leases. The database must be a
-// disposable one: Reset truncates them.
+// opened; pgfence-leasetable uses pgfence.pgfence_leases, which it resets
+// and fills as the owner. The database must be a disposable one: Reset
+// truncates them.
 package systems

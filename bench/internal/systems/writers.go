@@ -24,19 +24,19 @@ const (
 	createGuardedAccounts = `CREATE TABLE IF NOT EXISTS bench_accounts_guarded (LIKE bench_accounts INCLUDING ALL)`
 	dropGuardTrigger      = `DROP TRIGGER IF EXISTS bench_accounts_fence ON bench_accounts_guarded`
 	createGuardTrigger    = `CREATE TRIGGER bench_accounts_fence BEFORE UPDATE OR DELETE ON bench_accounts_guarded
-    FOR EACH ROW EXECUTE FUNCTION pgfence_guard('fence_token')`
+    FOR EACH ROW EXECUTE FUNCTION pgfence.pgfence_guard('fence_token')`
 	seedAccounts = `INSERT INTO %s (id) SELECT g FROM generate_series(0, $1::int - 1) AS g ON CONFLICT (id) DO NOTHING`
 )
 
 // nextToken draws a fencing token the way pgfence does.
-const nextToken = `SELECT pgfence_next_token()`
+const nextToken = `SELECT pgfence.pgfence_next_token()`
 
 // insertBenchLease makes worker leases that the lease-checked write
 // requires; the token comes from pgfence's sequence.
-const insertBenchLease = `INSERT INTO pgfence_leases (name, owner, fence, expires_at)
-SELECT 'bench-write-' || g, 'bench', pgfence_next_token(), now() + interval '1 day'
-FROM generate_series(0, $1::int - 1) AS g
-ON CONFLICT (name) DO UPDATE SET owner = 'bench', fence = pgfence_next_token(), expires_at = now() + interval '1 day'
+const insertBenchLease = `INSERT INTO pgfence.pgfence_leases (name, owner, fence, expires_at)
+SELECT 'bench-write-' || g, 'bench', pgfence.pgfence_next_token(), pg_catalog.now() + interval '1 day'
+FROM pg_catalog.generate_series(0, $1::pg_catalog.int4 - 1) AS g
+ON CONFLICT (name) DO UPDATE SET owner = 'bench', fence = pgfence.pgfence_next_token(), expires_at = pg_catalog.now() + interval '1 day'
 RETURNING fence, name`
 
 // The write statements compared. $1 amount, $2 row id, $3 token, $4 lease name.
@@ -47,7 +47,7 @@ const (
 	// held with this token and unexpired, locking the lease row FOR SHARE
 	// so no takeover commits between the check and the write.
 	writeLeaseChecked = `WITH lease AS (
-    SELECT 1 FROM pgfence_leases WHERE name = $4 AND fence = $3 AND expires_at > now() FOR SHARE
+    SELECT 1 FROM pgfence.pgfence_leases WHERE name = $4 AND fence = $3 AND expires_at > pg_catalog.now() FOR SHARE
 )
 UPDATE bench_accounts SET balance = balance + $1, fence_token = $3
 WHERE id = $2 AND fence_token <= $3 AND EXISTS (SELECT 1 FROM lease)`
@@ -176,11 +176,11 @@ var RawWriters = []harness.WriterSpec{
 
 // FenceWriters are the pgfence fence builder's write paths, written to the
 // same rows as RawWriters: fence.Update(...).Exec, and the same with
-// UnderLease on a lease in pgfence_leases.
+// UnderLease on a lease in pgfence.pgfence_leases.
 var FenceWriters = []harness.WriterSpec{
-	fenceWriter("fence.Update", "fence.Update(\"bench_accounts\").Set(\"balance = balance + $1\").Where(\"id = $2\").Exec: one statement that writes the row if its token is not newer and, only when nothing was written, locks and reads the row to report stale (newest token) or missing",
+	fenceWriter("fence.Update", "fence.Update(\"bench_accounts\").Set(\"balance = balance + $1\").Where(\"id = $2\").Exec: one statement that presents the token as pgfence.token too, writes the row if its token is not newer and, only when nothing was written, locks and reads the row to report stale (newest token) or missing",
 		fence.Update("bench_accounts").Set("balance = balance + $1").Where("id = $2"), modeGuarded),
-	fenceWriter("fence.Update.UnderLease", "the same with .UnderLease(name): also requires the pgfence_leases row (name, token, expires_at > clock_timestamp()) FOR SHARE",
+	fenceWriter("fence.Update.UnderLease", "the same with .UnderLease(name): also requires pgfence.pgfence_lease_held(name, token), a SECURITY DEFINER function that checks the lease row (token, expires_at > clock_timestamp()) and locks it FOR SHARE",
 		fence.Update("bench_accounts").Set("balance = balance + $1").Where("id = $2"), modeLeaseChecked),
 }
 

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -12,7 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgfence/pgfence/advisory"
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/bench/internal/report"
 	"github.com/pgfence/pgfence/leasetable"
 )
 
@@ -79,9 +79,9 @@ const (
 	// pgssRenew sums the calls and rows of leasetable's renewal statement.
 	pgssRenew = `SELECT coalesce(sum(calls), 0)::bigint, coalesce(sum(rows), 0)::bigint FROM pg_stat_statements
 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND query LIKE '%UPDATE pgfence_leases AS l%SET expires_at = greatest%'`
+  AND query LIKE '%.pgfence_renew(%'`
 	// liveNames counts the scenario's leases still held.
-	liveNames = `SELECT count(*) FROM pgfence_leases WHERE name LIKE 's6-%' AND expires_at > now()`
+	liveNames = `SELECT pg_catalog.count(*) FROM pgfence.pgfence_leases WHERE name LIKE 's6-%' AND expires_at > pg_catalog.now()`
 )
 
 // renewal is scenario 6: one leasetable.Locker holds many leases for a few
@@ -93,7 +93,7 @@ func (r *runner) renewal(ctx context.Context) error {
 	fmt.Printf("scenario 6: renewal cost, %d leases in one Locker, TTL %v (renewed every %v), held %d intervals\n",
 		cfg.RenewalLeases, ttl, interval, cfg.RenewalIntervals)
 	tracer := &countingTracer{}
-	pcfg, err := pgxpool.ParseConfig(r.env.DatabaseURL)
+	pcfg, err := pgxpool.ParseConfig(r.env.AppURL())
 	if err != nil {
 		return err
 	}
@@ -104,17 +104,20 @@ func (r *runner) renewal(ctx context.Context) error {
 		return err
 	}
 	defer pool.Close()
-	if _, err := pool.Exec(ctx, `TRUNCATE pgfence_leases`); err != nil {
+	if err := withConn(ctx, r.env.DatabaseURL, func(c *pgx.Conn) error {
+		_, err := c.Exec(ctx, `TRUNCATE pgfence.pgfence_leases`)
+		return err
+	}); err != nil {
 		return err
 	}
-	k, err := leasetable.New(pool, &leasetable.Config{TTL: ttl})
+	k, err := leasetable.New(ctx, pool, &leasetable.Config{TTL: ttl})
 	if err != nil {
 		return err
 	}
 	defer k.Close()
 
 	res := renewalResult{Leases: cfg.RenewalLeases, TTL: ttl, Interval: interval, PgssCalls: -1}
-	leases := make([]*leasetable.Lease, cfg.RenewalLeases)
+	leases := make([]pgfence.Lease, cfg.RenewalLeases)
 	t0 := time.Now()
 	var wg sync.WaitGroup
 	var firstErr error
@@ -193,119 +196,33 @@ func (r *runner) renewal(ctx context.Context) error {
 	return nil
 }
 
-// advisoryConns is one measurement of scenario 7's connection count.
-type advisoryConns struct {
-	Config      string // which advisory.Config
-	Locks       int
-	Goroutines  int
-	LockTime    time.Duration
-	Sessions    int64 // client backends with the lock sessions' application_name
-	PoolConns   int64 // the pool's own backends (the Locker does not use them)
-	PgLocks     int64 // advisory locks granted in pg_locks
-	MaxSessions int
-}
-
-// Statements of scenario 7.
-const (
-	// backendsByApp counts this database's client backends with the lock
-	// sessions' application_name, and the others, except the counting one.
-	backendsByApp = `SELECT count(*) FILTER (WHERE application_name = $1),
-       count(*) FILTER (WHERE application_name <> $1)
-FROM pg_stat_activity
-WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()`
-	// grantedAdvisory counts the advisory locks granted in this database.
-	grantedAdvisory = `SELECT count(*) FROM pg_locks
-WHERE locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`
-)
-
-// advisoryScale is scenario 7: hold many session advisory locks in one
-// Locker and count the server connections used.
-func (r *runner) advisoryScale(ctx context.Context) error {
-	n, g := r.cfg.AdvisoryLocks, 16
-	fmt.Printf("scenario 7: advisory, %d session locks held in one Locker by %d goroutines\n", n, g)
-	for _, c := range []struct {
-		name string
-		cfg  *advisory.Config
-	}{
-		{"defaults (MaxSessions 4)", nil},
-		{"MaxSessions 1", &advisory.Config{MaxSessions: 1}},
-	} {
-		res, err := r.holdAdvisory(ctx, n, g, c.cfg)
-		if err != nil {
-			return fmt.Errorf("%s: %w", c.name, err)
+// renderRenewal writes scenario 6.
+func renderRenewal(p func(string, ...any), res *results) {
+	if rn := res.Renewal; rn != nil {
+		p("## 6. Renewal cost\n\n")
+		p("One leasetable.Locker acquires %s leases (8 goroutines, TTL %v, renewed every %v), then holds them; after one more interval, every statement the Locker's pool runs is counted (a pgx tracer on the pool) for %.1f intervals. pg_stat_statements counts the renewal statement on the server side as a cross-check.\n\n",
+			report.Thousands(int64(rn.Leases)), rn.TTL, rn.Interval, rn.Intervals())
+		t := &report.Table{Header: []string{"figure", "value"}, TextColumns: 1}
+		pgss := "n/a (pg_stat_statements unavailable)"
+		if rn.PgssCalls >= 0 {
+			pgss = fmt.Sprintf("%d calls, %s rows renewed", rn.PgssCalls, report.Thousands(rn.PgssRows))
 		}
-		res.Config = c.name
-		fmt.Printf("  [7] %-26s %d locks in %v: lock sessions %d, pool connections %d, pg_locks advisory %d\n",
-			c.name, n, res.LockTime.Round(time.Millisecond), res.Sessions, res.PoolConns, res.PgLocks)
-		r.res.AdvisoryConns = append(r.res.AdvisoryConns, res)
-	}
-	return nil
-}
-
-func (r *runner) holdAdvisory(ctx context.Context, n, goroutines int, cfg *advisory.Config) (advisoryConns, error) {
-	res := advisoryConns{Locks: n, Goroutines: goroutines, MaxSessions: advisory.DefaultMaxSessions}
-	if cfg != nil && cfg.MaxSessions > 0 {
-		res.MaxSessions = cfg.MaxSessions
-	}
-	pcfg, err := pgxpool.ParseConfig(r.env.DatabaseURL)
-	if err != nil {
-		return res, err
-	}
-	pcfg.MaxConns, pcfg.MinConns = 1, 1
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return res, err
-	}
-	defer pool.Close()
-	if err := pool.Ping(ctx); err != nil {
-		return res, err
-	}
-	l, err := advisory.New(pool, cfg)
-	if err != nil {
-		return res, err
-	}
-	defer l.Close()
-	locks := make([]*advisory.Lock, n)
-	var wg sync.WaitGroup
-	errs := make(chan error, goroutines)
-	t0 := time.Now()
-	for w := 0; w < goroutines; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < n; i += goroutines {
-				lk, err := l.TryLock(ctx, advisory.Name("s7-"+strconv.Itoa(i)), nil)
-				if err != nil {
-					errs <- err
-					return
-				}
-				locks[i] = lk
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
-		return res, fmt.Errorf("lock: %w", err)
-	}
-	res.LockTime = time.Since(t0)
-	err = withConn(ctx, r.env.DatabaseURL, func(c *pgx.Conn) error {
-		if err := c.QueryRow(ctx, backendsByApp, advisory.DefaultApplicationName).Scan(&res.Sessions, &res.PoolConns); err != nil {
-			return err
+		mean := "n/a"
+		if rn.Statements > 0 {
+			mean = report.Duration(rn.StmtTotalTime / time.Duration(rn.Statements))
 		}
-		return c.QueryRow(ctx, grantedAdvisory).Scan(&res.PgLocks)
-	})
-	if err != nil {
-		return res, err
+		t.Rows = append(t.Rows,
+			[]string{"leases held", report.Thousands(int64(rn.Leases))},
+			[]string{"time to acquire them", report.Duration(rn.AcquireTime)},
+			[]string{"window", fmt.Sprintf("%v (%.1f intervals)", rn.Held.Round(time.Millisecond), rn.Intervals())},
+			[]string{"statements issued by the Locker", report.Thousands(rn.Statements)},
+			[]string{"statements per second", fmt.Sprintf("%.2f", float64(rn.Statements)/rn.Held.Seconds())},
+			[]string{"statements per 1,000 leases per interval", fmt.Sprintf("%.3f", rn.PerThousandPerInterval())},
+			[]string{"renewal statement latency (mean, max)", mean + ", " + report.Duration(rn.StmtMax)},
+			[]string{"pg_stat_statements, renewal statement", pgss},
+			[]string{"leases still held at the end (table)", report.Thousands(rn.LiveAtEnd)},
+			[]string{"leases the Locker reported lost", strconv.Itoa(rn.LostAtEnd)},
+		)
+		p("%s\n", t.Markdown())
 	}
-	var unlockErr error
-	for _, lk := range locks {
-		if err := lk.Unlock(ctx); err != nil && unlockErr == nil {
-			unlockErr = err
-		}
-	}
-	if unlockErr != nil && !errors.Is(unlockErr, context.Canceled) {
-		return res, fmt.Errorf("unlock: %w", unlockErr)
-	}
-	return res, nil
 }

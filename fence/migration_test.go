@@ -1,0 +1,112 @@
+package fence_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/migrations"
+)
+
+// guardFunctions are the functions migration 000004 installs or replaces.
+var guardFunctions = []string{
+	"pgfence_guard", "pgfence_guard_strict", "pgfence_guard_truncate", "pgfence_last_token", "pgfence_schema_version",
+}
+
+// functionState is what the migration test reads of one function.
+type functionState struct {
+	schema, config, source string
+	definer, publicExec    bool
+}
+
+// functions returns the state of every function named pgfence_* in the
+// database, by name.
+func functions(t *testing.T, conn *pgx.Conn) map[string]functionState {
+	t.Helper()
+	rows, err := conn.Query(context.Background(), `
+		SELECT p.proname, n.nspname, coalesce(pg_catalog.array_to_string(p.proconfig, ';'), ''), p.prosrc, p.prosecdef,
+		       pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE')
+		FROM pg_catalog.pg_proc AS p JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
+		WHERE p.proname LIKE 'pgfence\_%'`)
+	require.NoError(t, err)
+	out := map[string]functionState{}
+	for rows.Next() {
+		var name string
+		var f functionState
+		require.NoError(t, rows.Scan(&name, &f.schema, &f.config, &f.source, &f.definer, &f.publicExec))
+		_, dup := out[name]
+		require.False(t, dup, "%s is installed twice", name)
+		out[name] = f
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// migration returns the text of one of pgfence's migration files.
+func migration(t *testing.T, name string) string {
+	t.Helper()
+	b, err := migrations.FS.ReadFile(name)
+	require.NoError(t, err)
+	return string(b)
+}
+
+// TestMigration000004 checks what 000004 installs: every function in
+// pgfence's schema (none in pg_catalog, where creating them under the
+// pinned search_path would put them), each with that search_path pinned,
+// pgfence_last_token SECURITY DEFINER and not executable by PUBLIC; and that
+// its down migration restores pgfence_guard as 000003 left it (000002's
+// body, with 000003's pinned search_path), drops the new functions, sets the schema version back to 3, and that up
+// applies again afterwards.
+func TestMigration000004(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	conn := db.Conn(t)
+	schema, err := pgfenceSchema(ctx, conn)
+	require.NoError(t, err)
+	// As the migrator runs them: on a connection whose search_path is
+	// pgfence's schema, each file in one transaction.
+	_, err = conn.Exec(ctx, "SELECT pg_catalog.set_config('search_path', $1, false)", pgx.Identifier{schema}.Sanitize())
+	require.NoError(t, err)
+	var quoted string
+	require.NoError(t, conn.QueryRow(ctx, "SELECT pg_catalog.quote_ident($1)", schema).Scan(&quoted))
+	pinned := "search_path=pg_catalog, " + quoted + ", pg_temp"
+	version := func() (v int) {
+		require.NoError(t, conn.QueryRow(ctx, "SELECT "+pgx.Identifier{schema, "pgfence_schema_version"}.Sanitize()+"()").Scan(&v))
+		return v
+	}
+	checkUp := func() {
+		t.Helper()
+		fns := functions(t, conn)
+		for _, name := range guardFunctions {
+			f, ok := fns[name]
+			require.True(t, ok, "%s is missing", name)
+			require.Equal(t, schema, f.schema, name)
+			require.Equal(t, pinned, f.config, name)
+			require.Equal(t, name == "pgfence_last_token", f.definer, name)
+			require.False(t, f.publicExec, "%s: EXECUTE is revoked from PUBLIC", name)
+		}
+		require.Equal(t, 4, version())
+	}
+	checkUp()
+
+	_, err = conn.Exec(ctx, migration(t, "000004_guard_modes.down.sql"))
+	require.NoError(t, err)
+	fns := functions(t, conn)
+	for _, name := range []string{"pgfence_guard_strict", "pgfence_guard_truncate", "pgfence_last_token"} {
+		require.NotContains(t, fns, name)
+	}
+	up2 := migration(t, "000002_fence_guard.up.sql")
+	body := up2[strings.Index(up2, "AS $$")+len("AS $$") : strings.LastIndex(up2, "$$;")]
+	require.Equal(t, body, fns["pgfence_guard"].source, "000002's pgfence_guard body")
+	require.Equal(t, pinned, fns["pgfence_guard"].config, "000003 pinned pgfence_guard's search_path; down keeps it")
+	require.Equal(t, 3, version())
+
+	_, err = conn.Exec(ctx, migration(t, "000004_guard_modes.up.sql"))
+	require.NoError(t, err)
+	checkUp()
+}

@@ -30,10 +30,16 @@ const acquireSQL = `SELECT acquired, name, owner, fence, acquired_at, expires_at
 // the holder's expiry.
 func (k *Locker) try(ctx context.Context, name string, t leaseTiming) (l *Lease, local bool, retryIn time.Duration, err error) {
 	k.mu.Lock()
-	_, local = k.held[name]
+	if h, ok := k.held[name]; ok {
+		// The holder's release or loss wakes this Locker's waiters; until
+		// then nothing changes, so retry at its local deadline at the
+		// latest (not at once, which would spin).
+		retryIn = max(time.Until(h.deadline), time.Millisecond)
+		local = true
+	}
 	k.mu.Unlock()
 	if local {
-		return nil, true, 0, nil
+		return nil, true, retryIn, nil
 	}
 	rep, err := k.submitAcquire(ctx, name, t)
 	if err == nil {

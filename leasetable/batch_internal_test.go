@@ -24,7 +24,7 @@ type gate struct {
 }
 
 func (g *gate) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if strings.Contains(d.SQL, "INSERT INTO pgfence_leases") {
+	if strings.Contains(d.SQL, "pgfence_acquire(") {
 		names, _ := d.Args[0].([]string)
 		g.started <- names
 		<-g.open
@@ -61,13 +61,13 @@ func TestConcurrentAcquiresShareOneStatement(t *testing.T) {
 	db := pgtest.NewDB(t)
 	g := &gate{started: make(chan []string, 10), open: make(chan struct{})}
 	pool := db.NewPool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = g })
-	k, err := New(pool, nil)
+	k, err := New(ctx, pool, nil)
 	require.NoError(t, err)
 	t.Cleanup(k.Close)
 
 	type result struct {
 		name string
-		l    *Lease
+		l    pgfence.Lease
 		err  error
 	}
 	results := make(chan result, 100)
@@ -119,7 +119,7 @@ func TestAbandonedAcquireIsGivenBack(t *testing.T) {
 	db := pgtest.NewDB(t)
 	g := &gate{started: make(chan []string, 10), open: make(chan struct{})}
 	pool := db.NewPool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = g })
-	k, err := New(pool, nil)
+	k, err := New(ctx, pool, nil)
 	require.NoError(t, err)
 
 	slots := make(chan error, maxInflight)
@@ -140,7 +140,7 @@ func TestAbandonedAcquireIsGivenBack(t *testing.T) {
 		abandoned <- err
 	}()
 	type result struct {
-		l   *Lease
+		l   pgfence.Lease
 		err error
 	}
 	kept := make(chan result, 1)
@@ -162,7 +162,7 @@ func TestAbandonedAcquireIsGivenBack(t *testing.T) {
 
 	var held bool
 	require.NoError(t, db.Pool.QueryRow(ctx,
-		"SELECT expires_at > now() FROM pgfence_leases WHERE name = 'abandoned'").Scan(&held))
+		"SELECT expires_at > now() FROM pgfence.pgfence_leases WHERE name = 'abandoned'").Scan(&held))
 	require.False(t, held, "the abandoned lease was taken and given back")
 }
 
@@ -175,7 +175,7 @@ func TestReleaseDurability(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
-	k, err := New(db.Pool, &Config{Owner: "me"})
+	k, err := New(ctx, db.Pool, &Config{Owner: "me"})
 	require.NoError(t, err)
 	t.Cleanup(k.Close)
 	tests := []struct {
@@ -195,14 +195,15 @@ func TestReleaseDurability(t *testing.T) {
 		tokens := make([]int64, len(tt.atLeast))
 		for j := range tt.atLeast {
 			names[j] = fmt.Sprintf("durability-%d-%d", i, j)
-			rep, err := k.acquire(ctx, names[j], timing)
+			rep, err := k.submitAcquire(ctx, names[j], timing)
 			require.NoError(t, err)
+			require.NoError(t, rep.err)
 			require.True(t, rep.acquired)
 			tokens[j] = rep.token
 		}
 		tx, err := db.Pool.Begin(ctx)
 		require.NoError(t, err)
-		rows, err := tx.Query(ctx, releaseBatchSQL, names, tokens, tt.atLeast, "me")
+		rows, err := tx.Query(ctx, k.sql.release, names, tokens, tt.atLeast, "me")
 		require.NoError(t, err)
 		n := 0
 		for rows.Next() {
@@ -224,7 +225,7 @@ func TestReleaseDurability(t *testing.T) {
 		require.NoError(t, tx.Commit(ctx))
 		var held int
 		require.NoError(t, db.Pool.QueryRow(ctx,
-			"SELECT count(*) FROM pgfence_leases WHERE name = ANY($1) AND expires_at > now()", names).Scan(&held))
+			"SELECT count(*) FROM pgfence.pgfence_leases WHERE name = ANY($1) AND expires_at > now()", names).Scan(&held))
 		require.Equal(t, tt.held, held, tt.name)
 	}
 }

@@ -20,7 +20,7 @@ import (
 func BenchmarkTryAcquireRelease(b *testing.B) {
 	ctx := context.Background()
 	db := pgtest.NewDB(b)
-	k, err := leasetable.New(db.Pool, nil)
+	k, err := leasetable.New(ctx, db.Pool, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func BenchmarkTryAcquireRelease(b *testing.B) {
 func BenchmarkTryAcquireReleaseParallel(b *testing.B) {
 	ctx := context.Background()
 	db := pgtest.NewDB(b)
-	k, err := leasetable.New(db.Pool, nil)
+	k, err := leasetable.New(ctx, db.Pool, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func BenchmarkDurableCycles(b *testing.B) {
 	_, err = pool.Exec(ctx, `INSERT INTO bench_ceiling (name, owner, fence, expires_at)
 		SELECT 'c-' || g, 'nobody', 0, '-infinity' FROM generate_series(1, $1::int) AS g`, durableClients)
 	require.NoError(b, err)
-	k, err := leasetable.New(pool, nil)
+	k, err := leasetable.New(ctx, pool, nil)
 	require.NoError(b, err)
 	defer k.Close()
 	for range durableRounds {

@@ -99,8 +99,10 @@ type Config struct {
 	QueryTimeout time.Duration
 
 	// DisableListen turns off the LISTEN connection. Waiters in
-	// [Locker.Acquire] then retry at the holder's expiry time only, so a
-	// hand-over after an early release waits until the released lease's
+	// [Locker.Acquire] are then still woken at once by releases (and losses)
+	// of leases held by the same Locker, but a release by another Locker
+	// reaches them only at the holder's expiry time: a hand-over across
+	// Lockers after an early release waits until the released lease's
 	// original expiry. Use it when no direct (session) connection to the
 	// server is available, for example behind a transaction-pooling
 	// PgBouncer without a ListenConnConfig.

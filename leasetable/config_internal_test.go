@@ -15,7 +15,7 @@ func TestResolveDefaults(t *testing.T) {
 	require.Equal(t, DefaultTTL, s.TTL)
 	require.Equal(t, DefaultTTL/3, s.RenewInterval)
 	require.Equal(t, DefaultTTL/10, s.SafetyMargin)
-	require.Equal(t, DefaultReleaseTimeout, s.ReleaseTimeout)
+	require.Equal(t, DefaultQueryTimeout, s.QueryTimeout)
 	require.NotEmpty(t, s.Owner)
 	require.NotNil(t, s.Logger)
 	require.Equal(t, DefaultListenCheckInterval, s.ListenCheckInterval)

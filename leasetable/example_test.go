@@ -15,7 +15,7 @@ func ExampleLocker_TryAcquire() {
 	pool, drop := exampleDB() // a *pgxpool.Pool on a migrated database
 	defer drop()
 
-	locker, err := leasetable.New(pool, &leasetable.Config{TTL: 30 * time.Second})
+	locker, err := leasetable.New(ctx, pool, &leasetable.Config{TTL: 30 * time.Second})
 	if err != nil {
 		panic(err)
 	}
@@ -28,7 +28,7 @@ func ExampleLocker_TryAcquire() {
 	fmt.Println("holding", lease.Name())
 
 	// Another process (here: another Locker) cannot take it meanwhile.
-	other, err := leasetable.New(pool, nil)
+	other, err := leasetable.New(ctx, pool, nil)
 	if err != nil {
 		panic(err)
 	}
@@ -56,12 +56,12 @@ func ExampleLocker_Acquire() {
 	pool, drop := exampleDB()
 	defer drop()
 
-	first, err := leasetable.New(pool, nil)
+	first, err := leasetable.New(ctx, pool, nil)
 	if err != nil {
 		panic(err)
 	}
 	defer first.Close()
-	second, err := leasetable.New(pool, nil)
+	second, err := leasetable.New(ctx, pool, nil)
 	if err != nil {
 		panic(err)
 	}
@@ -71,7 +71,7 @@ func ExampleLocker_Acquire() {
 	if err != nil {
 		panic(err)
 	}
-	acquired := make(chan *leasetable.Lease)
+	acquired := make(chan pgfence.Lease)
 	go func() {
 		// Waits until the first holder releases; wakes on its NOTIFY.
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -104,14 +104,14 @@ func ExampleLocker_Do() {
 	pool, drop := exampleDB()
 	defer drop()
 
-	locker, err := leasetable.New(pool, nil)
+	locker, err := leasetable.New(ctx, pool, nil)
 	if err != nil {
 		panic(err)
 	}
 	defer locker.Close()
 
 	err = locker.Do(ctx, "nightly-report", &leasetable.AcquireOpts{AtLeast: time.Minute},
-		func(ctx context.Context, lease *leasetable.Lease) error {
+		func(ctx context.Context, lease pgfence.Lease) error {
 			// ctx is cancelled if the lease is lost; pass lease.Token() to
 			// fenced writes.
 			fmt.Println("running with a token:", lease.Token() > 0)
@@ -134,7 +134,7 @@ func ExampleLocker_Prune() {
 	pool, drop := exampleDB()
 	defer drop()
 
-	locker, err := leasetable.New(pool, nil)
+	locker, err := leasetable.New(ctx, pool, nil)
 	if err != nil {
 		panic(err)
 	}
@@ -149,7 +149,7 @@ func ExampleLocker_Prune() {
 	}
 	// Make the released row two days old; in production rows of names
 	// nobody uses any more get old by themselves.
-	if _, err := pool.Exec(ctx, "UPDATE pgfence_leases SET expires_at = now() - interval '2 days'"); err != nil {
+	if _, err := pool.Exec(ctx, "UPDATE pgfence.pgfence_leases SET expires_at = now() - interval '2 days'"); err != nil {
 		panic(err)
 	}
 

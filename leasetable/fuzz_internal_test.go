@@ -35,7 +35,7 @@ func FuzzLeaseName(f *testing.F) {
 			return
 		}
 		require.Error(t, err, "%q", name)
-		require.True(t, strings.HasPrefix(err.Error(), "leasetable: lease name "), err.Error())
+		require.True(t, strings.HasPrefix(err.Error(), "pgfence: leasetable: lease name "), err.Error())
 	})
 }
 
@@ -46,7 +46,7 @@ func TestLeaseNameSeedsMatchDatabase(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
-	const insert = `INSERT INTO pgfence_leases (name, owner, expires_at) VALUES ($1, 'fuzz', now())`
+	const insert = `INSERT INTO pgfence.pgfence_leases (name, owner, expires_at) VALUES ($1, 'fuzz', now())`
 	for _, name := range nameSeeds {
 		goErr := checkText("lease name", name)
 		_, dbErr := db.Pool.Exec(ctx, insert, name)

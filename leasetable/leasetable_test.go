@@ -22,7 +22,7 @@ import (
 func countRows(t *testing.T, db *pgtest.DB) int {
 	t.Helper()
 	var n int
-	require.NoError(t, db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM pgfence_leases").Scan(&n))
+	require.NoError(t, db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM pgfence.pgfence_leases").Scan(&n))
 	return n
 }
 
@@ -30,7 +30,7 @@ func TestNewBadInput(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDB(t)
 
-	_, err := leasetable.New(nil, nil)
+	_, err := leasetable.New(t.Context(), nil, nil)
 	require.ErrorContains(t, err, "pool is nil")
 
 	for _, tc := range []struct {
@@ -44,15 +44,17 @@ func TestNewBadInput(t *testing.T) {
 		{"negative margin", leasetable.Config{SafetyMargin: -1}, "SafetyMargin"},
 		{"TTL too short for cadence", leasetable.Config{TTL: time.Second, RenewInterval: 500 * time.Millisecond}, "too short"},
 		{"margin eats TTL", leasetable.Config{TTL: time.Second, SafetyMargin: 900 * time.Millisecond}, "too short"},
-		{"negative release timeout", leasetable.Config{ReleaseTimeout: -1}, "ReleaseTimeout"},
+		{"negative query timeout", leasetable.Config{QueryTimeout: -1}, "Config.QueryTimeout"},
 		{"tiny listen check interval", leasetable.Config{ListenCheckInterval: time.Millisecond}, "ListenCheckInterval"},
 		{"oversized owner", leasetable.Config{Owner: strings.Repeat("o", 513)}, "Config.Owner"},
 		{"owner with NUL", leasetable.Config{Owner: "a\x00b"}, "NUL"},
 		{"owner not UTF-8", leasetable.Config{Owner: "\xff"}, "UTF-8"},
+		{"oversized schema", leasetable.Config{Schema: strings.Repeat("s", 64)}, "Config.Schema"},
+		{"schema with NUL", leasetable.Config{Schema: "a\x00b"}, "Config.Schema"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := tc.cfg
-			_, err := leasetable.New(db.Pool, &cfg)
+			_, err := leasetable.New(t.Context(), db.Pool, &cfg)
 			require.ErrorContains(t, err, tc.want)
 		})
 	}
@@ -72,13 +74,14 @@ func TestNewBadInput(t *testing.T) {
 		{"tiny TTL", "ok", &leasetable.AcquireOpts{TTL: time.Millisecond}, "AcquireOpts.TTL"},
 		{"negative wait", "ok", &leasetable.AcquireOpts{WaitTimeout: -1}, "WaitTimeout"},
 		{"negative at-least", "ok", &leasetable.AcquireOpts{AtLeast: -1}, "AtLeast"},
+		{"shared", "ok", &leasetable.AcquireOpts{Shared: true}, "AcquireOpts.Shared"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := k.TryAcquire(ctx, tc.lease, tc.opts)
 			require.ErrorContains(t, err, tc.want)
 			_, err = k.Acquire(ctx, tc.lease, tc.opts)
 			require.ErrorContains(t, err, tc.want)
-			err = k.Do(ctx, tc.lease, tc.opts, func(context.Context, *leasetable.Lease) error {
+			err = k.Do(ctx, tc.lease, tc.opts, func(context.Context, pgfence.Lease) error {
 				t.Error("fn called despite bad input")
 				return nil
 			})
@@ -119,7 +122,7 @@ func TestTryAcquireAndRelease(t *testing.T) {
 	require.Equal(t, "a", info.Owner)
 	require.Equal(t, la.Token(), info.Token)
 	require.True(t, info.ExpiresAt.After(info.AcquiredAt))
-	require.Equal(t, la.AcquiredAt(), info.AcquiredAt)
+	require.Equal(t, la.(*leasetable.Lease).AcquiredAt(), info.AcquiredAt)
 
 	list, err := b.List(ctx)
 	require.NoError(t, err)
@@ -156,7 +159,7 @@ func TestHeldPredicate(t *testing.T) {
 	held := func(name string, token int64) bool {
 		t.Helper()
 		var ok bool
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pgfence_leases
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pgfence.pgfence_leases
 			WHERE name = $1 AND fence = $2 AND expires_at > now())`, name, token).Scan(&ok))
 		return ok
 	}
@@ -170,7 +173,7 @@ func TestHeldPredicate(t *testing.T) {
 
 	l, err = k.TryAcquire(ctx, "p", nil)
 	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, "UPDATE pgfence_leases SET expires_at = now() WHERE name = 'p'")
+	_, err = db.Pool.Exec(ctx, "UPDATE pgfence.pgfence_leases SET expires_at = now() WHERE name = 'p'")
 	require.NoError(t, err)
 	require.False(t, held("p", l.Token()), "expired")
 	waitFor(t, l.Done(), "the loss to be noticed")
@@ -187,7 +190,7 @@ func TestReleaseIsOwnerChecked(t *testing.T) {
 	// Someone else takes the row over behind the Locker's back.
 	var thiefToken int64
 	var thiefExpiry time.Time
-	require.NoError(t, db.Pool.QueryRow(ctx, `UPDATE pgfence_leases SET owner = 'thief', fence = pgfence_next_token(),
+	require.NoError(t, db.Pool.QueryRow(ctx, `UPDATE pgfence.pgfence_leases SET owner = 'thief', fence = pgfence.pgfence_next_token(),
 		expires_at = now() + interval '1 hour' WHERE name = 'stolen' RETURNING fence, expires_at`).Scan(&thiefToken, &thiefExpiry))
 
 	require.ErrorIs(t, l.Release(ctx), pgfence.ErrNotHeld)
@@ -203,7 +206,7 @@ func TestReleaseIsOwnerChecked(t *testing.T) {
 	k2 := newLocker(t, db.Pool, &leasetable.Config{Owner: k.Owner()})
 	l2, err := k2.TryAcquire(ctx, "other", nil)
 	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, `UPDATE pgfence_leases SET fence = pgfence_next_token() WHERE name = 'other'`)
+	_, err = db.Pool.Exec(ctx, `UPDATE pgfence.pgfence_leases SET fence = pgfence.pgfence_next_token() WHERE name = 'other'`)
 	require.NoError(t, err)
 	require.ErrorIs(t, l2.Release(ctx), pgfence.ErrNotHeld)
 	_, ok, err = k.Get(ctx, "other")
@@ -229,7 +232,7 @@ func TestTokensIncreasePerName(t *testing.T) {
 	tokens = append(tokens, l.Token())
 
 	// Expiry, then takeover: the holder's watchdog learns it lost.
-	_, err = db.Pool.Exec(ctx, "UPDATE pgfence_leases SET expires_at = now() WHERE name = 'n'")
+	_, err = db.Pool.Exec(ctx, "UPDATE pgfence.pgfence_leases SET expires_at = now() WHERE name = 'n'")
 	require.NoError(t, err)
 	taken, err := a.TryAcquire(ctx, "n", nil)
 	require.NoError(t, err)
@@ -248,7 +251,7 @@ func TestTokensIncreasePerName(t *testing.T) {
 	require.NoError(t, l.Release(ctx))
 
 	// The row is re-created after an operator deleted it.
-	_, err = db.Pool.Exec(ctx, "DELETE FROM pgfence_leases WHERE name = 'n'")
+	_, err = db.Pool.Exec(ctx, "DELETE FROM pgfence.pgfence_leases WHERE name = 'n'")
 	require.NoError(t, err)
 	l, err = b.TryAcquire(ctx, "n", nil)
 	require.NoError(t, err)
@@ -277,7 +280,7 @@ func TestMutualExclusionUnderContention(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for range rounds {
-					err := k.Do(ctx, "contended", nil, func(ctx context.Context, l *leasetable.Lease) error {
+					err := k.Do(ctx, "contended", nil, func(ctx context.Context, l pgfence.Lease) error {
 						n := holders.Add(1)
 						defer holders.Add(-1)
 						for {
@@ -358,9 +361,9 @@ func TestLossWhenRowIsTakenOver(t *testing.T) {
 	k := newLocker(t, db.Pool, &leasetable.Config{TTL: 3 * time.Second, RenewInterval: 100 * time.Millisecond})
 
 	for _, steal := range []string{
-		"UPDATE pgfence_leases SET owner = 'thief', fence = pgfence_next_token() WHERE name = $1",
-		"UPDATE pgfence_leases SET expires_at = now() WHERE name = $1",
-		"DELETE FROM pgfence_leases WHERE name = $1",
+		"UPDATE pgfence.pgfence_leases SET owner = 'thief', fence = pgfence.pgfence_next_token() WHERE name = $1",
+		"UPDATE pgfence.pgfence_leases SET expires_at = now() WHERE name = $1",
+		"DELETE FROM pgfence.pgfence_leases WHERE name = $1",
 	} {
 		l, err := k.TryAcquire(ctx, "victim", nil)
 		require.NoError(t, err)
@@ -371,7 +374,7 @@ func TestLossWhenRowIsTakenOver(t *testing.T) {
 		require.ErrorContains(t, l.Err(), "no longer held in the database")
 		require.ErrorIs(t, context.Cause(l.Context()), pgfence.ErrLeaseLost)
 		require.ErrorIs(t, l.Release(ctx), pgfence.ErrNotHeld)
-		_, err = db.Pool.Exec(ctx, "DELETE FROM pgfence_leases")
+		_, err = db.Pool.Exec(ctx, "DELETE FROM pgfence.pgfence_leases")
 		require.NoError(t, err)
 	}
 }
@@ -398,7 +401,7 @@ func TestLossWhenRenewalsAreBlocked(t *testing.T) {
 	tx, err := db.NewPool(t, nil).Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, "SELECT 1 FROM pgfence_leases WHERE name = 'blocked' FOR UPDATE")
+	_, err = tx.Exec(ctx, "SELECT 1 FROM pgfence.pgfence_leases WHERE name = 'blocked' FOR UPDATE")
 	require.NoError(t, err)
 
 	waitFor(t, l.Done(), "the lease to be given up")
@@ -409,7 +412,7 @@ func TestLossWhenRenewalsAreBlocked(t *testing.T) {
 	// else could have been granted the lease yet.
 	var stillHeld bool
 	require.NoError(t, tx.QueryRow(ctx,
-		"SELECT expires_at > clock_timestamp() FROM pgfence_leases WHERE name = 'blocked'").Scan(&stillHeld))
+		"SELECT expires_at > clock_timestamp() FROM pgfence.pgfence_leases WHERE name = 'blocked'").Scan(&stillHeld))
 	require.True(t, stillHeld, "the local deadline must come before the database's expiry")
 	require.NoError(t, tx.Rollback(ctx))
 	require.ErrorIs(t, l.Release(ctx), pgfence.ErrNotHeld)
@@ -432,7 +435,7 @@ func TestHandOverThroughNotify(t *testing.T) {
 	listening := logs.next("LISTEN connection ready")
 	waiting := logs.next("waiting for lease")
 	type result struct {
-		l   *leasetable.Lease
+		l   pgfence.Lease
 		err error
 	}
 	got := make(chan result, 1)
@@ -494,8 +497,12 @@ func TestListenHealthCheckKeepsAHealthyConnection(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
 	logs := newLogWatch()
+	// The check must be answered within the interval. At the minimum of
+	// 100ms, one run of the whole suite under -race saw the connection
+	// replaced (a check answered late on a loaded machine, by design a
+	// failure); a second leaves a wide margin and still checks thrice.
 	waiter := newLocker(t, db.NewPool(t, nil), &leasetable.Config{
-		TTL: 30 * time.Second, Logger: logs.logger(), ListenCheckInterval: 100 * time.Millisecond,
+		TTL: 30 * time.Second, Logger: logs.logger(), ListenCheckInterval: time.Second,
 	})
 	holder := newLocker(t, db.Pool, &leasetable.Config{TTL: 30 * time.Second})
 	logs.count("LISTEN connection failed")
@@ -523,7 +530,7 @@ func TestListenHealthCheckKeepsAHealthyConnection(t *testing.T) {
 			last = start
 			return true
 		}, 30*time.Second, 20*time.Millisecond, "a health check")
-		require.Equal(t, pid, p, "the LISTEN connection is not replaced")
+		require.Equal(t, pid, p, "the LISTEN connection is not replaced; warnings:\n%s", logs.warnings())
 	}
 	require.Zero(t, logs.count("LISTEN connection failed"))
 
@@ -582,7 +589,7 @@ func TestWaitingWithoutListenRetriesAtExpiry(t *testing.T) {
 	// The holder disappears without releasing: its row stays until expiry.
 	l, err := holder.TryAcquire(ctx, "expiring", &leasetable.AcquireOpts{TTL: 500 * time.Millisecond})
 	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, "UPDATE pgfence_leases SET owner = 'gone', fence = pgfence_next_token() WHERE name = 'expiring'")
+	_, err = db.Pool.Exec(ctx, "UPDATE pgfence.pgfence_leases SET owner = 'gone', fence = pgfence.pgfence_next_token() WHERE name = 'expiring'")
 	require.NoError(t, err)
 	waitFor(t, l.Done(), "the holder to notice")
 
@@ -614,7 +621,7 @@ func TestAcquireWaitTimeoutAndContext(t *testing.T) {
 	_, err = b.Acquire(cctx, "busy", nil)
 	require.ErrorIs(t, err, cause)
 
-	err = b.Do(ctx, "busy", &leasetable.AcquireOpts{WaitTimeout: 100 * time.Millisecond}, func(context.Context, *leasetable.Lease) error {
+	err = b.Do(ctx, "busy", &leasetable.AcquireOpts{WaitTimeout: 100 * time.Millisecond}, func(context.Context, pgfence.Lease) error {
 		t.Error("fn called without the lease")
 		return nil
 	})
@@ -658,7 +665,7 @@ func TestDo(t *testing.T) {
 	// fn's error is returned, and the lease is released either way.
 	boom := fmt.Errorf("boom")
 	var token int64
-	err := k.Do(ctx, "job", nil, func(ctx context.Context, l *leasetable.Lease) error {
+	err := k.Do(ctx, "job", nil, func(ctx context.Context, l pgfence.Lease) error {
 		token = l.Token()
 		return boom
 	})
@@ -669,9 +676,9 @@ func TestDo(t *testing.T) {
 
 	// Lost while fn runs: fn's context is cancelled with ErrLeaseLost, and Do
 	// reports it even though fn returned nil.
-	err = k.Do(ctx, "job", nil, func(ctx context.Context, l *leasetable.Lease) error {
+	err = k.Do(ctx, "job", nil, func(ctx context.Context, l pgfence.Lease) error {
 		require.Greater(t, l.Token(), token)
-		_, err := db.Pool.Exec(ctx, "UPDATE pgfence_leases SET fence = pgfence_next_token() WHERE name = 'job'")
+		_, err := db.Pool.Exec(ctx, "UPDATE pgfence.pgfence_leases SET fence = pgfence.pgfence_next_token() WHERE name = 'job'")
 		require.NoError(t, err)
 		waitFor(t, ctx.Done(), "fn's context to end")
 		require.ErrorIs(t, context.Cause(ctx), pgfence.ErrLeaseLost)
@@ -681,7 +688,7 @@ func TestDo(t *testing.T) {
 
 	// The caller's cancellation reaches fn too.
 	cctx, cancel := context.WithCancel(ctx)
-	err = k.Do(cctx, "job2", nil, func(ctx context.Context, l *leasetable.Lease) error {
+	err = k.Do(cctx, "job2", nil, func(ctx context.Context, l pgfence.Lease) error {
 		cancel()
 		<-ctx.Done()
 		return ctx.Err()
@@ -698,7 +705,7 @@ func TestCloseReleasesAndStops(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
 	logs := newLogWatch()
-	k, err := leasetable.New(db.Pool, &leasetable.Config{Logger: logs.logger()})
+	k, err := leasetable.New(ctx, db.Pool, &leasetable.Config{Logger: logs.logger()})
 	require.NoError(t, err)
 	other := newLocker(t, db.NewPool(t, nil), nil)
 
@@ -740,12 +747,12 @@ func TestCloseReleasesAndStops(t *testing.T) {
 }
 
 // renewTracer records the batches of the renewal statement (the only
-// statement that starts with UPDATE; acquires and releases are batched too,
-// in statements that start with WITH).
+// statement that calls pgfence_renew; acquires and releases are batched
+// too, through pgfence_acquire and pgfence_release).
 type renewTracer struct{ batches chan int }
 
 func (r *renewTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if strings.HasPrefix(strings.TrimSpace(d.SQL), "UPDATE") && strings.Contains(d.SQL, "unnest(") && len(d.Args) == 3 {
+	if strings.Contains(d.SQL, ".pgfence_renew(") && len(d.Args) == 3 {
 		if names, ok := d.Args[0].([]string); ok {
 			select {
 			case r.batches <- len(names):
@@ -767,7 +774,7 @@ func TestRenewalIsBatched(t *testing.T) {
 	// Leases acquired within half a renewal interval are renewed together.
 	k := newLocker(t, pool, &leasetable.Config{TTL: 6 * time.Second})
 	const n = 20
-	leases := make([]*leasetable.Lease, n)
+	leases := make([]pgfence.Lease, n)
 	for i := range leases {
 		var err error
 		leases[i], err = k.TryAcquire(ctx, fmt.Sprintf("batch-%02d", i), nil)
@@ -794,7 +801,7 @@ func TestFailedTryAcquireDrawsNoToken(t *testing.T) {
 	require.NoError(t, err)
 	lastToken := func() int64 {
 		var v int64
-		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT last_value FROM pgfence_leases_fence_seq").Scan(&v))
+		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT last_value FROM pgfence.pgfence_leases_fence_seq").Scan(&v))
 		return v
 	}
 	before := lastToken()

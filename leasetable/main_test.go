@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/leasetable"
 )
@@ -26,7 +27,7 @@ func TestMain(m *testing.M) {
 // newLocker returns a Locker on pool, closed when the test ends.
 func newLocker(t *testing.T, pool *pgxpool.Pool, cfg *leasetable.Config) *leasetable.Locker {
 	t.Helper()
-	k, err := leasetable.New(pool, cfg)
+	k, err := leasetable.New(t.Context(), pool, cfg)
 	require.NoError(t, err)
 	t.Cleanup(k.Close)
 	return k
@@ -123,7 +124,7 @@ func exampleDB() (*pgxpool.Pool, func()) {
 }
 
 type acquired struct {
-	l   *leasetable.Lease
+	l   pgfence.Lease
 	err error
 }
 

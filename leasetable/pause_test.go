@@ -36,7 +36,7 @@ func pauseChild() int {
 		return 1
 	}
 	defer pool.Close()
-	k, err := leasetable.New(pool, &leasetable.Config{TTL: time.Second, Owner: "paused-child"})
+	k, err := leasetable.New(ctx, pool, &leasetable.Config{TTL: time.Second, Owner: "paused-child"})
 	if err != nil {
 		fmt.Println("error", err)
 		return 1

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -159,14 +160,26 @@ func (p *cutProxy) cutOff() {
 	}
 }
 
+// newDBProxy starts a cutProxy in front of db's server, reached over TCP,
+// and returns it with a connection configuration for db through it. The
+// configuration has no fallbacks: with sslmode=prefer pgx would fall back
+// to a direct connection, bypassing the proxy.
+func newDBProxy(t *testing.T, db *pgtest.DB) (*cutProxy, *pgx.ConnConfig) {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(db.TCPURL)
+	require.NoError(t, err)
+	proxy := newCutProxy(t, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
+	cfg.Host, cfg.Port, cfg.Fallbacks = "127.0.0.1", proxy.port(), nil
+	return proxy, cfg
+}
+
 func TestLossWhenDatabaseIsUnreachable(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
-	cfg := db.Pool.Config().ConnConfig
-	proxy := newCutProxy(t, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
+	proxy, proxied := newDBProxy(t, db)
 	pool := db.NewPool(t, func(c *pgxpool.Config) {
-		c.ConnConfig.Host, c.ConnConfig.Port = "127.0.0.1", proxy.port()
+		c.ConnConfig = proxied
 		// Connection attempts into the cut proxy hang; bound them so that
 		// closing the pool does not wait long for them.
 		c.ConnConfig.ConnectTimeout = time.Second
@@ -196,7 +209,7 @@ func TestLossWhenDatabaseIsUnreachable(t *testing.T) {
 	// before anyone else could be granted it.
 	var stillHeld bool
 	require.NoError(t, db.Pool.QueryRow(ctx,
-		"SELECT expires_at > clock_timestamp() FROM pgfence_leases WHERE name = 'partitioned'").Scan(&stillHeld))
+		"SELECT expires_at > clock_timestamp() FROM pgfence.pgfence_leases WHERE name = 'partitioned'").Scan(&stillHeld))
 	require.True(t, stillHeld, "the local deadline must come before the database's expiry")
 	waitFor(t, failing, "the failed renewal to be reported")
 }
@@ -205,11 +218,8 @@ func TestRenewalRetriesUntilTheDatabaseIsBack(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
-	cfg := db.Pool.Config().ConnConfig
-	proxy := newCutProxy(t, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
-	pool := db.NewPool(t, func(c *pgxpool.Config) {
-		c.ConnConfig.Host, c.ConnConfig.Port = "127.0.0.1", proxy.port()
-	})
+	proxy, proxied := newDBProxy(t, db)
+	pool := db.NewPool(t, func(c *pgxpool.Config) { c.ConnConfig = proxied })
 	t.Cleanup(proxy.close)
 	logs := newLogWatch()
 	k := newLocker(t, pool, &leasetable.Config{
@@ -248,10 +258,7 @@ type listenStall struct {
 func setupListenStall(t *testing.T, checkInterval time.Duration) *listenStall {
 	t.Helper()
 	db := pgtest.NewDB(t)
-	cfg := db.Pool.Config().ConnConfig
-	proxy := newCutProxy(t, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
-	listenCfg := cfg.Copy()
-	listenCfg.Host, listenCfg.Port, listenCfg.Fallbacks = "127.0.0.1", proxy.port(), nil
+	proxy, listenCfg := newDBProxy(t, db)
 	logs := newLogWatch()
 	return &listenStall{
 		proxy: proxy,
@@ -269,7 +276,7 @@ func setupListenStall(t *testing.T, checkInterval time.Duration) *listenStall {
 // waiter's LISTEN connection, has the holder release the lease, and returns
 // the waiter's result. The waiter gives up after 5s, far below the holder's
 // TTL of a minute.
-func (s *listenStall) handOver(t *testing.T) (*leasetable.Lease, error) {
+func (s *listenStall) handOver(t *testing.T) (pgfence.Lease, error) {
 	t.Helper()
 	ctx := context.Background()
 	probe, err := s.holder.TryAcquire(ctx, "probe", nil)
@@ -380,11 +387,8 @@ func TestCloseDuringListenHealthCheck(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
-	cfg := db.Pool.Config().ConnConfig
-	proxy := newCutProxy(t, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
+	proxy, listenCfg := newDBProxy(t, db)
 	dialer := &trackingDialer{wrote: make(chan struct{}, 1)}
-	listenCfg := cfg.Copy()
-	listenCfg.Host, listenCfg.Port, listenCfg.Fallbacks = "127.0.0.1", proxy.port(), nil
 	listenCfg.DialFunc = dialer.dial
 	logs := newLogWatch()
 	// The check starts after 2s of silence and may take 2s: Close comes

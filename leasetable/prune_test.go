@@ -20,7 +20,7 @@ import (
 func ageLeases(t *testing.T, db *pgtest.DB, age string, names ...string) {
 	t.Helper()
 	tag, err := db.Pool.Exec(context.Background(),
-		"UPDATE pgfence_leases SET expires_at = now() - $1::interval WHERE name = ANY($2)", age, names)
+		"UPDATE pgfence.pgfence_leases SET expires_at = now() - $1::interval WHERE name = ANY($2)", age, names)
 	require.NoError(t, err)
 	require.Equal(t, int64(len(names)), tag.RowsAffected())
 }
@@ -30,7 +30,7 @@ func leaseNames(t *testing.T, db *pgtest.DB) []string {
 	t.Helper()
 	var names []string
 	require.NoError(t, db.Pool.QueryRow(context.Background(),
-		"SELECT coalesce(array_agg(name ORDER BY name), '{}') FROM pgfence_leases").Scan(&names))
+		"SELECT coalesce(array_agg(name ORDER BY name), '{}') FROM pgfence.pgfence_leases").Scan(&names))
 	return names
 }
 
@@ -38,7 +38,7 @@ func leaseNames(t *testing.T, db *pgtest.DB) []string {
 func rowToken(t *testing.T, db *pgtest.DB, name string) (int64, bool) {
 	t.Helper()
 	var token int64
-	err := db.Pool.QueryRow(context.Background(), "SELECT fence FROM pgfence_leases WHERE name = $1", name).Scan(&token)
+	err := db.Pool.QueryRow(context.Background(), "SELECT fence FROM pgfence.pgfence_leases WHERE name = $1", name).Scan(&token)
 	if err != nil {
 		require.ErrorContains(t, err, "no rows")
 		return 0, false
@@ -52,7 +52,7 @@ func rowToken(t *testing.T, db *pgtest.DB, name string) (int64, bool) {
 func insertOldRows(t *testing.T, db *pgtest.DB, n int) int {
 	t.Helper()
 	_, err := db.Pool.Exec(context.Background(), `
-		INSERT INTO pgfence_leases (name, owner, expires_at)
+		INSERT INTO pgfence.pgfence_leases (name, owner, expires_at)
 		SELECT format('p:%s', lpad(i::text, 5, '0')), 'bulk',
 		       CASE WHEN i % 1000 = 0 THEN now() + interval '1 hour' ELSE now() - interval '2 hours' END
 		FROM generate_series(1, $1::int) AS i`, n)
@@ -73,7 +73,7 @@ func TestPruneDeletesOnlyLongExpiredRows(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
 	k := newLocker(t, db.Pool, nil)
-	take := func(name string, opts *leasetable.AcquireOpts) *leasetable.Lease {
+	take := func(name string, opts *leasetable.AcquireOpts) pgfence.Lease {
 		t.Helper()
 		l, err := k.TryAcquire(ctx, name, opts)
 		require.NoError(t, err)
@@ -133,7 +133,7 @@ func TestPruneWorksInBatches(t *testing.T) {
 	require.Greater(t, batches, 1, "12345 rows are pruned in several statements")
 	require.Equal(t, 12345-old, countRows(t, db))
 	var expired int
-	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT count(*) FROM pgfence_leases WHERE expires_at <= now()").Scan(&expired))
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT count(*) FROM pgfence.pgfence_leases WHERE expires_at <= now()").Scan(&expired))
 	require.Zero(t, expired, "only held rows are left")
 }
 
@@ -219,10 +219,10 @@ func TestPruneWaitsForTransactionsWritingTheTable(t *testing.T) {
 	slow, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = slow.Rollback(ctx) }()
-	_, err = slow.Exec(ctx, "LOCK TABLE pgfence_leases IN ROW EXCLUSIVE MODE")
+	_, err = slow.Exec(ctx, "LOCK TABLE pgfence.pgfence_leases IN ROW EXCLUSIVE MODE")
 	require.NoError(t, err)
 	var slowToken int64
-	require.NoError(t, slow.QueryRow(ctx, "SELECT pgfence_next_token()").Scan(&slowToken))
+	require.NoError(t, slow.QueryRow(ctx, "SELECT pgfence.pgfence_next_token()").Scan(&slowToken))
 
 	tokens := map[string]int64{}
 	for _, name := range []string{"by-hand", "pruned"} {
@@ -233,7 +233,7 @@ func TestPruneWaitsForTransactionsWritingTheTable(t *testing.T) {
 		require.NoError(t, l.Release(ctx))
 	}
 	ageLeases(t, db, "2 hours", "by-hand", "pruned")
-	_, err = db.Pool.Exec(ctx, "DELETE FROM pgfence_leases WHERE name = 'by-hand'")
+	_, err = db.Pool.Exec(ctx, "DELETE FROM pgfence.pgfence_leases WHERE name = 'by-hand'")
 	require.NoError(t, err)
 
 	waiting := logs.next("prune waiting")
@@ -251,7 +251,7 @@ func TestPruneWaitsForTransactionsWritingTheTable(t *testing.T) {
 	require.True(t, ok, "Prune must not delete while the slow acquirer runs")
 
 	// The slow acquirer now inserts the names it drew its token for.
-	insert := `INSERT INTO pgfence_leases (name, owner, fence, expires_at) VALUES ($1, 'slow', $2, now() + interval '1 minute')
+	insert := `INSERT INTO pgfence.pgfence_leases (name, owner, fence, expires_at) VALUES ($1, 'slow', $2, now() + interval '1 minute')
 		ON CONFLICT (name) DO NOTHING`
 	tag, err := slow.Exec(ctx, insert, "by-hand", slowToken)
 	require.NoError(t, err)
@@ -289,7 +289,7 @@ func TestPruneWaitEndsWithContextOrClose(t *testing.T) {
 	writer, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = writer.Rollback(ctx) }()
-	_, err = writer.Exec(ctx, "LOCK TABLE pgfence_leases IN ROW EXCLUSIVE MODE")
+	_, err = writer.Exec(ctx, "LOCK TABLE pgfence.pgfence_leases IN ROW EXCLUSIVE MODE")
 	require.NoError(t, err)
 
 	for _, how := range []string{"context", "close"} {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"go.uber.org/goleak"
 	"net/url"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -27,8 +28,14 @@ import (
 // CLI, which some tests run) buffers the next migration in a goroutine that
 // stays blocked when a migration before it fails: that goroutine is the
 // library's, not pgfence's.
+//
+// The examples find their database in DATABASE_URL, as a program would.
 func TestMain(m *testing.M) {
-	pgtest.MainWithOptions(m, pgtest.Options{LeakOptions: []goleak.Option{
+	db, drop := pgtest.ExampleDB()
+	if err := os.Setenv("DATABASE_URL", db.URL); err != nil {
+		panic(err)
+	}
+	pgtest.MainWithOptions(m, pgtest.Options{AfterRun: drop, LeakOptions: []goleak.Option{
 		goleak.IgnoreAnyFunction("github.com/golang-migrate/migrate/v4.(*Migration).Buffer"),
 	}})
 }

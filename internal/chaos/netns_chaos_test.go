@@ -28,11 +28,10 @@ func newNetns(t *testing.T, ctx context.Context, db *pgtest.DB) (*chaos.Netns, *
 	require.NoError(t, err)
 	p, err := chaos.NewProxyOn(ns.HostIP+":0", fmt.Sprintf("%s:%d", cfg.Host, cfg.Port))
 	require.NoError(t, err)
+	p.Password = cfg.Password
 	t.Cleanup(func() { require.NoError(t, p.Close()) })
-	u, err := p.URLFor(db.TCPURL)
-	require.NoError(t, err)
 	connCfg := func(extra string) *pgx.ConnConfig {
-		c, err := pgx.ParseConfig(u + "&connect_timeout=2" + extra)
+		c, err := pgx.ParseConfig(p.URL(db.Name) + "&connect_timeout=2" + extra)
 		require.NoError(t, err)
 		c.DialFunc = ns.DialContext
 		return c

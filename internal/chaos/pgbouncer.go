@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -20,10 +21,10 @@ import (
 type PgBouncerConfig struct {
 	// ServerPort is the PostgreSQL server's port on 127.0.0.1. Required.
 	ServerPort int
-	// ServerPassword is the postgres role's password on the server, which
-	// PgBouncer presents when it logs in; empty when the server trusts
-	// loopback.
-	ServerPassword string
+	// Password is the postgres role's password on the server (the test
+	// servers ask for it on TCP). PgBouncer asks clients for it too
+	// (scram-sha-256), and logs in to the server with it.
+	Password string
 	// PoolMode is PgBouncer's pool_mode; empty means "transaction".
 	PoolMode string
 	// PoolSize is the number of server connections per database and user;
@@ -39,15 +40,16 @@ type PgBouncerConfig struct {
 // temporary directory. It dies with this process.
 type PgBouncer struct {
 	// Port is the port PgBouncer listens on, on 127.0.0.1.
-	Port int
-	dir  string
-	cmd  *exec.Cmd
-	done chan struct{}
+	Port     int
+	password string
+	dir      string
+	cmd      *exec.Cmd
+	done     chan struct{}
 }
 
 // pgbouncerIni is PgBouncer's configuration: every database of the server,
-// trust authentication of clients, no unix socket. It logs in to the server
-// as postgres with the password of auth_file.
+// the postgres role's password required (scram-sha-256; never trust on TCP),
+// no unix socket.
 const pgbouncerIni = `[databases]
 * = host=127.0.0.1 port=%d
 
@@ -55,7 +57,7 @@ const pgbouncerIni = `[databases]
 listen_addr = 127.0.0.1
 listen_port = %d
 unix_socket_dir =
-auth_type = trust
+auth_type = scram-sha-256
 auth_file = %s
 pool_mode = %s
 default_pool_size = %d
@@ -96,7 +98,7 @@ func StartPgBouncer(ctx context.Context, cfg PgBouncerConfig) (*PgBouncer, error
 	if err != nil {
 		return nil, fmt.Errorf("chaos: %w", err)
 	}
-	b := &PgBouncer{Port: port, dir: dir, done: make(chan struct{})}
+	b := &PgBouncer{Port: port, password: cfg.Password, dir: dir, done: make(chan struct{})}
 	fail := func(err error) (*PgBouncer, error) {
 		_ = os.RemoveAll(dir)
 		return nil, err
@@ -117,13 +119,11 @@ func StartPgBouncer(ctx context.Context, cfg PgBouncerConfig) (*PgBouncer, error
 	ini := filepath.Join(dir, "pgbouncer.ini")
 	users := filepath.Join(dir, "userlist.txt")
 	logf := filepath.Join(dir, "pgbouncer.log")
-	// auth_file's quoting: a double quote inside is doubled.
-	line := `"postgres" "` + strings.ReplaceAll(cfg.ServerPassword, `"`, `""`) + `"` + "\n"
-	if err := os.WriteFile(users, []byte(line), 0o600); err != nil {
+	if err := os.WriteFile(users, []byte(`"postgres" "`+strings.ReplaceAll(cfg.Password, `"`, `""`)+`"`+"\n"), 0o600); err != nil {
 		return fail(fmt.Errorf("chaos: %w", err))
 	}
 	if cred != nil {
-		// PgBouncer, running as postgres, must read it.
+		// The password file is readable by PgBouncer's user alone.
 		if err := os.Chown(users, int(cred.Uid), int(cred.Gid)); err != nil {
 			return fail(fmt.Errorf("chaos: %w", err))
 		}
@@ -187,7 +187,9 @@ func (b *PgBouncer) Addr() string { return "127.0.0.1:" + strconv.Itoa(b.Port) }
 // pgx's exec mode to one that needs no named prepared statements, which a
 // transaction pool cannot keep.
 func (b *PgBouncer) URL(database string) string {
-	return "postgres://postgres@" + b.Addr() + "/" + database + "?sslmode=disable&default_query_exec_mode=exec"
+	u := url.URL{Scheme: "postgres", User: url.UserPassword("postgres", b.password), Host: b.Addr(), Path: "/" + database,
+		RawQuery: "sslmode=disable&default_query_exec_mode=exec"}
+	return u.String()
 }
 
 // Log returns PgBouncer's log.

@@ -22,7 +22,7 @@ func startBouncer(t *testing.T, ctx context.Context, poolSize int) (*chaos.PgBou
 	db := pgtest.NewDB(t)
 	cfg, err := pgx.ParseConfig(db.TCPURL)
 	require.NoError(t, err)
-	b, err := chaos.StartPgBouncer(ctx, chaos.PgBouncerConfig{ServerPort: int(cfg.Port), ServerPassword: cfg.Password, PoolSize: poolSize})
+	b, err := chaos.StartPgBouncer(ctx, chaos.PgBouncerConfig{ServerPort: int(cfg.Port), Password: cfg.Password, PoolSize: poolSize})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		if t.Failed() {

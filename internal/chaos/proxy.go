@@ -19,8 +19,10 @@ import (
 // A connection that saw bytes dropped is poisoned: its stream lost data, so
 // it is closed when the blackhole ends, as TCP would eventually time it out.
 type Proxy struct {
-	ln     net.Listener
-	target string
+	// Password is the postgres role\'s password, for URL.
+	Password string
+	ln       net.Listener
+	target   string
 
 	mu        sync.Mutex
 	conns     map[*proxyConn]struct{}
@@ -62,17 +64,13 @@ func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 // Port returns the proxy's listening port.
 func (p *Proxy) Port() int { return p.ln.Addr().(*net.TCPAddr).Port }
 
-// URLFor returns serverURL, a PostgreSQL connection URL of the server the
-// proxy forwards to (user, password, database and parameters included), with
-// its host and port replaced by the proxy's.
-func (p *Proxy) URLFor(serverURL string) (string, error) {
-	u, err := url.Parse(serverURL)
-	if err != nil || u.Scheme == "" {
-		return "", fmt.Errorf("chaos: proxy needs a URL of the server, got %q: %v", serverURL, err)
-	}
+// URL returns a PostgreSQL connection URL for database through the proxy,
+// as the postgres role with Password (the test servers ask for it on TCP).
+func (p *Proxy) URL(database string) string {
 	host := p.ln.Addr().(*net.TCPAddr).IP.String()
-	u.Host = net.JoinHostPort(host, strconv.Itoa(p.Port()))
-	return u.String(), nil
+	u := url.URL{Scheme: "postgres", User: url.UserPassword("postgres", p.Password),
+		Host: net.JoinHostPort(host, strconv.Itoa(p.Port())), Path: "/" + database, RawQuery: "sslmode=disable"}
+	return u.String()
 }
 
 func (p *Proxy) accept() {

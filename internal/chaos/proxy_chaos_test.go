@@ -26,10 +26,9 @@ func newProxy(t *testing.T, db *pgtest.DB) (*chaos.Proxy, string) {
 	require.NoError(t, err)
 	p, err := chaos.NewProxy(fmt.Sprintf("%s:%d", cfg.Host, cfg.Port))
 	require.NoError(t, err)
+	p.Password = cfg.Password
 	t.Cleanup(func() { require.NoError(t, p.Close()) })
-	u, err := p.URLFor(db.TCPURL)
-	require.NoError(t, err)
-	return p, u + "&connect_timeout=2"
+	return p, p.URL(db.Name) + "&connect_timeout=2"
 }
 
 func connect(t *testing.T, ctx context.Context, url string) *pgx.Conn {

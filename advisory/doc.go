@@ -75,10 +75,11 @@
 // # Fencing tokens
 //
 // Every acquisition, session or transaction, exclusive or shared, draws a
-// token with pgfence_next_token() in the same statement as the lock, and
-// only once the lock is granted:
+// token with pgfence_next_token() (a SECURITY DEFINER function of
+// [Config].Schema) in the same statement as the lock, and only once the
+// lock is granted:
 //
-//	SELECT CASE WHEN pg_try_advisory_lock($1) THEN pgfence_next_token() END
+//	SELECT CASE WHEN pg_catalog.pg_try_advisory_lock($1) THEN "pgfence".pgfence_next_token() END
 //
 // So a holder's token is larger than the token of every holder of the same
 // key before it (whose lock ended before this grant), through any Locker,

@@ -439,5 +439,18 @@ BEGIN
     ] LOOP
         EXECUTE pg_catalog.format('ALTER FUNCTION %s.%s SET search_path = pg_catalog, %s, pg_temp', s, f, s);
     END LOOP;
+    -- The batch functions take arrays: a generic plan cannot know their
+    -- length and estimates ten rows, so its cost never beats the custom
+    -- plans' and the plan cache would plan the statement again on every
+    -- call (most of the call's server time). The generic plan is the same
+    -- shape (index probes per name), so use it.
+    FOREACH f IN ARRAY ARRAY[
+        'pgfence_acquire(pg_catalog.text[], pg_catalog.text, pg_catalog.int8[])',
+        'pgfence_release(pg_catalog.text[], pg_catalog.int8[], pg_catalog.int8[], pg_catalog.text)',
+        'pgfence_renew(pg_catalog.text[], pg_catalog.int8[], pg_catalog.int8[])',
+        'pgfence_prune_delete(pg_catalog.text[], pg_catalog.int8[], pg_catalog.interval)'
+    ] LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %s.%s SET plan_cache_mode = force_generic_plan', s, f);
+    END LOOP;
 END;
 $$;

@@ -28,7 +28,9 @@ const MinTTL = 100 * time.Millisecond
 const DefaultQueryTimeout = 5 * time.Second
 
 // MaxNameLength is the longest lease name, in bytes, that the lease table
-// accepts. The same limit applies to owner ids.
+// accepts. Names must be valid UTF-8 without control characters
+// (U+0000-U+001F, U+007F): they would forge lines and escape sequences in
+// operators' terminals and logs. The same limit applies to owner ids.
 const MaxNameLength = 512
 
 // DefaultListenCheckInterval is how long the LISTEN connection may stay
@@ -83,7 +85,8 @@ type Config struct {
 	// Zero means "hostname/pid/random", unique per Locker. Lockers sharing
 	// an Owner are still safe (tokens are unique), but operators cannot
 	// tell their leases apart. At most [MaxNameLength] bytes of valid UTF-8
-	// without NUL.
+	// without control characters (U+0000-U+001F, U+007F), the same rule
+	// as for lease names.
 	Owner string
 
 	// Logger receives renewal failures, retries, losses and listener
@@ -268,6 +271,11 @@ func checkText(what, v string) error {
 		return fmt.Errorf("pgfence: leasetable: %s is not valid UTF-8", what)
 	case strings.IndexByte(v, 0) >= 0:
 		return fmt.Errorf("pgfence: leasetable: %s contains a NUL byte", what)
+	}
+	// Control characters would forge lines and escape sequences in
+	// operators' terminals and logs (pgfence ls, psql).
+	if i := strings.IndexFunc(v, func(r rune) bool { return r < 0x20 || r == 0x7f }); i >= 0 {
+		return fmt.Errorf("pgfence: leasetable: %s contains the control character %U at byte %d", what, v[i], i)
 	}
 	return nil
 }

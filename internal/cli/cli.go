@@ -13,6 +13,8 @@ import (
 	"syscall"
 
 	"golang.org/x/term"
+
+	"github.com/pgfence/pgfence/internal/supervise"
 )
 
 // App is one invocation of the pgfence command, with its standard streams.
@@ -121,6 +123,9 @@ func (a *App) Run(ctx context.Context, args []string) int {
 		if c.name == name {
 			return a.exit(name, c.run(a, ctx, rest))
 		}
+	}
+	if name == runSupervisorCommand {
+		return supervise.Serve(rest)
 	}
 	if name == demoWorkerCommand {
 		return a.exit(name, a.demoWorker(ctx, rest))

@@ -10,13 +10,19 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/notifier"
 	"github.com/pgfence/pgfence/internal/supervise"
 	"github.com/pgfence/pgfence/leasetable"
 )
@@ -141,13 +147,41 @@ func parseRun(args []string) (runOptions, *flags, error) {
 // releaseTimeout bounds releasing the lease after the command ended.
 const releaseTimeout = 10 * time.Second
 
+// runSupervisorCommand is the hidden subcommand that is run's supervisor:
+// this binary re-executed between pgfence run and the command, where it
+// becomes a child subreaper and kills every descendant when pgfence run
+// dies (supervise.Serve).
+const runSupervisorCommand = "run-supervisor"
+
+// envNoSupervisor, set to 1, makes run start the command itself, without
+// the supervisor process. Only the tests set it: it is the negative control
+// showing what the supervisor prevents.
+const envNoSupervisor = "PGFENCE_TEST_NO_SUPERVISOR"
+
+// supervisorArgv returns the command line that starts run's supervisor, or
+// nil to start the command directly (envNoSupervisor, or no subreapers on
+// this system).
+func supervisorArgv() ([]string, error) {
+	if os.Getenv(envNoSupervisor) == "1" || runtime.GOOS != "linux" {
+		return nil, nil
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("cannot find this program to start the supervisor: %w", err)
+	}
+	return []string{self, runSupervisorCommand}, nil
+}
+
 // superviseUnderLease runs argv while lease is held and returns the exit
 // status of `pgfence run`: the command's, or ExitLeaseLost,
 // ExitCannotExecute, ExitNotFound or ExitRunFailure. The command runs in its
 // own process group with EnvLease and EnvToken set; signals from sigs are
 // forwarded to the group; when the lease is lost the group gets SIGTERM,
-// then SIGKILL after grace. The lease is released when the command ends.
-func (a *App) superviseUnderLease(lease pgfence.Lease, argv []string, sigs <-chan os.Signal, grace time.Duration) int {
+// then SIGKILL after grace. sup, if not nil, starts the supervisor process
+// between pgfence and the command (supervisorArgv). stopWatch stops
+// watchForLoss before the release. The lease is released when the command
+// ends.
+func (a *App) superviseUnderLease(lease pgfence.Lease, argv []string, sigs <-chan os.Signal, grace time.Duration, sup []string, stopWatch func()) int {
 	res, err := supervise.Run(&supervise.Config{
 		Path:   argv[0],
 		Args:   argv[1:],
@@ -155,15 +189,13 @@ func (a *App) superviseUnderLease(lease pgfence.Lease, argv []string, sigs <-cha
 		Stdin:  os.Stdin,
 		Stdout: os.Stdout,
 		Stderr: os.Stderr,
-	}, &supervise.RunOpts{Signals: sigs, Lost: lease.Done(), Grace: grace})
+	}, &supervise.RunOpts{Signals: sigs, Lost: lease.Done(), Grace: grace, Supervisor: sup})
 
 	// Whether the lease was lost is read before the release, after which
 	// Err reports the release itself.
 	lostErr := lease.Err()
-	// The command's context is over; the release must still happen.
-	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-	defer cancel()
-	relErr := lease.Release(ctx)
+	stopWatch() // our own release notifies too
+	relErr := a.releaseAfterRun(lease)
 
 	switch {
 	case errors.Is(err, supervise.ErrNotFound):
@@ -190,6 +222,15 @@ func (a *App) superviseUnderLease(lease pgfence.Lease, argv []string, sigs <-cha
 		return ExitRunFailure
 	}
 	return res.Exit.Status()
+}
+
+// releaseAfterRun releases the lease once the command has ended, bounded
+// by releaseTimeout: the command's context is over, the release must still
+// happen, and must not hold pgfence up for long.
+func (a *App) releaseAfterRun(lease pgfence.Lease) error {
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	return lease.Release(ctx)
 }
 
 // leaseEnv returns env with EnvLease and EnvToken set for lease, replacing
@@ -271,27 +312,116 @@ func (a *App) run(ctx context.Context, args []string) error {
 		}
 		return exitWith(ExitRunFailure, err)
 	}
-	defer pool.Close()
+	logger := runLogger(a.Stderr)
 	locker, err := leasetable.New(ctx, pool, &leasetable.Config{
 		Schema:       o.schema,
 		TTL:          ttl,
 		SafetyMargin: margin,
 		Owner:        runOwner(o.argv[0]),
-		Logger:       runLogger(a.Stderr),
+		Logger:       logger,
 	})
 	if err != nil {
+		pool.Close()
 		return exitWith(ExitRunFailure, explainSchemaError(err, o.schema))
 	}
-	defer locker.Close()
+	defer a.closeBounded(locker, pool)
 
 	lease, err := a.acquireForRun(ctx, locker, &o, sigs)
 	if err != nil {
 		return err
 	}
-	if status := a.superviseUnderLease(lease, o.argv, sigs, grace); status != ExitOK {
+	sup, err := supervisorArgv()
+	if err != nil {
+		_ = a.releaseAfterRun(lease)
+		return exitWith(ExitRunFailure, err)
+	}
+	stopWatch := watchForLoss(pool, lease, logger, ttl)
+	status := a.superviseUnderLease(lease, o.argv, sigs, grace, sup, stopWatch)
+	if status != ExitOK {
 		return exitWith(status, nil)
 	}
 	return nil
+}
+
+// cleanupTimeout bounds closing the Locker and the pool once the command
+// has ended and the release was tried: a statement blocked in the database
+// (a renewal behind a table lock) must not keep pgfence from exiting. What
+// is still open is then closed by the process's exit.
+const cleanupTimeout = 2 * time.Second
+
+// closeBounded closes locker, then pool, giving up after cleanupTimeout.
+func (a *App) closeBounded(locker *leasetable.Locker, pool *pgxpool.Pool) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		locker.Close()
+		pool.Close()
+	}()
+	t := time.NewTimer(cleanupTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		fmt.Fprintf(a.Stderr, "pgfence run: closing the database connections took longer than %v; exiting without waiting\n", cleanupTimeout)
+	}
+}
+
+// lossCheckTimeout bounds the renewal that checks the lease after a
+// notification names it.
+const lossCheckTimeout = 5 * time.Second
+
+// watchForLoss makes a loss of lease stop the command within about a round
+// trip of its notification, not at the next scheduled renewal (TTL/3
+// later): it LISTENs on leasetable.NotifyChannel on a connection of its
+// own, and when a notification names the lease (a force release frees it
+// and notifies), or the connection starts listening (one may have been
+// missed), it renews the lease at once. If the database no longer holds the
+// lease for this token the renewal fails and the lease's Done channel
+// closes, which ends the command. Renewals are one at a time; a check that
+// fails for another reason leaves the lease to the watchdog. The returned
+// function stops the watch and waits for it, boundedly.
+func watchForLoss(pool *pgxpool.Pool, lease pgfence.Lease, logger *slog.Logger, ttl time.Duration) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var busy atomic.Bool
+	check := func() {
+		if !busy.CompareAndSwap(false, true) {
+			return
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer busy.Store(false)
+			rctx, rcancel := context.WithTimeout(ctx, lossCheckTimeout)
+			defer rcancel()
+			_ = lease.Renew(rctx) // a loss closes lease.Done(); other errors: the watchdog retries
+		}()
+	}
+	notifier.Start(ctx, notifier.Config{
+		ConnConfig:    pool.Config().ConnConfig,
+		Channel:       leasetable.NotifyChannel,
+		CheckInterval: max(ttl/3, time.Second),
+		CheckTimeout:  min(max(ttl/3, time.Second), lossCheckTimeout),
+		Logger:        logger,
+		LogPrefix:     "pgfence run: lease watch",
+		Notify: func(name string) {
+			if name == lease.Name() {
+				check()
+			}
+		},
+		Listening: check,
+	}, &wg)
+	return func() {
+		cancel()
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		t := time.NewTimer(cleanupTimeout)
+		defer t.Stop()
+		select {
+		case <-done:
+		case <-t.C:
+		}
+	}
 }
 
 // acquireForRun takes the lease as o asks: TryAcquire with --no-wait, else

@@ -132,7 +132,7 @@ func TestSuperviseUnderLease(t *testing.T) {
 			var stderr bytes.Buffer
 			a := &App{Stderr: &stderr}
 			l := newFakeLease("nightly", 42)
-			require.Equal(t, tt.status, a.superviseUnderLease(l, tt.argv, nil, time.Second))
+			require.Equal(t, tt.status, a.superviseUnderLease(l, tt.argv, nil, time.Second, nil, func() {}))
 			require.Equal(t, 1, l.released, "the lease is released once")
 			require.Contains(t, stderr.String(), tt.message)
 		})
@@ -144,7 +144,7 @@ func TestSuperviseUnderLeaseEnvironment(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "env")
 	a := &App{Stderr: &bytes.Buffer{}}
 	l := newFakeLease("account:42", 1234)
-	status := a.superviseUnderLease(l, []string{"sh", "-c", `printf '%s %s' "$PGFENCE_LEASE" "$PGFENCE_TOKEN" > "$0"`, out}, nil, time.Second)
+	status := a.superviseUnderLease(l, []string{"sh", "-c", `printf '%s %s' "$PGFENCE_LEASE" "$PGFENCE_TOKEN" > "$0"`, out}, nil, time.Second, nil, func() {})
 	require.Equal(t, 0, status)
 	b, err := os.ReadFile(out)
 	require.NoError(t, err)
@@ -162,7 +162,7 @@ func TestSuperviseUnderLeaseLost(t *testing.T) {
 	go func() {
 		// The command ignores SIGTERM: it takes the SIGKILL.
 		statusc <- a.superviseUnderLease(l, []string{"sh", "-c", `trap '' TERM; echo ready > "$0"; while :; do sleep 1; done`, fifo},
-			nil, 100*time.Millisecond)
+			nil, 100*time.Millisecond, nil, func() {})
 	}()
 	ready, err := os.ReadFile(fifo)
 	require.NoError(t, err)
@@ -179,7 +179,7 @@ func TestSuperviseUnderLeaseLostAsTheCommandEnded(t *testing.T) {
 	a := &App{Stderr: &stderr}
 	l := newFakeLease("nightly", 42)
 	l.err = pgfence.ErrLeaseLost // lost, but the command ended first
-	require.Equal(t, ExitLeaseLost, a.superviseUnderLease(l, []string{"true"}, nil, time.Second))
+	require.Equal(t, ExitLeaseLost, a.superviseUnderLease(l, []string{"true"}, nil, time.Second, nil, func() {}))
 	require.Contains(t, stderr.String(), "was lost as the command ended (exit status 0)")
 }
 
@@ -189,7 +189,7 @@ func TestSuperviseUnderLeaseReleaseFails(t *testing.T) {
 	a := &App{Stderr: &stderr}
 	l := newFakeLease("nightly", 42)
 	l.releaseErr = errors.New("connection refused")
-	require.Equal(t, ExitRunFailure, a.superviseUnderLease(l, []string{"true"}, nil, time.Second))
+	require.Equal(t, ExitRunFailure, a.superviseUnderLease(l, []string{"true"}, nil, time.Second, nil, func() {}))
 	require.Contains(t, stderr.String(), `releasing lease "nightly" failed: connection refused; it expires after its TTL`)
 }
 
@@ -203,7 +203,7 @@ func TestSuperviseUnderLeaseForwardsSignals(t *testing.T) {
 	statusc := make(chan int, 1)
 	go func() {
 		statusc <- a.superviseUnderLease(l, []string{"sh", "-c", `trap 'exit 42' HUP; echo ready > "$0"; while :; do sleep 1; done`, fifo},
-			sigs, time.Second)
+			sigs, time.Second, nil, func() {})
 	}()
 	_, err := os.ReadFile(fifo)
 	require.NoError(t, err)

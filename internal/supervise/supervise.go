@@ -256,6 +256,12 @@ type RunOpts struct {
 	// Grace is the time between SIGTERM and SIGKILL; zero means
 	// DefaultGrace.
 	Grace time.Duration
+	// Supervisor, when not empty, is the command line (program and first
+	// arguments) that starts a supervisor process: a program that calls
+	// [Serve] with the arguments Run appends. The supervisor starts the
+	// command and ends every process it started when this process dies
+	// (see the package doc). Empty: this process starts the command itself.
+	Supervisor []string
 }
 
 // Result is how a [Run] ended.
@@ -279,6 +285,9 @@ func Run(cfg *Config, opts *RunOpts) (Result, error) {
 	}
 	if o.Grace <= 0 {
 		o.Grace = DefaultGrace
+	}
+	if len(o.Supervisor) > 0 {
+		return runWithSupervisor(cfg, o)
 	}
 	p, err := Start(cfg)
 	if err != nil {

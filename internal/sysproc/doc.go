@@ -5,4 +5,10 @@
 //
 // [SetParentDeathSignal] asks the kernel to signal a child when its parent
 // dies, on Linux; elsewhere it does nothing.
+//
+// # Child subreaper
+//
+// [SetChildSubreaper] makes orphaned descendants of this process (including
+// those that called setsid()) its children instead of init's, on Linux;
+// elsewhere it fails with errors.ErrUnsupported.
 package sysproc

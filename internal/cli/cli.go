@@ -173,8 +173,15 @@ func (a *App) parseOrHelp(f *flags, help string, args []string) (positional, aft
 
 // printHelp prints a command's help text, then its flags and the exit codes,
 // to standard output.
-func (a *App) printHelp(f *flags, help string) {
-	fmt.Fprintf(a.Stdout, "%s\n%s\n%s", strings.TrimSpace(help)+"\n", f.help(), exitCodesHelp)
+func (a *App) printHelp(f *flags, help string) { a.printHelpCodes(f, help, exitCodesHelp) }
+
+// printHelpCodes is printHelp with the exit codes given: empty for a
+// command whose help text lists its own (one table, not two).
+func (a *App) printHelpCodes(f *flags, help, codes string) {
+	fmt.Fprintf(a.Stdout, "%s\n%s", strings.TrimSpace(help)+"\n", f.help())
+	if codes != "" {
+		fmt.Fprintf(a.Stdout, "\n%s", codes)
+	}
 }
 
 const versionHelp = `

@@ -1,8 +1,8 @@
 package cli
 
 // Exit codes of the pgfence command, all in this file. The general ones are
-// printed by every --help (see exitCodesHelp); run's by run's --help (see
-// runHelp). Both lists are in the README.
+// printed by every --help (see exitCodesHelp) but run's, which prints its
+// own table instead (see runHelp). Both lists are in the README.
 const (
 	// ExitOK: the command did what was asked.
 	ExitOK = 0

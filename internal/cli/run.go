@@ -66,11 +66,24 @@ Lease loss and the grace period:
   pgfence itself was paused past the TTL. Another owner may then already
   hold the lease; only the command's fenced writes (with PGFENCE_TOKEN) are
   protected from that.
-  If pgfence itself is killed (SIGKILL, the OOM killer), the kernel sends
-  SIGKILL to the command (on Linux); processes the command started may run
-  on until they notice, and the lease expires after its TTL.
+  A force release (or any release of the lease) is announced on a
+  notification; run listens for it and checks the lease at once, so the
+  command gets SIGTERM within about a round trip, not at the next renewal.
 
-Run exit codes (instead of the general ones below):
+The whole job, even when pgfence is killed:
+  The command is started by a supervisor, a second pgfence process that is
+  a child subreaper (Linux): every process the command starts stays its
+  descendant, even one that calls setsid() or leaves the process group. On
+  loss, SIGTERM and then SIGKILL go to all of them. If pgfence dies for any
+  reason, SIGKILL included, the supervisor sees its control pipe close and
+  kills every descendant at once (milliseconds), long before the lease
+  could expire and pass to another owner. Not covered: a process that
+  escapes the supervisor's tree (started through another service, such as
+  systemd-run, at or cron), or the supervisor itself being killed with
+  SIGKILL (the command gets SIGKILL then, its descendants do not); on
+  systems other than Linux only the command's process group is ended.
+
+Exit codes:
   the command's   its exit code, or 128+N when signal N ended it
   1, or -E N      the lease is held by another owner (--no-wait, or --wait ran out)
   2               usage error
@@ -277,7 +290,7 @@ func (o *runOptions) timing() (ttl, margin, grace time.Duration) {
 func (a *App) run(ctx context.Context, args []string) error {
 	o, f, err := parseRun(args)
 	if errors.Is(err, flag.ErrHelp) {
-		a.printHelp(f, runHelp)
+		a.printHelpCodes(f, runHelp, "") // runHelp has run's own exit codes
 	}
 	if err != nil {
 		return err

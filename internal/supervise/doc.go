@@ -30,11 +30,22 @@
 // # When this process dies
 //
 // On Linux the command gets SIGKILL from the kernel when the process that
-// started it dies (its parent-death signal), so a supervisor killed with
-// SIGKILL or by the OOM killer does not leave the command running
-// unsupervised. Only the command itself gets it: processes it started in
-// its group keep running until they notice. Elsewhere the command outlives
-// its supervisor.
+// started it dies (its parent-death signal). Without a supervisor only the
+// command itself gets it: processes it started keep running until they
+// notice. Elsewhere the command outlives its supervisor.
+//
+// # Supervisor
+//
+// With [RunOpts].Supervisor set, [Run] starts a supervisor process (this
+// program re-executed, calling [Serve]) that starts the command and talks
+// to Run over two pipes. The supervisor is a child subreaper, so every
+// descendant of the command stays its descendant, whatever process group
+// or session it moves to. Loss and leftovers end every descendant (SIGTERM,
+// SIGKILL after the grace period), not only the group. When Run's process
+// dies, even by SIGKILL, the control pipe reaches end of file and the
+// supervisor kills every descendant with SIGKILL at once, then exits. Not
+// covered: processes started on the command's behalf by another service,
+// outside the tree, and the supervisor itself killed by SIGKILL.
 //
 // # Exit status
 //

@@ -215,7 +215,23 @@ func TestMigrateUpDownVersion(t *testing.T) {
 	r = pgfence(t, env, "", "migrate", "down", "--yes")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, fmt.Sprintf("reverted from version %d", latest))
+	require.Contains(t, r.stdout, "the schema itself remains")
 	require.False(t, tableExists(t, db, "pgfence.pgfence_leases"))
+	// What the message claims: nothing of pgfence is left in the schema,
+	// not even the version table, and the schema is.
+	var left []string
+	rows, err := db.Pool.Query(context.Background(), `SELECT c.relname::text FROM pg_catalog.pg_class c
+		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'pgfence'
+		UNION ALL SELECT p.proname::text FROM pg_catalog.pg_proc p
+		JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'pgfence'`)
+	require.NoError(t, err)
+	left, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Empty(t, left, "every table and function is dropped")
+	var schemaLeft bool
+	require.NoError(t, db.Pool.QueryRow(context.Background(),
+		"SELECT EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname = 'pgfence')").Scan(&schemaLeft))
+	require.True(t, schemaLeft, "the schema itself remains, as the message says")
 
 	r = pgfence(t, env, "", "migrate", "down", "-y")
 	require.Equal(t, 0, r.code, r.stderr)

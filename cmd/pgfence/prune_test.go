@@ -102,7 +102,7 @@ func TestPruneInterrupted(t *testing.T) {
 		"prune waits for the writer")
 	require.NoError(t, b.cmd.Process.Signal(syscall.SIGINT))
 	require.Equal(t, 1, b.wait(t))
-	require.Contains(t, b.stderr.String(), "pgfence prune: pgfence: leasetable: prune: stopped after deleting 0 rows: interrupt signal received")
+	require.Contains(t, b.stderr.String(), "pgfence prune: pgfence: leasetable: prune: stopped after deleting 0 rows: interrupted by SIGINT")
 	require.Equal(t, []string{"ended-two-days-ago"}, leaseNames(t, db))
 
 	require.NoError(t, writer.Commit(ctx))

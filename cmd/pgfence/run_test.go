@@ -221,7 +221,7 @@ func TestRunInterruptedWhileWaiting(t *testing.T) {
 	require.Eventually(t, func() bool { return waitingBackends(t, db) == 1 }, time.Minute, 10*time.Millisecond)
 	require.NoError(t, b.cmd.Process.Signal(syscall.SIGTERM))
 	require.Equal(t, 128+int(syscall.SIGTERM), b.wait(t))
-	require.Contains(t, b.stderr.String(), `interrupted by terminated while waiting for lease "nightly"; the command was not run`)
+	require.Contains(t, b.stderr.String(), `interrupted by SIGTERM while waiting for lease "nightly"; the command was not run`)
 }
 
 func TestRunForwardsSignals(t *testing.T) {

@@ -34,10 +34,22 @@ type App struct {
 // streams, and returns its exit code. The first SIGINT or SIGTERM cancels
 // the command's database work; a second one ends the process.
 func Main() int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	// After the first signal, the next one ends the process at once.
-	context.AfterFunc(ctx, stop)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	go func() {
+		select {
+		case s := <-sigs:
+			// After the first signal, the next one ends the process at once.
+			signal.Stop(sigs)
+			if sig, ok := s.(syscall.Signal); ok {
+				cancel(&interruptedError{sig: sig})
+			}
+		case <-ctx.Done():
+		}
+	}()
 	a := &App{
 		Stdin:           os.Stdin,
 		Stdout:          os.Stdout,
@@ -45,6 +57,22 @@ func Main() int {
 		StdinIsTerminal: func() bool { return term.IsTerminal(int(os.Stdin.Fd())) },
 	}
 	return a.Run(ctx, os.Args[1:])
+}
+
+// interruptedError is the cause of Main's context when a signal ended it.
+type interruptedError struct{ sig syscall.Signal }
+
+func (e *interruptedError) Error() string { return "interrupted by " + signalName(e.sig) }
+
+// interruptedStatus returns the exit status for a command that ctx's
+// signal interrupted: 128+N for signal N, as a shell reports it; 130
+// (SIGINT's) when the cause is not known.
+func interruptedStatus(ctx context.Context) int {
+	var ie *interruptedError
+	if errors.As(context.Cause(ctx), &ie) {
+		return 128 + int(ie.sig)
+	}
+	return 128 + int(syscall.SIGINT)
 }
 
 // command is one subcommand.

@@ -51,7 +51,7 @@ Database:
   throwaway PostgreSQL from the local server binaries (initdb and postgres
   from PG_BINDIR, PATH or /usr/lib/postgresql/*/bin) in a private temporary
   directory, reachable only through a unix socket there (no TCP), and
-  removes it at the end. SIGINT cleans up too.
+  removes it at the end. SIGINT cleans up too (exit status 130).
 
 Exit status 0 means the story played out: the fenced stale write was
 rejected and the unfenced one overwrote the row.
@@ -154,7 +154,7 @@ func (a *App) demo(ctx context.Context, args []string) (err error) {
 	d.cleanup(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
-			return fmt.Errorf("interrupted; cleaned up")
+			return exitWith(interruptedStatus(ctx), errors.New("interrupted; cleaned up"))
 		}
 		return err
 	}

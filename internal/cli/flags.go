@@ -81,11 +81,31 @@ func (f *flags) String(p *string, short, long, arg, usage string) {
 	f.add(short, long, arg, usage, *p)
 }
 
+// durationValue is a time.Duration flag whose parse error says what a
+// duration looks like: "10" or "1d" are common mistakes.
+type durationValue struct{ p *time.Duration }
+
+func (d durationValue) String() string {
+	if d.p == nil {
+		return ""
+	}
+	return d.p.String()
+}
+
+func (d durationValue) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return errors.New("not a duration: use a Go duration such as 10s, 90m or 24h (units ns, us, ms, s, m, h; no d)")
+	}
+	*d.p = v
+	return nil
+}
+
 // Duration defines a duration flag.
 func (f *flags) Duration(p *time.Duration, short, long, usage string) {
-	f.fs.DurationVar(p, long, *p, usage)
+	f.fs.Var(durationValue{p}, long, usage)
 	if short != "" {
-		f.fs.DurationVar(p, short, *p, usage)
+		f.fs.Var(durationValue{p}, short, usage)
 	}
 	def := ""
 	if *p != 0 {
@@ -120,6 +140,17 @@ func (f *flags) help() string {
 	}
 	fmt.Fprintf(&b, "  %-*s  %s\n", width, "-h, --help", "show this help")
 	return b.String()
+}
+
+// set reports whether the flag named short or long was given.
+func (f *flags) set(short, long string) bool {
+	found := false
+	f.fs.Visit(func(fl *flag.Flag) {
+		if fl.Name == long || (short != "" && fl.Name == short) {
+			found = true
+		}
+	})
+	return found
 }
 
 // parse parses args, allowing flags after positional arguments. It returns

@@ -97,16 +97,18 @@ func (a *App) migrateAction(ctx context.Context, action string, t migrations.Tar
 	latest := migrations.Latest()
 	switch action {
 	case "up":
-		before, _, err := migrations.Version(ctx, t, cfg)
-		if err != nil {
-			return err
-		}
+		// The version before is only for the message: when it cannot be
+		// read, Up says why (as an up failure, not a version failure).
+		before, _, verr := migrations.Version(ctx, t, cfg)
 		if err := migrations.Up(ctx, t, cfg); err != nil {
 			return err
 		}
-		if before == latest {
+		switch {
+		case verr != nil:
+			fmt.Fprintf(a.Stdout, "pgfence schema %q migrated to version %d\n", cfg.Schema, latest)
+		case before == latest:
 			fmt.Fprintf(a.Stdout, "pgfence schema %q is up to date at version %d\n", cfg.Schema, latest)
-		} else {
+		default:
 			fmt.Fprintf(a.Stdout, "pgfence schema %q migrated from version %d to %d\n", cfg.Schema, before, latest)
 		}
 	case "down":
@@ -125,7 +127,8 @@ func (a *App) migrateAction(ctx context.Context, action string, t migrations.Tar
 		if err := migrations.Down(ctx, t, cfg); err != nil {
 			return err
 		}
-		fmt.Fprintf(a.Stdout, "pgfence schema %q reverted from version %d; every pgfence object in it is removed\n", cfg.Schema, before)
+		fmt.Fprintf(a.Stdout, "pgfence schema %q reverted from version %d: its tables, functions and version table are dropped; "+
+			"the schema itself remains (DROP SCHEMA %s to remove it)\n", cfg.Schema, before, pgx.Identifier{cfg.Schema}.Sanitize())
 	case "version":
 		v, dirty, err := migrations.Version(ctx, t, cfg)
 		if err != nil {

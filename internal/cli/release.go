@@ -67,6 +67,9 @@ func (a *App) release(ctx context.Context, args []string) error {
 	if name == "" {
 		return usageErrorf("the lease name is empty")
 	}
+	if err := checkName(name); err != nil {
+		return err
+	}
 	if len(reason) > leasetable.MaxNameLength {
 		return usageErrorf("--reason is %d bytes long; at most %d are allowed", len(reason), leasetable.MaxNameLength)
 	}

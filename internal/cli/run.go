@@ -42,7 +42,7 @@ Runs COMMAND while holding the lease NAME, like flock(1) across machines:
 acquires the lease, runs the command, renews the lease while it runs, and
 releases it when the command exits. Without --no-wait or --wait, run waits
 for the lease as long as it takes (as flock does); it wakes as soon as the
-holder releases it. SIGINT or SIGTERM while waiting gives up (status 128+N).
+holder releases it. --wait 0 does not wait, like --no-wait (flock -w 0). SIGINT or SIGTERM while waiting gives up (status 128+N).
 
 The command gets PGFENCE_LEASE (the name) and PGFENCE_TOKEN (the fencing
 token of this acquisition) in its environment, so its own SQL can be fenced.
@@ -142,19 +142,46 @@ func parseRun(args []string) (runOptions, *flags, error) {
 		return o, f, usageErrorf("no command: put it after --, as in pgfence run %s -- COMMAND [ARGS...]", pos[0])
 	case pos[0] == "":
 		return o, f, usageErrorf("the lease name is empty")
-	case o.noWait && o.wait != 0:
+	case o.noWait && f.set("w", "wait"):
 		return o, f, usageErrorf("--no-wait and --wait exclude each other")
-	case o.wait < 0 || o.ttl < 0 || o.atLeast < 0 || o.margin < 0:
-		return o, f, usageErrorf("durations must not be negative")
+	case o.wait < 0:
+		return o, f, usageErrorf("--wait must not be negative, not %v", o.wait)
+	case o.ttl < 0:
+		return o, f, usageErrorf("--ttl must not be negative, not %v", o.ttl)
+	case o.atLeast < 0:
+		return o, f, usageErrorf("--at-least must not be negative, not %v", o.atLeast)
+	case o.margin < 0:
+		return o, f, usageErrorf("--safety-margin must not be negative, not %v", o.margin)
 	case o.margin != 0 && o.margin < minMargin:
 		return o, f, usageErrorf("--safety-margin must be at least %v, not %v", minMargin, o.margin)
 	case len(pos[0]) > leasetable.MaxNameLength:
 		return o, f, usageErrorf("the lease name is %d bytes long; at most %d are allowed", len(pos[0]), leasetable.MaxNameLength)
+	case checkName(pos[0]) != nil:
+		return o, f, checkName(pos[0])
 	case o.conflictExit < 0 || o.conflictExit > 255:
 		return o, f, usageErrorf("--conflict-exit-code must be between 0 and 255, not %d", o.conflictExit)
 	}
+	// --wait 0 does not wait, as flock -w 0 does not.
+	if f.set("w", "wait") && o.wait == 0 {
+		o.noWait = true
+	}
 	o.name, o.argv = pos[0], argv
 	return o, f, nil
+}
+
+// checkName returns a usage error if name cannot be a lease name:
+// leasetable refuses names that are not UTF-8 or hold control characters,
+// and so does the command line, before connecting.
+func checkName(name string) error {
+	if !utf8.ValidString(name) {
+		return usageErrorf("the lease name %q is not valid UTF-8", name)
+	}
+	for _, r := range name {
+		if r < 0x20 || r == 0x7f { // leasetable's rule: C0 controls and DEL
+			return usageErrorf("the lease name %q holds a control character (%U)", name, r)
+		}
+	}
+	return nil
 }
 
 // releaseTimeout bounds releasing the lease after the command ended.
@@ -469,7 +496,7 @@ func (a *App) acquireForRun(ctx context.Context, locker *leasetable.Locker, o *r
 		if lease != nil {
 			_ = lease.Release(ctx)
 		}
-		return nil, exitWith(128+int(s), fmt.Errorf("interrupted by %v while waiting for lease %q; the command was not run", s, o.name))
+		return nil, exitWith(128+int(s), fmt.Errorf("interrupted by %s while waiting for lease %q; the command was not run", signalName(s), o.name))
 	}
 	switch {
 	case err == nil:
@@ -484,6 +511,20 @@ func (a *App) acquireForRun(ctx context.Context, locker *leasetable.Locker, o *r
 	default:
 		return nil, exitWith(ExitRunFailure, explainSchemaError(err, o.schema))
 	}
+}
+
+// signalName names the signals run stops waiting on: "SIGINT", not
+// "interrupt".
+func signalName(s syscall.Signal) string {
+	switch s {
+	case syscall.SIGINT:
+		return "SIGINT"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	case syscall.SIGHUP:
+		return "SIGHUP"
+	}
+	return fmt.Sprintf("signal %d", int(s))
 }
 
 // conflict describes who holds the lease that could not be acquired.
@@ -503,17 +544,64 @@ func (a *App) conflict(ctx context.Context, locker *leasetable.Locker, o *runOpt
 }
 
 // runLogger logs leasetable's warnings (failed renewals, a lost lease) to
-// w, without timestamps, like run's own messages.
+// w in the format of run's own lines: "pgfence run: MESSAGE (key=value
+// ...)", one a line, without timestamps or levels.
 func runLogger(w io.Writer) *slog.Logger {
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{
-		Level: slog.LevelWarn,
-		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
-			if a.Key == slog.TimeKey && len(groups) == 0 {
-				return slog.Attr{}
-			}
-			return a
-		},
-	}))
+	return slog.New(&lineHandler{w: w, prefix: "pgfence run: ", mu: &sync.Mutex{}})
+}
+
+// lineHandler is a slog.Handler writing "PREFIX MESSAGE (ATTRS)" lines for
+// warnings and errors; ATTRS are in slog's text form.
+type lineHandler struct {
+	w      io.Writer
+	prefix string
+	attrs  []slog.Attr
+	group  string
+	mu     *sync.Mutex
+}
+
+func (h *lineHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+
+func (h *lineHandler) Handle(_ context.Context, r slog.Record) error {
+	var attrs strings.Builder
+	th := slog.NewTextHandler(&attrs, &slog.HandlerOptions{ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+		if len(groups) == 0 && (a.Key == slog.TimeKey || a.Key == slog.LevelKey || a.Key == slog.MessageKey) {
+			return slog.Attr{}
+		}
+		return a
+	}})
+	var hh slog.Handler = th.WithAttrs(h.attrs)
+	if h.group != "" {
+		hh = hh.WithGroup(h.group)
+	}
+	rec := slog.NewRecord(time.Time{}, r.Level, "", 0)
+	r.Attrs(func(a slog.Attr) bool { rec.AddAttrs(a); return true })
+	if err := hh.Handle(context.Background(), rec); err != nil {
+		return err
+	}
+	line := h.prefix + r.Message
+	if a := strings.TrimSpace(attrs.String()); a != "" {
+		line += " (" + a + ")"
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, err := io.WriteString(h.w, line+"\n")
+	return err
+}
+
+func (h *lineHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	c := *h
+	c.attrs = append(append([]slog.Attr{}, h.attrs...), attrs...)
+	return &c
+}
+
+func (h *lineHandler) WithGroup(name string) slog.Handler {
+	c := *h
+	if c.group != "" {
+		name = c.group + "." + name
+	}
+	c.group = name
+	return &c
 }
 
 // runOwner is the owner id run writes into the lease row, for operators

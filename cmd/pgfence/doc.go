@@ -50,7 +50,17 @@
 // clock-rate differences and the kill itself. A loss found by a renewal
 // that sees the lease taken (pgfence release --force) may come after
 // another owner acquired it: the command's writes fenced with PGFENCE_TOKEN
-// are what protects the data then.
+// are what protects the data then. A force release is noticed within about
+// a round trip: pgfence run LISTENs for release notifications and checks its
+// lease when one names it.
+//
+// On Linux the command is started by a supervisor (pgfence itself,
+// re-executed) that is a child subreaper: if pgfence dies, even by SIGKILL,
+// the supervisor kills every process the command started, including those
+// that ignore SIGTERM or left the process group with setsid(), within
+// milliseconds, long before the lease could pass to another owner.
+// Processes started on the command's behalf by another service (systemd-run,
+// at) are outside its reach.
 //
 // A crontab entry that runs a nightly job on whichever host gets there first
 // and skips it quietly elsewhere:

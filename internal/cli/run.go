@@ -198,6 +198,11 @@ const runSupervisorCommand = "run-supervisor"
 // showing what the supervisor prevents.
 const envNoSupervisor = "PGFENCE_TEST_NO_SUPERVISOR"
 
+// envNoLossWatch, set to 1, turns watchForLoss off, so a loss is found by
+// the next scheduled renewal only. Only the tests set it (the negative
+// control of the force-release timing).
+const envNoLossWatch = "PGFENCE_TEST_NO_LOSS_WATCH"
+
 // supervisorArgv returns the command line that starts run's supervisor, or
 // nil to start the command directly (envNoSupervisor, or no subreapers on
 // this system).
@@ -421,6 +426,9 @@ const lossCheckTimeout = 5 * time.Second
 // fails for another reason leaves the lease to the watchdog. The returned
 // function stops the watch and waits for it, boundedly.
 func watchForLoss(pool *pgxpool.Pool, lease pgfence.Lease, logger *slog.Logger, ttl time.Duration) (stop func()) {
+	if os.Getenv(envNoLossWatch) == "1" {
+		return func() {}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	var busy atomic.Bool

@@ -240,3 +240,48 @@ func TestExitErrorCarriesItsCode(t *testing.T) {
 	require.Equal(t, ExitRunFailure, a.exit("run", exitWith(ExitRunFailure, errors.New("database unreachable"))))
 	require.Equal(t, "pgfence run: database unreachable\n", stderr.String())
 }
+
+func TestCheckName(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		ok   bool
+	}{
+		{"nightly", true},
+		{"account:42 ü", true},
+		{"tab\there", false},
+		{"nul\x00", false},
+		{"del\x7f", false},
+		{"\xff", false},
+		{"c1\u0085", true}, // leasetable's rule: C0 controls and DEL only
+	}
+	for _, tt := range tests {
+		err := checkName(tt.name)
+		if tt.ok {
+			require.NoError(t, err, "%q", tt.name)
+			continue
+		}
+		var uerr *usageError
+		require.ErrorAs(t, err, &uerr, "%q", tt.name)
+	}
+}
+
+func TestParseRunWaitZero(t *testing.T) {
+	t.Parallel()
+	o, _, err := parseRun([]string{"--wait", "0", "job", "--", "true"})
+	require.NoError(t, err)
+	require.True(t, o.noWait, "--wait 0 does not wait")
+	o, _, err = parseRun([]string{"job", "--", "true"})
+	require.NoError(t, err)
+	require.False(t, o.noWait, "no --wait waits")
+}
+
+func TestRunLoggerFormat(t *testing.T) {
+	t.Parallel()
+	var b bytes.Buffer
+	l := runLogger(&b)
+	l.Info("not shown")
+	l.With("lease", "job").Warn("pgfence: leasetable: lease lost", "token", 7, "cause", "a b")
+	l.Warn("bare")
+	require.Equal(t, "pgfence run: pgfence: leasetable: lease lost (lease=job token=7 cause=\"a b\")\npgfence run: bare\n", b.String())
+}

@@ -184,8 +184,14 @@ func checkName(name string) error {
 	return nil
 }
 
-// releaseTimeout bounds releasing the lease after the command ended.
-const releaseTimeout = 10 * time.Second
+// releaseTimeout bounds releasing the lease after the command ended;
+// lostReleaseTimeout bounds it after the lease was lost, when the release
+// only tidies up (the row is expired or someone else's) and must not hold
+// pgfence's exit up behind a blocked statement.
+const (
+	releaseTimeout     = 10 * time.Second
+	lostReleaseTimeout = time.Second
+)
 
 // runSupervisorCommand is the hidden subcommand that is run's supervisor:
 // this binary re-executed between pgfence run and the command, where it
@@ -240,7 +246,7 @@ func (a *App) superviseUnderLease(lease pgfence.Lease, argv []string, sigs <-cha
 	// Err reports the release itself.
 	lostErr := lease.Err()
 	stopWatch() // our own release notifies too
-	relErr := a.releaseAfterRun(lease)
+	relErr := a.releaseAfterRun(lease, lostErr != nil)
 
 	switch {
 	case errors.Is(err, supervise.ErrNotFound):
@@ -270,12 +276,31 @@ func (a *App) superviseUnderLease(lease pgfence.Lease, argv []string, sigs <-cha
 }
 
 // releaseAfterRun releases the lease once the command has ended, bounded
-// by releaseTimeout: the command's context is over, the release must still
-// happen, and must not hold pgfence up for long.
-func (a *App) releaseAfterRun(lease pgfence.Lease) error {
-	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+// by releaseTimeout, or lostReleaseTimeout when the lease was lost: the
+// command's context is over, the release must still happen, and must not
+// hold pgfence up for long.
+func (a *App) releaseAfterRun(lease pgfence.Lease, lost bool) error {
+	timeout := releaseTimeout
+	if lost {
+		timeout = lostReleaseTimeout
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	return lease.Release(ctx)
+	// Release may wait for an in-flight renewal, bounded by the Locker's
+	// QueryTimeout rather than ctx: wait for it no longer than ctx allows.
+	done := make(chan error, 1)
+	go func() { done <- lease.Release(ctx) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(100 * time.Millisecond):
+			return fmt.Errorf("release of lease %q did not finish within %v", lease.Name(), timeout)
+		}
+	}
 }
 
 // leaseEnv returns env with EnvLease and EnvToken set for lease, replacing
@@ -377,7 +402,7 @@ func (a *App) run(ctx context.Context, args []string) error {
 	}
 	sup, err := supervisorArgv()
 	if err != nil {
-		_ = a.releaseAfterRun(lease)
+		_ = a.releaseAfterRun(lease, false)
 		return exitWith(ExitRunFailure, err)
 	}
 	stopWatch := watchForLoss(pool, lease, logger, ttl)

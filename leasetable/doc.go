@@ -86,6 +86,10 @@
 // never taken from or returned to the pool), shared by all its waiters;
 // releases send pg_notify on [NotifyChannel] with the lease name in the same
 // statement, so a waiter wakes within milliseconds of the release's commit.
+// An AtLeast release notifies too: the waiter retries, learns the expiry
+// acquired_at + AtLeast, and takes the lease then. Waiters of the Locker
+// that released are woken directly, without LISTEN (also with
+// [Config].DisableListen).
 // Otherwise a waiter retries when the holder's lease is due to expire, plus a
 // little jitter. If the LISTEN connection fails, waiting still works through
 // those timed retries; the connection is re-opened with capped backoff and

@@ -228,5 +228,14 @@
 // through such a pooler it does not receive notifications, so either point
 // [Config].ListenConnConfig at the server directly or set
 // [Config].DisableListen; waiters then wake at the holder's expiry instead of
-// at its release.
+// at its release (releases by the same Locker still wake them at once).
+// A LISTEN connection is checked at each connect: after LISTEN, a probe
+// notification is sent through the pool, from another session (a
+// session's own notification would reach it even through a transaction
+// pooler, which tends to hand the same server connection back), and the
+// LISTEN connection waits for it for the health check's timeout (at most
+// 5s). When it does not arrive, the Locker logs one Warn ("LISTEN does not
+// receive notifications on this connection: is it behind a transaction
+// pooler? ...") and stops using LISTEN until [Locker.Close]; its waiters
+// use timed retries, as with DisableListen.
 package leasetable

@@ -114,7 +114,8 @@ type Config struct {
 	// ListenConnConfig, when not nil, is used to open the LISTEN connection
 	// instead of the pool's connection configuration. Point it at the server
 	// directly when the pool goes through a transaction-pooling PgBouncer,
-	// where LISTEN does not work. It is copied; the caller's value is not
+	// where LISTEN does not work (the Locker detects that at connect, logs
+	// a Warn once and falls back to timed retries). It is copied; the caller's value is not
 	// modified. Whichever configuration is used, the LISTEN connection
 	// handles a context that ends by setting a deadline on the network
 	// connection (pgconn's DeadlineContextWatcherHandler, pgx's default),

@@ -96,9 +96,15 @@ type Config struct {
 	// QueryTimeout bounds each statement the Locker runs on its own behalf
 	// rather than within a caller's context: each renewal attempt (also
 	// never past the lease's local deadline), each release (also from
-	// [Locker.Close] and [Locker.Do]), and the give-back of a lease whose
-	// acquirer stopped waiting. A renewal attempt that times out is retried
-	// like a failed one. Zero means [DefaultQueryTimeout].
+	// [Locker.Close] and [Locker.Do]), the give-back of a lease whose
+	// acquirer stopped waiting, and how long an acquire statement runs on
+	// after its last caller stopped waiting. It also bounds each wait for a
+	// connection from the pool, by any statement of the Locker's (an
+	// acquire too, whatever its caller's context): a pool that gives none
+	// in time (exhausted) fails the statement with an error saying so, with
+	// the pool's MaxConns and acquired connections. A renewal attempt that
+	// times out is retried like a failed one. Zero means
+	// [DefaultQueryTimeout].
 	QueryTimeout time.Duration
 
 	// DisableListen turns off the LISTEN connection. Waiters in

@@ -210,10 +210,17 @@
 // synchronous_commit to on for acquisitions, never lower it, so tokens are
 // not reissued on a synchronous standby).
 //
-// When the context of an acquire is cancelled while the statement is in
-// flight, the lease may have been taken without the caller learning its
-// token; it is given back as soon as the statement's answer arrives, and
-// otherwise expires after its TTL. Renewal attempts are bounded by
+// When the context of an acquire ends while its statement is in flight, the
+// statement is not cancelled (a cancel can race the commit, and then nobody
+// learns the token of the lease it took): the caller returns at once, the
+// statement runs on to its answer, for at most [Config].QueryTimeout after
+// its last caller left, and every lease it took for a caller that stopped
+// waiting is given back then, all in one release statement: such a lease
+// outlives its acquirer by about a round trip. Only when no answer comes
+// (the server or the network failed, QueryTimeout passed, or
+// [Locker.Close] cancelled it) may such a lease stay held until its TTL
+// ends. A context that ends before the statement is sent (waiting for a
+// connection) sends nothing. Renewal attempts are bounded by
 // [Config].QueryTimeout, so one stuck on a dead connection is retried on
 // another before the local deadline.
 //

@@ -287,7 +287,12 @@ func (k *Locker) execReleases(batch []*releaseReq) error {
 	// bounded by the query timeout.
 	ctx, cancel := batchContext(context.Background(), ctxs)
 	defer cancel()
-	rows, err := k.pool.Query(ctx, k.sql.release, names, tokens, atLeast, k.cfg.Owner)
+	conn, err := k.conn(ctx, "release", k.cfg.QueryTimeout)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	rows, err := conn.Query(ctx, k.sql.release, names, tokens, atLeast, k.cfg.Owner)
 	if err != nil {
 		return err
 	}

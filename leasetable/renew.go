@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgfence/pgfence"
 )
 
@@ -111,7 +113,12 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease) (lost map[*Lease]boo
 	ctx, cancel := context.WithDeadline(ctx, stmtDeadline)
 	defer cancel()
 	renewed := make(map[int64]bool, len(names))
-	rows, err := k.pool.Query(ctx, k.sql.renew, names, tokens, ttls)
+	conn, err := k.conn(ctx, "renewal", time.Until(stmtDeadline))
+	var rows pgx.Rows
+	if err == nil {
+		rows, err = conn.Query(ctx, k.sql.renew, names, tokens, ttls)
+		defer conn.Release()
+	}
 	if err == nil {
 		var token int64
 		for rows.Next() {

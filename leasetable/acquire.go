@@ -173,7 +173,7 @@ func (k *Locker) execAcquires(batch []*acquireReq) error {
 	// is cancelled by Close.
 	ctx, cancel := batchContext(k.closeCtx, ctxs)
 	defer cancel()
-	conn, err := k.conn(ctx, "acquire", k.cfg.QueryTimeout)
+	conn, err := k.conn(ctx, "acquire", k.cfg.QueryTimeout, false)
 	if err != nil {
 		return err
 	}

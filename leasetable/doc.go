@@ -224,6 +224,24 @@
 // [Config].QueryTimeout, so one stuck on a dead connection is retried on
 // another before the local deadline.
 //
+// # Pool size
+//
+// The Locker runs its statements (acquire, renewal, release) on the
+// caller's pool, taking a connection for each one as the caller's own code
+// does; it holds none between statements. It needs MaxConns of at least 2:
+// with one, a caller that holds the only connection (an open transaction, a
+// long query) keeps every statement of the Locker waiting, and [New] logs a
+// Warn for such a pool. Every wait for a connection is bounded by
+// [Config].QueryTimeout, whatever the caller's context: an acquire inside
+// the caller's own transaction on a pool of one fails after QueryTimeout
+// with an error that says the pool is exhausted (with its MaxConns and
+// acquired connections) instead of waiting for itself; a renewal that gets
+// no connection is logged as such ("renewal could not get a connection
+// from the pool within ...") and retried until the lease's local deadline,
+// when the lease is lost; a release that gets none is logged and returns
+// the error. Size the pool for the caller's peak use plus one connection
+// for the Locker.
+//
 // # Connection poolers
 //
 // Acquire, renew, release, [Locker.List] and [Locker.Get] are single

@@ -287,7 +287,7 @@ func (k *Locker) execReleases(batch []*releaseReq) error {
 	// bounded by the query timeout.
 	ctx, cancel := batchContext(context.Background(), ctxs)
 	defer cancel()
-	conn, err := k.conn(ctx, "release", k.cfg.QueryTimeout)
+	conn, err := k.conn(ctx, "release", k.cfg.QueryTimeout, true)
 	if err != nil {
 		return err
 	}

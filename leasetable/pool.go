@@ -18,20 +18,28 @@ import (
 // acquires inside it would otherwise wait for itself.
 
 // conn takes a connection from the pool for the Locker's statement what,
-// waiting at most wait and while ctx lasts. When the pool gives none in
-// time, the error (matching [context.DeadlineExceeded]) names what, the
-// wait and the pool's MaxConns and acquired connections.
-func (k *Locker) conn(ctx context.Context, what string, wait time.Duration) (*pgxpool.Conn, error) {
+// waiting at most wait and while ctx lasts. When the wait ends with every
+// connection of the pool in use, the error (matching the context's error)
+// says so, naming what, how long it waited and the pool's MaxConns and
+// acquired connections; for the Locker's own work (renewal, release: warn
+// set) it is also logged as a Warn, since no caller may be there to see it.
+func (k *Locker) conn(ctx context.Context, what string, wait time.Duration, warn bool) (*pgxpool.Conn, error) {
+	start := time.Now()
 	actx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	c, err := k.pool.Acquire(actx)
 	if err == nil {
 		return c, nil
 	}
-	if ctx.Err() == nil && actx.Err() != nil {
-		st := k.pool.Stat()
-		return nil, fmt.Errorf("%s could not get a connection from the pool within %v (pool exhausted: MaxConns %d, acquired %d): %w",
-			what, wait, st.MaxConns(), st.AcquiredConns(), actx.Err())
+	st := k.pool.Stat()
+	if actx.Err() == nil || k.closeCtx.Err() != nil || st.AcquiredConns() < st.MaxConns() {
+		return nil, err
+	}
+	err = fmt.Errorf("%s could not get a connection from the pool within %v (pool exhausted: MaxConns %d, acquired %d): %w",
+		what, time.Since(start).Round(time.Millisecond), st.MaxConns(), st.AcquiredConns(), actx.Err())
+	if warn {
+		k.cfg.Logger.WarnContext(ctx, "pgfence: leasetable: "+what+" could not get a connection from the pool within QueryTimeout",
+			"error", err, "max_conns", st.MaxConns(), "acquired_conns", st.AcquiredConns())
 	}
 	return nil, err
 }

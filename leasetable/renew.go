@@ -110,10 +110,11 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease) (lost map[*Lease]boo
 	if lastDeadline.Before(stmtDeadline) {
 		stmtDeadline = lastDeadline
 	}
+	parent := ctx
 	ctx, cancel := context.WithDeadline(ctx, stmtDeadline)
 	defer cancel()
 	renewed := make(map[int64]bool, len(names))
-	conn, err := k.conn(ctx, "renewal", time.Until(stmtDeadline))
+	conn, err := k.conn(parent, "renewal", time.Until(stmtDeadline), false)
 	var rows pgx.Rows
 	if err == nil {
 		rows, err = conn.Query(ctx, k.sql.renew, names, tokens, ttls)

@@ -23,6 +23,13 @@ import (
 // $1 names, $2 owner, $3 TTLs in microseconds (parallel arrays).
 const acquireSQL = `SELECT acquired, name, owner, fence, acquired_at, expires_at, db_now FROM %[1]s.pgfence_acquire($1, $2, $3)`
 
+// expiryJitter bounds the random delay a waiter adds to the holder's
+// expiry before it retries, so that the waiters of several Lockers do not
+// all retry in the same instant. Each such retry is one cheap statement
+// (the waiters of one Locker share one), so a few milliseconds suffice; a
+// waiter is late by at most that much plus a round trip.
+const expiryJitter = 5 * time.Millisecond
+
 // try runs one acquire attempt (batched with concurrent attempts of this
 // Locker). It returns the lease when taken. Otherwise local reports that
 // another caller of this Locker holds it (its release wakes the waiters at
@@ -58,7 +65,7 @@ func (k *Locker) try(ctx context.Context, name string, t leaseTiming) (l *Lease,
 	}
 	if !rep.acquired {
 		wait := max(rep.expiresAt.Sub(rep.dbNow), 0)
-		return nil, rep.owner == k.cfg.Owner, wait + jitter(time.Millisecond, min(50*time.Millisecond, t.ttl/10)), nil
+		return nil, rep.owner == k.cfg.Owner, wait + jitter(time.Millisecond, expiryJitter), nil
 	}
 	l = k.newLease(name, rep, t)
 	if !k.adopt(l) {

@@ -220,8 +220,8 @@ func (k *Locker) checkDeadline(l *Lease) {
 // (never deleted), and a notification on [NotifyChannel] for each one
 // (delivered at commit): freed now, or held only until acquired_at +
 // AtLeast, which a waiter must learn to retry then rather than at the old
-// expiry. It returns the token of each
-// lease it released, and locks those rows.
+// expiry. It returns the token of each lease it released, and locks those
+// rows.
 //
 // When every released row becomes free at once (no AtLeast keeps one held),
 // the transaction commits with synchronous_commit off: it does not wait for

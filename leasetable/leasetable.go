@@ -159,7 +159,9 @@ var errLostClosed = fmt.Errorf("%w: %w", pgfence.ErrLeaseLost, pgfence.ErrClosed
 // Close) may such a lease stay held until its TTL ends.
 //
 // Other errors: [pgfence.ErrClosed] after Close, an invalid name or opts
-// (nothing written), and database errors (wrapped). The returned
+// (nothing written), an error matching [context.DeadlineExceeded] that
+// says the pool is exhausted when it gave no connection within
+// [Config].QueryTimeout (nothing sent), and database errors (wrapped). The returned
 // [pgfence.Lease] is a *[Lease].
 func (k *Locker) TryAcquire(ctx context.Context, name string, opts *AcquireOpts) (pgfence.Lease, error) {
 	l, err := k.tryAcquire(ctx, name, opts)
@@ -200,7 +202,9 @@ func (k *Locker) tryAcquire(ctx context.Context, name string, opts *AcquireOpts)
 // lease it asks for (a nested [Locker.Do]), it returns at once with an
 // error matching [pgfence.ErrAlreadyHeld]. After Close it returns
 // [pgfence.ErrClosed]. Database errors are returned at once (wrapped); they
-// are not retried. ctx does not bound the lease's lifetime. The returned
+// are not retried, and neither is a wait for a pool connection that took
+// longer than [Config].QueryTimeout (see [Locker.TryAcquire]). ctx does
+// not bound the lease's lifetime. The returned
 // [pgfence.Lease] is a *[Lease].
 func (k *Locker) Acquire(ctx context.Context, name string, opts *AcquireOpts) (pgfence.Lease, error) {
 	l, err := k.acquire(ctx, name, opts)

@@ -6,10 +6,10 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fence"
-	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
 // must panics on err, to keep the Examples short.
@@ -22,11 +22,13 @@ func must(err error) {
 // The stale-holder story: holder A's lock passes to B, which writes; A's
 // late write is rejected and the row keeps B's value.
 func Example() {
-	db, drop := pgtest.ExampleDB()
+	databaseURL, drop := exampleDatabase() // a database with pgfence's migrations applied
 	defer drop()
-	pool := db.Pool
 	ctx := context.Background()
-	_, err := pool.Exec(ctx, `CREATE TABLE accounts (
+	pool, err := pgxpool.New(ctx, databaseURL)
+	must(err)
+	defer pool.Close()
+	_, err = pool.Exec(ctx, `CREATE TABLE accounts (
 		id int PRIMARY KEY, balance bigint NOT NULL, fence_token bigint NOT NULL DEFAULT 0);
 		INSERT INTO accounts (id, balance) VALUES (42, 100)`)
 	must(err)
@@ -97,11 +99,13 @@ func ExampleUpdateStmt_SQL_badInput() {
 
 // A lease-checked write from holder A, after B took the lease over.
 func ExampleUpdateStmt_UnderLease() {
-	db, drop := pgtest.ExampleDB()
+	databaseURL, drop := exampleDatabase() // a database with pgfence's migrations applied
 	defer drop()
-	pool := db.Pool
 	ctx := context.Background()
-	_, err := pool.Exec(ctx, `CREATE TABLE jobs (id int PRIMARY KEY, state text NOT NULL,
+	pool, err := pgxpool.New(ctx, databaseURL)
+	must(err)
+	defer pool.Close()
+	_, err = pool.Exec(ctx, `CREATE TABLE jobs (id int PRIMARY KEY, state text NOT NULL,
 		fence_token bigint NOT NULL DEFAULT 0);
 		INSERT INTO jobs (id, state) VALUES (1, 'queued')`)
 	must(err)
@@ -163,11 +167,13 @@ WHERE id = $2 AND `
 // Plain SQL on a table with the pgfence_guard trigger: Check tells a stale
 // write from a missing row.
 func ExampleCheck() {
-	db, drop := pgtest.ExampleDB()
+	databaseURL, drop := exampleDatabase() // a database with pgfence's migrations applied
 	defer drop()
-	pool := db.Pool
 	ctx := context.Background()
-	_, err := pool.Exec(ctx, accountsDDL+`
+	pool, err := pgxpool.New(ctx, databaseURL)
+	must(err)
+	defer pool.Close()
+	_, err = pool.Exec(ctx, accountsDDL+`
 		INSERT INTO accounts (id, balance, fence_token) VALUES (42, 100, 7)`)
 	must(err)
 	const addBalance = `UPDATE accounts SET balance = balance + $1, fence_token = $2 WHERE id = $3`

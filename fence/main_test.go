@@ -123,3 +123,12 @@ func (b *testBundle) waitForLockWait(t *testing.T, marker string) {
 		require.NoError(t, err)
 	}
 }
+
+// exampleDatabase gives an example a database of its own, with pgfence's
+// migrations applied, as a URL (what a program gets from its
+// configuration), and a function that drops it.
+func exampleDatabase() (url string, drop func()) {
+	db, drop := pgtest.ExampleDB()
+	db.Pool.Close()
+	return db.URL, drop
+}

@@ -23,6 +23,13 @@ import (
 // $1 names, $2 owner, $3 TTLs in microseconds (parallel arrays).
 const acquireSQL = `SELECT acquired, name, owner, fence, acquired_at, expires_at, db_now FROM %[1]s.pgfence_acquire($1, $2, $3)`
 
+// expiryJitter bounds the random delay a waiter adds to the holder's
+// expiry before it retries, so that the waiters of several Lockers do not
+// all retry in the same instant. Each such retry is one cheap statement
+// (the waiters of one Locker share one), so a few milliseconds suffice; a
+// waiter is late by at most that much plus a round trip.
+const expiryJitter = 5 * time.Millisecond
+
 // try runs one acquire attempt (batched with concurrent attempts of this
 // Locker). It returns the lease when taken. Otherwise local reports that
 // another caller of this Locker holds it (its release wakes the waiters at
@@ -58,7 +65,7 @@ func (k *Locker) try(ctx context.Context, name string, t leaseTiming) (l *Lease,
 	}
 	if !rep.acquired {
 		wait := max(rep.expiresAt.Sub(rep.dbNow), 0)
-		return nil, rep.owner == k.cfg.Owner, wait + jitter(time.Millisecond, min(50*time.Millisecond, t.ttl/10)), nil
+		return nil, rep.owner == k.cfg.Owner, wait + jitter(time.Millisecond, expiryJitter), nil
 	}
 	l = k.newLease(name, rep, t)
 	if !k.adopt(l) {
@@ -144,8 +151,11 @@ func (k *Locker) failAcquire(r *acquireReq, err error) {
 
 // execAcquires runs acquireSQL for batch and answers each request; on a
 // statement error it answers none and returns the error. The statement's
-// context carries the values of the first request's context (for tracers)
-// and is cancelled once every caller in the batch stopped waiting.
+// context carries the values of the first request's context (for tracers).
+// The wait for a connection ends once every caller in the batch stopped
+// waiting; the statement, once sent, runs to its answer (for at most
+// QueryTimeout after the last caller left; Close cancels it), so that a
+// lease taken for a caller who stopped waiting is known and given back.
 func (k *Locker) execAcquires(batch []*acquireReq) error {
 	// One request per name; the others learn the first one's outcome as
 	// "held" (by this Locker when the first one acquired it), exactly as
@@ -162,10 +172,40 @@ func (k *Locker) execAcquires(batch []*acquireReq) error {
 			ttls = append(ttls, r.ttlUs)
 		}
 	}
+	// Until the statement is sent, it is abandoned with its callers: the
+	// wait for a connection ends when all of them stopped waiting. Once
+	// sent, it is not cancelled with them at once: a statement cancelled in
+	// flight may still commit, and only its answer tells which leases to
+	// give back. It gets QueryTimeout more after the last caller left, and
+	// is cancelled by Close.
 	ctx, cancel := batchContext(k.closeCtx, ctxs)
 	defer cancel()
+	conn, err := k.conn(ctx, "acquire", k.cfg.QueryTimeout, false)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	qctx, qcancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer qcancel()
+	stopClose := context.AfterFunc(k.closeCtx, qcancel)
+	defer stopClose()
+	var graceMu sync.Mutex
+	var grace *time.Timer
+	stopAbandon := context.AfterFunc(ctx, func() {
+		graceMu.Lock()
+		defer graceMu.Unlock()
+		grace = time.AfterFunc(k.cfg.QueryTimeout, qcancel)
+	})
+	defer func() {
+		stopAbandon()
+		graceMu.Lock()
+		defer graceMu.Unlock()
+		if grace != nil {
+			grace.Stop()
+		}
+	}()
 	sent := time.Now()
-	rows, err := k.pool.Query(ctx, k.sql.acquire, names, k.cfg.Owner, ttls)
+	rows, err := conn.Query(qctx, k.sql.acquire, names, k.cfg.Owner, ttls)
 	if err != nil {
 		return err
 	}
@@ -195,6 +235,8 @@ func (k *Locker) execAcquires(batch []*acquireReq) error {
 // given back at once. Only the first request for a name gets got's answer;
 // got is updated so that later ones find the lease held.
 func (k *Locker) replyAcquires(batch []*acquireReq, got map[string]acquireReply, sent time.Time, err error) {
+	var back []giveBackReq
+	defer func() { k.giveBack(back) }()
 	for _, r := range batch {
 		rep := acquireReply{err: err}
 		if err == nil {
@@ -212,19 +254,38 @@ func (k *Locker) replyAcquires(batch []*acquireReq, got map[string]acquireReply,
 		}
 		r.mu.Unlock()
 		if rep.acquired {
-			k.giveBack(r.ctx, r.name, rep.token)
+			back = append(back, giveBackReq{r.ctx, r.name, rep.token})
 		}
 	}
 }
 
-// giveBack releases a lease that was taken for a caller that stopped
-// waiting before it learnt of it, bounded by QueryTimeout; ctx (the
-// caller's) only lends its values.
-func (k *Locker) giveBack(ctx context.Context, name string, token int64) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.cfg.QueryTimeout)
-	defer cancel()
-	if _, err := k.releaseRow(ctx, name, token, 0); err != nil {
-		k.cfg.Logger.WarnContext(ctx, "pgfence: leasetable: giving back a lease whose acquirer stopped waiting failed; it expires after its TTL",
-			"lease", name, "token", token, "error", err)
+// giveBackReq is a lease taken for a caller that stopped waiting.
+type giveBackReq struct {
+	ctx   context.Context // the caller's: lends its values
+	name  string
+	token int64
+}
+
+// giveBack releases the leases in back, taken for callers that stopped
+// waiting before they learnt of them, each bounded by QueryTimeout. The
+// releases go to the release batcher together, so they cost one round
+// trip, not one each.
+func (k *Locker) giveBack(back []giveBackReq) {
+	if len(back) == 0 {
+		return
 	}
+	var wg sync.WaitGroup
+	for _, b := range back {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(b.ctx), k.cfg.QueryTimeout)
+			defer cancel()
+			if _, err := k.releaseRow(ctx, b.name, b.token, 0); err != nil {
+				k.cfg.Logger.WarnContext(ctx, "pgfence: leasetable: giving back a lease whose acquirer stopped waiting failed; it expires after its TTL",
+					"lease", b.name, "token", b.token, "error", err)
+			}
+		}()
+	}
+	wg.Wait()
 }

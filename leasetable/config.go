@@ -96,9 +96,15 @@ type Config struct {
 	// QueryTimeout bounds each statement the Locker runs on its own behalf
 	// rather than within a caller's context: each renewal attempt (also
 	// never past the lease's local deadline), each release (also from
-	// [Locker.Close] and [Locker.Do]), and the give-back of a lease whose
-	// acquirer stopped waiting. A renewal attempt that times out is retried
-	// like a failed one. Zero means [DefaultQueryTimeout].
+	// [Locker.Close] and [Locker.Do]), the give-back of a lease whose
+	// acquirer stopped waiting, and how long an acquire statement runs on
+	// after its last caller stopped waiting. It also bounds each wait for a
+	// connection from the pool, by any statement of the Locker's (an
+	// acquire too, whatever its caller's context): a pool that gives none
+	// in time (exhausted) fails the statement with an error saying so, with
+	// the pool's MaxConns and acquired connections. A renewal attempt that
+	// times out is retried like a failed one. Zero means
+	// [DefaultQueryTimeout].
 	QueryTimeout time.Duration
 
 	// DisableListen turns off the LISTEN connection. Waiters in
@@ -114,7 +120,8 @@ type Config struct {
 	// ListenConnConfig, when not nil, is used to open the LISTEN connection
 	// instead of the pool's connection configuration. Point it at the server
 	// directly when the pool goes through a transaction-pooling PgBouncer,
-	// where LISTEN does not work. It is copied; the caller's value is not
+	// where LISTEN does not work (the Locker detects that at connect, logs
+	// a Warn once and falls back to timed retries). It is copied; the caller's value is not
 	// modified. Whichever configuration is used, the LISTEN connection
 	// handles a context that ends by setting a deadline on the network
 	// connection (pgconn's DeadlineContextWatcherHandler, pgx's default),

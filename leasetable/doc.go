@@ -86,6 +86,10 @@
 // never taken from or returned to the pool), shared by all its waiters;
 // releases send pg_notify on [NotifyChannel] with the lease name in the same
 // statement, so a waiter wakes within milliseconds of the release's commit.
+// An AtLeast release notifies too: the waiter retries, learns the expiry
+// acquired_at + AtLeast, and takes the lease then. Waiters of the Locker
+// that released are woken directly, without LISTEN (also with
+// [Config].DisableListen).
 // Otherwise a waiter retries when the holder's lease is due to expire, plus a
 // little jitter. If the LISTEN connection fails, waiting still works through
 // those timed retries; the connection is re-opened with capped backoff and
@@ -206,12 +210,37 @@
 // synchronous_commit to on for acquisitions, never lower it, so tokens are
 // not reissued on a synchronous standby).
 //
-// When the context of an acquire is cancelled while the statement is in
-// flight, the lease may have been taken without the caller learning its
-// token; it is given back as soon as the statement's answer arrives, and
-// otherwise expires after its TTL. Renewal attempts are bounded by
+// When the context of an acquire ends while its statement is in flight, the
+// statement is not cancelled (a cancel can race the commit, and then nobody
+// learns the token of the lease it took): the caller returns at once, the
+// statement runs on to its answer, for at most [Config].QueryTimeout after
+// its last caller left, and every lease it took for a caller that stopped
+// waiting is given back then, all in one release statement: such a lease
+// outlives its acquirer by about a round trip. Only when no answer comes
+// (the server or the network failed, QueryTimeout passed, or
+// [Locker.Close] cancelled it) may such a lease stay held until its TTL
+// ends. A context that ends before the statement is sent (waiting for a
+// connection) sends nothing. Renewal attempts are bounded by
 // [Config].QueryTimeout, so one stuck on a dead connection is retried on
 // another before the local deadline.
+//
+// # Pool size
+//
+// The Locker runs its statements (acquire, renewal, release) on the
+// caller's pool, taking a connection for each one as the caller's own code
+// does; it holds none between statements. It needs MaxConns of at least 2:
+// with one, a caller that holds the only connection (an open transaction, a
+// long query) keeps every statement of the Locker waiting, and [New] logs a
+// Warn for such a pool. Every wait for a connection is bounded by
+// [Config].QueryTimeout, whatever the caller's context: an acquire inside
+// the caller's own transaction on a pool of one fails after QueryTimeout
+// with an error that says the pool is exhausted (with its MaxConns and
+// acquired connections) instead of waiting for itself; a renewal that gets
+// no connection is logged as such ("renewal could not get a connection
+// from the pool within ...") and retried until the lease's local deadline,
+// when the lease is lost; a release that gets none is logged and returns
+// the error. Size the pool for the caller's peak use plus one connection
+// for the Locker.
 //
 // # Connection poolers
 //
@@ -224,5 +253,14 @@
 // through such a pooler it does not receive notifications, so either point
 // [Config].ListenConnConfig at the server directly or set
 // [Config].DisableListen; waiters then wake at the holder's expiry instead of
-// at its release.
+// at its release (releases by the same Locker still wake them at once).
+// A LISTEN connection is checked at each connect: after LISTEN, a probe
+// notification is sent through the pool, from another session (a
+// session's own notification would reach it even through a transaction
+// pooler, which tends to hand the same server connection back), and the
+// LISTEN connection waits for it for the health check's timeout (at most
+// 5s). When it does not arrive, the Locker logs one Warn ("LISTEN does not
+// receive notifications on this connection: is it behind a transaction
+// pooler? ...") and stops using LISTEN until [Locker.Close]; its waiters
+// use timed retries, as with DisableListen.
 package leasetable

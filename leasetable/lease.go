@@ -108,7 +108,8 @@ var errReleased = fmt.Errorf("pgfence: leasetable: lease was released: %w", pgfe
 // Release gives the lease up: Done is closed, renewals stop, and the row is
 // expired in place if this lease still holds it (owner and token match and it
 // has not expired), which wakes waiters in this and other Lockers at once.
-// With [AcquireOpts].AtLeast the row stays held until acquired_at + AtLeast.
+// With [AcquireOpts].AtLeast the row stays held until acquired_at + AtLeast;
+// waiters are woken then too, learn the new expiry and retry at it.
 //
 // Release returns an error matching [pgfence.ErrNotHeld] when the lease was
 // no longer held: it had been lost (locally or in the database). Then nothing
@@ -216,9 +217,11 @@ func (k *Locker) checkDeadline(l *Lease) {
 // releaseSQL gives a batch of leases up (%[1]s is the schema) through
 // pgfence_release, a SECURITY DEFINER function: owner-checked, only rows
 // with the name, owner and token that are still held, expired in place
-// (never deleted), and a notification on [NotifyChannel] for each one that
-// becomes free at once (delivered at commit). It returns the token of each
-// lease it released, and locks those rows.
+// (never deleted), and a notification on [NotifyChannel] for each one
+// (delivered at commit): freed now, or held only until acquired_at +
+// AtLeast, which a waiter must learn to retry then rather than at the old
+// expiry. It returns the token of each lease it released, and locks those
+// rows.
 //
 // When every released row becomes free at once (no AtLeast keeps one held),
 // the transaction commits with synchronous_commit off: it does not wait for
@@ -284,7 +287,12 @@ func (k *Locker) execReleases(batch []*releaseReq) error {
 	// bounded by the query timeout.
 	ctx, cancel := batchContext(context.Background(), ctxs)
 	defer cancel()
-	rows, err := k.pool.Query(ctx, k.sql.release, names, tokens, atLeast, k.cfg.Owner)
+	conn, err := k.conn(ctx, "release", k.cfg.QueryTimeout, true)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	rows, err := conn.Query(ctx, k.sql.release, names, tokens, atLeast, k.cfg.Owner)
 	if err != nil {
 		return err
 	}

@@ -61,7 +61,10 @@ func (w *waiter) wake() {
 // the Locker after New returns.
 //
 // The pool stays the caller's: [Locker.Close] does not close it, and it must
-// stay open until Close returns.
+// stay open until Close returns. The Locker takes a connection from it for
+// each statement, as the caller does, waiting at most [Config].QueryTimeout
+// for one; it needs MaxConns of at least 2, and New logs a Warn for a pool
+// of one (see "Pool size" in the package documentation).
 func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 	if pool == nil {
 		return nil, errNilPool
@@ -95,6 +98,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 	}
 	k.acquires.exec, k.acquires.fail = k.execAcquires, k.failAcquire
 	k.releases.exec, k.releases.fail = k.execReleases, failRelease
+	k.warnSmallPool(ctx)
 	return k, nil
 }
 
@@ -148,11 +152,16 @@ var errLostClosed = fmt.Errorf("%w: %w", pgfence.ErrLeaseLost, pgfence.ErrClosed
 //
 // ctx covers only the acquiring statement; the lease's lifetime is
 // independent of it (see [Lease.Context]). If ctx ends while the statement
-// is in flight, the lease may have been taken in the database without the
-// caller learning it; it is then given back, or expires after its TTL.
+// is in flight, TryAcquire returns at once, but the statement is not
+// cancelled: it runs on to its answer (for at most [Config].QueryTimeout
+// more), and a lease it took is given back then, a round trip later. Only
+// when the answer never comes (the database or the network failed, or
+// Close) may such a lease stay held until its TTL ends.
 //
 // Other errors: [pgfence.ErrClosed] after Close, an invalid name or opts
-// (nothing written), and database errors (wrapped). The returned
+// (nothing written), an error matching [context.DeadlineExceeded] that
+// says the pool is exhausted when it gave no connection within
+// [Config].QueryTimeout (nothing sent), and database errors (wrapped). The returned
 // [pgfence.Lease] is a *[Lease].
 func (k *Locker) TryAcquire(ctx context.Context, name string, opts *AcquireOpts) (pgfence.Lease, error) {
 	l, err := k.tryAcquire(ctx, name, opts)
@@ -193,7 +202,9 @@ func (k *Locker) tryAcquire(ctx context.Context, name string, opts *AcquireOpts)
 // lease it asks for (a nested [Locker.Do]), it returns at once with an
 // error matching [pgfence.ErrAlreadyHeld]. After Close it returns
 // [pgfence.ErrClosed]. Database errors are returned at once (wrapped); they
-// are not retried. ctx does not bound the lease's lifetime. The returned
+// are not retried, and neither is a wait for a pool connection that took
+// longer than [Config].QueryTimeout (see [Locker.TryAcquire]). ctx does
+// not bound the lease's lifetime. The returned
 // [pgfence.Lease] is a *[Lease].
 func (k *Locker) Acquire(ctx context.Context, name string, opts *AcquireOpts) (pgfence.Lease, error) {
 	l, err := k.acquire(ctx, name, opts)

@@ -1,6 +1,9 @@
 package leasetable
 
 import (
+	"context"
+	"time"
+
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/notifier"
 )
@@ -31,6 +34,8 @@ func (k *Locker) addWaiter(name string) (*waiter, error) {
 			LogPrefix:     "pgfence: leasetable",
 			Notify:        k.notify,
 			Listening:     k.wakeAll,
+			Probe:         k.probeListen,
+			ProbeTimeout:  probeTimeout(k.cfg.ListenCheckInterval),
 		}, &k.background)
 	}
 	return w, nil
@@ -66,4 +71,28 @@ func (k *Locker) notify(name string) {
 	for w := range k.waiters[name] {
 		w.wake()
 	}
+}
+
+// probeSQL sends a probe notification on [NotifyChannel] through the pool,
+// as a release would; it locks nothing.
+const probeSQL = `SELECT pg_catalog.pg_notify($1, $2)`
+
+// probeListen is the notifier's probe: it sends payload through the pool,
+// from another session than the LISTEN connection's, so it arrives only
+// where a release would (a session's own notification arrives even
+// through a transaction pooler, on the server connection it happens to
+// get back, and proves nothing).
+func (k *Locker) probeListen(ctx context.Context, payload string) error {
+	_, err := k.pool.Exec(ctx, probeSQL, NotifyChannel, payload)
+	return err
+}
+
+// probeTimeout is how long the LISTEN connection waits for its probe after
+// each connect: the health check's timeout, or its cap when the check is
+// off.
+func probeTimeout(checkInterval time.Duration) time.Duration {
+	if checkInterval < 0 {
+		return maxListenCheckTimeout
+	}
+	return min(checkInterval, maxListenCheckTimeout)
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgfence/pgfence"
 )
 
@@ -108,10 +110,16 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease) (lost map[*Lease]boo
 	if lastDeadline.Before(stmtDeadline) {
 		stmtDeadline = lastDeadline
 	}
+	parent := ctx
 	ctx, cancel := context.WithDeadline(ctx, stmtDeadline)
 	defer cancel()
 	renewed := make(map[int64]bool, len(names))
-	rows, err := k.pool.Query(ctx, k.sql.renew, names, tokens, ttls)
+	conn, err := k.conn(parent, "renewal", time.Until(stmtDeadline), false)
+	var rows pgx.Rows
+	if err == nil {
+		rows, err = conn.Query(ctx, k.sql.renew, names, tokens, ttls)
+		defer conn.Release()
+	}
 	if err == nil {
 		var token int64
 		for rows.Next() {

@@ -155,9 +155,11 @@ COMMENT ON FUNCTION pgfence_acquire(text[], text, bigint[]) IS
 -- pgfence_release gives a batch of leases up: owner-checked, only rows with
 -- the name, owner and token that are still held, expired in place (never
 -- deleted), and a notification on channel pgfence_lease_released (payload:
--- the name; the channel is per database, whatever the schema) for each one
--- that becomes free at once, delivered at commit. It returns the token of
--- each lease it released. It locks those rows.
+-- the name; the channel is per database, whatever the schema) for each one,
+-- delivered at commit: a row freed at once can be taken now, and a row kept
+-- held by at_least now expires at acquired_at + at_least, earlier than a
+-- waiter last saw, so the waiter retries and learns the new expiry. It
+-- returns the token of each lease it released. It locks those rows.
 --
 -- When every released row becomes free at once (no at_least keeps one held),
 -- the transaction commits with synchronous_commit off: it does not wait for
@@ -196,7 +198,7 @@ BEGIN
     )
     SELECT r.fence, a.durability FROM released r
     LEFT JOIN LATERAL (
-        SELECT pg_catalog.pg_notify('pgfence_lease_released', r.name) WHERE r.freed
+        SELECT pg_catalog.pg_notify('pgfence_lease_released', r.name)
     ) n ON true
     LEFT JOIN (
         SELECT pg_catalog.set_config('synchronous_commit', 'off', true) FROM released HAVING bool_and(freed)
@@ -205,7 +207,7 @@ END;
 $$;
 
 COMMENT ON FUNCTION pgfence_release(text[], bigint[], bigint[], text) IS
-    'Releases each lease of a batch still held with its owner and token; notifies pgfence_lease_released for each one freed.';
+    'Releases each lease of a batch still held with its owner and token; notifies pgfence_lease_released for each one (freed, or expiring at its at_least end).';
 
 -- pgfence_renew extends a batch of leases. A lease is renewed only while it
 -- is still held by the same token: fence matches and expires_at is still in

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -63,6 +64,19 @@ type Config struct {
 	// again after each Kick, before the next wait. A positive retryIn asks
 	// for another run after that long. An error ends the connection.
 	Apply func(ctx context.Context, conn *pgx.Conn) (retryIn time.Duration, err error)
+	// Probe, when set, checks after each LISTEN that notifications sent by
+	// other sessions reach the connection: it is called with a payload to
+	// send with pg_notify on Channel from another connection (the owner's
+	// pool), and the notifier waits up to ProbeTimeout for it, delivering
+	// any other notification meanwhile (the probe's own never reaches
+	// Notify). If it does not arrive, the connection cannot receive (a
+	// transaction pooler in front hands the listening server connection
+	// back after LISTEN): the notifier logs one Warn and stops for good,
+	// leaving the owner's waiters to timed retries. When Probe itself
+	// fails, nothing is concluded and the connection is used as it is.
+	Probe        func(ctx context.Context, payload string) error
+	ProbeTimeout time.Duration
+
 	// Idle, when set, is asked every IdleCheck, with connDown false, and
 	// after a connection ended, with connDown true, whether the notifier
 	// may stop; it stops when Idle returns true, and Idle must then record
@@ -115,6 +129,49 @@ func (n *Notifier) Kick() {
 // errIdle ends a connection whose owner no longer needs it.
 var errIdle = errors.New("LISTEN connection idle")
 
+// errDeaf ends a connection on which the probe notification never arrived.
+var errDeaf = errors.New("LISTEN connection receives no notifications")
+
+// ProbePrefix starts the payload of a probe notification. It begins with a
+// control character, which lease names cannot contain and key numbers do
+// not, so no owner mistakes a probe for a release; notifiers drop such
+// payloads, whoever sent them.
+const ProbePrefix = "\x1fpgfence-listen-probe "
+
+// probe sends a probe notification through cfg.Probe and waits for it on
+// conn. It returns errDeaf when it does not arrive within ProbeTimeout,
+// nil when it does or when the probe could not be sent, and the
+// connection's error when it failed meanwhile.
+func (n *Notifier) probe(ctx context.Context, conn *pgx.Conn) error {
+	payload := fmt.Sprintf("%s%d-%d", ProbePrefix, conn.PgConn().PID(), rand.Uint64())
+	pctx, cancel := context.WithTimeout(ctx, n.cfg.ProbeTimeout)
+	defer cancel()
+	if err := n.cfg.Probe(pctx, payload); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		n.cfg.Logger.Debug(n.cfg.LogPrefix+": could not send the LISTEN probe; using the connection unchecked", "error", err)
+		return nil
+	}
+	for {
+		msg, err := conn.WaitForNotification(pctx)
+		switch {
+		case err == nil && msg.Payload == payload:
+			return nil
+		case err == nil:
+			if n.cfg.Notify != nil && !strings.HasPrefix(msg.Payload, ProbePrefix) {
+				n.cfg.Notify(msg.Payload)
+			}
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case pctx.Err() != nil && !conn.IsClosed():
+			return errDeaf
+		default:
+			return err
+		}
+	}
+}
+
 func (n *Notifier) run(ctx context.Context) {
 	backoff := MinBackoff
 	timer := time.NewTimer(time.Hour)
@@ -126,6 +183,12 @@ func (n *Notifier) run(ctx context.Context) {
 		}
 		if errors.Is(err, errIdle) {
 			n.cfg.Logger.Debug(n.cfg.LogPrefix + ": idle LISTEN connection closed")
+			return
+		}
+		if errors.Is(err, errDeaf) {
+			n.cfg.Logger.Warn(n.cfg.LogPrefix+": LISTEN does not receive notifications on this connection: is it behind a transaction pooler? "+
+				"set ListenConnConfig to a direct connection or DisableListen; waiters fall back to timed retries",
+				"channel", n.cfg.Channel, "probe_timeout", n.cfg.ProbeTimeout)
 			return
 		}
 		if ctx.Err() != nil || (n.cfg.Idle != nil && n.cfg.Idle(true)) {
@@ -160,6 +223,11 @@ func (n *Notifier) once(ctx context.Context) (listening bool, err error) {
 	n.mu.Lock()
 	n.dirty = true
 	n.mu.Unlock()
+	if n.cfg.Probe != nil {
+		if err := n.probe(ctx, conn); err != nil {
+			return false, err
+		}
+	}
 	n.cfg.Logger.Debug(n.cfg.LogPrefix+": LISTEN connection ready", "channel", n.cfg.Channel)
 	var retryAt time.Time
 	first := true
@@ -193,7 +261,7 @@ func (n *Notifier) once(ctx context.Context) (listening bool, err error) {
 			return true, err
 		case msg != nil:
 			lastHeard = time.Now()
-			if n.cfg.Notify != nil {
+			if n.cfg.Notify != nil && !strings.HasPrefix(msg.Payload, ProbePrefix) {
 				n.cfg.Notify(msg.Payload)
 			}
 			continue

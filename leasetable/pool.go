@@ -1,0 +1,55 @@
+package leasetable
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// The Locker runs its statements on the caller's pool, so it competes with
+// the caller for connections. Each statement the Locker runs first takes a
+// connection, waiting at most a bound (QueryTimeout, or less); when the
+// pool has none to give in that time, the error says so with the pool's
+// figures instead of leaving a bare deadline error, or waiting for as long
+// as the caller's context lasts (forever for context.Background): a caller
+// that holds the only connection of a pool of one (a transaction) and
+// acquires inside it would otherwise wait for itself.
+
+// conn takes a connection from the pool for the Locker's statement what,
+// waiting at most wait and while ctx lasts. When the wait ends with every
+// connection of the pool in use, the error (matching the context's error)
+// says so, naming what, how long it waited and the pool's MaxConns and
+// acquired connections; for the Locker's own work (renewal, release: warn
+// set) it is also logged as a Warn, since no caller may be there to see it.
+func (k *Locker) conn(ctx context.Context, what string, wait time.Duration, warn bool) (*pgxpool.Conn, error) {
+	start := time.Now()
+	actx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	c, err := k.pool.Acquire(actx)
+	if err == nil {
+		return c, nil
+	}
+	st := k.pool.Stat()
+	if actx.Err() == nil || k.closeCtx.Err() != nil || st.AcquiredConns() < st.MaxConns() {
+		return nil, err
+	}
+	err = fmt.Errorf("%s could not get a connection from the pool within %v (pool exhausted: MaxConns %d, acquired %d): %w",
+		what, time.Since(start).Round(time.Millisecond), st.MaxConns(), st.AcquiredConns(), actx.Err())
+	if warn {
+		k.cfg.Logger.WarnContext(ctx, "pgfence: leasetable: "+what+" could not get a connection from the pool within QueryTimeout",
+			"error", err, "max_conns", st.MaxConns(), "acquired_conns", st.AcquiredConns())
+	}
+	return nil, err
+}
+
+// warnSmallPool logs a Warn at New when the pool has a single connection.
+func (k *Locker) warnSmallPool(ctx context.Context) {
+	if n := k.pool.Config().MaxConns; n < 2 {
+		k.cfg.Logger.WarnContext(ctx, "pgfence: leasetable: the pool has MaxConns 1; the Locker needs at least 2: "+
+			"while the caller holds the only connection (a transaction, a long query), every acquire, renewal and release "+
+			"waits for it up to QueryTimeout, and leases are lost when renewals cannot run",
+			"max_conns", n, "query_timeout", k.cfg.QueryTimeout)
+	}
+}

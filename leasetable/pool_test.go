@@ -1,0 +1,84 @@
+package leasetable_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/leasetable"
+)
+
+const smallPoolWarn = "the pool has MaxConns 1"
+
+// A pool of one: New warns; a TryAcquire inside the caller's own
+// transaction (which holds the only connection) fails after QueryTimeout
+// with an error naming the exhausted pool, instead of waiting for as long
+// as its context lasts; a renewal that cannot get the connection is
+// reported as such, and the lease is lost at its local deadline; a release
+// fails after QueryTimeout, with a Warn, and succeeds when tried again. Control:
+// with MaxConns 2, no warning, and the same TryAcquire succeeds.
+func TestPoolOfOne(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db := pgtest.NewDB(t)
+	const queryTimeout = 300 * time.Millisecond
+
+	t.Run("MaxConns 1", func(t *testing.T) {
+		pool := db.NewPool(t, func(c *pgxpool.Config) { c.MaxConns = 1 })
+		logs := newLogWatch()
+		logs.count(smallPoolWarn)
+		k := newLocker(t, pool, &leasetable.Config{TTL: time.Second, QueryTimeout: queryTimeout, Logger: logs.logger()})
+		require.Equal(t, 1, logs.count(smallPoolWarn), "New warns")
+
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		_, err = k.TryAcquire(context.Background(), "in-tx", nil) // no deadline of its own
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.ErrorContains(t, err, "pool exhausted: MaxConns 1, acquired 1")
+		require.NoError(t, tx.Rollback(ctx))
+
+		l, err := k.TryAcquire(ctx, "renewed", nil)
+		require.NoError(t, err)
+		c, err := pool.Acquire(ctx) // the caller's long query on the only connection
+		require.NoError(t, err)
+		waitFor(t, l.Done(), "the lease to be lost")
+		c.Release()
+		require.ErrorIs(t, l.Err(), pgfence.ErrLeaseLost)
+		require.Contains(t, logs.warnings(), "renewal could not get a connection from the pool within")
+		require.Contains(t, logs.warnings(), "pool exhausted: MaxConns 1, acquired 1")
+
+		l, err = k.TryAcquire(ctx, "released", nil)
+		require.NoError(t, err)
+		c, err = pool.Acquire(ctx)
+		require.NoError(t, err)
+		warned := logs.next("release could not get a connection from the pool")
+		require.ErrorIs(t, l.Release(ctx), context.DeadlineExceeded, "bounded by QueryTimeout")
+		waitFor(t, warned, "the release's warning")
+		c.Release()
+		_ = l.Release(ctx) // a later call tries again (and reports ErrNotHeld: the first call ended the lease locally)
+		other := newLocker(t, db.Pool, nil)
+		l, err = other.TryAcquire(ctx, "released", nil)
+		require.NoError(t, err, "the retried release freed the row")
+		require.NoError(t, l.Release(ctx))
+	})
+
+	t.Run("control: MaxConns 2", func(t *testing.T) {
+		pool := db.NewPool(t, func(c *pgxpool.Config) { c.MaxConns = 2 })
+		logs := newLogWatch()
+		logs.count(smallPoolWarn)
+		k := newLocker(t, pool, &leasetable.Config{TTL: time.Second, QueryTimeout: queryTimeout, Logger: logs.logger()})
+		require.Zero(t, logs.count(smallPoolWarn))
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		l, err := k.TryAcquire(ctx, "in-tx", nil)
+		require.NoError(t, err)
+		require.NoError(t, tx.Rollback(ctx))
+		require.NoError(t, l.Release(ctx))
+	})
+}

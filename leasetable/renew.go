@@ -134,7 +134,9 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease) (lost map[*Lease]boo
 		}
 	}
 
-	if err != nil && k.closeCtx.Err() == nil {
+	// A renewal ended by its caller (Renew's ctx) or by Close is no failure
+	// of the database: the watchdog carries on, and nothing is logged.
+	if err != nil && parent.Err() == nil && k.closeCtx.Err() == nil {
 		k.cfg.Logger.WarnContext(ctx, "pgfence: leasetable: renewal failed; retrying until each lease's local deadline",
 			"leases", len(names), "error", err)
 	}

@@ -91,17 +91,7 @@ func Start(cfg *Config) (*Process, error) {
 	cmd := exec.Command(cfg.Path, cfg.Args...)
 	cmd.Env = cfg.Env
 	cmd.Dir = cfg.Dir
-	// Assigning a nil *os.File to an io.Reader/io.Writer field would make
-	// it non-nil; only assign real files.
-	if cfg.Stdin != nil {
-		cmd.Stdin = cfg.Stdin
-	}
-	if cfg.Stdout != nil {
-		cmd.Stdout = cfg.Stdout
-	}
-	if cfg.Stderr != nil {
-		cmd.Stderr = cfg.Stderr
-	}
+	attachStdio(cmd, cfg)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	// If this process is killed, nothing forwards signals or ends the
 	// group any more: the command should not run on unsupervised.
@@ -314,4 +304,19 @@ loop:
 	}
 	res.Exit, err = p.Wait()
 	return res, err
+}
+
+// attachStdio gives cmd cfg's standard files. Assigning a nil *os.File to
+// an io.Reader/io.Writer field would make it non-nil; only real files are
+// assigned.
+func attachStdio(cmd *exec.Cmd, cfg *Config) {
+	if cfg.Stdin != nil {
+		cmd.Stdin = cfg.Stdin
+	}
+	if cfg.Stdout != nil {
+		cmd.Stdout = cfg.Stdout
+	}
+	if cfg.Stderr != nil {
+		cmd.Stderr = cfg.Stderr
+	}
 }

@@ -61,15 +61,7 @@ func runWithSupervisor(cfg *Config, o RunOpts) (Result, error) {
 	cmd := exec.Command(o.Supervisor[0], append(args, cfg.Args...)...)
 	cmd.Env = cfg.Env
 	cmd.Dir = cfg.Dir
-	if cfg.Stdin != nil {
-		cmd.Stdin = cfg.Stdin
-	}
-	if cfg.Stdout != nil {
-		cmd.Stdout = cfg.Stdout
-	}
-	if cfg.Stderr != nil {
-		cmd.Stderr = cfg.Stderr
-	}
+	attachStdio(cmd, cfg)
 	cmd.ExtraFiles = []*os.File{ctlR, stW} // fds 3 and 4
 	err = cmd.Start()
 	_ = ctlR.Close()

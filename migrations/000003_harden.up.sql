@@ -454,5 +454,19 @@ BEGIN
     ] LOOP
         EXECUTE pg_catalog.format('ALTER FUNCTION %s.%s SET plan_cache_mode = force_generic_plan', s, f);
     END LOOP;
+    -- The pins above are set by a list; check the result, so that a function
+    -- added to this file and left off the list fails the migration instead
+    -- of shipping unpinned.
+    SELECT pg_catalog.string_agg(p.oid::pg_catalog.regprocedure::pg_catalog.text, ', ')
+    INTO f
+    FROM pg_catalog.pg_proc p
+    JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
+    WHERE n.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema()
+      AND p.proname OPERATOR(pg_catalog.~~) 'pgfence\_%'
+      AND NOT coalesce(p.proconfig, '{}') OPERATOR(pg_catalog.@>)
+          ARRAY['search_path=pg_catalog, ' OPERATOR(pg_catalog.||) s OPERATOR(pg_catalog.||) ', pg_temp'];
+    IF f IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfence: functions without a pinned search_path: %', f;
+    END IF;
 END;
 $$;

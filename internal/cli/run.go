@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -248,28 +247,33 @@ func (a *App) superviseUnderLease(lease pgfence.Lease, argv []string, sigs <-cha
 	stopWatch() // our own release notifies too
 	relErr := a.releaseAfterRun(lease, lostErr != nil)
 
+	ctx := context.Background()
+	leaseAttrs := []slog.Attr{slog.String("lease", lease.Name()), slog.Int64("token", lease.Token())}
 	switch {
 	case errors.Is(err, supervise.ErrNotFound):
-		fmt.Fprintf(a.Stderr, "pgfence run: %v\n", err)
+		a.say(ctx, slog.LevelError, err.Error(), slog.Int("exit_code", ExitNotFound))
 		return ExitNotFound
 	case errors.Is(err, supervise.ErrNotExecutable):
-		fmt.Fprintf(a.Stderr, "pgfence run: %v\n", err)
+		a.say(ctx, slog.LevelError, err.Error(), slog.Int("exit_code", ExitCannotExecute))
 		return ExitCannotExecute
 	case err != nil:
-		fmt.Fprintf(a.Stderr, "pgfence run: %v\n", err)
+		a.say(ctx, slog.LevelError, err.Error(), slog.Int("exit_code", ExitRunFailure))
 		return ExitRunFailure
 	case res.Lost:
-		fmt.Fprintf(a.Stderr, "pgfence run: lease %q (token %d) was lost: %v; the command was terminated (%s)\n",
-			lease.Name(), lease.Token(), lostErr, res.Exit)
+		a.say(ctx, slog.LevelError, fmt.Sprintf("lease %q (token %d) was lost: %v; the command was terminated (%s)",
+			lease.Name(), lease.Token(), lostErr, res.Exit),
+			append(leaseAttrs, slog.String("cause", lostErr.Error()), slog.String("command_exit", res.Exit.String()), slog.Int("exit_code", ExitLeaseLost))...)
 		return ExitLeaseLost
 	case lostErr != nil:
 		// Lost as the command ended: its last moments were not protected.
-		fmt.Fprintf(a.Stderr, "pgfence run: lease %q (token %d) was lost as the command ended (%s): %v\n",
-			lease.Name(), lease.Token(), res.Exit, lostErr)
+		a.say(ctx, slog.LevelError, fmt.Sprintf("lease %q (token %d) was lost as the command ended (%s): %v",
+			lease.Name(), lease.Token(), res.Exit, lostErr),
+			append(leaseAttrs, slog.String("cause", lostErr.Error()), slog.String("command_exit", res.Exit.String()), slog.Int("exit_code", ExitLeaseLost))...)
 		return ExitLeaseLost
 	case relErr != nil:
-		fmt.Fprintf(a.Stderr, "pgfence run: the command ended (%s), but releasing lease %q failed: %v; it expires after its TTL\n",
-			res.Exit, lease.Name(), relErr)
+		a.say(ctx, slog.LevelError, fmt.Sprintf("the command ended (%s), but releasing lease %q failed: %v; it expires after its TTL",
+			res.Exit, lease.Name(), relErr),
+			append(leaseAttrs, slog.String("error", relErr.Error()), slog.String("command_exit", res.Exit.String()), slog.Int("exit_code", ExitRunFailure))...)
 		return ExitRunFailure
 	}
 	return res.Exit.Status()
@@ -382,7 +386,7 @@ func (a *App) run(ctx context.Context, args []string) error {
 		}
 		return exitWith(ExitRunFailure, err)
 	}
-	logger := runLogger(a.Stderr)
+	logger := a.logger()
 	locker, err := leasetable.New(ctx, pool, &leasetable.Config{
 		Schema:       o.schema,
 		TTL:          ttl,
@@ -432,7 +436,7 @@ func (a *App) closeBounded(locker *leasetable.Locker, pool *pgxpool.Pool) {
 	select {
 	case <-done:
 	case <-t.C:
-		fmt.Fprintf(a.Stderr, "pgfence run: closing the database connections took longer than %v; exiting without waiting\n", cleanupTimeout)
+		a.say(context.Background(), slog.LevelWarn, fmt.Sprintf("closing the database connections took longer than %v; exiting without waiting", cleanupTimeout))
 	}
 }
 
@@ -476,7 +480,7 @@ func watchForLoss(pool *pgxpool.Pool, lease pgfence.Lease, logger *slog.Logger, 
 		CheckInterval: max(ttl/3, time.Second),
 		CheckTimeout:  min(max(ttl/3, time.Second), lossCheckTimeout),
 		Logger:        logger,
-		LogPrefix:     "pgfence run: lease watch",
+		LogPrefix:     "lease watch",
 		Notify: func(name string) {
 			if name == lease.Name() {
 				check()
@@ -574,67 +578,6 @@ func (a *App) conflict(ctx context.Context, locker *leasetable.Locker, o *runOpt
 	}
 	return fmt.Errorf("lease %q %s (holder %q, token %d, expires %s); the command was not run",
 		o.name, how, info.Owner, info.Token, info.ExpiresAt.Local().Format(time.RFC3339))
-}
-
-// runLogger logs leasetable's warnings (failed renewals, a lost lease) to
-// w in the format of run's own lines: "pgfence run: MESSAGE (key=value
-// ...)", one a line, without timestamps or levels.
-func runLogger(w io.Writer) *slog.Logger {
-	return slog.New(&lineHandler{w: w, prefix: "pgfence run: ", mu: &sync.Mutex{}})
-}
-
-// lineHandler is a slog.Handler writing "PREFIX MESSAGE (ATTRS)" lines for
-// warnings and errors; ATTRS are in slog's text form.
-type lineHandler struct {
-	w      io.Writer
-	prefix string
-	attrs  []slog.Attr
-	group  string
-	mu     *sync.Mutex
-}
-
-func (h *lineHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
-
-func (h *lineHandler) Handle(_ context.Context, r slog.Record) error {
-	var attrs strings.Builder
-	th := slog.NewTextHandler(&attrs, &slog.HandlerOptions{ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
-		if len(groups) == 0 && (a.Key == slog.TimeKey || a.Key == slog.LevelKey || a.Key == slog.MessageKey) {
-			return slog.Attr{}
-		}
-		return a
-	}})
-	var hh slog.Handler = th.WithAttrs(h.attrs)
-	if h.group != "" {
-		hh = hh.WithGroup(h.group)
-	}
-	rec := slog.NewRecord(time.Time{}, r.Level, "", 0)
-	r.Attrs(func(a slog.Attr) bool { rec.AddAttrs(a); return true })
-	if err := hh.Handle(context.Background(), rec); err != nil {
-		return err
-	}
-	line := h.prefix + r.Message
-	if a := strings.TrimSpace(attrs.String()); a != "" {
-		line += " (" + a + ")"
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	_, err := io.WriteString(h.w, line+"\n")
-	return err
-}
-
-func (h *lineHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
-	c := *h
-	c.attrs = append(append([]slog.Attr{}, h.attrs...), attrs...)
-	return &c
-}
-
-func (h *lineHandler) WithGroup(name string) slog.Handler {
-	c := *h
-	if c.group != "" {
-		name = c.group + "." + name
-	}
-	c.group = name
-	return &c
 }
 
 // runOwner is the owner id run writes into the lease row, for operators

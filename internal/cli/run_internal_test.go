@@ -279,7 +279,7 @@ func TestParseRunWaitZero(t *testing.T) {
 func TestRunLoggerFormat(t *testing.T) {
 	t.Parallel()
 	var b bytes.Buffer
-	l := runLogger(&b)
+	l := newLogger(&b, logText, "run")
 	l.Info("not shown")
 	l.With("lease", "job").Warn("pgfence: leasetable: lease lost", "token", 7, "cause", "a b")
 	l.Warn("bare")

@@ -282,40 +282,53 @@ func (o *Observer) observeStats(_ context.Context, ob metric.Observer) error {
 	}
 	o.mu.Unlock()
 	for s, x := range by {
-		opt := metric.WithAttributeSet(o.attrsFor(s).base)
-		ob.ObserveInt64(o.inst.held, x.held, opt)
-		ob.ObserveInt64(o.inst.waiting, x.waiting, opt)
-		ob.ObserveInt64(o.inst.listening, x.listening, opt)
+		opt := o.attrsFor(s).base.obs
+		ob.ObserveInt64(o.inst.held, x.held, opt...)
+		ob.ObserveInt64(o.inst.waiting, x.waiting, opt...)
+		ob.ObserveInt64(o.inst.listening, x.listening, opt...)
 	}
 	for s, n := range dropped {
-		ob.ObserveInt64(o.inst.eventsDropped, int64(n), metric.WithAttributeSet(o.attrsFor(s).base))
+		ob.ObserveInt64(o.inst.eventsDropped, int64(n), o.attrsFor(s).base.obs...)
 	}
 	return nil
 }
 
 // strategyAttrs are the attribute sets of one strategy, built once so that
 // recording the common events allocates no attributes.
+// The options, and the slices passed as the instruments' variadic
+// arguments, are built once: made per call, they would allocate.
 type strategyAttrs struct {
-	base        attribute.Set // strategy
-	acquired    attribute.Set // strategy, result=acquired
-	notAcquired attribute.Set // strategy, result=not_acquired
-	released    attribute.Set // strategy, end=released
-	ops         map[pgfence.OpKind]attribute.Set
+	base        opts // strategy
+	acquired    opts // strategy, result=acquired
+	notAcquired opts // strategy, result=not_acquired
+	released    opts // strategy, end=released
+	ops         [pgfence.OpFencedWrite + 1]opts
 	spanBase    []attribute.KeyValue // db.system.name, strategy
 }
 
+// opts is one attribute set as the options of Record, Add and Observe.
+type opts struct {
+	rec []metric.RecordOption
+	add []metric.AddOption
+	obs []metric.ObserveOption
+}
+
+func newOpts(kvs ...attribute.KeyValue) opts {
+	o := metric.WithAttributeSet(attribute.NewSet(kvs...))
+	return opts{rec: []metric.RecordOption{o}, add: []metric.AddOption{o}, obs: []metric.ObserveOption{o}}
+}
+
 func newStrategyAttrs(strategy string) *strategyAttrs {
-	s := attribute.String(string(StrategyKey), strategy)
+	s := StrategyKey.String(strategy)
 	a := &strategyAttrs{
-		base:        attribute.NewSet(s),
-		acquired:    attribute.NewSet(s, ResultKey.String(resultAcquired)),
-		notAcquired: attribute.NewSet(s, ResultKey.String(resultNotAcquired)),
-		released:    attribute.NewSet(s, EndKey.String(endReleased)),
-		ops:         make(map[pgfence.OpKind]attribute.Set, 4),
+		base:        newOpts(s),
+		acquired:    newOpts(s, ResultKey.String(resultAcquired)),
+		notAcquired: newOpts(s, ResultKey.String(resultNotAcquired)),
+		released:    newOpts(s, EndKey.String(endReleased)),
 		spanBase:    []attribute.KeyValue{semconv.DBSystemNamePostgreSQL, s},
 	}
-	for _, k := range []pgfence.OpKind{pgfence.OpAcquire, pgfence.OpRelease, pgfence.OpRenew, pgfence.OpFencedWrite} {
-		a.ops[k] = attribute.NewSet(semconv.DBSystemNamePostgreSQL, s, OperationKey.String(k.String()))
+	for k := range a.ops {
+		a.ops[k] = newOpts(semconv.DBSystemNamePostgreSQL, s, OperationKey.String(pgfence.OpKind(k).String()))
 	}
 	return a
 }
@@ -345,33 +358,32 @@ func (o *Observer) Observe(ctx context.Context, e pgfence.Event) {
 	a := o.attrsFor(e.Strategy())
 	switch e := e.(type) {
 	case pgfence.Acquired:
-		opt := metric.WithAttributeSet(a.acquired)
-		o.inst.acquireDuration.Record(ctx, e.Wait.Seconds(), opt)
-		o.inst.acquireAttempts.Record(ctx, int64(e.Attempts), opt)
+		opt := a.acquired.rec
+		o.inst.acquireDuration.Record(ctx, e.Wait.Seconds(), opt...)
+		o.inst.acquireAttempts.Record(ctx, int64(e.Attempts), opt...)
 		if e.Attempts > 1 {
-			o.inst.waitDuration.Record(ctx, e.Wait.Seconds(), opt)
+			o.inst.waitDuration.Record(ctx, e.Wait.Seconds(), opt...)
 		}
 		if sp := o.opSpan(ctx, pgfence.OpAcquire); sp != nil {
 			sp.SetAttributes(ResultKey.String(resultAcquired), TokenKey.Int64(e.Token), AttemptsKey.Int(e.Attempts))
 		}
 	case pgfence.NotAcquired:
-		set := a.notAcquired
+		opt := a.notAcquired.rec
 		result := resultNotAcquired
 		if !errors.Is(e.Err, pgfence.ErrNotAcquired) {
 			result = resultError
-			set = attribute.NewSet(StrategyKey.String(e.Kind), ResultKey.String(resultError), errorType(e.Err))
+			opt = []metric.RecordOption{metric.WithAttributes(StrategyKey.String(e.Kind), ResultKey.String(resultError), errorType(e.Err))}
 		}
-		opt := metric.WithAttributeSet(set)
-		o.inst.acquireDuration.Record(ctx, e.Wait.Seconds(), opt)
-		o.inst.acquireAttempts.Record(ctx, int64(e.Attempts), opt)
+		o.inst.acquireDuration.Record(ctx, e.Wait.Seconds(), opt...)
+		o.inst.acquireAttempts.Record(ctx, int64(e.Attempts), opt...)
 		if e.Attempts > 1 {
-			o.inst.waitDuration.Record(ctx, e.Wait.Seconds(), opt)
+			o.inst.waitDuration.Record(ctx, e.Wait.Seconds(), opt...)
 		}
 		if sp := o.opSpan(ctx, pgfence.OpAcquire); sp != nil {
 			sp.SetAttributes(ResultKey.String(result), AttemptsKey.Int(e.Attempts))
 		}
 	case pgfence.Renewed:
-		o.inst.renewals.Add(ctx, 1, metric.WithAttributeSet(a.base))
+		o.inst.renewals.Add(ctx, 1, a.base.add...)
 	case pgfence.RenewalFailed:
 		o.inst.renewalFailures.Add(ctx, 1, metric.WithAttributes(StrategyKey.String(e.Kind), errorType(e.Err)))
 	case pgfence.Lost:
@@ -379,17 +391,16 @@ func (o *Observer) Observe(ctx context.Context, e pgfence.Event) {
 		o.inst.losses.Add(ctx, 1, metric.WithAttributes(StrategyKey.String(e.Kind), cause))
 		o.inst.holdDuration.Record(ctx, e.HeldFor.Seconds(), metric.WithAttributes(StrategyKey.String(e.Kind), EndKey.String(endLost), cause))
 	case pgfence.Released:
-		opt := metric.WithAttributeSet(a.released)
 		if e.Err != nil {
-			opt = metric.WithAttributes(StrategyKey.String(e.Kind), EndKey.String(endReleased), errorType(e.Err))
+			o.inst.holdDuration.Record(ctx, e.HeldFor.Seconds(), metric.WithAttributes(StrategyKey.String(e.Kind), EndKey.String(endReleased), errorType(e.Err)))
+			break
 		}
-		o.inst.holdDuration.Record(ctx, e.HeldFor.Seconds(), opt)
+		o.inst.holdDuration.Record(ctx, e.HeldFor.Seconds(), a.released.rec...)
 	case pgfence.ListenLost:
 		o.inst.listenLost.Add(ctx, 1, metric.WithAttributes(StrategyKey.String(e.Kind), errorType(e.Err)))
 	case pgfence.ListenRestored:
-		opt := metric.WithAttributeSet(a.base)
-		o.inst.listenRestored.Add(ctx, 1, opt)
-		o.inst.listenDown.Record(ctx, e.Down.Seconds(), opt)
+		o.inst.listenRestored.Add(ctx, 1, a.base.add...)
+		o.inst.listenDown.Record(ctx, e.Down.Seconds(), a.base.rec...)
 	case pgfence.StaleWrite:
 		o.inst.staleWrites.Add(ctx, 1, metric.WithAttributes(StrategyKey.String(pgfence.StrategyFence), semconv.DBCollectionName(e.Table)))
 		if sp := o.opSpan(ctx, pgfence.OpFencedWrite); sp != nil {
@@ -401,13 +412,25 @@ func (o *Observer) Observe(ctx context.Context, e pgfence.Event) {
 // opKey is the context key of the operation an Observer traces.
 type opKey struct{}
 
-// opState is an operation between StartOp and EndOp.
+// opState is an operation between StartOp and EndOp. It is the ctx
+// StartOp returns: its parent with the state as the value of opKey (one
+// allocation, where context.WithValue and a state would be two).
 type opState struct {
+	context.Context
 	o     *Observer
+	attrs *strategyAttrs
 	kind  pgfence.OpKind
 	start time.Time
 	span  trace.Span // nil with DisableSpans
 	ended atomic.Bool
+}
+
+// Value returns the state for opKey, else the parent's value.
+func (st *opState) Value(key any) any {
+	if key == (opKey{}) {
+		return st
+	}
+	return st.Context.Value(key)
 }
 
 // opSpan returns the recording span of the operation of kind that ctx is
@@ -425,9 +448,9 @@ func (o *Observer) opSpan(ctx context.Context, kind pgfence.OpKind) trace.Span {
 // to the spans of op.Links (the other callers of a batch), and returns a
 // ctx carrying it, which pgfence runs the operation's statements with.
 func (o *Observer) StartOp(ctx context.Context, op pgfence.Op) context.Context {
-	st := &opState{o: o, kind: op.Kind, start: time.Now()}
+	a := o.attrsFor(op.Strategy)
+	st := &opState{o: o, attrs: a, kind: op.Kind, start: time.Now()}
 	if !o.disableSpans {
-		a := o.attrsFor(op.Strategy)
 		attrs := make([]attribute.KeyValue, 0, len(a.spanBase)+4)
 		attrs = append(attrs, a.spanBase...)
 		attrs = append(attrs, OperationKey.String(op.Kind.String()))
@@ -458,7 +481,8 @@ func (o *Observer) StartOp(ctx context.Context, op pgfence.Op) context.Context {
 		}
 		ctx, st.span = o.tracer.Start(ctx, spanName(op.Kind), opts...)
 	}
-	return context.WithValue(ctx, opKey{}, st)
+	st.Context = ctx
+	return st
 }
 
 // spanName is "pgfence." and the operation's kind.
@@ -484,14 +508,17 @@ func (o *Observer) EndOp(ctx context.Context, op pgfence.Op, err error) {
 	if st == nil || st.o != o || !st.ended.CompareAndSwap(false, true) {
 		return
 	}
-	a := o.attrsFor(op.Strategy)
-	opt := metric.WithAttributeSet(a.ops[op.Kind])
+	d := time.Since(st.start).Seconds()
 	var et attribute.KeyValue
-	if err != nil {
+	switch k := op.Kind; {
+	case err != nil:
 		et = errorType(err)
-		opt = metric.WithAttributes(semconv.DBSystemNamePostgreSQL, StrategyKey.String(op.Strategy), OperationKey.String(op.Kind.String()), et)
+		o.inst.operationDuration.Record(ctx, d, metric.WithAttributes(semconv.DBSystemNamePostgreSQL, StrategyKey.String(op.Strategy), OperationKey.String(k.String()), et))
+	case k >= 0 && int(k) < len(st.attrs.ops):
+		o.inst.operationDuration.Record(ctx, d, st.attrs.ops[k].rec...)
+	default:
+		o.inst.operationDuration.Record(ctx, d, metric.WithAttributes(semconv.DBSystemNamePostgreSQL, StrategyKey.String(op.Strategy), OperationKey.String(k.String())))
 	}
-	o.inst.operationDuration.Record(ctx, time.Since(st.start).Seconds(), opt)
 	if st.span == nil {
 		return
 	}

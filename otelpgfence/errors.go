@@ -56,29 +56,24 @@ func ErrorType(err error) string {
 
 // LossCause returns the value of the pgfence.loss.cause attribute for the
 // Cause of a [pgfence.Lost] event:
+//   - "expired": no renewal succeeded before the lock's local deadline
+//     ([pgfence.ErrLeaseExpired]);
+//   - "taken_over": the database no longer holds it for this grant: it
+//     expired there, another owner took it, or it was force-released
+//     ([pgfence.ErrLeaseTakenOver]);
+//   - "session_ended": the database session holding it ended (advisory
+//     locks; [pgfence.ErrSessionEnded]);
 //   - "closed": the Locker was closed while holding it ([pgfence.ErrClosed]);
-//   - "unavailable": renewals could not reach the database until the
-//     lock's local deadline ([pgfence.ErrUnavailable]);
-//   - "expired": no successful renewal before the local deadline
-//     (context.DeadlineExceeded in the cause);
-//   - "not_held": the database no longer holds it for this owner: it
-//     expired there, was taken over or force-released
-//     ([pgfence.ErrNotHeld]);
-//   - "session_ended": the database session holding it ended (a
-//     *pgconn.PgError or a connection error in the cause: advisory locks);
 //   - "other": anything else.
 func LossCause(cause error) string {
-	var pgErr *pgconn.PgError
 	switch {
 	case errors.Is(cause, pgfence.ErrClosed):
 		return "closed"
-	case errors.Is(cause, pgfence.ErrUnavailable):
-		return "unavailable"
-	case errors.Is(cause, context.DeadlineExceeded):
+	case errors.Is(cause, pgfence.ErrLeaseExpired):
 		return "expired"
-	case errors.Is(cause, pgfence.ErrNotHeld):
-		return "not_held"
-	case errors.As(cause, &pgErr), pgconn.SafeToRetry(cause), pgconn.Timeout(cause):
+	case errors.Is(cause, pgfence.ErrLeaseTakenOver):
+		return "taken_over"
+	case errors.Is(cause, pgfence.ErrSessionEnded):
 		return "session_ended"
 	}
 	return "other"

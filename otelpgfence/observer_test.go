@@ -137,7 +137,7 @@ func TestMetricsFromEvents(t *testing.T) {
 	b.obs.Observe(ctx, pgfence.Renewed{Lock: lock(lt, "a", 1), Expiry: time.Now()})
 	b.obs.Observe(ctx, pgfence.RenewalFailed{Lock: lock(lt, "a", 1), Attempt: 1, Err: context.DeadlineExceeded})
 	b.obs.Observe(ctx, pgfence.Lost{Lock: lock(lt, "a", 1), HeldFor: 40 * time.Second, Cause: fmt.Errorf("%w: %w", pgfence.ErrLeaseLost, pgfence.ErrClosed)})
-	b.obs.Observe(ctx, pgfence.Lost{Lock: lock(adv, "d", 5), HeldFor: time.Second, Cause: fmt.Errorf("%w: session: %w", pgfence.ErrLeaseLost, &pgconn.PgError{Code: "57P01"})})
+	b.obs.Observe(ctx, pgfence.Lost{Lock: lock(adv, "d", 5), HeldFor: time.Second, Cause: fmt.Errorf("advisory session ended: %w: %w", pgfence.ErrSessionEnded, &pgconn.PgError{Code: "57P01"})})
 	b.obs.Observe(ctx, pgfence.Released{Lock: lock(lt, "b", 2), HeldFor: 3 * time.Second})
 	b.obs.Observe(ctx, pgfence.ListenLost{Kind: adv, Err: errors.New("conn reset")})
 	b.obs.Observe(ctx, pgfence.ListenRestored{Kind: adv, Down: 1500 * time.Millisecond})
@@ -387,5 +387,22 @@ func TestErrorType(t *testing.T) {
 		{errors.New("something"), "_OTHER"},
 	} {
 		require.Equal(t, tt.want, otelpgfence.ErrorType(tt.err), "%v", tt.err)
+	}
+}
+
+func TestLossCause(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		cause error
+		want  string
+	}{
+		{fmt.Errorf("lease %q: %w", "a", pgfence.ErrLeaseExpired), "expired"},
+		{fmt.Errorf("lease %q: %w", "a", pgfence.ErrLeaseTakenOver), "taken_over"},
+		{fmt.Errorf("session (pid 7): %w: %w", pgfence.ErrSessionEnded, errors.New("EOF")), "session_ended"},
+		{fmt.Errorf("%w: %w", pgfence.ErrLeaseLost, pgfence.ErrClosed), "closed"},
+		{pgfence.ErrLeaseLost, "other"},
+		{nil, "other"},
+	} {
+		require.Equal(t, tt.want, otelpgfence.LossCause(tt.cause), "%v", tt.cause)
 	}
 }

@@ -35,7 +35,7 @@
 //
 //	name                            instrument           unit       attributes
 //	pgfence.lock.acquire.duration   histogram            s          pgfence.lock.strategy, pgfence.acquire.result, error.type
-//	pgfence.lock.wait.duration      histogram            s          as above; only calls that did not get the lock at the first attempt
+//	pgfence.lock.wait.duration      histogram            s          as above; only calls that waited (see below)
 //	pgfence.lock.acquire.attempts   histogram            {attempt}  as above
 //	pgfence.lock.hold.duration      histogram            s          pgfence.lock.strategy, pgfence.lock.end, pgfence.loss.cause, error.type
 //	pgfence.lock.renewals           counter              {renewal}  pgfence.lock.strategy
@@ -53,7 +53,11 @@
 //
 // Where the values come from: acquire.duration, wait.duration and
 // acquire.attempts from the Acquired and NotAcquired events (Wait,
-// Attempts); hold.duration from Released and Lost (HeldFor); renewals,
+// Attempts). wait.duration has only the calls that waited for another
+// holder: grants after more than one attempt, and calls that ended
+// without the lock by WaitTimeout or their ctx (not a TryAcquire that
+// found the lock held); its count over acquire.duration's is the share of
+// contended acquires; hold.duration from Released and Lost (HeldFor); renewals,
 // renewal.failures and losses from Renewed, RenewalFailed and Lost;
 // stale_writes from StaleWrite; the listen metrics from ListenLost and
 // ListenRestored; operation.duration from StartOp to EndOp of every

@@ -110,3 +110,21 @@ func createDatabase(ctx context.Context, server string) (name string, drop func(
 	}
 	return name, drop, nil
 }
+
+// examplePool is newPool for Example functions: a pool on the test
+// database and the function that closes it. Failures panic.
+func examplePool() (*pgxpool.Pool, func()) {
+	cfg, err := pgxpool.ParseConfig(testServer)
+	must(err)
+	cfg.ConnConfig.Database = testDatabase
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	must(err)
+	return pool, pool.Close
+}
+
+// must panics on err, to keep the examples short.
+func must(err error) {
+	if err != nil {
+		panic(err)
+	}
+}

@@ -176,7 +176,7 @@ func New(cfg *Config) (*Observer, error) {
 		return x
 	}
 	in.acquireDuration = h("pgfence.lock.acquire.duration", "Duration of acquire calls (TryAcquire, Acquire, Do), waiting included, from the call to its result.", "s", durationBuckets)
-	in.waitDuration = h("pgfence.lock.wait.duration", "Duration of acquire calls that did not find the lock free at the first attempt: the time spent waiting for another holder.", "s", durationBuckets)
+	in.waitDuration = h("pgfence.lock.wait.duration", "Duration of acquire calls that waited for another holder: grants after more than one attempt, and calls that ended without the lock by WaitTimeout or their ctx.", "s", durationBuckets)
 	in.holdDuration = h("pgfence.lock.hold.duration", "How long locks were held, from the grant to their release or loss.", "s", holdBuckets)
 	in.listenDown = h("pgfence.listen.down.duration", "How long a Locker's LISTEN connection was down before it was restored.", "s", durationBuckets)
 	in.operationDuration = h("pgfence.operation.duration", "Duration of pgfence's operations on the database: acquire (all attempts), release, one renewal round trip, one fenced write.", "s", durationBuckets)
@@ -303,7 +303,9 @@ type strategyAttrs struct {
 	notAcquired opts // strategy, result=not_acquired
 	released    opts // strategy, end=released
 	ops         [pgfence.OpFencedWrite + 1]opts
-	spanBase    []attribute.KeyValue // db.system.name, strategy
+	// spanStart are the start options of each kind's spans: kind Internal
+	// and db.system.name, strategy, operation.
+	spanStart [pgfence.OpFencedWrite + 1][]trace.SpanStartOption
 }
 
 // opts is one attribute set as the options of Record, Add and Observe.
@@ -325,10 +327,12 @@ func newStrategyAttrs(strategy string) *strategyAttrs {
 		acquired:    newOpts(s, ResultKey.String(resultAcquired)),
 		notAcquired: newOpts(s, ResultKey.String(resultNotAcquired)),
 		released:    newOpts(s, EndKey.String(endReleased)),
-		spanBase:    []attribute.KeyValue{semconv.DBSystemNamePostgreSQL, s},
 	}
 	for k := range a.ops {
-		a.ops[k] = newOpts(semconv.DBSystemNamePostgreSQL, s, OperationKey.String(pgfence.OpKind(k).String()))
+		op := OperationKey.String(pgfence.OpKind(k).String())
+		a.ops[k] = newOpts(semconv.DBSystemNamePostgreSQL, s, op)
+		a.spanStart[k] = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal),
+			trace.WithAttributes(semconv.DBSystemNamePostgreSQL, s, op)}
 	}
 	return a
 }
@@ -376,7 +380,9 @@ func (o *Observer) Observe(ctx context.Context, e pgfence.Event) {
 		}
 		o.inst.acquireDuration.Record(ctx, e.Wait.Seconds(), opt...)
 		o.inst.acquireAttempts.Record(ctx, int64(e.Attempts), opt...)
-		if e.Attempts > 1 {
+		// It waited unless it was a TryAcquire that found the lock held
+		// (or failed) at its one attempt: a wait ends by WaitTimeout or ctx.
+		if e.Attempts > 1 || errors.Is(e.Err, context.DeadlineExceeded) || errors.Is(e.Err, context.Canceled) {
 			o.inst.waitDuration.Record(ctx, e.Wait.Seconds(), opt...)
 		}
 		if sp := o.opSpan(ctx, pgfence.OpAcquire); sp != nil {
@@ -450,36 +456,46 @@ func (o *Observer) opSpan(ctx context.Context, kind pgfence.OpKind) trace.Span {
 func (o *Observer) StartOp(ctx context.Context, op pgfence.Op) context.Context {
 	a := o.attrsFor(op.Strategy)
 	st := &opState{o: o, attrs: a, kind: op.Kind, start: time.Now()}
-	if !o.disableSpans {
-		attrs := make([]attribute.KeyValue, 0, len(a.spanBase)+4)
-		attrs = append(attrs, a.spanBase...)
-		attrs = append(attrs, OperationKey.String(op.Kind.String()))
+	if o.disableSpans {
+		st.Context = ctx
+		return st
+	}
+	// The start options are built once per strategy and kind; the
+	// attributes of this operation are added only to a span that records
+	// (a sampled one), so that an unsampled operation costs little.
+	var opts []trace.SpanStartOption
+	if k := op.Kind; k >= 0 && int(k) < len(a.spanStart) {
+		opts = a.spanStart[k]
+	} else {
+		opts = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal),
+			trace.WithAttributes(semconv.DBSystemNamePostgreSQL, StrategyKey.String(op.Strategy), OperationKey.String(k.String()))}
+	}
+	if len(op.Links) > 0 {
+		links := make([]trace.Link, 0, len(op.Links))
+		for _, l := range op.Links {
+			if l == nil {
+				continue
+			}
+			if sc := trace.SpanContextFromContext(l); sc.IsValid() {
+				links = append(links, trace.Link{SpanContext: sc})
+			}
+		}
+		opts = append(opts[:len(opts):len(opts)], trace.WithLinks(links...))
+	}
+	ctx, st.span = o.tracer.Start(ctx, spanName(op.Kind), opts...)
+	if st.span.IsRecording() {
 		if op.Name != "" {
-			attrs = append(attrs, LockNameKey.String(op.Name))
+			st.span.SetAttributes(LockNameKey.String(op.Name))
 		}
 		if op.Batch > 1 {
-			attrs = append(attrs, semconv.DBOperationBatchSize(op.Batch))
+			st.span.SetAttributes(semconv.DBOperationBatchSize(op.Batch))
 		}
 		if op.Table != "" {
-			attrs = append(attrs, semconv.DBCollectionName(op.Table))
+			st.span.SetAttributes(semconv.DBCollectionName(op.Table))
 		}
 		if op.Statement != "" {
-			attrs = append(attrs, StatementKey.String(op.Statement))
+			st.span.SetAttributes(StatementKey.String(op.Statement))
 		}
-		opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...)}
-		if len(op.Links) > 0 {
-			links := make([]trace.Link, 0, len(op.Links))
-			for _, l := range op.Links {
-				if l == nil {
-					continue
-				}
-				if sc := trace.SpanContextFromContext(l); sc.IsValid() {
-					links = append(links, trace.Link{SpanContext: sc})
-				}
-			}
-			opts = append(opts, trace.WithLinks(links...))
-		}
-		ctx, st.span = o.tracer.Start(ctx, spanName(op.Kind), opts...)
 	}
 	st.Context = ctx
 	return st

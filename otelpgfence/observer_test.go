@@ -158,6 +158,13 @@ func TestMetricsFromEvents(t *testing.T) {
 		"pgfence.acquire.result=acquired,pgfence.lock.strategy=leasetable":   1,
 		"pgfence.acquire.result=not_acquired,pgfence.lock.strategy=advisory": 1,
 	}, n, "only calls that did not get the lock at the first attempt waited")
+	// A wait that ended by WaitTimeout at its first attempt waited too; a
+	// TryAcquire that found the lock held did not.
+	b.obs.Observe(ctx, pgfence.NotAcquired{Lock: lock(lt, "e", 0), Wait: time.Second, Attempts: 1,
+		Err: fmt.Errorf("%w: %w", pgfence.ErrNotAcquired, context.DeadlineExceeded)})
+	b.obs.Observe(ctx, pgfence.NotAcquired{Lock: lock(lt, "e", 0), Wait: time.Millisecond, Attempts: 1, Err: pgfence.ErrNotAcquired})
+	n, _ = counts[float64](t, b.collect(t)["pgfence.lock.wait.duration"])
+	require.Equal(t, uint64(1), n["pgfence.acquire.result=not_acquired,pgfence.lock.strategy=leasetable"])
 	require.InDelta(t, 0.3, s["pgfence.acquire.result=acquired,pgfence.lock.strategy=leasetable"], 1e-9)
 
 	an, as := counts[int64](t, m["pgfence.lock.acquire.attempts"])

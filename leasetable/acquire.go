@@ -2,6 +2,7 @@ package leasetable
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -57,7 +58,7 @@ func (k *Locker) try(ctx context.Context, name string, t leaseTiming) (l *Lease,
 		return nil, false, 0, fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, pgfence.ErrClosed)
 	}
 	if err != nil {
-		return nil, false, 0, fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, err)
+		return nil, false, 0, err // the caller says which lease
 	}
 	if !rep.found {
 		// The holder committed after our snapshot: retry soon.
@@ -68,6 +69,15 @@ func (k *Locker) try(ctx context.Context, name string, t leaseTiming) (l *Lease,
 		return nil, rep.owner == k.cfg.Owner, wait + jitter(time.Millisecond, expiryJitter), nil
 	}
 	l = k.newLease(name, rep, t)
+	if !time.Now().Before(l.deadline) {
+		// The answer came after the lease's local deadline (its commit
+		// waited longer than the TTL, say for a synchronous standby): it
+		// may be granted to another owner any moment, so it is given back,
+		// never handed out with Done already closed.
+		k.giveBack([]giveBackReq{{ctx, name, rep.token}})
+		return nil, false, 0, fmt.Errorf("pgfence: leasetable: lease %q (token %d) was granted %v after the acquire was sent, past its local deadline (TTL %v less margin %v); given back: %w: %w",
+			name, rep.token, time.Since(rep.sent).Round(time.Millisecond), t.ttl, t.margin, errLateGrant, pgfence.ErrNotAcquired)
+	}
 	if !k.adopt(l) {
 		// Closed while acquiring: give it straight back.
 		_ = l.release(ctx, errLostClosed)
@@ -76,6 +86,9 @@ func (k *Locker) try(ctx context.Context, name string, t leaseTiming) (l *Lease,
 	k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: acquired", "lease", name, "token", rep.token, "ttl", t.ttl)
 	return l, false, 0, nil
 }
+
+// errLateGrant marks a grant that arrived after its local deadline.
+var errLateGrant = errors.New("granted too late")
 
 // adopt starts renewing l. It reports false when the Locker was closed.
 func (k *Locker) adopt(l *Lease) bool {
@@ -207,6 +220,7 @@ func (k *Locker) execAcquires(batch []*acquireReq) error {
 	sent := time.Now()
 	rows, err := conn.Query(qctx, k.sql.acquire, names, k.cfg.Owner, ttls)
 	if err != nil {
+		discardStale(conn, err)
 		return err
 	}
 	got := make(map[string]acquireReply, len(names))
@@ -224,6 +238,7 @@ func (k *Locker) execAcquires(batch []*acquireReq) error {
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
+		discardStale(conn, err)
 		return err
 	}
 	k.replyAcquires(batch, got, sent, nil)

@@ -14,6 +14,8 @@ import (
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/hold"
 	"github.com/pgfence/pgfence/internal/install"
+	"github.com/pgfence/pgfence/internal/notifier"
+	"github.com/pgfence/pgfence/internal/retry"
 )
 
 // Locker acquires, renews and releases leases in the pgfence_leases table
@@ -25,15 +27,17 @@ type Locker struct {
 	sql        statements      // the SQL, with the schema filled in
 	closeCtx   context.Context // cancelled by Close
 	closeFunc  context.CancelFunc
-	background sync.WaitGroup // watchdog and listener goroutines
+	background sync.WaitGroup // watchdog, listener and release-retry goroutines
+	backoff    retry.Backoff  // spaces retries after transient errors
+	noRetry    bool           // tests: transient errors are not retried
 
 	mu              sync.Mutex
 	closed          bool
 	leases          map[*Lease]struct{} // held leases, renewed by the watchdog
 	held            map[string]*Lease   // the same, by name
 	watchdogRunning bool
-	watchdogWake    chan struct{} // buffered(1): a lease was added
-	listenerStarted bool
+	watchdogWake    chan struct{}      // buffered(1): a lease was added
+	listener        *notifier.Notifier // the LISTEN loop, once started
 	waiters         map[string]map[*waiter]struct{}
 
 	acquires batcher[*acquireReq] // combines concurrent acquires
@@ -95,6 +99,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 		held:         make(map[string]*Lease),
 		watchdogWake: make(chan struct{}, 1),
 		waiters:      make(map[string]map[*waiter]struct{}),
+		backoff:      retry.Default,
 	}
 	k.acquires.exec, k.acquires.fail = k.execAcquires, k.failAcquire
 	k.releases.exec, k.releases.fail = k.execReleases, failRelease
@@ -158,11 +163,22 @@ var errLostClosed = fmt.Errorf("%w: %w", pgfence.ErrLeaseLost, pgfence.ErrClosed
 // when the answer never comes (the database or the network failed, or
 // Close) may such a lease stay held until its TTL ends.
 //
+// A transient database error (connection refused or reset, the server
+// shutting down or starting, a read-only standby such as a demoted primary,
+// a serialization failure: the database is failing over) is retried with
+// capped, jittered backoff for at most [Config].QueryTimeout from the call
+// (and while ctx lasts); when that runs out, TryAcquire returns an error
+// matching [pgfence.ErrUnavailable] that wraps the last attempt's error.
+// A lease whose grant arrives after its local deadline (the commit waited
+// longer than the TTL, say for a synchronous standby) is never returned:
+// it is given back, and TryAcquire returns an error matching
+// [pgfence.ErrNotAcquired].
+//
 // Other errors: [pgfence.ErrClosed] after Close, an invalid name or opts
 // (nothing written), an error matching [context.DeadlineExceeded] that
 // says the pool is exhausted when it gave no connection within
-// [Config].QueryTimeout (nothing sent), and database errors (wrapped). The returned
-// [pgfence.Lease] is a *[Lease].
+// [Config].QueryTimeout (nothing sent), and other database errors
+// (wrapped, not retried). The returned [pgfence.Lease] is a *[Lease].
 func (k *Locker) TryAcquire(ctx context.Context, name string, opts *AcquireOpts) (pgfence.Lease, error) {
 	l, err := k.tryAcquire(ctx, name, opts)
 	if err != nil {
@@ -176,10 +192,30 @@ func (k *Locker) tryAcquire(ctx context.Context, name string, opts *AcquireOpts)
 	if err != nil {
 		return nil, err
 	}
-	l, local, _, err := k.try(ctx, name, t)
+	start := time.Now()
+	var (
+		l     *Lease
+		local bool
+	)
+	for failures := 1; ; failures++ {
+		l, local, _, err = k.try(ctx, name, t)
+		if err == nil || ctx.Err() != nil || !k.retryable(err) {
+			break
+		}
+		// The database is unavailable: retry while QueryTimeout lasts.
+		wait := k.backoff.Wait(failures)
+		if time.Since(start)+wait >= k.cfg.QueryTimeout {
+			return nil, acquireError(name, retry.Unavailable("", err))
+		}
+		k.suspectListen()
+		k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: acquire failed; retrying", "lease", name, "error", err, "retry_in", wait)
+		if serr := sleep(ctx, wait); serr != nil {
+			return nil, fmt.Errorf("pgfence: leasetable: acquire %q: %w; last attempt: %w", name, serr, retry.Unavailable("", err))
+		}
+	}
 	switch {
 	case err != nil:
-		return nil, err
+		return nil, acquireError(name, err)
 	case l == nil && local:
 		return nil, fmt.Errorf("pgfence: leasetable: lease %q is held by another caller of this Locker: %w", name, pgfence.ErrNotAcquired)
 	case l == nil:
@@ -201,11 +237,20 @@ func (k *Locker) tryAcquire(ctx context.Context, name string, opts *AcquireOpts)
 // and [context.DeadlineExceeded]. When ctx descends from the context of the
 // lease it asks for (a nested [Locker.Do]), it returns at once with an
 // error matching [pgfence.ErrAlreadyHeld]. After Close it returns
-// [pgfence.ErrClosed]. Database errors are returned at once (wrapped); they
-// are not retried, and neither is a wait for a pool connection that took
-// longer than [Config].QueryTimeout (see [Locker.TryAcquire]). ctx does
-// not bound the lease's lifetime. The returned
-// [pgfence.Lease] is a *[Lease].
+// [pgfence.ErrClosed].
+//
+// A transient database error (see [Locker.TryAcquire]: the database is
+// failing over) is retried with capped, jittered backoff (from 25ms up to
+// 500ms between attempts) for as long as ctx and opts.WaitTimeout allow.
+// When the wait ends while the last attempt had failed that way, the error
+// also matches [pgfence.ErrUnavailable] and wraps that attempt's error, in
+// addition to what it matches as described above (ctx's cause, or
+// ErrNotAcquired and DeadlineExceeded). A grant that arrives after its
+// local deadline is given back and the wait goes on. Other database errors
+// are returned at once (wrapped), and so is a wait for a pool connection
+// that took longer than [Config].QueryTimeout (see [Locker.TryAcquire]).
+// ctx does not bound the lease's lifetime. The returned [pgfence.Lease] is
+// a *[Lease].
 func (k *Locker) Acquire(ctx context.Context, name string, opts *AcquireOpts) (pgfence.Lease, error) {
 	l, err := k.acquire(ctx, name, opts)
 	if err != nil {
@@ -231,27 +276,83 @@ func (k *Locker) acquire(ctx context.Context, name string, opts *AcquireOpts) (*
 	defer k.removeWaiter(name, w)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	failures := 0
+	var unavailable error // the last attempt's transient error
+	ended := func() error {
+		if unavailable != nil {
+			return fmt.Errorf("pgfence: leasetable: acquire %q: %w; last attempt: %w", name, context.Cause(ctx), retry.Unavailable("", unavailable))
+		}
+		return fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, context.Cause(ctx))
+	}
 	for {
 		l, _, retryIn, err := k.try(ctx, name, t)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, context.Cause(ctx))
-			}
-			return nil, err
+		switch {
+		case err == nil:
+			failures, unavailable = 0, nil
+		case ctx.Err() != nil:
+			return nil, ended()
+		case errors.Is(err, errLateGrant):
+			failures, unavailable = failures+1, nil
+			retryIn = k.backoff.Wait(failures)
+		case k.retryable(err):
+			failures, unavailable = failures+1, err
+			retryIn = k.backoff.Wait(failures)
+			k.suspectListen()
+			k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: acquire failed; retrying", "lease", name, "error", err, "retry_in", retryIn)
+		default:
+			return nil, acquireError(name, err)
 		}
 		if l != nil {
 			return l, nil
 		}
-		k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: waiting for lease", "lease", name, "retry_in", retryIn)
+		if unavailable == nil {
+			k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: waiting for lease", "lease", name, "retry_in", retryIn)
+		}
 		timer.Reset(retryIn)
 		select {
 		case <-w.ch:
 		case <-timer.C:
 		case <-ctx.Done():
-			return nil, fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, context.Cause(ctx))
+			return nil, ended()
 		case <-k.closeCtx.Done():
 			return nil, fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, pgfence.ErrClosed)
 		}
+	}
+}
+
+// acquireError prefixes an error of an acquire of name.
+func acquireError(name string, err error) error {
+	if errors.Is(err, pgfence.ErrClosed) || errors.Is(err, errLateGrant) {
+		return err // already says which lease
+	}
+	return fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, err)
+}
+
+// retryable reports whether err of one of the Locker's statements is
+// retried: a transient database error (retry.Transient).
+func (k *Locker) retryable(err error) bool {
+	return !k.noRetry && retry.Transient(err)
+}
+
+// suspectListen asks the LISTEN connection, if any, to check itself now:
+// a statement just failed with a transient error, and the LISTEN
+// connection may have died with the others without noticing.
+func (k *Locker) suspectListen() {
+	k.mu.Lock()
+	n := k.listener
+	k.mu.Unlock()
+	n.Suspect()
+}
+
+// sleep waits d or until ctx ends, returning ctx's cause then.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
 	}
 }
 

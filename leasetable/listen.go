@@ -23,9 +23,8 @@ func (k *Locker) addWaiter(name string) (*waiter, error) {
 		k.waiters[name] = set
 	}
 	set[w] = struct{}{}
-	if !k.listenerStarted && !k.cfg.DisableListen {
-		k.listenerStarted = true
-		notifier.Start(k.closeCtx, notifier.Config{
+	if k.listener == nil && !k.cfg.DisableListen {
+		k.listener = notifier.Start(k.closeCtx, notifier.Config{
 			ConnConfig:    k.cfg.ListenConnConfig,
 			Channel:       NotifyChannel,
 			CheckInterval: k.cfg.ListenCheckInterval,

@@ -2,9 +2,11 @@ package leasetable
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -52,4 +54,20 @@ func (k *Locker) warnSmallPool(ctx context.Context) {
 			"waits for it up to QueryTimeout, and leases are lost when renewals cannot run",
 			"max_conns", n, "query_timeout", k.cfg.QueryTimeout)
 	}
+}
+
+// discardStale closes c's connection when err says its server cannot take
+// writes (read_only_sql_transaction: a standby, such as a primary demoted
+// in a failover), so that the pool replaces it with a connection to the
+// writable server instead of handing it out again; call it before
+// c.Release. pgx closes the connections that failed at the network level
+// itself.
+func discardStale(c *pgxpool.Conn, err error) {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "25006" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = c.Conn().Close(ctx)
 }

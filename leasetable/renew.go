@@ -133,6 +133,12 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease) (lost map[*Lease]boo
 			err = rows.Err()
 		}
 	}
+	if err != nil && conn != nil {
+		discardStale(conn, err)
+	}
+	if err != nil && k.retryable(err) {
+		k.suspectListen()
+	}
 
 	// A renewal ended by its caller (Renew's ctx) or by Close is no failure
 	// of the database: the watchdog carries on, and nothing is logged.
@@ -151,9 +157,15 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease) (lost map[*Lease]boo
 		}
 		switch {
 		case err != nil:
-			retry := max(10*time.Millisecond, min(l.timing.renewEvery/4, time.Second))
-			l.nextRenew = time.Now().Add(retry)
+			// Each attempt is bounded on its own (QueryTimeout), so a dead
+			// connection costs one attempt; the next comes after a backoff
+			// (from 25ms), capped at a quarter of the renewal interval, so
+			// several fit before the local deadline.
+			l.renewFails++
+			wait := min(k.backoff.Wait(l.renewFails), max(10*time.Millisecond, min(l.timing.renewEvery/4, time.Second)))
+			l.nextRenew = time.Now().Add(wait)
 		case renewed[l.token]:
+			l.renewFails = 0
 			l.deadline = sent.Add(l.timing.ttl - l.timing.margin)
 			l.nextRenew = sent.Add(l.timing.renewEvery)
 			k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: lease renewed", logAttrs(l)...)

@@ -36,7 +36,7 @@ const expiryJitter = 5 * time.Millisecond
 // another caller of this Locker holds it (its release wakes the waiters at
 // once), and retryIn how long to wait before the next attempt, judged from
 // the holder's expiry.
-func (k *Locker) try(ctx context.Context, name string, t leaseTiming) (l *Lease, local bool, retryIn time.Duration, err error) {
+func (k *Locker) try(ctx context.Context, name string, t leaseTiming, attempts *int) (l *Lease, local bool, retryIn time.Duration, err error) {
 	k.mu.Lock()
 	if h, ok := k.held[name]; ok {
 		// The holder's release or loss wakes this Locker's waiters; until
@@ -49,6 +49,7 @@ func (k *Locker) try(ctx context.Context, name string, t leaseTiming) (l *Lease,
 	if local {
 		return nil, true, retryIn, nil
 	}
+	*attempts++
 	rep, err := k.submitAcquire(ctx, name, t)
 	if err == nil {
 		err = rep.err
@@ -68,7 +69,7 @@ func (k *Locker) try(ctx context.Context, name string, t leaseTiming) (l *Lease,
 		wait := max(rep.expiresAt.Sub(rep.dbNow), 0)
 		return nil, rep.owner == k.cfg.Owner, wait + jitter(time.Millisecond, expiryJitter), nil
 	}
-	l = k.newLease(name, rep, t)
+	l = k.newLease(ctx, name, rep, t)
 	if !time.Now().Before(l.deadline) {
 		// The answer came after the lease's local deadline (its commit
 		// waited longer than the TTL, say for a synchronous standby): it
@@ -99,6 +100,7 @@ func (k *Locker) adopt(l *Lease) bool {
 	}
 	k.leases[l] = struct{}{}
 	k.held[l.name] = l
+	l.adopted = true
 	l.timer = time.AfterFunc(time.Until(l.deadline), func() { k.checkDeadline(l) })
 	if !k.watchdogRunning {
 		k.watchdogRunning = true
@@ -169,7 +171,7 @@ func (k *Locker) failAcquire(r *acquireReq, err error) {
 // waiting; the statement, once sent, runs to its answer (for at most
 // QueryTimeout after the last caller left; Close cancels it), so that a
 // lease taken for a caller who stopped waiting is known and given back.
-func (k *Locker) execAcquires(batch []*acquireReq) error {
+func (k *Locker) execAcquires(batch []*acquireReq) (err error) {
 	// One request per name; the others learn the first one's outcome as
 	// "held" (by this Locker when the first one acquired it), exactly as
 	// if they had run just after it.
@@ -191,7 +193,18 @@ func (k *Locker) execAcquires(batch []*acquireReq) error {
 	// flight may still commit, and only its answer tells which leases to
 	// give back. It gets QueryTimeout more after the last caller left, and
 	// is cancelled by Close.
-	ctx, cancel := batchContext(k.closeCtx, ctxs)
+	values := batch[0].ctx
+	if k.ev.Enabled() && len(batch) > 1 {
+		// One statement for several callers: an operation of its own,
+		// under the opener's, linked to the others'.
+		op := pgfence.Op{Kind: pgfence.OpAcquire, Strategy: pgfence.StrategyLeaseTable, Batch: len(batch), Links: ctxs[1:]}
+		if len(names) == 1 {
+			op.Name = names[0]
+		}
+		values = k.ev.StartOp(values, op)
+		defer func() { k.ev.EndOp(values, op, err) }()
+	}
+	ctx, cancel := batchContext(k.closeCtx, values, ctxs)
 	defer cancel()
 	conn, err := k.conn(ctx, "acquire", k.cfg.QueryTimeout, false)
 	if err != nil {

@@ -90,8 +90,21 @@ type Config struct {
 	Owner string
 
 	// Logger receives renewal failures, retries, losses and listener
-	// reconnects. Nil means silent.
+	// reconnects. Nil means silent. Every record is logged with a context:
+	// the caller's for what a call does, the acquiring ctx's values for a
+	// lease's background work (renewal, loss, a release retried later),
+	// context.Background() for the LISTEN connection's.
 	Logger *slog.Logger
+
+	// Observer, when not nil, receives the Locker's typed events
+	// ([pgfence.Acquired], [pgfence.NotAcquired], [pgfence.Released] on the
+	// caller's goroutine; [pgfence.Renewed], [pgfence.RenewalFailed],
+	// [pgfence.Lost], [pgfence.ListenLost], [pgfence.ListenRestored] from
+	// one delivery goroutine, so that a slow Observer never delays a
+	// renewal); see [pgfence.Observer]. When it also implements
+	// [pgfence.OpObserver], acquires, releases and renewal round trips are
+	// bracketed by StartOp and EndOp. Nil costs a nil check per event.
+	Observer pgfence.Observer
 
 	// QueryTimeout bounds each statement the Locker runs on its own behalf
 	// rather than within a caller's context: each renewal attempt (also

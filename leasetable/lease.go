@@ -31,12 +31,14 @@ const (
 // The methods are safe for concurrent use, and Release is safe on a nil
 // *Lease.
 type Lease struct {
-	k      *Locker
-	name   string
-	token  int64
-	timing leaseTiming
-	ctx    context.Context
-	cancel context.CancelCauseFunc
+	k         *Locker
+	name      string
+	token     int64
+	timing    leaseTiming
+	ctx       context.Context
+	cancel    context.CancelCauseFunc
+	values    context.Context // the acquiring ctx's values, without its cancellation
+	grantedAt time.Time       // local time of the grant, for HeldFor
 
 	releaseMu sync.Mutex // serialises Release calls
 
@@ -52,13 +54,16 @@ type Lease struct {
 	retrying   chan struct{} // closed when the background release retry ends
 	retryErr   error         // its last error, once retrying is closed
 	renewFails int           // consecutive failed renewal attempts
+	adopted    bool          // handed out (renewed by the watchdog)
 }
 
 var _ pgfence.Lease = (*Lease)(nil)
 
-func (k *Locker) newLease(name string, rep acquireReply, t leaseTiming) *Lease {
+func (k *Locker) newLease(ctx context.Context, name string, rep acquireReply, t leaseTiming) *Lease {
 	l := &Lease{
 		k:          k,
+		values:     context.WithoutCancel(ctx),
+		grantedAt:  time.Now(),
 		name:       name,
 		token:      rep.token,
 		timing:     t,
@@ -68,6 +73,11 @@ func (k *Locker) newLease(name string, rep acquireReply, t leaseTiming) *Lease {
 	}
 	l.ctx, l.cancel = context.WithCancelCause(hold.Mark(context.Background(), k, name, l))
 	return l
+}
+
+// lock identifies l in events.
+func (l *Lease) lock() pgfence.Lock {
+	return pgfence.Lock{Kind: pgfence.StrategyLeaseTable, Name: l.name, Token: l.token}
 }
 
 // Name returns the lease name.
@@ -144,6 +154,10 @@ func (l *Lease) Release(ctx context.Context) error {
 	return l.release(ctx, errReleased)
 }
 
+// release ends l, with cause as its Err, and releases its row. It sends
+// the Released event (a Release of a held lease) or the Lost event
+// (Close's release, cause errLostClosed), bracketed by the release
+// operation.
 func (l *Lease) release(ctx context.Context, cause error) error {
 	l.releaseMu.Lock()
 	defer l.releaseMu.Unlock()
@@ -153,14 +167,39 @@ func (l *Lease) release(ctx context.Context, cause error) error {
 		k.mu.Unlock()
 		return nil
 	}
-	wasHeld := l.state == stateHeld
-	if wasHeld {
+	endsNow := l.state == stateHeld && l.adopted
+	if l.state == stateHeld {
 		k.endLocked(l, stateReleased, cause)
 		l.wasHeld = true
 	}
 	inflight, retrying := l.inflight, l.retrying
 	k.mu.Unlock()
 
+	op := pgfence.Op{Kind: pgfence.OpRelease, Strategy: pgfence.StrategyLeaseTable, Name: l.name, Batch: 1}
+	ctx = k.ev.StartOp(ctx, op)
+	err := l.releaseInDB(ctx, inflight, retrying)
+	switch {
+	case !endsNow:
+	case cause == errReleased:
+		k.nReleased.Add(1)
+		if k.ev.Enabled() {
+			k.ev.Sync(ctx, pgfence.Released{Lock: l.lock(), HeldFor: time.Since(l.grantedAt), Err: err})
+		}
+	default: // Close
+		k.nLost.Add(1)
+		if k.ev.Enabled() {
+			k.ev.Async(l.values, pgfence.Lost{Lock: l.lock(), HeldFor: time.Since(l.grantedAt), Cause: cause})
+		}
+	}
+	k.ev.EndOp(ctx, op, err)
+	return err
+}
+
+// releaseInDB releases l's row, after the background retry (retrying) and
+// renewal (inflight) that may be running, retrying transient errors, and
+// handing the release to a background retry when they outlast its bound.
+func (l *Lease) releaseInDB(ctx context.Context, inflight, retrying chan struct{}) error {
+	k := l.k
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.cfg.QueryTimeout)
 	defer cancel()
 	if retrying != nil {
@@ -320,7 +359,11 @@ func (k *Locker) endLocked(l *Lease, state leaseState, cause error) {
 		w.wake()
 	}
 	if state == stateLost {
-		k.cfg.Logger.Warn("pgfence: leasetable: lease lost", append(logAttrs(l), "cause", cause)...)
+		k.cfg.Logger.WarnContext(l.values, "pgfence: leasetable: lease lost", append(logAttrs(l), "cause", cause)...)
+		k.nLost.Add(1)
+		if k.ev.Enabled() {
+			k.ev.Async(l.values, pgfence.Lost{Lock: l.lock(), HeldFor: time.Since(l.grantedAt), Cause: cause})
+		}
 	}
 }
 
@@ -399,21 +442,31 @@ func failRelease(r *releaseReq, err error) { r.res <- releaseReply{err: err} }
 
 // execReleases runs releaseSQL for batch and answers each request; on a
 // statement error it answers none and returns the error.
-func (k *Locker) execReleases(batch []*releaseReq) error {
+func (k *Locker) execReleases(batch []*releaseReq) (err error) {
+	ctxs := make([]context.Context, 0, len(batch))
+	for _, r := range batch {
+		ctxs = append(ctxs, r.ctx) // the opener's first
+	}
+	values := ctxs[0]
+	if k.ev.Enabled() && len(batch) > 1 {
+		// One statement for several callers: an operation of its own,
+		// under the opener's, linked to the others'.
+		op := pgfence.Op{Kind: pgfence.OpRelease, Strategy: pgfence.StrategyLeaseTable, Batch: len(batch), Links: ctxs[1:]}
+		values = k.ev.StartOp(values, op)
+		defer func() { k.ev.EndOp(values, op, err) }()
+	}
 	slices.SortFunc(batch, func(a, b *releaseReq) int { return strings.Compare(a.name, b.name) })
 	names := make([]string, 0, len(batch))
 	tokens := make([]int64, 0, len(batch))
 	atLeast := make([]int64, 0, len(batch))
-	ctxs := make([]context.Context, 0, len(batch))
 	for _, r := range batch {
 		names = append(names, r.name)
 		tokens = append(tokens, r.token)
 		atLeast = append(atLeast, r.atLeastUs)
-		ctxs = append(ctxs, r.ctx)
 	}
 	// The callers' contexts are already detached from cancellation and
 	// bounded by the query timeout.
-	ctx, cancel := batchContext(context.Background(), ctxs)
+	ctx, cancel := batchContext(context.Background(), values, ctxs)
 	defer cancel()
 	conn, err := k.conn(ctx, "release", k.cfg.QueryTimeout, true)
 	if err != nil {
@@ -422,6 +475,7 @@ func (k *Locker) execReleases(batch []*releaseReq) error {
 	defer conn.Release()
 	rows, err := conn.Query(ctx, k.sql.release, names, tokens, atLeast, k.cfg.Owner)
 	if err != nil {
+		discardStale(conn, err)
 		return err
 	}
 	released := make(map[int64]bool, len(batch))

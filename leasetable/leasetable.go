@@ -7,11 +7,13 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/events"
 	"github.com/pgfence/pgfence/internal/hold"
 	"github.com/pgfence/pgfence/internal/install"
 	"github.com/pgfence/pgfence/internal/notifier"
@@ -27,9 +29,14 @@ type Locker struct {
 	sql        statements      // the SQL, with the schema filled in
 	closeCtx   context.Context // cancelled by Close
 	closeFunc  context.CancelFunc
-	background sync.WaitGroup // watchdog, listener and release-retry goroutines
-	backoff    retry.Backoff  // spaces retries after transient errors
-	noRetry    bool           // tests: transient errors are not retried
+	background sync.WaitGroup  // watchdog, listener and release-retry goroutines
+	backoff    retry.Backoff   // spaces retries after transient errors
+	noRetry    bool            // tests: transient errors are not retried
+	ev         *events.Emitter // nil without Config.Observer
+
+	// Stats counters.
+	waiting                                                   atomic.Int64
+	nAcquired, nNotAcquired, nReleased, nLost, nRenewFailures atomic.Uint64
 
 	mu              sync.Mutex
 	closed          bool
@@ -100,6 +107,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 		watchdogWake: make(chan struct{}, 1),
 		waiters:      make(map[string]map[*waiter]struct{}),
 		backoff:      retry.Default,
+		ev:           events.New(resolved.Observer),
 	}
 	k.acquires.exec, k.acquires.fail = k.execAcquires, k.failAcquire
 	k.releases.exec, k.releases.fail = k.execReleases, failRelease
@@ -134,16 +142,40 @@ func (k *Locker) Close() {
 		held = append(held, l)
 	}
 	k.mu.Unlock()
-	k.closeFunc() // stops the watchdog's in-flight renewal, the listener and waiters
+	k.closeFunc() // stops the watchdog's in-flight renewal, the listener, waiters and release retries
 	for _, l := range held {
-		err := l.release(context.Background(), errLostClosed)
+		err := l.release(l.values, errLostClosed)
 		if err != nil && !errors.Is(err, pgfence.ErrNotHeld) {
-			k.cfg.Logger.Warn("pgfence: leasetable: release on close failed", "lease", l.name, "token", l.token, "error", err)
+			k.cfg.Logger.WarnContext(l.values, "pgfence: leasetable: release on close failed", "lease", l.name, "token", l.token, "error", err)
 		}
 	}
 	k.acquires.close()
 	k.releases.close()
 	k.background.Wait()
+	k.ev.Close() // delivers the queued events
+}
+
+// Stats returns a snapshot of the Locker's state and counters: leases held
+// and Acquire calls waiting now, totals of grants, calls that returned
+// without a lease (bad input aside), releases, losses and failed renewal
+// attempts, whether the LISTEN connection listens now, and how many
+// background events a slow [Config].Observer made it drop. It never sends
+// a statement, and works after Close.
+func (k *Locker) Stats() pgfence.Stats {
+	k.mu.Lock()
+	held, listener := len(k.leases), k.listener
+	k.mu.Unlock()
+	return pgfence.Stats{
+		Held:            held,
+		Waiting:         int(k.waiting.Load()),
+		Acquired:        k.nAcquired.Load(),
+		NotAcquired:     k.nNotAcquired.Load(),
+		Released:        k.nReleased.Load(),
+		Lost:            k.nLost.Load(),
+		RenewalFailures: k.nRenewFailures.Load(),
+		Listening:       listener.Listening(),
+		EventsDropped:   k.ev.Dropped(),
+	}
 }
 
 var errLostClosed = fmt.Errorf("%w: %w", pgfence.ErrLeaseLost, pgfence.ErrClosed)
@@ -180,25 +212,59 @@ var errLostClosed = fmt.Errorf("%w: %w", pgfence.ErrLeaseLost, pgfence.ErrClosed
 // [Config].QueryTimeout (nothing sent), and other database errors
 // (wrapped, not retried). The returned [pgfence.Lease] is a *[Lease].
 func (k *Locker) TryAcquire(ctx context.Context, name string, opts *AcquireOpts) (pgfence.Lease, error) {
-	l, err := k.tryAcquire(ctx, name, opts)
+	l, err := k.observeAcquire(ctx, name, opts, k.tryAcquire)
 	if err != nil {
 		return nil, err
 	}
 	return l, nil
 }
 
-func (k *Locker) tryAcquire(ctx context.Context, name string, opts *AcquireOpts) (*Lease, error) {
+// acquireFunc is tryAcquire or acquire: it counts its round trips in
+// *attempts.
+type acquireFunc func(ctx context.Context, name string, t leaseTiming, opts *AcquireOpts, attempts *int) (*Lease, error)
+
+// observeAcquire validates an acquire of name and runs it through f,
+// bracketed by the OpObserver's StartOp and EndOp, and reports the
+// outcome: the Acquired or NotAcquired event (bad input aside) and the
+// Stats counters. The statements run on StartOp's ctx.
+func (k *Locker) observeAcquire(ctx context.Context, name string, opts *AcquireOpts, f acquireFunc) (*Lease, error) {
+	start := time.Now()
 	t, err := k.prepare(ctx, name, opts)
-	if err != nil {
-		return nil, err
+	if err != nil && !errors.Is(err, pgfence.ErrNotAcquired) && !errors.Is(err, pgfence.ErrClosed) {
+		return nil, err // bad input
 	}
+	op := pgfence.Op{Kind: pgfence.OpAcquire, Strategy: pgfence.StrategyLeaseTable, Name: name, Batch: 1}
+	ctx = k.ev.StartOp(ctx, op)
+	attempts := 0
+	var l *Lease
+	if err == nil {
+		l, err = f(ctx, name, t, opts, &attempts)
+	}
+	if err != nil {
+		k.nNotAcquired.Add(1)
+		if k.ev.Enabled() {
+			k.ev.Sync(ctx, pgfence.NotAcquired{Lock: pgfence.Lock{Kind: pgfence.StrategyLeaseTable, Name: name},
+				Wait: time.Since(start), Attempts: attempts, Err: err})
+		}
+	} else {
+		k.nAcquired.Add(1)
+		if k.ev.Enabled() {
+			k.ev.Sync(ctx, pgfence.Acquired{Lock: l.lock(), Wait: time.Since(start), Attempts: attempts})
+		}
+	}
+	k.ev.EndOp(ctx, op, err)
+	return l, err
+}
+
+func (k *Locker) tryAcquire(ctx context.Context, name string, t leaseTiming, _ *AcquireOpts, attempts *int) (*Lease, error) {
 	start := time.Now()
 	var (
 		l     *Lease
 		local bool
+		err   error
 	)
 	for failures := 1; ; failures++ {
-		l, local, _, err = k.try(ctx, name, t)
+		l, local, _, err = k.try(ctx, name, t, attempts)
 		if err == nil || ctx.Err() != nil || !k.retryable(err) {
 			break
 		}
@@ -252,18 +318,16 @@ func (k *Locker) tryAcquire(ctx context.Context, name string, opts *AcquireOpts)
 // ctx does not bound the lease's lifetime. The returned [pgfence.Lease] is
 // a *[Lease].
 func (k *Locker) Acquire(ctx context.Context, name string, opts *AcquireOpts) (pgfence.Lease, error) {
-	l, err := k.acquire(ctx, name, opts)
+	l, err := k.observeAcquire(ctx, name, opts, k.acquire)
 	if err != nil {
 		return nil, err
 	}
 	return l, nil
 }
 
-func (k *Locker) acquire(ctx context.Context, name string, opts *AcquireOpts) (*Lease, error) {
-	t, err := k.prepare(ctx, name, opts)
-	if err != nil {
-		return nil, err
-	}
+func (k *Locker) acquire(ctx context.Context, name string, t leaseTiming, opts *AcquireOpts, attempts *int) (*Lease, error) {
+	k.waiting.Add(1)
+	defer k.waiting.Add(-1)
 	if opts != nil {
 		var cancel context.CancelFunc
 		ctx, cancel = hold.WaitTimeout(ctx, opts.WaitTimeout)
@@ -285,7 +349,7 @@ func (k *Locker) acquire(ctx context.Context, name string, opts *AcquireOpts) (*
 		return fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, context.Cause(ctx))
 	}
 	for {
-		l, _, retryIn, err := k.try(ctx, name, t)
+		l, _, retryIn, err := k.try(ctx, name, t, attempts)
 		switch {
 		case err == nil:
 			failures, unavailable = 0, nil

@@ -232,11 +232,17 @@ func TestListenComesBackAfterARestart(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setupRestart(t)
-	holder := newLocker(t, b.pool, &leasetable.Config{TTL: time.Minute, QueryTimeout: time.Second})
+	holdRec := newRecorder()
+	holder := newLocker(t, b.pool, &leasetable.Config{TTL: time.Minute, QueryTimeout: time.Second, Observer: holdRec})
 	logs := newLogWatch()
-	waiter := newLocker(t, b.db.NewPool(t, nil), &leasetable.Config{QueryTimeout: time.Second, Logger: logs.logger()})
+	rec := newRecorder()
+	waiter := newLocker(t, b.db.NewPool(t, nil), &leasetable.Config{QueryTimeout: time.Second, Logger: logs.logger(), Observer: rec})
 
 	l, err := holder.TryAcquire(ctx, "contended", nil)
+	require.NoError(t, err)
+	// A lease whose TTL outlasts the outage is kept: its renewals fail
+	// while the server is down, and succeed once it is back.
+	kept, err := holder.TryAcquire(withReq("acq-kept"), "kept", &leasetable.AcquireOpts{TTL: 6 * time.Second})
 	require.NoError(t, err)
 	ready := logs.next("LISTEN connection ready")
 	waiting := logs.next("waiting for lease")
@@ -247,11 +253,31 @@ func TestListenComesBackAfterARestart(t *testing.T) {
 	failed := logs.next("LISTEN connection failed")
 	require.NoError(t, b.cluster.Stop())
 	waitFor(t, failed, "the LISTEN connection to fail")
+	ev := rec.await(t, "ListenLost", func(r recorded) bool { _, ok := r.e.(pgfence.ListenLost); return ok })
+	require.Error(t, ev.e.(pgfence.ListenLost).Err)
+	require.Empty(t, ev.req)
+	ev = holdRec.await(t, "RenewalFailed kept", isEvent[pgfence.RenewalFailed]("kept"))
+	require.Equal(t, "acq-kept", ev.req)
+	require.Equal(t, 1, ev.e.(pgfence.RenewalFailed).Attempt)
+	require.Error(t, ev.e.(pgfence.RenewalFailed).Err)
+	renewed := holdRec.count(isEvent[pgfence.Renewed]("kept"))
+
 	back := logs.next("LISTEN connection ready")
 	require.NoError(t, b.cluster.Start(ctx))
 	up := time.Now()
 	waitFor(t, back, "the listener back")
 	t.Logf("LISTEN back %v after the server accepted connections again", time.Since(up).Round(time.Millisecond))
+	ev = rec.await(t, "ListenRestored", func(r recorded) bool { _, ok := r.e.(pgfence.ListenRestored); return ok })
+	t.Logf("ListenRestored: down %v", ev.e.(pgfence.ListenRestored).Down.Round(time.Millisecond))
+	require.Positive(t, ev.e.(pgfence.ListenRestored).Down)
+	require.True(t, waiter.Stats().Listening)
+
+	holdRec.await(t, "kept renewed after the outage", func(r recorded) bool {
+		return isEvent[pgfence.Renewed]("kept")(r) && holdRec.countLocked(isEvent[pgfence.Renewed]("kept")) > renewed
+	})
+	require.NoError(t, kept.Err(), "kept through the outage")
+	require.NoError(t, kept.Release(ctx))
+	require.Positive(t, holder.Stats().RenewalFailures)
 
 	require.NoError(t, l.Release(ctx))
 	r := <-got

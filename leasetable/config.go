@@ -111,7 +111,9 @@ type Config struct {
 	// never past the lease's local deadline), each release (also from
 	// [Locker.Close] and [Locker.Do]), the give-back of a lease whose
 	// acquirer stopped waiting, and how long an acquire statement runs on
-	// after its last caller stopped waiting. It also bounds each wait for a
+	// after its last caller stopped waiting; and how long TryAcquire and a
+	// release retry transient database errors (see "Failover" in the
+	// package documentation). It also bounds each wait for a
 	// connection from the pool, by any statement of the Locker's (an
 	// acquire too, whatever its caller's context): a pool that gives none
 	// in time (exhausted) fails the statement with an error saying so, with

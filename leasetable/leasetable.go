@@ -427,11 +427,14 @@ func sleep(ctx context.Context, d time.Duration) error {
 // the lease itself; Do then does not release it again. A Do nested in fn
 // for the same name returns [pgfence.ErrAlreadyHeld] at once.
 //
-// Do returns the error from acquiring (and does not call fn). Otherwise it
-// returns fn's error joined with the loss (an error matching
-// [pgfence.ErrLeaseLost]) whenever the lease was lost before fn returned,
-// since fn's work may not have been protected throughout, and joined with
-// the release's error (the lease then expires after its TTL).
+// Do returns the error from acquiring (and does not call fn); it matches
+// [pgfence.ErrUnavailable] when the database stayed unavailable, as for
+// Acquire. Otherwise it returns fn's error joined with the loss (an error
+// matching [pgfence.ErrLeaseLost]) whenever the lease was lost before fn
+// returned, since fn's work may not have been protected throughout, and
+// joined with the release's error (the lease then expires after its TTL,
+// unless the error matches ErrUnavailable: then a background retry
+// releases it once the database is back; see [Lease.Release]).
 func (k *Locker) Do(ctx context.Context, name string, opts *AcquireOpts, fn func(ctx context.Context, l pgfence.Lease) error) error {
 	return hold.Do(ctx, k, name, "pgfence: leasetable", func(ctx context.Context) (pgfence.Lease, error) {
 		return k.Acquire(ctx, name, opts)

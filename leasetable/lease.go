@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -318,7 +319,11 @@ func (k *Locker) retryReleaseLater(ctx context.Context, l *Lease) bool {
 		}()
 		for failures := 1; ; failures++ {
 			if sleep(rctx, k.backoff.Wait(failures)) != nil {
-				k.cfg.Logger.WarnContext(values, "pgfence: leasetable: gave up retrying a release; the lease expires after its TTL",
+				level := slog.LevelWarn
+				if k.closeCtx.Err() != nil {
+					level = slog.LevelDebug // Close stopped it
+				}
+				k.cfg.Logger.Log(values, level, "pgfence: leasetable: gave up retrying a release; the lease expires after its TTL",
 					append(logAttrs(l), "error", err)...)
 				return
 			}

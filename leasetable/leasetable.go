@@ -125,11 +125,15 @@ func (k *Locker) Schema() string { return k.cfg.Schema }
 // lost: its context is cancelled with a cause matching both
 // [pgfence.ErrLeaseLost] and [pgfence.ErrClosed]), wakes waiting Acquire
 // calls, which return [pgfence.ErrClosed], and stops the renewal watchdog and
-// the LISTEN connection. It returns when all background goroutines have
-// stopped and pgx has finished closing the LISTEN connection; it waits at
-// most a second for the latter when the server does not answer. It does
-// not close the pool. Close is idempotent; later calls of the Locker's
-// methods return [pgfence.ErrClosed].
+// the LISTEN connection. The releases go out together, and a transient
+// error is retried for at most [Config].QueryTimeout (never in the
+// background); the release retries that earlier Release calls left in the
+// background stop, their leases expiring after their TTL. Close returns
+// when all background goroutines have stopped, the Observer's queued
+// events were delivered, and pgx has finished closing the LISTEN
+// connection; it waits at most a second for the latter when the server
+// does not answer. It does not close the pool. Close is idempotent; later
+// calls of the Locker's methods return [pgfence.ErrClosed].
 func (k *Locker) Close() {
 	k.mu.Lock()
 	if k.closed {
@@ -143,12 +147,20 @@ func (k *Locker) Close() {
 	}
 	k.mu.Unlock()
 	k.closeFunc() // stops the watchdog's in-flight renewal, the listener, waiters and release retries
+	// Released together: they go out in one batch, and during an outage
+	// Close waits one QueryTimeout for all of them, not one each.
+	var releases sync.WaitGroup
 	for _, l := range held {
-		err := l.release(l.values, errLostClosed)
-		if err != nil && !errors.Is(err, pgfence.ErrNotHeld) {
-			k.cfg.Logger.WarnContext(l.values, "pgfence: leasetable: release on close failed", "lease", l.name, "token", l.token, "error", err)
-		}
+		releases.Add(1)
+		go func() {
+			defer releases.Done()
+			err := l.release(l.values, errLostClosed)
+			if err != nil && !errors.Is(err, pgfence.ErrNotHeld) {
+				k.cfg.Logger.WarnContext(l.values, "pgfence: leasetable: release on close failed", "lease", l.name, "token", l.token, "error", err)
+			}
+		}()
 	}
+	releases.Wait()
 	k.acquires.close()
 	k.releases.close()
 	k.background.Wait()

@@ -233,7 +233,7 @@ func (k *Locker) execAcquires(batch []*acquireReq) (err error) {
 	sent := time.Now()
 	rows, err := conn.Query(qctx, k.sql.acquire, names, k.cfg.Owner, ttls)
 	if err != nil {
-		discardStale(conn, err)
+		k.discardStale(conn, err)
 		return err
 	}
 	got := make(map[string]acquireReply, len(names))
@@ -251,7 +251,7 @@ func (k *Locker) execAcquires(batch []*acquireReq) (err error) {
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		discardStale(conn, err)
+		k.discardStale(conn, err)
 		return err
 	}
 	k.replyAcquires(batch, got, sent, nil)

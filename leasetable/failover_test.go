@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -283,4 +284,54 @@ func TestListenComesBackAfterARestart(t *testing.T) {
 	r := <-got
 	require.NoError(t, r.err, "woken by the release, not the holder's TTL")
 	require.NoError(t, r.l.Release(ctx))
+}
+
+// TestReadOnlyConnectionsAreReplaced: while the pool's sessions are
+// read-only (connections to a primary demoted to a standby), acquires fail
+// with read_only_sql_transaction, retried and then reported as
+// ErrUnavailable; the connections they failed on are closed, so once new
+// sessions are writable (the pool reconnects to the new primary) the next
+// acquire succeeds at once. Negative control: with the connections kept,
+// the pool hands the read-only session out again and the acquire still
+// fails.
+func TestReadOnlyConnectionsAreReplaced(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, replaced := range []bool{true, false} {
+		t.Run(map[bool]string{true: "replaced", false: "control"}[replaced], func(t *testing.T) {
+			db := pgtest.NewDB(t)
+			var readOnly atomic.Bool
+			readOnly.Store(true)
+			pool := db.NewPool(t, func(c *pgxpool.Config) {
+				c.MaxConns = 4
+				c.MinConns = 0
+				c.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+					if readOnly.Load() {
+						cc.RuntimeParams["default_transaction_read_only"] = "on"
+					} else {
+						delete(cc.RuntimeParams, "default_transaction_read_only")
+					}
+					return nil
+				}
+			})
+			k := newLocker(t, pool, &leasetable.Config{QueryTimeout: 300 * time.Millisecond, DisableListen: true})
+			if !replaced {
+				leasetable.SetKeepStale(k)
+			}
+			_, err := k.TryAcquire(ctx, "ro", nil)
+			require.ErrorIs(t, err, pgfence.ErrUnavailable)
+			var pgErr *pgconn.PgError
+			require.ErrorAs(t, err, &pgErr)
+			require.Equal(t, "25006", pgErr.Code)
+
+			readOnly.Store(false) // the new primary
+			l, err := k.TryAcquire(ctx, "ro", nil)
+			if !replaced {
+				require.ErrorIs(t, err, pgfence.ErrUnavailable, "negative control: the read-only session is reused")
+				return
+			}
+			require.NoError(t, err)
+			require.NoError(t, l.Release(ctx))
+		})
+	}
 }

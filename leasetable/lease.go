@@ -480,7 +480,7 @@ func (k *Locker) execReleases(batch []*releaseReq) (err error) {
 	defer conn.Release()
 	rows, err := conn.Query(ctx, k.sql.release, names, tokens, atLeast, k.cfg.Owner)
 	if err != nil {
-		discardStale(conn, err)
+		k.discardStale(conn, err)
 		return err
 	}
 	released := make(map[int64]bool, len(batch))

@@ -32,6 +32,7 @@ type Locker struct {
 	background sync.WaitGroup  // watchdog, listener and release-retry goroutines
 	backoff    retry.Backoff   // spaces retries after transient errors
 	noRetry    bool            // tests: transient errors are not retried
+	keepStale  bool            // tests: connections to a read-only server are kept
 	ev         *events.Emitter // nil without Config.Observer
 
 	// Stats counters.

@@ -62,7 +62,10 @@ func (k *Locker) warnSmallPool(ctx context.Context) {
 // writable server instead of handing it out again; call it before
 // c.Release. pgx closes the connections that failed at the network level
 // itself.
-func discardStale(c *pgxpool.Conn, err error) {
+func (k *Locker) discardStale(c *pgxpool.Conn, err error) {
+	if k.keepStale {
+		return
+	}
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "25006" {
 		return

@@ -160,7 +160,7 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease, own bool) (lost map[
 		}
 	}
 	if err != nil && conn != nil {
-		discardStale(conn, err)
+		k.discardStale(conn, err)
 	}
 	if err != nil && k.retryable(err) {
 		k.suspectListen()

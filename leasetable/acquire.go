@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -211,7 +212,11 @@ func (k *Locker) execAcquires(batch []*acquireReq) (err error) {
 		return err
 	}
 	defer conn.Release()
-	qctx, qcancel := context.WithCancel(context.WithoutCancel(ctx))
+	// No answer after the longest TTL of the batch would come too late
+	// anyway (past every lease's local deadline, and so given back): the
+	// statement is cancelled then, so that an attempt stuck on a dead
+	// connection ends and is retried on another.
+	qctx, qcancel := context.WithTimeout(context.WithoutCancel(ctx), time.Duration(slices.Max(ttls))*time.Microsecond)
 	defer qcancel()
 	stopClose := context.AfterFunc(k.closeCtx, qcancel)
 	defer stopClose()

@@ -223,7 +223,9 @@
 // outlives its acquirer by about a round trip. Only when no answer comes
 // (the server or the network failed, QueryTimeout passed, or
 // [Locker.Close] cancelled it) may such a lease stay held until its TTL
-// ends. A context that ends before the statement is sent (waiting for a
+// ends. A statement unanswered a TTL after it was sent is cancelled and
+// retried like a failed one: any grant it brought would be past its local
+// deadline. A context that ends before the statement is sent (waiting for a
 // connection) sends nothing. Renewal attempts are bounded by
 // [Config].QueryTimeout, so one stuck on a dead connection is retried on
 // another before the local deadline.

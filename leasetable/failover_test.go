@@ -335,3 +335,44 @@ func TestReadOnlyConnectionsAreReplaced(t *testing.T) {
 		})
 	}
 }
+
+// TestAcquireAttemptEndsOnADeadConnection: an acquire statement stuck on
+// a connection that died silently (a cut without a reset) is cancelled
+// once no answer could come in time any more (the lease's TTL after it
+// was sent), and retried on a new connection, while the caller's
+// WaitTimeout lasts. Negative control: without retries, the attempt's
+// own error is returned, before the WaitTimeout: the attempt was bounded.
+func TestAcquireAttemptEndsOnADeadConnection(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, retried := range []bool{true, false} {
+		t.Run(map[bool]string{true: "retried", false: "control"}[retried], func(t *testing.T) {
+			db := pgtest.NewDB(t)
+			proxy, proxied := newDBProxy(t, db)
+			pool := db.NewPool(t, func(c *pgxpool.Config) {
+				c.ConnConfig = proxied
+				c.MaxConns = 2
+			})
+			t.Cleanup(proxy.close)
+			k := newLocker(t, pool, &leasetable.Config{TTL: time.Second, QueryTimeout: 500 * time.Millisecond, DisableListen: true})
+			if !retried {
+				leasetable.SetNoRetry(k)
+			}
+			// Warm the pool, so that the next acquire takes an open
+			// connection.
+			l, err := k.TryAcquire(ctx, "warm", nil)
+			require.NoError(t, err)
+			require.NoError(t, l.Release(ctx))
+			proxy.stallOpen()
+			l, err = k.Acquire(ctx, "stalled", &leasetable.AcquireOpts{WaitTimeout: 30 * time.Second})
+			if !retried {
+				require.Error(t, err)
+				require.NotErrorIs(t, err, pgfence.ErrNotAcquired, "negative control: ended by the attempt's bound, not the WaitTimeout: %v", err)
+				return
+			}
+			require.NoError(t, err)
+			require.NoError(t, l.Err())
+			require.NoError(t, l.Release(ctx))
+		})
+	}
+}

@@ -206,7 +206,10 @@ var errLostClosed = fmt.Errorf("%w: %w", pgfence.ErrLeaseLost, pgfence.ErrClosed
 // cancelled: it runs on to its answer (for at most [Config].QueryTimeout
 // more), and a lease it took is given back then, a round trip later. Only
 // when the answer never comes (the database or the network failed, or
-// Close) may such a lease stay held until its TTL ends.
+// Close) may such a lease stay held until its TTL ends. A statement still
+// unanswered a TTL after it was sent is cancelled in any case (its grant
+// would come past the lease's local deadline), and counts as a transient
+// error: a connection that died silently costs an attempt, not the wait.
 //
 // A transient database error (connection refused or reset, the server
 // shutting down or starting, a read-only standby such as a demoted primary,
@@ -408,7 +411,8 @@ func acquireError(name string, err error) error {
 // retryable reports whether err of one of the Locker's statements is
 // retried: a transient database error (retry.Transient).
 func (k *Locker) retryable(err error) bool {
-	return !k.noRetry && retry.Transient(err)
+	var noAnswer *noAnswerError
+	return !k.noRetry && (retry.Transient(err) || errors.As(err, &noAnswer))
 }
 
 // suspectListen asks the LISTEN connection, if any, to check itself now:

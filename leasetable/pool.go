@@ -34,8 +34,17 @@ func (k *Locker) conn(ctx context.Context, what string, wait time.Duration, warn
 		return c, nil
 	}
 	st := k.pool.Stat()
-	if actx.Err() == nil || k.closeCtx.Err() != nil || st.AcquiredConns() < st.MaxConns() {
+	if actx.Err() == nil || k.closeCtx.Err() != nil {
 		return nil, err
+	}
+	if st.AcquiredConns() < st.MaxConns() {
+		if ctx.Err() != nil {
+			return nil, err // the caller left
+		}
+		// Not exhausted, yet no connection in time: dialing, or pgxpool's
+		// ping of an idle connection, got no answer (a dead server or
+		// network), which a later attempt may not meet.
+		return nil, &noAnswerError{what: what, wait: time.Since(start).Round(time.Millisecond), err: err}
 	}
 	err = fmt.Errorf("%s could not get a connection from the pool within %v (pool exhausted: MaxConns %d, acquired %d): %w",
 		what, time.Since(start).Round(time.Millisecond), st.MaxConns(), st.AcquiredConns(), actx.Err())
@@ -45,6 +54,22 @@ func (k *Locker) conn(ctx context.Context, what string, wait time.Duration, warn
 	}
 	return nil, err
 }
+
+// noAnswerError is the error of a wait for a connection that ended
+// without the pool being exhausted: the server or the network did not
+// answer. It is transient (see Locker.retryable).
+type noAnswerError struct {
+	what string
+	wait time.Duration
+	err  error
+}
+
+func (e *noAnswerError) Error() string {
+	return fmt.Sprintf("%s got no connection within %v although the pool is not exhausted (the server or the network does not answer): %v",
+		e.what, e.wait, e.err)
+}
+
+func (e *noAnswerError) Unwrap() error { return e.err }
 
 // warnSmallPool logs a Warn at New when the pool has a single connection.
 func (k *Locker) warnSmallPool(ctx context.Context) {

@@ -376,3 +376,49 @@ func TestAcquireAttemptEndsOnADeadConnection(t *testing.T) {
 		})
 	}
 }
+
+// TestStalledListenIsCheckedAfterAnError: when everything between the
+// Locker and the server stalls silently (a cut without a reset), the
+// renewal that fails makes the Locker check its LISTEN connection at once,
+// rather than after ListenCheckInterval (a minute here): the connection
+// is replaced, and a release by another Locker wakes the waiter.
+func TestStalledListenIsCheckedAfterAnError(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	proxy, proxied := newDBProxy(t, db)
+	pool := db.NewPool(t, func(c *pgxpool.Config) { c.ConnConfig = proxied.Copy() })
+	t.Cleanup(proxy.close)
+	logs := newLogWatch()
+	k := newLocker(t, pool, &leasetable.Config{
+		TTL: 3 * time.Second, RenewInterval: 300 * time.Millisecond, SafetyMargin: 300 * time.Millisecond,
+		QueryTimeout: 300 * time.Millisecond, ListenCheckInterval: time.Minute, Logger: logs.logger(),
+	})
+	holder := newLocker(t, db.Pool, &leasetable.Config{TTL: time.Minute})
+
+	contended, err := holder.TryAcquire(ctx, "contended", nil)
+	require.NoError(t, err)
+	mine, err := k.TryAcquire(ctx, "mine", nil)
+	require.NoError(t, err)
+	ready, waiting := logs.next("LISTEN connection ready"), logs.next("waiting for lease")
+	got := acquireAsync(k, "contended", 30*time.Second)
+	waitFor(t, ready, "the listener")
+	waitFor(t, waiting, "the waiter")
+	waitFor(t, logs.next("lease renewed"), "a renewal")
+
+	failed, back := logs.next("LISTEN connection failed"), logs.next("LISTEN connection ready")
+	proxy.stallOpen()
+	stalled := time.Now()
+	waitFor(t, failed, "the LISTEN connection replaced")
+	t.Logf("LISTEN connection found dead %v after the stall", time.Since(stalled).Round(time.Millisecond))
+	require.Contains(t, logs.warnings(), "after an error of another statement", "by the suspect check, not the periodic one")
+	waitFor(t, back, "the listener back")
+	t.Logf("LISTEN back %v after the stall", time.Since(stalled).Round(time.Millisecond))
+
+	require.NoError(t, contended.Release(ctx))
+	r := <-got
+	require.NoError(t, r.err, "woken by the release on the new LISTEN connection")
+	require.NoError(t, r.l.Release(ctx))
+	require.NoError(t, mine.Err(), "the lease outlived the stall")
+	require.NoError(t, mine.Release(ctx))
+}

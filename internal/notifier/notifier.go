@@ -119,8 +119,8 @@ type Notifier struct {
 
 	mu        sync.Mutex
 	dirty     bool               // Kick was called since the last Apply
-	suspect   bool               // Suspect was called since the last check
-	checkedAt time.Time          // when the last check succeeded
+	suspectAt time.Time          // when to run the check Suspect asked for; zero: none
+	suspected time.Time          // when the last such check ran
 	interrupt context.CancelFunc // ends the current wait, if any
 }
 
@@ -165,17 +165,18 @@ func (n *Notifier) Kick() {
 	n.interruptLocked()
 }
 
-// suspectQuiet is how long after a successful check Suspect asks for no
-// other: during an outage every failed statement of the owner calls it.
+// suspectQuiet is the least time between two checks that Suspect asks
+// for: during an outage every failed statement of the owner calls it.
 const suspectQuiet = time.Second
 
 // Suspect tells the loop that the owner's own statement just failed in a
 // way that suggests the server or the network failed (a transient error):
 // the listening connection may be dead without knowing it (a cut without
-// a reset). The loop checks it at once with a round trip bounded by
-// SuspectTimeout, unless a check succeeded within the last second, and
-// replaces it when that fails; so a silently dead connection is noticed
-// within about that timeout of the owner's error, not after
+// a reset). The loop checks it with a round trip bounded by
+// SuspectTimeout, at once or, when such a check ran less than a second
+// ago, a second after that one (calls meanwhile share it), and replaces
+// it when that fails; so a silently dead connection is noticed within
+// about a second and that timeout of the owner's error, not after
 // CheckInterval. Suspect never blocks; it is safe on a nil *Notifier.
 func (n *Notifier) Suspect() {
 	if n == nil {
@@ -183,10 +184,13 @@ func (n *Notifier) Suspect() {
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if !n.listening.Load() || time.Since(n.checkedAt) < suspectQuiet {
-		return
+	if !n.listening.Load() || !n.suspectAt.IsZero() {
+		return // not listening, or a check is already due
 	}
-	n.suspect = true
+	n.suspectAt = time.Now()
+	if next := n.suspected.Add(suspectQuiet); next.After(n.suspectAt) {
+		n.suspectAt = next
+	}
 	n.interruptLocked()
 }
 
@@ -328,8 +332,7 @@ func (n *Notifier) once(ctx context.Context, down *downState) (listening bool, e
 	defer closeConn(conn)
 	n.mu.Lock()
 	n.dirty = true
-	n.suspect = false
-	n.checkedAt = time.Now()
+	n.suspectAt, n.suspected = time.Time{}, time.Time{}
 	n.mu.Unlock()
 	if n.cfg.Probe != nil {
 		if err := n.probe(ctx, conn); err != nil {
@@ -381,8 +384,10 @@ func (n *Notifier) once(ctx context.Context, down *downState) (listening bool, e
 			return true, errIdle
 		}
 		n.mu.Lock()
-		suspect := n.suspect
-		n.suspect = false
+		suspect := !n.suspectAt.IsZero() && !time.Now().Before(n.suspectAt)
+		if suspect {
+			n.suspectAt, n.suspected = time.Time{}, time.Now()
+		}
 		n.mu.Unlock()
 		timeout := n.cfg.CheckTimeout
 		switch {
@@ -411,9 +416,6 @@ func (n *Notifier) once(ctx context.Context, down *downState) (listening bool, e
 			return true, fmt.Errorf("health check of the LISTEN connection, silent for %v, failed (timeout %v): %w",
 				n.cfg.CheckInterval, timeout, err)
 		}
-		n.mu.Lock()
-		n.checkedAt = time.Now()
-		n.mu.Unlock()
 	}
 }
 
@@ -438,13 +440,21 @@ func (n *Notifier) wait(ctx context.Context, conn *pgx.Conn, retryAt time.Time) 
 	if !retryAt.IsZero() {
 		tick = min(tick, max(time.Until(retryAt), 0))
 	}
-	wctx, cancel := context.WithTimeout(ctx, tick)
-	defer cancel()
 	n.mu.Lock()
-	if n.dirty || n.suspect {
+	if !n.suspectAt.IsZero() {
+		d := time.Until(n.suspectAt)
+		if d <= 0 {
+			n.mu.Unlock()
+			return nil, nil
+		}
+		tick = min(tick, d)
+	}
+	if n.dirty {
 		n.mu.Unlock()
 		return nil, nil
 	}
+	wctx, cancel := context.WithTimeout(ctx, tick)
+	defer cancel()
 	n.interrupt = cancel
 	n.mu.Unlock()
 	msg, err := conn.WaitForNotification(wctx)

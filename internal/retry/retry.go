@@ -29,6 +29,13 @@ func Transient(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) {
 		return false
 	}
+	// context.DeadlineExceeded is a net.Error (Timeout() is true), so it
+	// would match below: a bare context deadline is the caller's to judge.
+	// A deadline that pgconn reports as a timeout of an attempt (a read or
+	// a dial cut short) is still transient.
+	if errors.Is(err, context.DeadlineExceeded) && !pgconn.Timeout(err) && !isConnectError(err) {
+		return false
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		if len(pgErr.Code) == 5 && pgErr.Code[:2] == "08" { // connection_exception
@@ -64,6 +71,11 @@ func Transient(err error) bool {
 	}
 	var opErr *net.OpError
 	return errors.As(err, &opErr)
+}
+
+func isConnectError(err error) bool {
+	var connectErr *pgconn.ConnectError
+	return errors.As(err, &connectErr)
 }
 
 // Unavailable wraps last, the error of the final attempt, so that the

@@ -25,6 +25,8 @@ func TestTransient(t *testing.T) {
 	}{
 		{"nil", nil, false},
 		{"canceled", context.Canceled, false},
+		{"deadline", context.DeadlineExceeded, false},
+		{"wrapped deadline", fmt.Errorf("pool: %w", context.DeadlineExceeded), false},
 		{"admin shutdown", &pgconn.PgError{Code: "57P01"}, true},
 		{"starting up", &pgconn.PgError{Code: "57P03"}, true},
 		{"read only", fmt.Errorf("x: %w", &pgconn.PgError{Code: "25006"}), true},

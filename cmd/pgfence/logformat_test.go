@@ -79,6 +79,9 @@ func TestLogFormatJSONLostLease(t *testing.T) {
 	require.Equal(t, "job", report["lease"])
 	require.EqualValues(t, token, report["token"])
 	require.Contains(t, report["msg"], `lease "job" (token `+strconv.FormatInt(token, 10)+`) was lost`)
-	require.Contains(t, report["cause"], "lock was lost")
+	require.Contains(t, report["cause"], "lock was lost: no longer held in the database")
 	require.Equal(t, "killed by signal 9 (killed)", report["command_exit"])
+	// From the Lost event: how long the lease was held.
+	require.Positive(t, report["held_for_seconds"])
+	require.Contains(t, report["msg"], "was lost after ")
 }

@@ -230,8 +230,9 @@ func supervisorArgv() ([]string, error) {
 // then SIGKILL after grace. sup, if not nil, starts the supervisor process
 // between pgfence and the command (supervisorArgv). stopWatch stops
 // watchForLoss before the release. The lease is released when the command
-// ends.
-func (a *App) superviseUnderLease(lease pgfence.Lease, argv []string, sigs <-chan os.Signal, grace time.Duration, sup []string, stopWatch func()) int {
+// ends. A loss is reported from its Lost event (how long the lease was
+// held, and why), which events delivers.
+func (a *App) superviseUnderLease(lease pgfence.Lease, argv []string, sigs <-chan os.Signal, grace time.Duration, sup []string, stopWatch func(), events *runEvents) int {
 	res, err := supervise.Run(&supervise.Config{
 		Path:   argv[0],
 		Args:   argv[1:],
@@ -249,6 +250,17 @@ func (a *App) superviseUnderLease(lease pgfence.Lease, argv []string, sigs <-cha
 
 	ctx := context.Background()
 	leaseAttrs := []slog.Attr{slog.String("lease", lease.Name()), slog.Int64("token", lease.Token())}
+	var lost string // "lost after 2.5s: CAUSE", from the Lost event
+	if lostErr != nil {
+		ev, ok := events.lost(lease)
+		if ok {
+			lostErr = ev.Cause
+			lost = fmt.Sprintf("was lost after %v: %v", ev.HeldFor.Round(time.Millisecond), ev.Cause)
+			leaseAttrs = append(leaseAttrs, slog.Float64("held_for_seconds", ev.HeldFor.Seconds()))
+		} else {
+			lost = fmt.Sprintf("was lost: %v", lostErr)
+		}
+	}
 	switch {
 	case errors.Is(err, supervise.ErrNotFound):
 		a.say(ctx, slog.LevelError, err.Error(), slog.Int("exit_code", ExitNotFound))
@@ -260,14 +272,14 @@ func (a *App) superviseUnderLease(lease pgfence.Lease, argv []string, sigs <-cha
 		a.say(ctx, slog.LevelError, err.Error(), slog.Int("exit_code", ExitRunFailure))
 		return ExitRunFailure
 	case res.Lost:
-		a.say(ctx, slog.LevelError, fmt.Sprintf("lease %q (token %d) was lost: %v; the command was terminated (%s)",
-			lease.Name(), lease.Token(), lostErr, res.Exit),
+		a.say(ctx, slog.LevelError, fmt.Sprintf("lease %q (token %d) %s; the command was terminated (%s)",
+			lease.Name(), lease.Token(), lost, res.Exit),
 			append(leaseAttrs, slog.String("cause", lostErr.Error()), slog.String("command_exit", res.Exit.String()), slog.Int("exit_code", ExitLeaseLost))...)
 		return ExitLeaseLost
 	case lostErr != nil:
 		// Lost as the command ended: its last moments were not protected.
-		a.say(ctx, slog.LevelError, fmt.Sprintf("lease %q (token %d) was lost as the command ended (%s): %v",
-			lease.Name(), lease.Token(), res.Exit, lostErr),
+		a.say(ctx, slog.LevelError, fmt.Sprintf("lease %q (token %d) %s, as the command ended (%s)",
+			lease.Name(), lease.Token(), lost, res.Exit),
 			append(leaseAttrs, slog.String("cause", lostErr.Error()), slog.String("command_exit", res.Exit.String()), slog.Int("exit_code", ExitLeaseLost))...)
 		return ExitLeaseLost
 	case relErr != nil:
@@ -387,7 +399,9 @@ func (a *App) run(ctx context.Context, args []string) error {
 		return exitWith(ExitRunFailure, err)
 	}
 	logger := a.logger()
+	events := newRunEvents()
 	locker, err := leasetable.New(ctx, pool, &leasetable.Config{
+		Observer:     events,
 		Schema:       o.schema,
 		TTL:          ttl,
 		SafetyMargin: margin,
@@ -410,11 +424,53 @@ func (a *App) run(ctx context.Context, args []string) error {
 		return exitWith(ExitRunFailure, err)
 	}
 	stopWatch := watchForLoss(pool, lease, logger, ttl)
-	status := a.superviseUnderLease(lease, o.argv, sigs, grace, sup, stopWatch)
+	status := a.superviseUnderLease(lease, o.argv, sigs, grace, sup, stopWatch, events)
 	if status != ExitOK {
 		return exitWith(status, nil)
 	}
 	return nil
+}
+
+// lostEventWait bounds the wait for the Lost event of a lease whose loss
+// has been seen (its Done closed): the event is queued as the lease ends
+// and delivered by the Locker's own goroutine, at once unless the machine
+// is starved; without it the loss is reported from Lease.Err alone.
+const lostEventWait = 2 * time.Second
+
+// runEvents is run's Observer: it keeps the Lost event of run's lease, for
+// the report of the loss.
+type runEvents struct {
+	lostCh chan pgfence.Lost
+	wait   time.Duration // how long lost waits for the event
+}
+
+func newRunEvents() *runEvents {
+	return &runEvents{lostCh: make(chan pgfence.Lost, 1), wait: lostEventWait}
+}
+
+func (r *runEvents) Observe(_ context.Context, e pgfence.Event) {
+	if l, ok := e.(pgfence.Lost); ok {
+		select {
+		case r.lostCh <- l:
+		default: // run holds one lease: a second loss cannot be its own
+		}
+	}
+}
+
+// lost returns the Lost event of lease, waiting for it at most r.wait; a
+// nil r has none.
+func (r *runEvents) lost(lease pgfence.Lease) (pgfence.Lost, bool) {
+	if r == nil {
+		return pgfence.Lost{}, false
+	}
+	t := time.NewTimer(r.wait)
+	defer t.Stop()
+	select {
+	case ev := <-r.lostCh:
+		return ev, ev.Name == lease.Name() && ev.Token == lease.Token()
+	case <-t.C:
+		return pgfence.Lost{}, false
+	}
 }
 
 // cleanupTimeout bounds closing the Locker and the pool once the command

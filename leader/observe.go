@@ -80,15 +80,15 @@ func (e *Elector) Leader(ctx context.Context) (TermInfo, error) {
 // when nobody leads), judged on the database clock.
 func (e *Elector) read(ctx context.Context) (TermInfo, time.Duration, error) {
 	var (
-		owner                *string
-		token                *int64
-		began, expires       *time.Time
-		value                *string
-		proclaimed           bool
-		dbNow                time.Time
-		info                 = TermInfo{Election: e.cfg.Election}
-		untilExpiry          time.Duration
-		err                  error
+		owner          *string
+		token          *int64
+		began, expires *time.Time
+		value          *string
+		proclaimed     bool
+		dbNow          time.Time
+		info           = TermInfo{Election: e.cfg.Election}
+		untilExpiry    time.Duration
+		err            error
 	)
 	err = e.pool.QueryRow(ctx, e.sql.current, e.cfg.Election).Scan(&owner, &token, &began, &expires, &value, &proclaimed, &dbNow)
 	if err != nil {

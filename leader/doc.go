@@ -74,8 +74,8 @@
 // to be due to expire (so a crashed leader's end is seen within
 // milliseconds of its expiry), or for [Config].ObserveInterval. The
 // Elector keeps one LISTEN connection for all its observers, opened on the
-// first Observe and checked and reopened like the Locker's (package
-// internal/notifier). Observers never decide anything: the database does.
+// first Observe, and health-checked and reopened as the Locker's is.
+// Observers never decide anything: the database does.
 // A [TermInfo] with Proclaimed false is a term between its grant and its
 // proclamation, or a lease of that name taken without this package.
 //

@@ -201,11 +201,14 @@ type Elector struct {
 
 // New returns an Elector for cfg.Election that campaigns with cfg.Locker
 // and reads the leader through pool (the Locker's pool, or any pool on the
-// same database). It sends nothing: the Locker's own New checked the
-// install. It returns an error, naming the field, when cfg is invalid or
-// pool is nil. ctx is not used after New returns.
+// same database). It returns an error, naming the field, when cfg is
+// invalid or pool is nil; then nothing is sent. Otherwise it checks once,
+// in a round trip or two through pool bounded by ctx, that the Locker's
+// schema holds pgfence at the version this code needs (with
+// pgfence_leaders), and returns an error matching [pgfence.ErrNotInstalled]
+// that says how to fix it when not. ctx has no effect on the Elector after
+// New returns. The pool stays the caller's; Close does not close it.
 func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Elector, error) {
-	_ = ctx // reserved: New may need a round trip in a later version
 	if pool == nil {
 		return nil, errors.New("pgfence: leader: pool is nil")
 	}
@@ -213,9 +216,12 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Elector, error)
 	if err != nil {
 		return nil, err
 	}
-	_, quoted, err := install.Schema("pgfence: leader: the Locker's schema", r.Locker.Schema())
+	schema, quoted, err := install.Schema("pgfence: leader: the Locker's schema", r.Locker.Schema())
 	if err != nil {
 		return nil, err
+	}
+	if err := install.Check(ctx, pool, schema, quoted); err != nil {
+		return nil, fmt.Errorf("pgfence: leader: %w", err)
 	}
 	if r.ListenConnConfig == nil && !r.DisableListen {
 		r.ListenConnConfig = pool.Config().ConnConfig.Copy()

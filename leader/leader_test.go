@@ -466,3 +466,22 @@ func TestListAndTerms(t *testing.T) {
 	_, err = leader.List(ctx, db.Pool, strings.Repeat("s", 64))
 	require.Error(t, err)
 }
+
+// New checks the install through its pool: a pool on a database without
+// pgfence is refused with ErrNotInstalled.
+func TestNewChecksInstall(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	k, err := leasetable.New(t.Context(), db.Pool, nil)
+	require.NoError(t, err)
+	t.Cleanup(k.Close)
+	other := pgtest.NewDB(t)
+	_, err = other.Pool.Exec(t.Context(), "DROP SCHEMA pgfence CASCADE")
+	require.NoError(t, err)
+	_, err = leader.New(t.Context(), other.Pool, &leader.Config{Locker: k, Election: "e"})
+	require.ErrorIs(t, err, pgfence.ErrNotInstalled)
+	// Control: the Locker's database.
+	e, err := leader.New(t.Context(), db.Pool, &leader.Config{Locker: k, Election: "e"})
+	require.NoError(t, err)
+	e.Close()
+}

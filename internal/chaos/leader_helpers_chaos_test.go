@@ -199,8 +199,13 @@ func requireLeaderHistory(t *testing.T, scenario string, terms []termRec, writes
 		}
 		t.Log(line)
 	}
+	verdict := "terms disjoint"
+	if len(overlaps) > 0 || len(deadlines) > 0 {
+		verdict = "violation detected"
+	}
 	t.Logf("%s: %d terms, %d committed changes; deadline violations %d; overlaps by the database's clock %d",
 		scenario, len(terms), len(writes), len(deadlines), len(overlaps))
+	t.Logf("chaos: scenario=%s ops=%d verdict=%s", scenario, len(terms)+len(writes), verdict)
 	require.Empty(t, deadlines, "the old leader's deadline came before the next term")
 	if wantOverlap {
 		require.NotEmpty(t, overlaps, "negative control: the unguarded late change must be seen overlapping the next term")

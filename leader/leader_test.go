@@ -241,7 +241,7 @@ func TestObserve(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	db := pgtest.NewDB(t)
-	lcfg := &leasetable.Config{TTL: 300 * time.Millisecond}
+	lcfg := &leasetable.Config{TTL: time.Second}
 	// A long ObserveInterval: changes must come from notifications and
 	// expiries, not from the fallback.
 	slow := func(c *leader.Config) { c.ObserveInterval = time.Hour }
@@ -282,7 +282,7 @@ func TestObserve(t *testing.T) {
 	select {
 	case i := <-ch:
 		t.Fatalf("a change while the leader renews: %+v", i)
-	case <-time.After(700 * time.Millisecond):
+	case <-time.After(1500 * time.Millisecond): // past the expiry the lease had when read
 	}
 	stop()
 	for range ch {

@@ -75,9 +75,9 @@
 // milliseconds of its expiry), or for [Config].ObserveInterval. The
 // Elector keeps one LISTEN connection for all its observers, opened on the
 // first Observe, and health-checked and reopened as the Locker's is.
-// Observers never decide anything: the database does.
-// A [TermInfo] with Proclaimed false is a term between its grant and its
-// proclamation, or a lease of that name taken without this package.
+// Observers never decide anything: the database does. An observer
+// reports a new term with its value: one that reads the term between its
+// grant and its proclamation waits for the proclamation (at most a second).
 //
 // # Fencing: what is not guaranteed
 //

@@ -28,9 +28,10 @@ type TermInfo struct {
 	// Owner is the leader's owner id (its Locker's [leasetable.Config].Owner).
 	Owner string
 	// Proclaimed reports whether the leader has proclaimed a value for the
-	// term. It is false in the moment between the grant of the term's
-	// lease and its proclamation (a round trip, inside Campaign), and for
-	// a holder of the lease that does not use this package.
+	// term. From [Elector.Leader] it is false in the moment between the
+	// grant of the term's lease and its proclamation (a round trip, inside
+	// Campaign); it stays false for a holder of the lease that does not
+	// use this package, or whose proclamation a server crash lost.
 	Proclaimed bool
 	// Value is the value the leader proclaimed ([Config].Value or
 	// [Term.Proclaim]); empty when not Proclaimed.
@@ -113,7 +114,11 @@ func (e *Elector) read(ctx context.Context) (TermInfo, time.Duration, error) {
 // resignation: within milliseconds, through the Elector's LISTEN
 // connection), when the current term's lease is due to expire (so the end
 // of a crashed leader's term is seen at once), and otherwise every
-// [Config].ObserveInterval. A receiver that falls behind is sent the state
+// [Config].ObserveInterval. A new term is reported with its value: an
+// observer that reads it between its grant and its proclamation waits for
+// the proclamation (for at most a second) before reporting it, then
+// reports it with Proclaimed false if none came (a lease of that name
+// taken without this package). A receiver that falls behind is sent the state
 // current when it is ready, not every state in between; the channel is
 // unbuffered, so a receiver that stops reading holds up only its own
 // observer. A failed read is logged and retried.
@@ -144,6 +149,7 @@ func (e *Elector) observe(ctx context.Context, wake chan struct{}, out chan<- Te
 	var last TermInfo
 	sent := false
 	failures := 0
+	var unproclaimed int64 // a term seen before its proclamation
 	for {
 		info, untilExpiry, err := e.read(ctx)
 		wait := e.cfg.ObserveInterval
@@ -155,6 +161,13 @@ func (e *Elector) observe(ctx context.Context, wake chan struct{}, out chan<- Te
 			wait = min(wait, time.Duration(failures)*100*time.Millisecond)
 			e.cfg.Logger.WarnContext(ctx, "pgfence: leader: reading the leader failed; retrying",
 				"election", e.cfg.Election, "error", err, "retry_in", wait)
+		case info.Leading && !info.Proclaimed && info.Token != unproclaimed && (!sent || last.Token != info.Token):
+			// A new term between its grant and its proclamation (a round
+			// trip later): wait for the proclamation's notification, for
+			// at most unproclaimedGrace, rather than report the term
+			// without its value first.
+			unproclaimed = info.Token
+			wait = min(wait, unproclaimedGrace)
 		default:
 			failures = 0
 			if !sent || !info.same(last) {
@@ -183,6 +196,10 @@ func (e *Elector) observe(ctx context.Context, wake chan struct{}, out chan<- Te
 		}
 	}
 }
+
+// unproclaimedGrace is how long an observer waits for a new term's
+// proclamation before it reports the term without a value.
+const unproclaimedGrace = time.Second
 
 // addWatcher registers an observer's wake channel, starting the LISTEN
 // connection on first use.

@@ -13,6 +13,18 @@ import (
 	"github.com/pgfence/pgfence/leasetable"
 )
 
+// durableDB returns a database on a throwaway cluster of its own that
+// flushes its WAL as a production server does (fsync, full_page_writes and
+// synchronous_commit on; the harness's shared server runs with fsync off),
+// so that the hand-over includes the acquiring commit's flush.
+func durableDB(b *testing.B) *pgtest.DB {
+	b.Helper()
+	_, s := pgtest.NewCluster(b, &pgtest.ClusterOptions{Settings: map[string]string{
+		"fsync": "on", "full_page_writes": "on", "synchronous_commit": "on",
+	}})
+	return s.NewDB(b)
+}
+
 // reportQuantiles reports the median and 99th percentile of ds in ms.
 func reportQuantiles(b *testing.B, ds []time.Duration) {
 	b.Helper()
@@ -41,7 +53,7 @@ func BenchmarkResignHandover(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			ctx := context.Background()
-			db := pgtest.NewDB(b)
+			db := durableDB(b)
 			newLocker := func() *leasetable.Locker {
 				k, err := leasetable.New(ctx, db.Pool, nil)
 				require.NoError(b, err)
@@ -98,7 +110,7 @@ func BenchmarkResignHandover(b *testing.B) {
 // same clock). The crashed leader is a lease of 200ms that nobody renews.
 func BenchmarkCrashTakeover(b *testing.B) {
 	ctx := context.Background()
-	db := pgtest.NewDB(b)
+	db := durableDB(b)
 	k, err := leasetable.New(ctx, db.Pool, nil)
 	require.NoError(b, err)
 	b.Cleanup(k.Close)

@@ -43,8 +43,9 @@ var errRunning = errors.New("pgfence: leader: Run is already running on this Ele
 // [Config].RetryInterval, doubling up to 30 times that with each further
 // failure. Run returns an error wrapping ctx's cause when ctx ends (after
 // the term's callbacks returned and the term was resigned), and one
-// matching [pgfence.ErrClosed] when the Elector was closed. Only one Run at
-// a time per Elector.
+// matching [pgfence.ErrClosed] when the Elector was closed; in either case
+// only once the last OnNewLeader call has returned. Only one Run at a time
+// per Elector.
 func (e *Elector) Run(ctx context.Context, cb Callbacks) error {
 	if cb.OnStartedLeading == nil {
 		return errors.New("pgfence: leader: Run: Callbacks.OnStartedLeading is nil")

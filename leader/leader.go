@@ -340,10 +340,13 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 				e.cfg.Logger.DebugContext(ctx, "pgfence: leader: leading", "election", e.cfg.Election, "token", t.Token())
 				return t, nil
 			}
-			err = pgfence.ErrClosed
+			_ = t.resign(ctx)
+			return nil, fmt.Errorf("pgfence: leader: campaign %q: %w", e.cfg.Election, pgfence.ErrClosed)
 		}
 		_ = t.resign(ctx)
 		switch {
+		case errors.Is(context.Cause(ctx), pgfence.ErrClosed):
+			return nil, fmt.Errorf("pgfence: leader: campaign %q: %w", e.cfg.Election, pgfence.ErrClosed)
 		case err != nil:
 			return nil, fmt.Errorf("pgfence: leader: campaign %q: proclaim: %w", e.cfg.Election, err)
 		case ctx.Err() != nil:

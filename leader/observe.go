@@ -167,7 +167,7 @@ func (e *Elector) observe(ctx context.Context, wake chan struct{}, out chan<- Te
 			// at most unproclaimedGrace, rather than report the term
 			// without its value first.
 			unproclaimed = info.Token
-			wait = min(wait, unproclaimedGrace)
+			wait = min(wait, unproclaimedGrace, untilExpiry+time.Millisecond)
 		default:
 			failures = 0
 			if !sent || !info.same(last) {

@@ -493,3 +493,39 @@ func TestNewChecksInstall(t *testing.T) {
 	require.NoError(t, err)
 	e.Close()
 }
+
+// Run campaigns again after a loss: a term force-released while its
+// callback runs ends with ErrLeaseLost (its ctx too), OnStoppedLeading
+// sees it, and Run wins the next term.
+func TestRunCampaignsAgainAfterLoss(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	c := newCandidate(t, db.Pool, "again", "a", &leasetable.Config{TTL: 300 * time.Millisecond}, nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	started := make(chan *leader.Term, 2)
+	stopped := make(chan error, 2)
+	causes := make(chan error, 2)
+	done := make(chan error, 1)
+	go func() {
+		done <- c.e.Run(ctx, leader.Callbacks{
+			OnStartedLeading: func(ctx context.Context, term *leader.Term) {
+				started <- term
+				<-ctx.Done()
+				causes <- context.Cause(ctx)
+			},
+			OnStoppedLeading: func(term *leader.Term) { stopped <- term.Err() },
+		})
+	}()
+	first := <-started
+	_, err := c.locker.ForceRelease(t.Context(), "again", "test")
+	require.NoError(t, err)
+	require.ErrorIs(t, <-causes, pgfence.ErrLeaseLost)
+	require.ErrorIs(t, <-stopped, pgfence.ErrLeaseLost)
+	second := <-started
+	require.Greater(t, second.Token(), first.Token())
+	cancel()
+	require.ErrorIs(t, <-causes, context.Canceled)
+	require.ErrorIs(t, <-stopped, pgfence.ErrNotHeld, "Run resigned the term when its ctx ended")
+	require.ErrorIs(t, <-done, context.Canceled)
+}

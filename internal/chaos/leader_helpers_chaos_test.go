@@ -46,8 +46,16 @@ CREATE TABLE leader_log (id bigserial PRIMARY KEY, token bigint NOT NULL, at tim
 // leaderElection is the election every leader scenario runs.
 const leaderElection = "chaos-leader"
 
-// leaderTTL is the scenarios' lease TTL.
+// leaderTTL is the lease TTL of the leader child and of the candidates
+// through PgBouncer.
 const leaderTTL = 300 * time.Millisecond
+
+// inProcessTTL is the lease TTL of the candidates in this process. Their
+// scenarios check when the old leader learnt that its term ended (its
+// context's cancellation, stamped by a goroutine of its own) against the
+// next term's beginning: the two are a SafetyMargin (TTL/10) apart, which
+// 600ms keeps well above a scheduling stall on a loaded machine.
+const inProcessTTL = 600 * time.Millisecond
 
 // guardedWork is the leader's write: fenced with the term's token and
 // checked against the term's lease (rejected once the lease is not held,
@@ -226,7 +234,7 @@ type inProcessCandidate struct {
 
 func newInProcessCandidate(t *testing.T, ctx context.Context, name string, pool *pgxpool.Pool) *inProcessCandidate {
 	t.Helper()
-	k, err := leasetable.New(ctx, pool, &leasetable.Config{TTL: leaderTTL, QueryTimeout: time.Second})
+	k, err := leasetable.New(ctx, pool, &leasetable.Config{TTL: inProcessTTL, QueryTimeout: time.Second})
 	require.NoError(t, err)
 	t.Cleanup(k.Close)
 	e, err := leader.New(ctx, pool, &leader.Config{Locker: k, Election: leaderElection, Value: name})

@@ -65,7 +65,7 @@ func restartedServer(t *testing.T, guarded bool) {
 		}
 		<-ended // while the server is down: at the term's local deadline
 		require.ErrorIs(t, term.Err(), pgfence.ErrLeaseLost)
-		time.Sleep(leaderTTL) // the lease expires in the database too
+		time.Sleep(inProcessTTL) // the lease expires in the database too
 		require.NoError(t, c.Start(ctx))
 		up := time.Now()
 		next := <-won
@@ -85,8 +85,8 @@ func restartedServer(t *testing.T, guarded bool) {
 			return err
 		}
 		if err := write(followerPool, next.Token(), true); err != nil {
-			// Its renewals can meet the broken connections too: on this
-			// loaded machine its 300ms term may end before it writes.
+			// Its renewals can meet the broken connections too: on a
+			// loaded machine its short term may end before it writes.
 			require.ErrorIs(t, err, pgfence.ErrFenced)
 			require.Error(t, next.Err(), "rejected only once its term ended: %v", err)
 		}
@@ -96,7 +96,7 @@ func restartedServer(t *testing.T, guarded bool) {
 		} else {
 			require.NoError(t, lateErr, "unguarded: the late change lands")
 		}
-		t.Logf("round %d (crash %v): server down %v; the old term ended %v after it went down; the next term began %v after the server was up",
+		t.Logf("round %d (crash %v): server down %v; the old term ended %v after it went down; the next term began %v after Start returned (negative: it began while Start was still checking readiness)",
 			i, crash, up.Sub(down).Round(time.Millisecond), rec.learned.Sub(down).Round(time.Millisecond),
 			next.BeganAt().Sub(up).Round(time.Millisecond))
 		if err := next.Resign(ctx); err != nil {

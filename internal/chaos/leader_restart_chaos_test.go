@@ -96,7 +96,7 @@ func restartedServer(t *testing.T, guarded bool) {
 		} else {
 			require.NoError(t, lateErr, "unguarded: the late change lands")
 		}
-		t.Logf("round %d (crash %v): server down %v; the old term ended %v after it went down; the next term began %v after Start returned (negative: it began while Start was still checking readiness)",
+		t.Logf("round %d (crash %v): server down %v; the old term ended %v after it went down; the next term began %v after Start returned (negative: during its readiness check)",
 			i, crash, up.Sub(down).Round(time.Millisecond), rec.learned.Sub(down).Round(time.Millisecond),
 			next.BeganAt().Sub(up).Round(time.Millisecond))
 		if err := next.Resign(ctx); err != nil {

@@ -82,7 +82,7 @@ func (g *guard) setSchema(name string) { g.schema = name; g.fresh() }
 
 // setReturning is the builders' Returning; setObserver their Observer,
 // which does not change the SQL.
-func (g *guard) setReturning(list string)          { g.returning = list; g.fresh() }
+func (g *guard) setReturning(list string)         { g.returning = list; g.fresh() }
 func (g *guard) setObserver(obs pgfence.Observer) { g.obs = obs }
 
 // cached returns build(nargs), the full statement without RETURNING,

@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
@@ -20,9 +22,9 @@ import (
 // (and its own lease).
 const overheadClients = 16
 
-// overheadSchema is the schema pgfence is installed in on the fence
-// branch's test databases (public). At merge: pgfence.DefaultSchema.
-const overheadSchema = "public"
+// overheadSchema is the schema pgfence is installed in on the test
+// databases.
+const overheadSchema = pgfence.DefaultSchema
 
 // overheadRound is how long each write path runs in one round.
 const overheadRound = time.Second
@@ -79,6 +81,62 @@ var overheadPaths = []writePath{
 		_, err := addBalance.LeaseSchema(overheadSchema).UnderLease(fmt.Sprintf("w%d", id)).Exec(ctx, pool, tok, 1, id)
 		return err
 	}},
+	// The full statements (SQL), which Exec sent alone before it sent the
+	// guarded write first: the "before" of issue 16.
+	{"fence-full", func(ctx context.Context, pool *pgxpool.Pool, id int, tok int64) error {
+		return scanOutcome(ctx, pool, addBalance, "", id, tok)
+	}},
+	{"fence-under-lease-full", func(ctx context.Context, pool *pgxpool.Pool, id int, tok int64) error {
+		return scanOutcome(ctx, pool, addBalance.LeaseSchema(overheadSchema), fmt.Sprintf("w%d", id), id, tok)
+	}},
+	{"plain-delete", func(ctx context.Context, pool *pgxpool.Pool, id int, _ int64) error {
+		return deleteAndRestore(ctx, pool, id, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `DELETE FROM accounts WHERE id = $1`, id)
+			return err
+		})
+	}},
+	{"fence-delete", func(ctx context.Context, pool *pgxpool.Pool, id int, tok int64) error {
+		return deleteAndRestore(ctx, pool, id, func(tx pgx.Tx) error {
+			_, err := fence.Delete("accounts").Where("id = $1").Exec(ctx, tx, tok, id)
+			return err
+		})
+	}},
+}
+
+// scanOutcome sends stmt's full statement and checks that it wrote.
+func scanOutcome(ctx context.Context, pool *pgxpool.Pool, stmt *fence.UpdateStmt, lease string, id int, tok int64) error {
+	args := []any{1, id, tok}
+	if lease != "" {
+		stmt = stmt.UnderLease(lease)
+		args = append(args, lease)
+	}
+	sql, err := stmt.SQL(2)
+	if err != nil {
+		return err
+	}
+	var written, matched, nulls int64
+	var current *int64
+	var held bool
+	if err := pool.QueryRow(ctx, sql, args...).Scan(&written, &matched, &current, &nulls, &held); err != nil {
+		return err
+	}
+	if written != 1 {
+		return fmt.Errorf("wrote %d rows", written)
+	}
+	return nil
+}
+
+// deleteAndRestore runs del and then inserts the row again, in one
+// transaction, so each delete finds its row: plain-delete and
+// fence-delete compare the DELETE (the INSERT and commit are the same).
+func deleteAndRestore(ctx context.Context, pool *pgxpool.Pool, id int, del func(pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if err := del(tx); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO accounts (id, balance) VALUES ($1, 0)`, id)
+		return err
+	})
 }
 
 // BenchmarkWriteOverhead measures issue 8's fenced-write targets on a
@@ -198,14 +256,16 @@ func walOfOneWrite(b *testing.B, pool *pgxpool.Pool, p writePath, tok int64) str
 		sql, args = overheadGuardedSQL, []any{1, 1, tok}
 	case "lock-first":
 		sql, args = overheadLockFirstSQL, []any{1, 1, tok}
-	case "fence":
-		q, err := addBalance.SQL(2)
-		require.NoError(b, err)
-		sql, args = q, []any{1, 1, tok}
-	case "fence-under-lease":
+	case "fence-under-lease-full":
 		q, err := addBalance.LeaseSchema(overheadSchema).UnderLease("w1").SQL(2)
 		require.NoError(b, err)
 		sql, args = q, []any{1, 1, tok, "w1"}
+	case "fence-full":
+		q, err := addBalance.SQL(2)
+		require.NoError(b, err)
+		sql, args = q, []any{1, 1, tok}
+	default:
+		return "WAL: (not explained)"
 	}
 	tx, err := pool.Begin(ctx)
 	require.NoError(b, err)

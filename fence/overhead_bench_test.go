@@ -3,6 +3,7 @@ package fence_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -289,4 +290,79 @@ func median(v []float64) float64 {
 		return 0
 	}
 	return s[len(s)/2]
+}
+
+// BenchmarkServerCPU measures the server CPU time of one write of each
+// path of BenchmarkWriteOverhead: one connection per path writes its row
+// autocommit serverCPUWrites times per round, and the CPU time its backend
+// spent (from /proc/<pid>/schedstat: the kernel's count of nanoseconds on
+// a CPU, unaffected by time spent waiting for the WAL flush or for a core)
+// is divided by the number of writes. Rounds alternate the paths. On a
+// shared machine, this is the figure that does not depend on what else
+// runs; it covers parsing (none: statements are prepared), planning,
+// execution and commit in the backend, not the WAL writer's or the
+// client's CPU. The metrics are each path's median µs per write and its
+// ratio to plain's.
+//
+// Run it with: go test -run '^$' -bench ServerCPU -benchtime 5x ./fence/
+func BenchmarkServerCPU(b *testing.B) {
+	const serverCPUWrites = 2000
+	ctx := context.Background()
+	db := pgtest.NewDB(b)
+	_, err := db.Pool.Exec(ctx, accountsDDL+"DROP TRIGGER accounts_fence ON accounts")
+	require.NoError(b, err)
+	_, err = db.Pool.Exec(ctx, `INSERT INTO accounts (id, balance) SELECT g, 0 FROM generate_series(1, $1::int) AS g`,
+		overheadClients)
+	require.NoError(b, err)
+	_, err = db.Pool.Exec(ctx, `INSERT INTO pgfence.pgfence_leases (name, owner, fence, expires_at)
+		SELECT 'w' || g, 'bench', 5, now() + interval '1 hour' FROM generate_series(1, $1::int) AS g`,
+		overheadClients)
+	require.NoError(b, err)
+	const tok = 5
+	type conn struct {
+		pool *pgxpool.Pool
+		pid  int
+	}
+	conns := map[string]conn{}
+	for i, p := range overheadPaths {
+		pool := db.NewPool(b, func(c *pgxpool.Config) { c.MaxConns, c.MinConns = 1, 1 })
+		var pid int
+		require.NoError(b, pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+		// Warm up: prepared statements, plan cache, catalog caches.
+		for range 50 {
+			require.NoError(b, p.write(ctx, pool, i+1, tok), p.name)
+		}
+		conns[p.name] = conn{pool, pid}
+	}
+	perWrite := map[string][]float64{}
+	for b.Loop() {
+		for i, p := range overheadPaths {
+			c := conns[p.name]
+			before := backendCPU(b, c.pid)
+			for range serverCPUWrites {
+				require.NoError(b, p.write(ctx, c.pool, i+1, tok), p.name)
+			}
+			perWrite[p.name] = append(perWrite[p.name], float64(backendCPU(b, c.pid)-before)/1e3/serverCPUWrites)
+		}
+	}
+	plain := median(perWrite["plain"])
+	for _, p := range overheadPaths {
+		m := median(perWrite[p.name])
+		b.ReportMetric(m, p.name+"-us/write")
+		if p.name != "plain" {
+			b.ReportMetric(m/plain, p.name+"-x-plain")
+		}
+	}
+	b.ReportMetric(0, "ns/op")
+}
+
+// backendCPU returns the nanoseconds a local server process has spent on a
+// CPU.
+func backendCPU(b *testing.B, pid int) int64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
+	require.NoError(b, err, "the server runs on this machine")
+	var ns int64
+	_, err = fmt.Sscan(string(data), &ns)
+	require.NoError(b, err)
+	return ns
 }

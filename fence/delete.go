@@ -107,7 +107,7 @@ const deleteFast = `DELETE FROM %[1]s
 WHERE %[2]s`
 
 // Exec runs the guarded DELETE on db with the caller's args and the fencing
-// token, in one round trip: the rows the Where matches are deleted only if
+// token, in one round trip on success: the rows the Where matches are deleted only if
 // none of them carries a newer token. Results and errors are as for
 // [UpdateStmt.Exec], with a "DELETE n" tag. As a side effect, the
 // transaction's pgfence.token setting is set to token (see the package

@@ -157,10 +157,11 @@ const updateCTE = `pgfence_write AS (
 const updateFast = `UPDATE %[1]s SET %[2]s
 WHERE %[3]s`
 
-// Exec runs the guarded UPDATE on db (a pool, a connection or a pgx.Tx) with
-// the caller's args ($1..$n) and the fencing token, in one round trip. The
-// rows the Where matches are written, and their guard column set to token,
-// only if none of them carries a newer token: all or nothing.
+// Exec runs the guarded UPDATE on db (a pool, a connection or a pgx.Tx)
+// with the caller's args ($1..$n) and the fencing token, in one round trip
+// on success. The rows the Where matches are written, and their guard
+// column set to token, only if none of them carries a newer token: all or
+// nothing.
 //
 // On success the tag says how many rows were written. Otherwise nothing was
 // written and the error is, checked in this order:

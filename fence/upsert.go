@@ -21,9 +21,10 @@ type UpsertStmt struct {
 	columns  []string
 	values   []string
 	conflict []string
-	// constraint is the OnConstraint name; empty for OnConflict.
-	constraint string
-	set        string
+	// constraint is the OnConstraint name, when onConstraint is set.
+	constraint   string
+	onConstraint bool
+	set          string
 }
 
 // Upsert starts a guarded upsert into table, given as "table" or
@@ -67,7 +68,7 @@ func (s *UpsertStmt) OnConflict(columns ...string) *UpsertStmt {
 	c := *s
 	c.g.fresh()
 	c.conflict = append([]string(nil), columns...)
-	c.constraint = ""
+	c.constraint, c.onConstraint = "", false
 	return &c
 }
 
@@ -81,12 +82,7 @@ func (s *UpsertStmt) OnConstraint(name string, columns ...string) *UpsertStmt {
 	c := *s
 	c.g.fresh()
 	c.conflict = append([]string(nil), columns...)
-	c.constraint = name
-	if name == "" {
-		// An empty name is reported by SQL and Exec, not taken for
-		// OnConflict.
-		c.constraint = "\x00"
-	}
+	c.constraint, c.onConstraint = name, true
 	return &c
 }
 
@@ -189,7 +185,7 @@ func (s *UpsertStmt) render(nargs int, f form) (string, error) {
 	existing := pgx.Identifier{s.g.table[len(s.g.table)-1]}.Sanitize()
 	vals := strings.Join(values, ", ")
 	target := "(" + strings.Join(conflict, ", ") + ")"
-	if s.constraint != "" {
+	if s.onConstraint {
 		target = "ON CONSTRAINT " + pgx.Identifier{s.constraint}.Sanitize()
 	}
 	if f&formFast != 0 {
@@ -240,13 +236,13 @@ func (s *UpsertStmt) check() error {
 		return fmt.Errorf("fence: Upsert(%s) has %d Columns but %d Values", t, len(s.columns), len(s.values))
 	}
 	if len(s.conflict) == 0 {
-		if s.constraint != "" {
+		if s.onConstraint {
 			return fmt.Errorf("fence: Upsert(%s): OnConstraint names no columns of the constraint", t)
 		}
 		return fmt.Errorf("fence: Upsert(%s) has no OnConflict columns", t)
 	}
-	if s.constraint != "" {
-		if err := checkName("constraint", strings.TrimPrefix(s.constraint, "\x00")); err != nil {
+	if s.onConstraint {
+		if err := checkName("constraint", s.constraint); err != nil {
 			return err
 		}
 	}

@@ -3,9 +3,11 @@ package fence_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -416,4 +418,63 @@ func TestRejectionAndTheTransaction(t *testing.T) {
 	var pgErr interface{ SQLState() string }
 	require.True(t, errors.As(err, &pgErr))
 	require.Equal(t, "25P02", pgErr.SQLState(), "the trigger's rejection aborts tx")
+}
+
+// The upsert's full statement itself loses a race: after the fast
+// statement wrote nothing (the row was stale), another transaction
+// replaces the row, and commits while the full statement waits for it;
+// the full statement's snapshot still has the old row, which it then
+// finds deleted. The rerun reads the replacement's token; with the rerun
+// turned off (the negative control) Current is 0.
+func TestUpsertRerunReadsTheRowThatWon(t *testing.T) {
+	t.Parallel()
+	for _, noRerun := range []bool{false, true} {
+		ctx := context.Background()
+		b := setup(t)
+		tok, newer, newest := b.nextToken(t), b.nextToken(t), b.nextToken(t)
+		b.account(t, 20, 1, newer)
+		app := fmt.Sprintf("upserter-%v", noRerun)
+		pool := b.db.NewPool(t, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["application_name"] = app })
+		put := fence.Upsert("accounts").Columns("id", "balance").Values("$1", "$2").OnConflict("id")
+
+		committed := make(chan error, 1)
+		replace := func() {
+			tx, err := b.pool.Begin(ctx)
+			if err == nil {
+				_, err = tx.Exec(ctx, "DELETE FROM accounts WHERE id = 20")
+			}
+			if err == nil {
+				_, err = tx.Exec(ctx, "INSERT INTO accounts (id, balance, fence_token) VALUES (20, 5, $1)", newest)
+			}
+			if err != nil {
+				committed <- err
+				return
+			}
+			go func() {
+				for {
+					var waiting bool
+					err := b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+						WHERE datname = current_database() AND wait_event_type = 'Lock' AND application_name = $1)`, app).Scan(&waiting)
+					if err != nil {
+						committed <- err
+						return
+					}
+					if waiting {
+						committed <- tx.Commit(ctx)
+						return
+					}
+					time.Sleep(2 * time.Millisecond)
+				}
+			}()
+		}
+		_, err := fence.WithAfterFast(put, replace, noRerun).Exec(ctx, pool, tok, 20, 2)
+		require.NoError(t, <-committed)
+		var stale *fence.StaleTokenError
+		require.ErrorAs(t, err, &stale)
+		if noRerun {
+			require.Zero(t, stale.Current, "negative control: the full statement alone cannot read the row")
+		} else {
+			require.Equal(t, newest, stale.Current)
+		}
+	}
 }

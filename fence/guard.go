@@ -36,6 +36,11 @@ type guard struct {
 	// pgfence.OpObserver, brackets each Exec, Query and QueryRow; nil
 	// when none is attached (the cost is then a nil check).
 	obs pgfence.Observer
+	// testAfterFast, when set (tests only), runs after the fast statement
+	// wrote nothing and before the full one is sent; testNoRerun turns off
+	// the rerun of an upsert that lost a race (the negative control).
+	testAfterFast func()
+	testNoRerun   bool
 	// cache holds the rendered statements by number of arguments, whether
 	// the lease is checked (the lease name is a parameter, so copies made
 	// by UnderLease share it) and form. Every other method that changes
@@ -435,6 +440,9 @@ func (g *guard) execOnce(ctx context.Context, db pgfence.DB, render renderer, to
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
+	if g.testAfterFast != nil {
+		g.testAfterFast()
+	}
 	for attempt := 0; ; attempt++ {
 		o, err := g.run(ctx, db, full, all)
 		if err != nil {
@@ -494,6 +502,9 @@ func (g *guard) queryOnce(ctx context.Context, db pgfence.DB, render renderer, t
 	if err != nil {
 		return nil, err
 	}
+	if g.testAfterFast != nil {
+		g.testAfterFast()
+	}
 	for attempt := 0; ; attempt++ {
 		rows, err := db.Query(ctx, full, all...)
 		if err != nil {
@@ -540,7 +551,7 @@ func (g *guard) queryOnce(ctx context.Context, db pgfence.DB, render renderer, t
 // snapshot, whose token rejected the write. Run again, the statement sees
 // the row and reads its token.
 func (g *guard) lostRace(o outcome) bool {
-	return g.kind == kindUpsert && o.written == 0 && o.matched == 0 && o.nulls == 0 && (!g.leased || o.leaseHeld)
+	return g.kind == kindUpsert && !g.testNoRerun && o.written == 0 && o.matched == 0 && o.nulls == 0 && (!g.leased || o.leaseHeld)
 }
 
 // bind validates the token and db and returns the statement's arguments:

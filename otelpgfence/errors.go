@@ -3,6 +3,7 @@ package otelpgfence
 import (
 	"context"
 	"errors"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/attribute"
@@ -77,4 +78,27 @@ func LossCause(cause error) string {
 		return "session_ended"
 	}
 	return "other"
+}
+
+// collectionName returns the db.collection.name of a guarded table as
+// pgfence reports it: a name quoted as an SQL identifier (package fence
+// gives `"public"."accounts"`) loses its quotes (public.accounts), as the
+// semantic conventions want the name itself; any other string is kept.
+func collectionName(table string) string {
+	if !strings.HasPrefix(table, `"`) {
+		return table
+	}
+	var b strings.Builder
+	for i := 0; i < len(table); i++ {
+		switch c := table[i]; {
+		case c == '"' && i+1 < len(table) && table[i+1] == '"':
+			b.WriteByte('"')
+			i++
+		case c == '"':
+			// an opening or closing quote
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
 }

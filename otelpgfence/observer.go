@@ -408,7 +408,7 @@ func (o *Observer) Observe(ctx context.Context, e pgfence.Event) {
 		o.inst.listenRestored.Add(ctx, 1, a.base.add...)
 		o.inst.listenDown.Record(ctx, e.Down.Seconds(), a.base.rec...)
 	case pgfence.StaleWrite:
-		o.inst.staleWrites.Add(ctx, 1, metric.WithAttributes(StrategyKey.String(pgfence.StrategyFence), semconv.DBCollectionName(e.Table)))
+		o.inst.staleWrites.Add(ctx, 1, metric.WithAttributes(StrategyKey.String(pgfence.StrategyFence), semconv.DBCollectionName(collectionName(e.Table))))
 		if sp := o.opSpan(ctx, pgfence.OpFencedWrite); sp != nil {
 			sp.SetAttributes(PresentedKey.Int64(e.Presented), CurrentKey.Int64(e.Current))
 		}
@@ -491,7 +491,7 @@ func (o *Observer) StartOp(ctx context.Context, op pgfence.Op) context.Context {
 			st.span.SetAttributes(semconv.DBOperationBatchSize(op.Batch))
 		}
 		if op.Table != "" {
-			st.span.SetAttributes(semconv.DBCollectionName(op.Table))
+			st.span.SetAttributes(semconv.DBCollectionName(collectionName(op.Table)))
 		}
 		if op.Statement != "" {
 			st.span.SetAttributes(StatementKey.String(op.Statement))

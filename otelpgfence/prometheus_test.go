@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/leasetable"
 	"github.com/pgfence/pgfence/otelpgfence"
 )
@@ -272,4 +273,28 @@ func TestPrometheusLossExpired(t *testing.T) {
 	require.ErrorIs(t, l.Err(), pgfence.ErrLeaseExpired)
 	b.eventually(t, 1, "pgfence_lock_losses_total", lt, "pgfence_loss_cause=expired")
 	require.Zero(t, b.value(t, "pgfence_lock_losses_total", lt, "pgfence_loss_cause=taken_over"))
+}
+
+// TestPrometheusStaleWrite: a fenced write rejected as stale is counted,
+// one that is not is only timed.
+func TestPrometheusStaleWrite(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupProm(t)
+	pool := newPool(t, 4)
+	_, err := pool.Exec(ctx, `CREATE TABLE prom_accounts (id int PRIMARY KEY, balance bigint NOT NULL, fence_token bigint NOT NULL DEFAULT 0);
+		INSERT INTO prom_accounts (id, balance) VALUES (1, 0)`)
+	require.NoError(t, err)
+	var older, newer int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pgfence.pgfence_next_token(), pgfence.pgfence_next_token()").Scan(&older, &newer))
+
+	write := fence.Update("prom_accounts").Set("balance = balance + $1").Where("id = $2").Observer(b.obs)
+	_, err = write.Exec(ctx, pool, newer, 1, 1)
+	require.NoError(t, err)
+	require.Zero(t, b.value(t, "pgfence_fence_stale_writes_total"))
+	_, err = write.Exec(ctx, pool, older, 1, 1)
+	require.ErrorIs(t, err, pgfence.ErrFenced)
+	require.Equal(t, 1.0, b.value(t, "pgfence_fence_stale_writes_total", "pgfence_lock_strategy=fence", "db_collection_name=prom_accounts"))
+	require.Equal(t, 2.0, b.value(t, "pgfence_operation_duration_seconds", "pgfence_operation=fenced_write"))
+	require.Equal(t, 1.0, b.value(t, "pgfence_operation_duration_seconds", "pgfence_operation=fenced_write", "error_type=fenced"))
 }

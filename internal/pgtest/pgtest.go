@@ -519,4 +519,3 @@ func NewCluster(t testing.TB, opts *ClusterOptions) (*Cluster, *Server) {
 	}
 	return c, s
 }
-

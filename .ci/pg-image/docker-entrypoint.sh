@@ -2,7 +2,8 @@
 # The entrypoint of pgfence's test image: the part of the official postgres
 # image's docker-entrypoint.sh that testcontainers' postgres module relies on.
 # On first start (empty PGDATA) it runs initdb with POSTGRES_USER and
-# POSTGRES_PASSWORD, lets every address in with scram-sha-256, starts a
+# POSTGRES_PASSWORD, lets every address in with POSTGRES_HOST_AUTH_METHOD
+# (default scram-sha-256), starts a
 # temporary server on the socket only, creates POSTGRES_DB, runs
 # /docker-entrypoint-initdb.d/*.sql and *.sh, stops it, then runs the
 # command. Like the official image it therefore logs "database system is
@@ -30,7 +31,7 @@ if [ "$1" = postgres ] && [ ! -s "$PGDATA/PG_VERSION" ]; then
 	initdb -D "$PGDATA" --username="$user" --pwfile="$pwfile" \
 		--auth-local=trust --auth-host=scram-sha-256 ${POSTGRES_INITDB_ARGS:-}
 	rm -f "$pwfile"
-	printf '\nhost all all all scram-sha-256\n' >>"$PGDATA/pg_hba.conf"
+	printf '\nhost all all all %s\n' "${POSTGRES_HOST_AUTH_METHOD:-scram-sha-256}" >>"$PGDATA/pg_hba.conf"
 	printf "\nlisten_addresses = '*'\n" >>"$PGDATA/postgresql.conf"
 
 	pg_ctl -D "$PGDATA" -o "-c listen_addresses='' -p 5432" -w start

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"os/signal"
@@ -18,6 +19,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/network"
 	"github.com/moby/moby/client"
 	"github.com/testcontainers/testcontainers-go"
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
@@ -35,6 +38,12 @@ const DockerImage = "postgres:15-alpine"
 // "postgres -c name=value" arguments), as pgfence's CI image built by
 // .ci/pg-image does.
 const EnvImage = "PGFENCE_TEST_IMAGE"
+
+// EnvContainerNetwork names the environment variable that sets the
+// container's network mode (Docker's --network), when the engine's
+// default does not suit: pgfence's CI sets "slirp4netns" on podman, so
+// that the host reaches the server on loopback alone.
+const EnvContainerNetwork = "PGFENCE_TEST_CONTAINER_NETWORK"
 
 // The labels on every container the harness starts: the owner is the test
 // binary, named by host, boot, pid and the pid's start time (so that a
@@ -68,6 +77,15 @@ type Container struct {
 // configuration, or the default socket) names: Docker Engine, Docker
 // Desktop, or podman's Docker API. It runs EnvImage's image, else
 // DockerImage, with the settings of the harness's local clusters.
+//
+// Like the local clusters' sockets, the server trusts every role the tests
+// create (POSTGRES_HOST_AUTH_METHOD=trust): the tests log in as roles they
+// made without a password. So its port is published on 127.0.0.1 only,
+// unless the engine's host is not this one's loopback (DOCKER_HOST over
+// TCP or SSH, TESTCONTAINERS_HOST_OVERRIDE set to another address, or a
+// test binary that runs in a container itself and reaches a sibling),
+// where it is published as the engine publishes by default: run such
+// engines only on a network nobody else reaches.
 //
 // Cleanup does not depend on testcontainers' reaper (Ryuk), whose image
 // may not be at hand (TESTCONTAINERS_RYUK_DISABLED=true turns it off;
@@ -123,13 +141,24 @@ func StartContainer(ctx context.Context, forced bool) (c *Container, err error) 
 	for _, k := range keys {
 		args = append(args, "-c", k+"="+settings[k])
 	}
+	networkMode := os.Getenv(EnvContainerNetwork)
+	loopback := publishOnLoopback()
 	ctr, err := tcpostgres.Run(ctx, image,
 		tcpostgres.WithDatabase("postgres"),
 		tcpostgres.WithUsername("postgres"),
 		tcpostgres.WithPassword(password),
 		tcpostgres.BasicWaitStrategies(),
+		testcontainers.WithEnv(map[string]string{"POSTGRES_HOST_AUTH_METHOD": "trust"}),
 		testcontainers.WithCmdArgs(args...),
 		testcontainers.WithLabels(ownerLabels()),
+		testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) {
+			if networkMode != "" {
+				hc.NetworkMode = container.NetworkMode(networkMode)
+			}
+			if loopback {
+				hc.PortBindings = network.PortMap{pgPort: {{HostIP: netip.MustParseAddr("127.0.0.1")}}}
+			}
+		}),
 	)
 	if err != nil {
 		if ctr != nil {
@@ -174,6 +203,33 @@ func (c *Container) removeOnSignal() {
 			_ = syscall.Kill(os.Getpid(), sig.(syscall.Signal))
 		}
 	}()
+}
+
+// pgPort is the server's port in the container.
+var pgPort = network.MustParsePort("5432/tcp")
+
+// publishOnLoopback reports whether the engine's published ports are
+// reached on this host's loopback, as testcontainers works out the host
+// it connects to: TESTCONTAINERS_HOST_OVERRIDE, else DOCKER_HOST's host
+// for TCP, else localhost, unless the test binary runs in a container
+// (testcontainers then connects to the default network's gateway).
+func publishOnLoopback() bool {
+	if h := os.Getenv("TESTCONTAINERS_HOST_OVERRIDE"); h != "" {
+		if h == "localhost" {
+			return true
+		}
+		ip, err := netip.ParseAddr(h)
+		return err == nil && ip.IsLoopback()
+	}
+	if h := os.Getenv("DOCKER_HOST"); h != "" && !strings.HasPrefix(h, "unix://") && !strings.HasPrefix(h, "npipe://") {
+		return false
+	}
+	for _, f := range []string{"/.dockerenv", "/run/.containerenv"} {
+		if _, err := os.Stat(f); err == nil {
+			return false
+		}
+	}
+	return true
 }
 
 // loopbackURL replaces "localhost" in u by 127.0.0.1: engines publish

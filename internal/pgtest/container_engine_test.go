@@ -41,7 +41,8 @@ func TestContainerCleanup(t *testing.T) {
 	defer cancel()
 	cli, err := engineClient(ctx)
 	require.NoError(t, err)
-	defer cli.Close()
+	// Cleanups run last first: the sweep, then the client's close.
+	t.Cleanup(func() { _ = cli.Close() })
 	exists := func(id string) bool {
 		t.Helper()
 		list, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: make(client.Filters).Add("id", id)})

@@ -1,7 +1,9 @@
 package pgtest
 
 import (
+	"context"
 	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 
@@ -65,4 +67,74 @@ func TestSelfIsAlive(t *testing.T) {
 		reused.start = me.start + "0"
 		require.True(t, reused.gone(me.host, me.boot, pidAlive, processStart))
 	}
+}
+
+func TestServerMode(t *testing.T) {
+	for _, tc := range []struct{ env, mode, err string }{
+		{"", "", ""},
+		{"auto", "", ""},
+		{"url", "url", ""},
+		{"local", "local", ""},
+		{"container", "container", ""},
+		{"docker", "", `PGFENCE_TEST_SERVER="docker": want url, local, container or auto`},
+	} {
+		t.Run(tc.env, func(t *testing.T) {
+			t.Setenv(EnvServer, tc.env)
+			mode, err := serverMode()
+			if tc.err != "" {
+				require.ErrorContains(t, err, tc.err)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.mode, mode)
+		})
+	}
+}
+
+// TestServerModeConflicts checks that a forced mode and the URL variable
+// that contradicts it fail together, rather than one silently winning.
+func TestServerModeConflicts(t *testing.T) {
+	ctx := context.Background()
+	t.Run("url without a URL", func(t *testing.T) {
+		t.Setenv(EnvServer, "url")
+		t.Setenv(EnvDatabaseURL, "")
+		_, err := startShared(ctx, false)
+		require.ErrorContains(t, err, "PGFENCE_TEST_SERVER=url, but PGFENCE_TEST_DATABASE_URL is not set")
+	})
+	for _, mode := range []string{"local", "container"} {
+		t.Run(mode+" with a URL", func(t *testing.T) {
+			t.Setenv(EnvServer, mode)
+			t.Setenv(EnvDatabaseURL, "postgres://nobody@127.0.0.1:1/x")
+			_, err := startShared(ctx, false)
+			require.ErrorContains(t, err, "PGFENCE_TEST_SERVER="+mode+", but PGFENCE_TEST_DATABASE_URL is set too")
+		})
+	}
+}
+
+// TestForcedContainerDoesNotFallBack checks that PGFENCE_TEST_SERVER=
+// container, with no engine to be had, fails naming the engine, and does
+// not fall back on local server binaries (TestAutoFallsBackToLocal is the
+// negative control: the same environment without the switch does).
+func TestForcedContainerDoesNotFallBack(t *testing.T) {
+	t.Setenv(EnvServer, "container")
+	t.Setenv(EnvDatabaseURL, "")
+	t.Setenv("DOCKER_HOST", "unix://"+filepath.Join(t.TempDir(), "no-engine.sock"))
+	t.Setenv("TESTCONTAINERS_HOST_OVERRIDE", "")
+	_, err := startShared(context.Background(), false)
+	require.ErrorContains(t, err, "PGFENCE_TEST_SERVER=container")
+	require.ErrorContains(t, err, "container engine (testcontainers): no container engine")
+	require.NotContains(t, err.Error(), "local binaries")
+}
+
+// TestAutoFallsBackToLocal is TestForcedContainerDoesNotFallBack's negative
+// control: it needs the local server binaries, so the container step of CI
+// leaves it to the main one.
+func TestAutoFallsBackToLocal(t *testing.T) {
+	t.Setenv(EnvServer, "")
+	t.Setenv(EnvDatabaseURL, "")
+	t.Setenv("DOCKER_HOST", "unix://"+filepath.Join(t.TempDir(), "no-engine.sock"))
+	s, err := startShared(context.Background(), false)
+	require.NoError(t, err)
+	defer s.close()
+	require.Equal(t, "local", s.Kind)
 }

@@ -2,9 +2,12 @@ package pgtest
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -114,17 +117,35 @@ func TestServerModeConflicts(t *testing.T) {
 // TestForcedContainerDoesNotFallBack checks that PGFENCE_TEST_SERVER=
 // container, with no engine to be had, fails naming the engine, and does
 // not fall back on local server binaries (TestAutoFallsBackToLocal is the
-// negative control: the same environment without the switch does).
+// negative control: the same environment without the switch does). It
+// runs in a child test binary: testcontainers keeps the engine's address
+// for the process once it has used one.
 func TestForcedContainerDoesNotFallBack(t *testing.T) {
-	t.Setenv(EnvServer, "container")
-	t.Setenv(EnvDatabaseURL, "")
-	t.Setenv("DOCKER_HOST", "unix://"+filepath.Join(t.TempDir(), "no-engine.sock"))
-	t.Setenv("TESTCONTAINERS_HOST_OVERRIDE", "")
-	_, err := startShared(context.Background(), false)
-	require.ErrorContains(t, err, "PGFENCE_TEST_SERVER=container")
-	require.ErrorContains(t, err, "container engine (testcontainers): no container engine")
-	require.NotContains(t, err.Error(), "local binaries")
+	if os.Getenv(envNoEngineChild) == "1" {
+		_, err := startShared(context.Background(), false)
+		require.ErrorContains(t, err, "PGFENCE_TEST_SERVER=container")
+		require.ErrorContains(t, err, "container engine (testcontainers): no container engine")
+		require.NotContains(t, err.Error(), "local binaries")
+		fmt.Println("no-engine child: " + strings.ReplaceAll(err.Error(), "\n", " | "))
+		return
+	}
+	t.Parallel()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestForcedContainerDoesNotFallBack$", "-test.count=1")
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); k != EnvServer && k != EnvDatabaseURL && k != "DOCKER_HOST" &&
+			k != "TESTCONTAINERS_HOST_OVERRIDE" {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, envNoEngineChild+"=1", EnvServer+"=container",
+		"DOCKER_HOST=unix://"+filepath.Join(t.TempDir(), "no-engine.sock"))
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "no-engine child: pgtest: no PostgreSQL to test against (PGFENCE_TEST_SERVER=container)")
 }
+
+// envNoEngineChild makes the test binary TestForcedContainerDoesNotFallBack's child.
+const envNoEngineChild = "PGTEST_NO_ENGINE_CHILD"
 
 // TestAutoFallsBackToLocal is TestForcedContainerDoesNotFallBack's negative
 // control: it needs the local server binaries, so the container step of CI

@@ -115,7 +115,14 @@ func StartContainer(ctx context.Context, forced bool) (c *Container, err error) 
 			err = fmt.Errorf("testcontainers: %v", r)
 		}
 	}()
-	cli, err := engineClient(ctx)
+	pingCtx := ctx
+	if !forced {
+		// Auto mode: an engine that does not answer soon is no engine.
+		var cancel context.CancelFunc
+		pingCtx, cancel = context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+	}
+	cli, err := engineClient(pingCtx)
 	if err != nil {
 		return nil, err
 	}
@@ -263,11 +270,16 @@ func engineConfigured() bool {
 }
 
 // engineClient connects to the engine testcontainers uses and checks
-// that it answers.
-func engineClient(ctx context.Context) (*testcontainers.DockerClient, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	cli, err := testcontainers.NewDockerClientWithOpts(ctx)
+// that it answers before ctx ends. (A busy podman has been seen to take
+// over 10s to answer its first request on a machine loaded 10 times over.)
+func engineClient(ctx context.Context) (cli *testcontainers.DockerClient, err error) {
+	defer func() {
+		// testcontainers panics when it cannot make out the engine's socket.
+		if r := recover(); r != nil {
+			cli, err = nil, fmt.Errorf("no container engine (DOCKER_HOST=%q): testcontainers: %v", os.Getenv("DOCKER_HOST"), r)
+		}
+	}()
+	cli, err = testcontainers.NewDockerClientWithOpts(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("no container engine (DOCKER_HOST=%q): %w", os.Getenv("DOCKER_HOST"), err)
 	}

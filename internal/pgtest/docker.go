@@ -63,7 +63,9 @@ type Container struct {
 	// ID is the container's id.
 	ID string
 	// URL connects to its maintenance database as the postgres superuser,
-	// over the port the engine published, with a password made for it.
+	// over the port the engine published. It carries a password made for
+	// the container, which the server does not ask for (it trusts every
+	// role: see StartContainer); tests give it to the roles they create.
 	URL string
 
 	ctr        *tcpostgres.PostgresContainer

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/pgfence/pgfence"
 )
 
 // Defaults used for the zero fields of a [Config].
@@ -139,9 +141,20 @@ type Config struct {
 
 	// Logger receives the Locker's diagnostics: lock sessions opened and
 	// closed when idle (Debug), sessions that failed to open or were lost,
-	// with the cause and the number of locks lost (Warn). Default: discard
-	// everything.
+	// with the cause and the number of locks lost (Warn). Every record is
+	// logged with a context (the *Context methods of slog) that carries the
+	// values of the caller it concerns: the acquiring or releasing call, or
+	// for a lost session the ctx that acquired one of its locks. Default:
+	// discard everything.
 	Logger *slog.Logger
+
+	// Observer receives the Locker's typed events (see [pgfence.Observer]
+	// for the delivery rules, and the package documentation, Events, for
+	// what package advisory sends and when). When it also implements
+	// [pgfence.OpObserver], every acquire, release and session check is
+	// bracketed by StartOp and EndOp. Nil (the default) sends nothing and
+	// costs a nil check per call.
+	Observer pgfence.Observer
 }
 
 // resolve returns a copy of c with defaults filled in, or an error naming the

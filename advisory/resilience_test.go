@@ -1,0 +1,109 @@
+package advisory_test
+
+import (
+	"context"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/advisory"
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+// TestRideThroughRestart stops the server (a fast shutdown, as in a
+// switchover, or SIGKILL of the postmaster, as in a crash) under a holder
+// and a waiter, then starts it again. The holder is told its lock is lost;
+// a waiting Acquire rides through the outage and gets the lock once the
+// server is back; TryAcquire and a short WaitTimeout give up with
+// ErrUnavailable wrapping the connection error. With retries off (the
+// negative control), the waiting Acquire fails during the outage. The test
+// logs how long the holder took to learn of the loss and how long after
+// the restart the waiter got the lock, with the default
+// SessionCheckInterval and QueryTimeout.
+func TestRideThroughRestart(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		stop func(c *pgtest.Cluster) error
+	}{
+		{"fast shutdown", func(c *pgtest.Cluster) error { return c.Stop() }},
+		{"postmaster SIGKILL", func(c *pgtest.Cluster) error { return c.Crash(syscall.SIGKILL) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			c, srv := pgtest.NewCluster(t, nil)
+			db := srv.NewDB(t)
+			l := newLocker(t, db.NewPool(t, nil), &advisory.Config{ApplicationName: "pgfence-ride"})
+			noRetry := newLocker(t, db.NewPool(t, nil), &advisory.Config{ApplicationName: "pgfence-ride-control"})
+			advisory.SetNoRetry(noRetry)
+
+			held, err := l.TryAcquireKey(ctx, advisory.Name("held"), nil)
+			require.NoError(t, err)
+			// The control's session is open before the outage, as l's is.
+			warm, err := noRetry.TryAcquireKey(ctx, advisory.Name("warm"), nil)
+			require.NoError(t, err)
+			lostAt := make(chan time.Time, 1)
+			go func() { <-held.Done(); lostAt <- time.Now() }()
+
+			stopped := time.Now()
+			require.NoError(t, tc.stop(c))
+			var learned time.Time
+			select {
+			case learned = <-lostAt:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the holder was not told of the loss")
+			}
+			require.ErrorIs(t, held.Err(), pgfence.ErrLeaseLost)
+			waitDone(t, warm)
+			t.Logf("%s: the holder learned of the loss %v after the shutdown began (SessionCheckInterval %v, QueryTimeout %v)",
+				tc.name, learned.Sub(stopped).Round(time.Millisecond), advisory.DefaultSessionCheckInterval, advisory.DefaultQueryTimeout)
+
+			// While the server is down.
+			start := time.Now()
+			_, err = l.TryAcquireKey(ctx, advisory.Name("try"), nil)
+			require.ErrorIs(t, err, pgfence.ErrUnavailable)
+			var connectErr *pgconn.ConnectError
+			require.ErrorAs(t, err, &connectErr, "the last cause is wrapped")
+			t.Logf("TryAcquire gave up after %v: %v", time.Since(start).Round(time.Millisecond), err)
+			_, err = l.AcquireKey(ctx, advisory.Name("short"), &advisory.AcquireOpts{WaitTimeout: 300 * time.Millisecond})
+			require.ErrorIs(t, err, pgfence.ErrUnavailable)
+			require.ErrorIs(t, err, pgfence.ErrNotAcquired, "a WaitTimeout end matches as without an outage")
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+			require.ErrorAs(t, err, &connectErr)
+
+			// Negative control: without retries, the wait fails at once.
+			_, err = noRetry.AcquireKey(ctx, advisory.Name("wait"), &advisory.AcquireOpts{WaitTimeout: time.Minute})
+			require.ErrorIs(t, err, pgfence.ErrUnavailable)
+			require.NotErrorIs(t, err, context.DeadlineExceeded, "it did not wait")
+
+			type result struct {
+				lk  *advisory.Lease
+				err error
+				at  time.Time
+			}
+			got := make(chan result, 1)
+			go func() {
+				lk, err := l.AcquireKey(ctx, advisory.Name("wait"), &advisory.AcquireOpts{WaitTimeout: 2 * time.Minute})
+				got <- result{lk, err, time.Now()}
+			}()
+			// The waiter is waiting: it failed an attempt already.
+			require.Eventually(t, func() bool { return l.Stats().Waiting == 1 }, 30*time.Second, time.Millisecond)
+
+			require.NoError(t, c.Start(ctx))
+			ready := time.Now()
+			r := <-got
+			require.NoError(t, r.err)
+			require.NoError(t, r.lk.Err())
+			require.Greater(t, r.lk.Token(), held.Token())
+			t.Logf("%s: the waiter got the lock %v after the restarted server accepted connections",
+				tc.name, r.at.Sub(ready).Round(time.Millisecond))
+			require.NoError(t, r.lk.Release(ctx))
+			require.Zero(t, l.Stats().Waiting)
+		})
+	}
+}

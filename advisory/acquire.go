@@ -60,14 +60,20 @@ func (k *Locker) TryAcquireKey(ctx context.Context, key Key, opts *AcquireOpts) 
 }
 
 // acquire is TryAcquireKey (wait false) and AcquireKey (wait true): it
-// validates the call, brackets its attempts with an OpAcquire and sends
-// Acquired or NotAcquired.
+// validates the call, brackets its attempts with an OpAcquire (whose ctx
+// the statements run with) and reports the outcome: the Acquired or
+// NotAcquired event, sent with that ctx before EndOp (bad input aside),
+// and the Stats counters.
 func (k *Locker) acquire(ctx context.Context, key Key, opts *AcquireOpts, wait bool) (*Lease, error) {
 	if err := key.validate(); err != nil {
 		return nil, err
 	}
 	if err := checkOpts(opts); err != nil {
 		return nil, err
+	}
+	if wait {
+		k.waiting.Add(1)
+		defer k.waiting.Add(-1)
 	}
 	if k.ev == nil {
 		l, _, err := k.attempts(ctx, ctx, key, opts, wait)
@@ -82,16 +88,16 @@ func (k *Locker) acquire(ctx context.Context, key Key, opts *AcquireOpts, wait b
 	op := pgfence.Op{Kind: pgfence.OpAcquire, Strategy: pgfence.StrategyAdvisory, Name: key.displayName(), Batch: 1}
 	octx := k.ev.StartOp(ctx, op)
 	l, n, err := k.attempts(octx, ctx, key, opts, wait)
-	k.ev.EndOp(octx, op, err)
 	if err == nil {
 		k.acquired.Add(1)
-		k.ev.Sync(ctx, pgfence.Acquired{Lock: l.lock(), Wait: time.Since(start), Attempts: n})
-		return l, nil
+		k.ev.Sync(octx, pgfence.Acquired{Lock: l.lock(), Wait: time.Since(start), Attempts: n})
+	} else {
+		k.notAcquired.Add(1)
+		k.ev.Sync(octx, pgfence.NotAcquired{Lock: pgfence.Lock{Kind: pgfence.StrategyAdvisory, Name: op.Name},
+			Wait: time.Since(start), Attempts: n, Err: err})
 	}
-	k.notAcquired.Add(1)
-	k.ev.Sync(ctx, pgfence.NotAcquired{Lock: pgfence.Lock{Kind: pgfence.StrategyAdvisory, Name: op.Name},
-		Wait: time.Since(start), Attempts: n, Err: err})
-	return nil, err
+	k.ev.EndOp(octx, op, err)
+	return l, err
 }
 
 // Acquire waits for the session lock on [Name](name); it is
@@ -161,16 +167,10 @@ func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpt
 	failures := 0  // consecutive transient failures
 	ended := func() error {
 		if last != nil {
-			return fmt.Errorf("pgfence: advisory: acquire %v: %w (%w: %w)", key, context.Cause(ctx), pgfence.ErrUnavailable, last)
+			return fmt.Errorf("pgfence: advisory: acquire %v: %w; last attempt: %w", key, context.Cause(ctx), retry.Unavailable("", last))
 		}
 		return fmt.Errorf("pgfence: advisory: acquire %v: %w", key, context.Cause(ctx))
 	}
-	counted := false // counted in Stats.Waiting
-	defer func() {
-		if counted {
-			k.waiting.Add(-1)
-		}
-	}()
 	pause := k.firstPause
 	var reg *waitReg            // interest registered for wake-ups (wake.go)
 	var armedSeen chan struct{} // the armed channel already acted on
@@ -206,10 +206,6 @@ func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpt
 			if k.noRetry || (!wait && time.Since(start)+d > k.cfg.QueryTimeout) {
 				return nil, n, retry.Unavailable(fmt.Sprintf("pgfence: advisory: acquire %v: ", key), err)
 			}
-			if wait && !counted {
-				counted = true
-				k.waiting.Add(1)
-			}
 			t := time.NewTimer(d)
 			select {
 			case <-ctx.Done():
@@ -226,10 +222,6 @@ func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpt
 			return nil, n, err
 		}
 		last, failures = nil, 0
-		if !counted {
-			counted = true
-			k.waiting.Add(1)
-		}
 		if reg == nil && released == nil && pause >= interestAfter {
 			// Held by another session for a while: ask to be woken.
 			// Until the interest lock is held (armed), an Unlock would

@@ -166,11 +166,11 @@ func (l *Lease) Release(ctx context.Context) error {
 	op := pgfence.Op{Kind: pgfence.OpRelease, Strategy: pgfence.StrategyAdvisory, Name: l.Name(), Batch: 1}
 	octx := k.ev.StartOp(ctx, op)
 	released, err := l.release(octx)
-	k.ev.EndOp(octx, op, err)
 	if released {
 		k.released.Add(1)
-		k.ev.Sync(ctx, pgfence.Released{Lock: l.lock(), HeldFor: time.Since(l.acquired), Err: err})
+		k.ev.Sync(octx, pgfence.Released{Lock: l.lock(), HeldFor: time.Since(l.acquired), Err: err})
 	}
+	k.ev.EndOp(octx, op, err)
 	return err
 }
 

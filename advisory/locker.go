@@ -174,7 +174,7 @@ func (k *Locker) Close() {
 // Stats returns a snapshot of the Locker's state and counters. Held counts
 // the session locks held now (transaction locks are not counted: they
 // belong to the caller's transaction), Waiting the Acquire and Do calls
-// waiting now. Every lock handed out ends counted once, in Released (by
+// in progress (waiting for the lock, or riding out an outage). Every lock handed out ends counted once, in Released (by
 // its holder, including a release that failed) or in Lost (its session
 // died, or the Locker closed). RenewalFailures is always zero: a failed
 // check of a session loses its locks at once (they count in Lost), as

@@ -168,18 +168,16 @@ func (k *Locker) listenUp() {
 	}
 }
 
-// listenEnded is the notifier's Ended hook: the connection ended. It
-// disarms the interests (waking every waiter when it had been listening)
-// and, unless the connection was closed because nobody needs it or the
-// Locker closed, sends ListenLost.
+// listenEnded is the notifier's Ended hook: a connection ended, or failed
+// to start listening. It disarms the interests (waking every waiter when
+// it had been listening) and sends ListenLost once per outage: unless the
+// connection was closed because nobody needs it or the Locker closed, and
+// unless an outage was already reported (failed reconnects).
 func (k *Locker) listenEnded(ls *listenRun, wasListening bool) {
 	k.disarmAll(wasListening)
-	if !wasListening {
-		return
-	}
 	k.mu.Lock()
 	k.listening = false
-	lost := !ls.idle && k.closeCtx.Err() == nil
+	lost := !ls.idle && k.closeCtx.Err() == nil && k.listenLostAt.IsZero()
 	if lost {
 		k.listenLostAt = time.Now()
 	}

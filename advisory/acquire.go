@@ -259,6 +259,9 @@ func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpt
 // database was unavailable (retry.Transient), or the attempt's session
 // failed (before its turn, or just after the grant).
 func (k *Locker) transient(err error) bool {
+	if errors.Is(err, pgfence.ErrNotAcquired) {
+		return false // the hot refusal: spare it retry.Transient's errors.As calls
+	}
 	return errors.Is(err, errSessionFailed) || errors.Is(err, errLostAtGrant) || retry.Transient(err)
 }
 
@@ -275,7 +278,8 @@ func (k *Locker) Do(ctx context.Context, name string, opts *AcquireOpts, fn func
 // nested in fn for the same key returns pgfence.ErrAlreadyHeld at once.
 //
 // DoKey returns the acquire error if the lock was not acquired (fn is not
-// called). Otherwise it returns fn's error, joined with the loss (an error
+// called): as for AcquireKey, it matches pgfence.ErrUnavailable when the
+// database stayed unavailable until ctx or WaitTimeout ended. Otherwise it returns fn's error, joined with the loss (an error
 // matching pgfence.ErrLeaseLost) whenever the lock was lost before fn
 // returned, and with the release's error.
 func (k *Locker) DoKey(ctx context.Context, key Key, opts *AcquireOpts, fn func(ctx context.Context, l pgfence.Lease) error) error {

@@ -202,6 +202,99 @@
 // [Locker.AcquireTx]'s wait, pgx closes the transaction's connection, which ends the
 // transaction and releases its locks.
 //
+// # Database outages and failover
+//
+// Transient database errors (the server unreachable, shutting down,
+// starting up or failing over, a lock session that died; see
+// [pgfence.ErrUnavailable]) do not end a wait: [Locker.Acquire] and
+// [Locker.Do] retry on a new session with capped, jittered backoff (25ms
+// doubling up to 500ms) for as long as their ctx and WaitTimeout allow, so
+// a wait rides through a restart or a failover and gets the lock within
+// about one backoff step of the database accepting connections again.
+// [Locker.TryAcquire] retries for at most [Config].QueryTimeout in all.
+// When they give up, the error matches pgfence.ErrUnavailable and wraps
+// the last cause; when it was ctx or WaitTimeout that ended meanwhile, it
+// wraps ctx's cause too (a WaitTimeout end still matches
+// pgfence.ErrNotAcquired and context.DeadlineExceeded). A lock is only
+// handed out while held: a grant whose session failed before the acquire
+// could return it is retried like a transient error.
+//
+// What a holder sees during a failover: its session locks are lost, since
+// they lived on the old primary's sessions. A server that shuts down
+// (switchover, fast shutdown) or whose postmaster dies ends the sessions
+// itself, and the holder is told at the next session check, within
+// [Config].SessionCheckInterval (about 0.85-0.9s with the default 1s, on
+// a throwaway cluster); a server that vanishes silently (node crash,
+// network cut) is noticed when that check times out, within
+// SessionCheckInterval + QueryTimeout (4s with the defaults). Either way
+// the holder learns before a new primary can be promoted by a
+// failover manager with a leader TTL longer than that (Patroni's ttl is
+// 30s by default). [Lease.Done] closes, [Lease.Err] matches
+// pgfence.ErrLeaseLost, and the lock is never re-acquired for the holder:
+// it must acquire again, and gets a new, larger token. Point the pool at
+// the primary only (target_session_attrs=read-write in a multi-host URL),
+// with a connect_timeout, so new sessions find the new primary.
+//
+// # Release failures
+//
+// An advisory lock belongs to the session that took it: no other session
+// can unlock it, so a failed unlock cannot be retried elsewhere. When the
+// unlock statement fails, the Locker closes the session (its other locks
+// are lost), and the session's end is what releases the lock. When the
+// failure was the server ending the session (a restart, a failover, a
+// terminated backend, a reset connection) the lock is already free; when
+// it was a timeout, the server frees it as soon as it sees the connection
+// close, or, when the network between them is cut, once its TCP settings
+// give up on the client ([Config].TCPUserTimeout, the keepalives: about
+// 10-11s with the defaults), the advisory counterpart of a lease that
+// would have expired anyway. There is therefore nothing to retry in the
+// background, and [Locker.Close] has nothing to wait for; [Lease.Release]
+// returns an error matching pgfence.ErrNotHeld, and also
+// pgfence.ErrUnavailable when the failure was transient.
+//
+// # Events
+//
+// [Config].Observer receives the events of [pgfence.Observer], the same as
+// package leasetable sends, with these specifics:
+//
+//   - Acquired and NotAcquired: from every TryAcquire, Acquire and Do (by
+//     name or [Key]; Lock.Name is the name, or the decimal key of an [ID]),
+//     on the caller's goroutine with the ctx its OpAcquire runs with (the
+//     caller's when the Observer is not an OpObserver), before the call
+//     returns. Attempts counts the attempts that asked the database (a
+//     refusal because another caller of the same Locker holds the key
+//     costs no round trip and is not counted). An acquire refused with
+//     pgfence.ErrAlreadyHeld or pgfence.ErrClosed sends NotAcquired; bad
+//     input (an empty name, a TTL) sends nothing. Transaction locks
+//     ([Locker.TryAcquireTx], [Locker.AcquireTx]) send no events.
+//   - Renewed: after each successful session check (the watchdog's, every
+//     SessionCheckInterval, or [Lease.Renew]), for each lock the check
+//     covers; Expiry is zero.
+//   - RenewalFailed: never. A session check that fails loses every lock on
+//     the session at once (there is no TTL to ride out), so each gets Lost.
+//   - Lost: when a lock's session died or [Locker.Close] dropped it
+//     (Cause matches pgfence.ErrLeaseLost, and pgfence.ErrClosed for
+//     Close), with the values of the ctx that acquired it.
+//   - Released: from [Lease.Release] (and Do's release), with Err set when
+//     the unlock failed (see Release failures). Every lock handed out ends
+//     with exactly one Released or Lost.
+//   - ListenLost and ListenRestored: once per outage of the LISTEN
+//     connection (see Waiting), not when it is closed for lack of waiters;
+//     ListenLost's Err only says that it ended (the cause is logged).
+//
+// With an [pgfence.OpObserver], each acquire (all its attempts and waits),
+// each release, and each session check is an operation: an OpRenew covers
+// every lock on the session (Batch; Name only when it is one), runs with
+// the values of the ctx that acquired the oldest of them, and links the
+// others' ([pgfence.Op].Links). [Locker.Stats] counts the same outcomes.
+//
+// Every statement sent for a caller carries that caller's ctx values (for
+// pgx tracers), though never its cancellation (see Cancellation): the
+// dial and setup of a session opened for an acquire, the lock and unlock
+// statements, the session checks (the acquiring ctx of the oldest lock),
+// and the interest locks of the LISTEN connection (the first waiter's).
+// Log records are written with the same contexts.
+//
 // # What is not guaranteed
 //
 //   - Mutual exclusion in real time: a holder can keep running after its

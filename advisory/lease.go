@@ -65,8 +65,10 @@ type Lease struct {
 	acquired time.Time // when granted, to choose the unlock statement
 	ctx      context.Context
 	cancel   context.CancelCauseFunc
-	// values is the acquiring call's ctx without its cancellation: the
-	// session checks of the lock and its background events carry it.
+	// values is the acquiring call's ctx, used for its values only (never
+	// for its cancellation): the session checks of the lock and its
+	// background events carry them. It is kept as given, so that an
+	// acquire without an Observer allocates nothing for it.
 	values context.Context
 
 	// Guarded by Locker.mu.

@@ -291,7 +291,7 @@ func (k *Locker) check(s *session) {
 			op.Links = make([]context.Context, 0, len(leases)-1)
 			for _, l := range leases {
 				if l != first {
-					op.Links = append(op.Links, l.values)
+					op.Links = append(op.Links, context.WithoutCancel(l.values))
 				}
 			}
 		}
@@ -310,7 +310,7 @@ func (k *Locker) check(s *session) {
 	}
 	for _, l := range leases {
 		if l.Err() == nil {
-			k.ev.Async(l.values, pgfence.Renewed{Lock: l.lock()})
+			k.ev.Async(context.WithoutCancel(l.values), pgfence.Renewed{Lock: l.lock()})
 		}
 	}
 }
@@ -367,7 +367,7 @@ func (k *Locker) failSession(ctx context.Context, s *session, cause error, relea
 		if l.out && l != releasing {
 			k.lost.Add(1)
 			if k.ev != nil {
-				k.ev.Async(l.values, pgfence.Lost{Lock: l.lock(), HeldFor: now.Sub(l.acquired), Cause: lostCause})
+				k.ev.Async(context.WithoutCancel(l.values), pgfence.Lost{Lock: l.lock(), HeldFor: now.Sub(l.acquired), Cause: lostCause})
 			}
 		}
 	}
@@ -427,7 +427,7 @@ func (k *Locker) lockOnSession(ctx, values context.Context, s *session, key Key,
 	if token == nil {
 		return nil, fmt.Errorf("pgfence: advisory: lock %v: %w", key, pgfence.ErrNotAcquired)
 	}
-	l := &Lease{k: k, s: s, key: key, shared: shared, token: *token, acquired: time.Now(), values: context.WithoutCancel(values)}
+	l := &Lease{k: k, s: s, key: key, shared: shared, token: *token, acquired: time.Now(), values: values}
 	l.ctx, l.cancel = context.WithCancelCause(hold.Mark(context.Background(), k, key.markName(), l))
 	k.mu.Lock()
 	s.inflight--

@@ -187,6 +187,7 @@ func TestLeaseReleaseExpiryRenew(t *testing.T) {
 		TCPKeepalivesIdle:    3 * time.Hour,
 		TCPUserTimeout:       3 * time.Hour,
 	})
+	advisory.SetNoPeek(k) // nor by looking at the idle socket
 
 	require.NoError(t, (*advisory.Lease)(nil).Release(ctx))
 

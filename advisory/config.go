@@ -78,7 +78,10 @@ type Config struct {
 	// session with a round trip. Together with QueryTimeout it bounds how
 	// late the holders of a dead or hung session learn that their locks
 	// are lost: at most SessionCheckInterval + QueryTimeout after the
-	// session stopped answering. It has no counterpart in package
+	// session stopped answering. A session that the server ended (shutdown,
+	// restart, pg_terminate_backend) is noticed sooner, within about 50ms,
+	// by a look at its socket between checks (see Loss detection in the
+	// package documentation). It has no counterpart in package
 	// leasetable, whose leases do not live on a session of their own.
 	// Default [DefaultSessionCheckInterval].
 	SessionCheckInterval time.Duration

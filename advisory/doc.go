@@ -117,7 +117,13 @@
 // [Config.QueryTimeout] (a session in use is checked by the statement in
 // progress, bounded the same way). A dead or hung session is noticed at most
 // SessionCheckInterval + QueryTimeout (4s with the defaults) after it stopped
-// answering. When the session is only hung (the server or the network
+// answering. Between checks, every 50ms, the watchdog also looks, without a
+// round trip, whether an idle session's socket has anything to read: the
+// server sends an idle lock session nothing unless it is ending it (a
+// FATAL error, then the close), so a session the server ended is noticed
+// within about 50ms, and checked at once (on platforms without poll(2),
+// and for connections from a custom DialFunc that hide their socket, only
+// the checks run). When the session is only hung (the server or the network
 // stalled, the connection still open), the holders are told before the
 // connection is closed, so before the server can release the locks.
 //
@@ -221,15 +227,17 @@
 //
 // What a holder sees during a failover: its session locks are lost, since
 // they lived on the old primary's sessions. A server that shuts down
-// (switchover, fast shutdown) or whose postmaster dies ends the sessions
-// itself, and the holder is told at the next session check, within
-// [Config].SessionCheckInterval (about 0.85-0.9s with the default 1s, on
-// a throwaway cluster); a server that vanishes silently (node crash,
-// network cut) is noticed when that check times out, within
-// SessionCheckInterval + QueryTimeout (4s with the defaults). Either way
-// the holder learns before a new primary can be promoted by a
-// failover manager with a leader TTL longer than that (Patroni's ttl is
-// 30s by default). [Lease.Done] closes, [Lease.Err] matches
+// (switchover, fast shutdown), whose postmaster dies, or that terminates
+// the backend ends the sessions itself, and the watchdog, which looks at
+// idle sessions' sockets every 50ms between its checks, notices at once
+// (26-130ms after the shutdown, the postmaster's SIGKILL or
+// pg_terminate_backend began, on a throwaway cluster); a server that
+// vanishes silently (node crash, network cut) is noticed when the next
+// session check times out, within [Config].SessionCheckInterval +
+// QueryTimeout (4s with the defaults). Either way the holder learns before
+// a failover manager can promote a new primary (Patroni waits for its
+// leader key's ttl, 30s by default, after a crash; a switchover first
+// shuts the old primary down). [Lease.Done] closes, [Lease.Err] matches
 // pgfence.ErrLeaseLost, and the lock is never re-acquired for the holder:
 // it must acquire again, and gets a new, larger token. Point the pool at
 // the primary only (target_session_attrs=read-write in a multi-host URL),

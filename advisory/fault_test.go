@@ -197,13 +197,15 @@ func TestStatementOnDeadSession(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
-	// One session, and a watchdog too slow to notice during the test.
+	// One session, and a watchdog too slow to notice during the test
+	// (nor looking at the idle socket: SetNoPeek).
 	l := newLocker(t, db.Pool, &advisory.Config{
 		MaxSessions:          1,
 		SessionCheckInterval: time.Hour,
 		TCPKeepalivesIdle:    3 * time.Hour,
 		TCPUserTimeout:       3 * time.Hour,
 	})
+	advisory.SetNoPeek(l)
 	terminate := func(key advisory.Key) {
 		_, err := db.Pool.Exec(ctx, "SELECT pg_terminate_backend($1, 5000)", holderPID(t, db, key))
 		require.NoError(t, err)

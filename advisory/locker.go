@@ -34,6 +34,7 @@ type Locker struct {
 	closeStop    context.CancelFunc
 	firstPause   time.Duration   // minPollInterval; tests may raise it
 	notifyHeld   time.Duration   // notifyAfterHeld; tests may change it
+	peek         time.Duration   // sessionPeekInterval; tests may turn it off (0)
 	wg           sync.WaitGroup  // watchdogs and the LISTEN loop
 	ev           *events.Emitter // nil without Config.Observer
 	// backoff spaces the retries of transient errors; noRetry (a test
@@ -109,6 +110,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 		closeStop:    closeStop,
 		firstPause:   minPollInterval,
 		notifyHeld:   notifyAfterHeld,
+		peek:         sessionPeekInterval,
 		ev:           events.New(c.Observer),
 		backoff:      retry.Default,
 		keys:         make(map[int64]*keyState),

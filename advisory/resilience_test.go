@@ -112,3 +112,41 @@ func TestRideThroughRestart(t *testing.T) {
 		})
 	}
 }
+
+// TestPromptLossWhenServerEndsSession terminates the backends of two
+// Lockers' sessions, whose periodic checks are an hour apart. The
+// watchdog's look at the idle socket notices at once that the server ended
+// the session, and the holder is told; with that look turned off (the
+// negative control) the holder is not told until a check runs.
+func TestPromptLossWhenServerEndsSession(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	slow := func(app string) *advisory.Config {
+		return &advisory.Config{
+			ApplicationName:      app,
+			SessionCheckInterval: time.Hour,
+			TCPKeepalivesIdle:    3 * time.Hour,
+			TCPUserTimeout:       3 * time.Hour,
+		}
+	}
+	l := newLocker(t, db.Pool, slow("pgfence-peek"))
+	control := newLocker(t, db.NewPool(t, nil), slow("pgfence-peek-control"))
+	advisory.SetNoPeek(control)
+
+	lk, err := l.TryAcquireKey(ctx, advisory.Name("peek"), nil)
+	require.NoError(t, err)
+	lkC, err := control.TryAcquireKey(ctx, advisory.Name("peek-control"), nil)
+	require.NoError(t, err)
+	terminated := time.Now()
+	_, err = db.Pool.Exec(ctx, `SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name IN ('pgfence-peek', 'pgfence-peek-control')`)
+	require.NoError(t, err)
+	waitDone(t, lk)
+	t.Logf("the holder learned of the loss %v after pg_terminate_backend was sent", time.Since(terminated).Round(time.Millisecond))
+	require.ErrorIs(t, lk.Err(), pgfence.ErrLeaseLost)
+
+	require.NoError(t, lkC.Err(), "negative control: not told before a check")
+	require.Zero(t, heldAdvisoryLocks(t, db.Pool), "both sessions are gone on the server")
+	require.ErrorIs(t, lkC.Renew(ctx), pgfence.ErrLeaseLost, "a check then tells")
+}

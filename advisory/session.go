@@ -220,28 +220,57 @@ func (k *Locker) removeSessionLocked(s *session) {
 	}
 }
 
-// watch is the watchdog of s: every SessionCheckInterval it checks an idle session
-// with a round trip bounded by QueryTimeout, and fails the session when that
-// does not succeed. A session in use is not checked: the statement in
-// progress is bounded by QueryTimeout itself and fails the session too. A
-// session that held no lock for SessionIdleTimeout is closed.
+// sessionPeekInterval is how often the watchdog looks, without a round
+// trip, whether an idle session's server sent something unasked or closed
+// the connection (see watch).
+const sessionPeekInterval = 50 * time.Millisecond
+
+// watch is the watchdog of s: every SessionCheckInterval it checks an idle
+// session with a round trip bounded by QueryTimeout, and fails the session
+// when that does not succeed. A session in use is not checked: the
+// statement in progress is bounded by QueryTimeout itself and fails the
+// session too; the check runs once it is idle again. In between, every
+// sessionPeekInterval, it looks whether the idle session's socket has
+// anything to read (readable): an idle lock session is sent nothing, so
+// bytes or an end of stream mean the server is ending the session (a
+// FATAL error at shutdown or pg_terminate_backend, then the close; the
+// kernel's close when the backend died), and the check runs at once. So a
+// session the server ended is noticed within about sessionPeekInterval,
+// and only a session that went silent (the network cut, the host gone)
+// waits for the check to time out. A session that held no lock for
+// SessionIdleTimeout is closed.
 func (k *Locker) watch(s *session) {
 	defer k.wg.Done()
-	t := time.NewTicker(k.cfg.SessionCheckInterval)
+	every := k.cfg.SessionCheckInterval
+	if k.peek > 0 && k.peek < every {
+		every = k.peek
+	}
+	perCheck := int((k.cfg.SessionCheckInterval + every - 1) / every) // ticks per check
+	t := time.NewTicker(every)
 	defer t.Stop()
 	idleSince := time.Now()
+	ticks := 0
 	for {
 		select {
 		case <-s.stop:
 			return
 		case <-t.C:
 		}
+		ticks++
+		due := ticks >= perCheck
 		select {
 		case s.sem <- struct{}{}:
 		default:
-			continue
+			continue // in use: checked once idle
 		}
-		if k.retireIfIdle(s, &idleSince) {
+		if !due {
+			if ready, _ := readable(s.conn.PgConn().Conn()); !ready {
+				<-s.sem
+				continue
+			}
+		}
+		ticks = 0
+		if due && k.retireIfIdle(s, &idleSince) {
 			<-s.sem
 			return
 		}

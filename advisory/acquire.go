@@ -347,8 +347,15 @@ func (k *Locker) tryAcquire(ctx, values context.Context, key Key, shared bool) (
 		k.mu.Unlock()
 	}
 	if open {
+		// Dial in the background, so that this caller can leave when ctx
+		// ends (a dial to a host that does not answer lasts QueryTimeout)
+		// while the acquires routed to the session wait on.
 		asked = true
-		k.openSession(ctx, s)
+		k.wg.Add(1)
+		go func() {
+			defer k.wg.Done()
+			k.openSession(ctx, s)
+		}()
 	}
 	select {
 	case <-s.ready:

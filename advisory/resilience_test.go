@@ -3,15 +3,20 @@ package advisory_test
 import (
 	"context"
 	"log/slog"
+	"net"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/advisory"
+	"github.com/pgfence/pgfence/internal/chaos"
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
@@ -149,4 +154,54 @@ func TestPromptLossWhenServerEndsSession(t *testing.T) {
 	require.NoError(t, lkC.Err(), "negative control: not told before a check")
 	require.Zero(t, heldAdvisoryLocks(t, db.Pool), "both sessions are gone on the server")
 	require.ErrorIs(t, lkC.Renew(ctx), pgfence.ErrLeaseLost, "a check then tells")
+}
+
+// TestAcquireLeavesADialThatHangs blackholes the database behind a proxy,
+// so that dialing a lock session hangs (the TCP connection is accepted,
+// the startup message never answered). An Acquire whose WaitTimeout is
+// far shorter than the dial's bound (QueryTimeout) returns at its
+// WaitTimeout, while the dial is still in flight: a host that does not
+// answer does not eat the caller's deadline.
+func TestAcquireLeavesADialThatHangs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	cc, err := pgx.ParseConfig(db.TCPURL)
+	require.NoError(t, err)
+	proxy, err := chaos.NewProxy(net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = proxy.Close() })
+	pool := db.NewTCPPool(t, func(c *pgxpool.Config) {
+		c.ConnConfig.Host, c.ConnConfig.Port, c.ConnConfig.Fallbacks = "127.0.0.1", uint16(proxy.Port()), nil
+		c.MinConns = 0
+	})
+	h := &recordHandler{}
+	l := newLocker(t, pool, &advisory.Config{
+		ApplicationName:   "pgfence-hung-dial",
+		QueryTimeout:      time.Minute, // the dial's bound
+		TCPKeepalivesIdle: time.Hour,
+		TCPUserTimeout:    time.Hour,
+		Logger:            slog.New(h),
+	})
+	const dialFailed = "pgfence: advisory: cannot open lock session"
+
+	before := proxy.Conns() // the pool's
+	proxy.Blackhole(true)
+	_, err = l.AcquireKey(ctx, advisory.Name("hung-dial"), &advisory.AcquireOpts{WaitTimeout: 200 * time.Millisecond})
+	require.ErrorIs(t, err, pgfence.ErrNotAcquired)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Zero(t, h.count(dialFailed), "the dial is still in flight: the caller did not wait for it")
+	require.Equal(t, before+1, proxy.Conns(), "the lock session's dial")
+
+	// Once the network is back, the poisoned connection is closed and the
+	// dial fails; the next acquire dials again and gets the lock.
+	proxy.Blackhole(false)
+	select {
+	case <-h.logged(dialFailed):
+	case <-time.After(30 * time.Second):
+		t.Fatal("the dial did not end")
+	}
+	lk, err := l.AcquireKey(ctx, advisory.Name("hung-dial"), &advisory.AcquireOpts{WaitTimeout: 30 * time.Second})
+	require.NoError(t, err)
+	require.NoError(t, lk.Release(ctx))
 }

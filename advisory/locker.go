@@ -149,7 +149,9 @@ func newStatements(schema string) statements {
 // returns; on a session that had failed, the server frees them when it
 // notices the connection end. Waiting Lock calls return pgfence.ErrClosed.
 // Close waits for statements in progress (each bounded by
-// Config.QueryTimeout). Calling it again does nothing.
+// Config.QueryTimeout); the sessions are closed concurrently, so during an
+// outage Close takes at most about two QueryTimeouts, whatever MaxSessions.
+// Calling it again does nothing.
 func (k *Locker) Close() {
 	k.mu.Lock()
 	if k.closed {
@@ -160,15 +162,23 @@ func (k *Locker) Close() {
 	k.closeStop()
 	sessions := append([]*session(nil), k.sessions...)
 	k.mu.Unlock()
+	// The sessions are closed at once, not one after the other: during an
+	// outage each may take QueryTimeout.
+	var closing sync.WaitGroup
 	for _, s := range sessions {
-		<-s.ready
-		if s.openErr != nil {
-			continue
-		}
-		s.sem <- struct{}{}
-		k.failSession(context.Background(), s, fmt.Errorf("pgfence: advisory: Locker closed: %w", pgfence.ErrClosed), nil)
-		<-s.sem
+		closing.Add(1)
+		go func() {
+			defer closing.Done()
+			<-s.ready
+			if s.openErr != nil {
+				return
+			}
+			s.sem <- struct{}{}
+			k.failSession(context.Background(), s, fmt.Errorf("pgfence: advisory: Locker closed: %w", pgfence.ErrClosed), nil)
+			<-s.sem
+		}()
 	}
+	closing.Wait()
 	k.wg.Wait()
 	k.ev.Close()
 }

@@ -388,3 +388,61 @@ func TestContextValuesReachStatementsAndLogs(t *testing.T) {
 	require.Equal(t, "acquire-c", h.ctxReq("pgfence: advisory: lock session lost"))
 	require.Equal(t, "<none>", reqOf(ctx), "negative control: a bare ctx carries no request")
 }
+
+// TestReleaseOnDeadSession releases a lock whose session the server ended
+// before the watchdog noticed: the unlock fails, which ends the session
+// (and so the lock: the server released it with the session). Release
+// reports it (ErrNotHeld, and ErrUnavailable as the cause is transient),
+// the lock ends Released with that error, and the other lock on the
+// session ends Lost. A release on a live session (the control) reports
+// nothing.
+func TestReleaseOnDeadSession(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	rec := newRecorder()
+	l := newLocker(t, db.Pool, &advisory.Config{
+		MaxSessions:          1,
+		SessionCheckInterval: time.Hour,
+		TCPKeepalivesIdle:    3 * time.Hour,
+		TCPUserTimeout:       3 * time.Hour,
+		Observer:             rec,
+	})
+	advisory.SetNoPeek(l)
+	ctx := withReq("release")
+
+	ok, err := l.TryAcquire(ctx, "ok", nil)
+	require.NoError(t, err)
+	require.NoError(t, ok.Release(ctx), "control: a release on a live session")
+	a, err := l.TryAcquire(ctx, "a", nil)
+	require.NoError(t, err)
+	b, err := l.TryAcquire(ctx, "b", nil)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(context.Background(), "SELECT pg_terminate_backend($1, 5000)", holderPID(t, db, advisory.Name("a")))
+	require.NoError(t, err)
+
+	err = a.Release(ctx)
+	require.ErrorIs(t, err, pgfence.ErrNotHeld)
+	require.ErrorIs(t, err, pgfence.ErrUnavailable)
+	require.NoError(t, a.Release(ctx), "reported once")
+	waitDone(t, b)
+	rel := eventsOf[pgfence.Released](rec)
+	require.Len(t, rel, 2)
+	require.NoError(t, rel[0].Err)
+	require.Equal(t, "a", rel[1].Name)
+	require.ErrorIs(t, rel[1].Err, pgfence.ErrUnavailable)
+	lost := rec.wait(t, isEvent[pgfence.Lost]("b"))
+	require.ErrorIs(t, lost.e.(pgfence.Lost).Cause, pgfence.ErrLeaseLost)
+	require.Empty(t, func() (names []string) {
+		for _, e := range eventsOf[pgfence.Lost](rec) {
+			if e.Name == "a" {
+				names = append(names, e.Name)
+			}
+		}
+		return names
+	}(), "the released lock is not also lost")
+	st := l.Stats()
+	require.Equal(t, uint64(2), st.Released)
+	require.Equal(t, uint64(1), st.Lost)
+	require.Zero(t, st.Held)
+	require.Zero(t, heldAdvisoryLocks(t, db.Pool))
+}

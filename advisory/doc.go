@@ -246,19 +246,29 @@
 // # Release failures
 //
 // An advisory lock belongs to the session that took it: no other session
-// can unlock it, so a failed unlock cannot be retried elsewhere. When the
-// unlock statement fails, the Locker closes the session (its other locks
-// are lost), and the session's end is what releases the lock. When the
-// failure was the server ending the session (a restart, a failover, a
-// terminated backend, a reset connection) the lock is already free; when
-// it was a timeout, the server frees it as soon as it sees the connection
-// close, or, when the network between them is cut, once its TCP settings
-// give up on the client ([Config].TCPUserTimeout, the keepalives: about
-// 10-11s with the defaults), the advisory counterpart of a lease that
-// would have expired anyway. There is therefore nothing to retry in the
-// background, and [Locker.Close] has nothing to wait for; [Lease.Release]
-// returns an error matching pgfence.ErrNotHeld, and also
-// pgfence.ErrUnavailable when the failure was transient.
+// can unlock it, so a failed unlock cannot be retried elsewhere, and
+// retrying it on its own session is impossible too, since pgx closes a
+// connection whose statement failed other than with a server error. The
+// Locker therefore closes the session (its other locks are lost), and the
+// session's end is what releases the lock:
+//
+//   - When the failure was the server ending the session (a shutdown, a
+//     crash, a failover, pg_terminate_backend, a reset connection), the
+//     lock was released with it: nothing is left to do.
+//   - When it was a timeout (QueryTimeout) on a live server, the closed
+//     connection reaches the server, whose backend then exits.
+//   - When the network is cut, the client's TCP keeps resending its
+//     close, which ends the backend as soon as the network is back; if it
+//     stays cut, the server drops the session once its TCP settings give
+//     up on the client ([Config].TCPUserTimeout, the keepalives: about
+//     10-11s with the defaults). This is the advisory counterpart of a
+//     lease that would have expired anyway, and [New] makes sure it comes
+//     after the holder was told.
+//
+// So nothing is retried in the background, and [Locker.Close] has no
+// release to wait for. [Lease.Release] returns an error matching
+// pgfence.ErrNotHeld, and also pgfence.ErrUnavailable when the failure
+// was transient; the Observer sees the lock Released, with that error.
 //
 // # Events
 //

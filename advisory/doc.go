@@ -256,7 +256,10 @@
 //     crash, a failover, pg_terminate_backend, a reset connection), the
 //     lock was released with it: nothing is left to do.
 //   - When it was a timeout (QueryTimeout) on a live server, the closed
-//     connection reaches the server, whose backend then exits.
+//     connection reaches the server, whose backend exits once the
+//     statement it may still be running ends (an unlock takes effect
+//     before its commit, so a commit waiting for a synchronous standby
+//     does not keep the lock).
 //   - When the network is cut, the client's TCP keeps resending its
 //     close, which ends the backend as soon as the network is back; if it
 //     stays cut, the server drops the session once its TCP settings give

@@ -171,13 +171,18 @@ func (k *Locker) listenUp() {
 // listenEnded is the notifier's Ended hook: a connection ended, or failed
 // to start listening. It disarms the interests (waking every waiter when
 // it had been listening) and sends ListenLost once per outage: unless the
-// connection was closed because nobody needs it or the Locker closed, and
-// unless an outage was already reported (failed reconnects).
+// connection was closed because nobody needs it, no Lock waits any more
+// (the notifier then stops rather than reconnect), or the Locker closed,
+// and unless an outage was already reported (failed reconnects).
 func (k *Locker) listenEnded(ls *listenRun, wasListening bool) {
 	k.disarmAll(wasListening)
 	k.mu.Lock()
 	k.listening = false
-	lost := !ls.idle && k.closeCtx.Err() == nil && k.listenLostAt.IsZero()
+	wanted := false // by a waiting Lock; if not, the notifier stops (listenIdle)
+	for _, in := range k.interests {
+		wanted = wanted || in.waiters > 0
+	}
+	lost := wanted && !ls.idle && k.closeCtx.Err() == nil && k.listenLostAt.IsZero()
 	if lost {
 		k.listenLostAt = time.Now()
 	}

@@ -3,12 +3,14 @@ package advisory_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -101,4 +103,47 @@ func TestFailoverToSynchronousStandby(t *testing.T) {
 	}
 	t.Logf("the holder learned of the loss %v after the crash; the standby was writable %v after it",
 		learned.Sub(crashed).Round(time.Millisecond), writable.Sub(crashed).Round(time.Millisecond))
+}
+
+// TestSessionOnStandbyIsDropped points a Locker at a hot standby (as a
+// load balancer may during a failover): advisory locks are granted there,
+// but the token draw fails (read-only, SQLSTATE 25006), so nothing is
+// handed out, and the session is dropped so that each retry dials again.
+// TryAcquire gives up with ErrUnavailable wrapping the server's error; a
+// wait rides on until the standby is promoted, then gets the lock. (Other
+// server errors keep the session: see TestLockTableFull.)
+func TestSessionOnStandbyIsDropped(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, srv := pgtest.NewCluster(t, nil)
+	db := srv.NewDB(t)
+	sb := pgtest.NewStandby(t, c, nil)
+	pcfg, err := pgxpool.ParseConfig(db.TCPURL)
+	require.NoError(t, err)
+	pcfg.ConnConfig.Port = uint16(sb.Port)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	h := &recordHandler{}
+	l := newLocker(t, pool, &advisory.Config{ApplicationName: "pgfence-standby", Logger: slog.New(h)})
+	const opened = "pgfence: advisory: lock session opened"
+
+	_, err = l.TryAcquire(ctx, "ro", nil)
+	require.ErrorIs(t, err, pgfence.ErrUnavailable)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "25006", pgErr.Code)
+	require.Greater(t, h.count(opened), 1, "each retry dialed a new session")
+	require.Zero(t, l.Stats().Held)
+
+	got := make(chan error, 1)
+	go func() {
+		lk, err := l.Acquire(ctx, "ro", &pgfence.AcquireOpts{WaitTimeout: 2 * time.Minute})
+		if err == nil {
+			err = lk.Release(ctx)
+		}
+		got <- err
+	}()
+	require.NoError(t, sb.Promote(ctx))
+	require.NoError(t, <-got)
 }

@@ -415,6 +415,9 @@ func (k *Locker) failSession(ctx context.Context, s *session, cause error, relea
 	_ = s.conn.Close(cctx)
 }
 
+// readOnlySQLState is read_only_sql_transaction: the server is a standby.
+const readOnlySQLState = "25006"
+
 // errSessionFailed is the error of an acquire routed to a session that
 // failed before its turn came; the acquire retries on another session.
 var errSessionFailed = errors.New("the session failed")
@@ -444,8 +447,17 @@ func (k *Locker) lockOnSession(ctx, values context.Context, s *session, key Key,
 		// When the server reported an error on a live connection (say,
 		// "out of shared memory" from a full lock table), undo a possible
 		// grant and keep the session.
+		//
+		// A session on a read-only server (SQLSTATE 25006 from the token
+		// draw: a standby, reached through a load balancer or a URL without
+		// target_session_attrs=read-write) is dropped instead, so that the
+		// retry dials again and may reach the primary. Its advisory locks,
+		// if any, are the standby's own and exclude nobody on the primary;
+		// none was handed out, as every grant draws a token, which a
+		// standby refuses.
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && !s.conn.IsClosed() && k.undoFailedLock(ctx, s, key, shared) == nil {
+		readOnly := errors.As(err, &pgErr) && pgErr.Code == readOnlySQLState
+		if pgErr != nil && !readOnly && !s.conn.IsClosed() && k.undoFailedLock(ctx, s, key, shared) == nil {
 			return nil, fmt.Errorf("pgfence: advisory: lock %v: %w", key, err)
 		}
 		// Otherwise the session's state is unknown: drop it with its

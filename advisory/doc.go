@@ -223,7 +223,11 @@
 // wraps ctx's cause too (a WaitTimeout end still matches
 // pgfence.ErrNotAcquired and context.DeadlineExceeded). A lock is only
 // handed out while held: a grant whose session failed before the acquire
-// could return it is retried like a transient error.
+// could return it is retried like a transient error. A lock session that
+// reached a read-only server (a standby, through a load balancer or a URL
+// without target_session_attrs=read-write) gets no lock there, since a
+// standby refuses the token draw (SQLSTATE 25006): the session is dropped
+// and the acquire retries on a new one, which may reach the primary.
 //
 // What a holder sees during a failover: its session locks are lost, since
 // they lived on the old primary's sessions. A server that shuts down

@@ -205,3 +205,46 @@ func TestAcquireLeavesADialThatHangs(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, lk.Release(ctx))
 }
+
+// TestLossOnNetworkCut blackholes the network between a holder and the
+// server (a proxy drops every byte, the connection stays open), with the
+// default SessionCheckInterval and QueryTimeout: the holder is told when
+// its session check times out, and logs how long that took. A holder on a
+// direct connection to the same server (the control) keeps its lock.
+func TestLossOnNetworkCut(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	cc, err := pgx.ParseConfig(db.TCPURL)
+	require.NoError(t, err)
+	proxy, err := chaos.NewProxy(net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = proxy.Close() })
+	pool := db.NewTCPPool(t, func(c *pgxpool.Config) {
+		c.ConnConfig.Host, c.ConnConfig.Port, c.ConnConfig.Fallbacks = "127.0.0.1", uint16(proxy.Port()), nil
+	})
+	l := newLocker(t, pool, &advisory.Config{ApplicationName: "pgfence-cut"})
+	direct := newLocker(t, db.Pool, nil)
+
+	lk, err := l.TryAcquire(ctx, "cut", nil)
+	require.NoError(t, err)
+	control, err := direct.TryAcquire(ctx, "direct", nil)
+	require.NoError(t, err)
+	cut := time.Now()
+	proxy.Blackhole(true)
+	waitDone(t, lk)
+	t.Logf("the holder learned of the loss %v after the network was cut (SessionCheckInterval %v + QueryTimeout %v at most)",
+		time.Since(cut).Round(time.Millisecond), advisory.DefaultSessionCheckInterval, advisory.DefaultQueryTimeout)
+	require.ErrorIs(t, lk.Err(), pgfence.ErrLeaseLost)
+	require.ErrorContains(t, lk.Err(), "liveness check failed")
+	require.NoError(t, control.Err(), "the control's session is unaffected")
+	proxy.Blackhole(false)
+
+	// The client closed its side; the proxy passes the close on, and the
+	// server frees the lock.
+	lkO, err := direct.Acquire(ctx, "cut", &pgfence.AcquireOpts{WaitTimeout: 30 * time.Second})
+	require.NoError(t, err)
+	require.Greater(t, lkO.Token(), lk.Token())
+	require.NoError(t, lkO.Release(ctx))
+	require.NoError(t, control.Release(ctx))
+}

@@ -232,20 +232,21 @@
 // What a holder sees during a failover: its session locks are lost, since
 // they lived on the old primary's sessions. A server that shuts down
 // (switchover, fast shutdown), whose postmaster dies, or that terminates
-// the backend ends the sessions itself, and the watchdog, which looks at
-// idle sessions' sockets every 50ms between its checks, notices at once
-// (26-130ms after the shutdown, the postmaster's SIGKILL or
-// pg_terminate_backend began, on a throwaway cluster); a server that
-// vanishes silently (node crash, network cut) is noticed when the next
-// session check times out, within [Config].SessionCheckInterval +
-// QueryTimeout (4s with the defaults). Either way the holder learns before
-// a failover manager can promote a new primary (Patroni waits for its
-// leader key's ttl, 30s by default, after a crash; a switchover first
-// shuts the old primary down). [Lease.Done] closes, [Lease.Err] matches
-// pgfence.ErrLeaseLost, and the lock is never re-acquired for the holder:
-// it must acquire again, and gets a new, larger token. Point the pool at
-// the primary only (target_session_attrs=read-write in a multi-host URL),
-// with a connect_timeout, so new sessions find the new primary.
+// the backend ends the sessions itself; the watchdog, which looks at idle
+// sessions' sockets every 50ms between its checks, notices within about
+// that and a round trip. A server that vanishes silently (node crash,
+// network cut) is noticed when the next session check times out, within
+// [Config].SessionCheckInterval + QueryTimeout (4s with the defaults).
+// Either way the holder is normally told before a failover manager has
+// promoted a new primary (Patroni waits out its leader key's ttl, 30s by
+// default, after a crash, and shuts the old primary down before a
+// switchover), but that is not guaranteed (a process paused meanwhile,
+// settings with a shorter ttl): fence the protected writes with the token.
+// [Lease.Done] closes, [Lease.Err] matches pgfence.ErrLeaseLost, and the
+// lock is never re-acquired for the holder: it must acquire again, and
+// gets a new, larger token. Point the pool at the primary only
+// (target_session_attrs=read-write in a multi-host URL), with a
+// connect_timeout, so that new sessions find the new primary.
 //
 // # Release failures
 //

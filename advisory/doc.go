@@ -303,7 +303,9 @@
 //     Close), with the values of the ctx that acquired it.
 //   - Released: from [Lease.Release] (and Do's release), with Err set when
 //     the unlock failed (see Release failures). Every lock handed out ends
-//     with exactly one Released or Lost.
+//     with exactly one Released or Lost. As Lost comes from the delivery
+//     goroutine, a lock lost just as its acquire returned may have its
+//     Lost delivered before its Acquired.
 //   - ListenLost and ListenRestored: once per outage of the LISTEN
 //     connection (see Waiting), not when it is closed for lack of waiters;
 //     ListenLost's Err only says that it ended (the cause is logged).

@@ -138,10 +138,10 @@ func (l *Lease) Context() context.Context { return l.ctx }
 // database outage (a transient error: connection lost or timed out, the
 // server shutting down) the error matches pgfence.ErrUnavailable too and
 // wraps the cause. After a timeout the server may hold the lock until it
-// notices the closed connection (Config.TCPUserTimeout, or the
-// keepalives); see Release failures in the package documentation for what
-// the Locker does about that. Calling Release again, or concurrently, or
-// on a nil *Lease, returns nil.
+// notices the closed connection (at worst when Config.TCPUserTimeout or
+// the keepalives give up on the client); see Release failures in the
+// package documentation for why nothing is retried. Calling Release
+// again, or concurrently, or on a nil *Lease, returns nil.
 func (l *Lease) Release(ctx context.Context) error {
 	if l == nil {
 		return nil

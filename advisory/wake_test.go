@@ -17,12 +17,9 @@ import (
 // Wake-up tests make a waiter's polls rare: its first pause is 8s (4-8s
 // with the jitter) and MaxPollInterval 10s, so after its first failed
 // attempt it does not poll again within its WaitTimeout of 3s. It can only
-// acquire within that bound when a notification wakes it. (A first pause
-// of 6s, 3-6s, left the poll timer a margin of only the first attempt's
-// duration plus the jitter over the WaitTimeout, which can be near zero:
-// on a loaded machine the WaitTimeout's timer, whose cancellation runs on
-// a goroutine of its own, then lost the race now and then, and the waiter
-// polled and got the lock.)
+// acquire within that bound when a notification wakes it. (With a first
+// pause of 6s, 3-6s, the poll timer cleared the WaitTimeout only by the
+// first attempt's duration plus a jitter that can be near zero.)
 const (
 	wakeFirstPause  = 8 * time.Second
 	wakeMaxPoll     = 10 * time.Second

@@ -13,6 +13,7 @@ import (
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/events"
 	"github.com/pgfence/pgfence/internal/hold"
+	"github.com/pgfence/pgfence/internal/retry"
 )
 
 // sessionSetupSQL runs once on a new lock session. It returns the backend's
@@ -402,7 +403,13 @@ func (k *Locker) failSession(ctx context.Context, s *session, cause error, relea
 	}
 	clear(s.locks)
 	close(s.stop)
+	listener := k.listener
 	k.mu.Unlock()
+	if !errors.Is(cause, pgfence.ErrClosed) && retry.Transient(cause) {
+		// The server may be gone for the LISTEN connection too: have it
+		// checked now rather than at its next periodic check.
+		listener.Suspect()
+	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.cfg.QueryTimeout)
 	defer cancel()
 	if errors.Is(cause, pgfence.ErrClosed) {

@@ -52,6 +52,32 @@ func (alreadyHeldError) Is(target error) bool { return target == ErrNotAcquired 
 // stop; writes it still makes are rejected by fencing.
 var ErrLeaseLost = errors.New("pgfence: lock was lost")
 
+// The causes of a loss, for code and metrics that tell them apart (the
+// Cause of a [Lost] event, [Lease].Err, the cause of a Lease's Context).
+// Each also matches [ErrLeaseLost]. A loss because the Locker was closed
+// matches [ErrClosed] instead.
+var (
+	// ErrLeaseExpired: no renewal succeeded before the lock's local
+	// deadline (the database was unreachable or too slow, or the holder
+	// was paused), so the holder gave the lock up.
+	ErrLeaseExpired error = lossError("pgfence: lock was lost: not renewed before its local deadline")
+	// ErrLeaseTakenOver: the database no longer holds the lock for this
+	// grant: it expired there, another owner took it, or an operator
+	// force-released it.
+	ErrLeaseTakenOver error = lossError("pgfence: lock was lost: no longer held in the database")
+	// ErrSessionEnded: the database session that held the lock ended
+	// (session advisory locks), and every lock of the session with it.
+	ErrSessionEnded error = lossError("pgfence: lock was lost: its database session ended")
+)
+
+// lossError is the type of the causes of a loss: each matches
+// ErrLeaseLost.
+type lossError string
+
+func (e lossError) Error() string { return string(e) }
+
+func (e lossError) Is(target error) bool { return target == ErrLeaseLost }
+
 // ErrNotHeld is returned when releasing or renewing a lock that the caller
 // does not hold (any more): it was lost, or it was never acquired by this
 // owner. Nothing is changed in the database.

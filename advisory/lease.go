@@ -111,8 +111,9 @@ func (l *Lease) Token() int64 { return l.token }
 func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 
 // Err returns nil while the lock is held. Once it is lost, including when
-// the Locker is closed, it returns an error matching pgfence.ErrLeaseLost
-// (and pgfence.ErrClosed for a closed Locker). After a successful
+// the Locker is closed, it returns an error matching pgfence.ErrLeaseLost,
+// and pgfence.ErrSessionEnded when its session ended or pgfence.ErrClosed
+// for a closed Locker. After a successful
 // [Lease.Release] it returns an error matching pgfence.ErrNotHeld.
 func (l *Lease) Err() error { return context.Cause(l.ctx) }
 

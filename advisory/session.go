@@ -385,7 +385,7 @@ func (k *Locker) failSession(ctx context.Context, s *session, cause error, relea
 	}
 	s.dead = true
 	k.removeSessionLocked(s)
-	lostCause := fmt.Errorf("%w: advisory session (backend pid %d) ended: %w", pgfence.ErrLeaseLost, s.pid, cause)
+	lostCause := fmt.Errorf("%w: advisory session (backend pid %d): %w", pgfence.ErrSessionEnded, s.pid, cause)
 	n := len(s.locks)
 	now := time.Now()
 	// Tell the holders first, then close: when the session is still alive

@@ -78,6 +78,8 @@ type config struct {
 	AdvisoryLocks    int
 	CallBatches      int
 	CallCycles       int
+	ObserveBatches   int
+	ObserveClients   int
 	CPUProfile       string
 }
 
@@ -89,7 +91,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.DurationVar(&c.Duration, "duration", 0, "measured time per point (default 5s, 1s with -quick)")
 	fs.DurationVar(&c.Warmup, "warmup", 0, "unmeasured warm-up per point (default 1s, 250ms with -quick)")
 	fs.StringVar(&clients, "clients", "1,4,16,64", "client counts of the uncontended scenario")
-	fs.StringVar(&scenarios, "scenarios", "1,2,3,4,5,6,7,8", "scenarios to run")
+	fs.StringVar(&scenarios, "scenarios", "1,2,3,4,5,6,7,8,9", "scenarios to run")
 	fs.StringVar(&sysList, "systems", "", "comma-separated system names to run (default all)")
 	fs.StringVar(&c.DatabaseURL, "database", "", "a disposable, empty PostgreSQL database to use instead of starting a cluster; pgfence migrations are applied")
 	fs.StringVar(&c.AppRole, "app-role", "", "connect pgfence's lockers (and raw-advisory-token) as this role, granted only what migrations.Grant grants; created in the benchmark's own cluster, must exist with -database (default: the owner that migrated)")
@@ -120,6 +122,8 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&c.AdvisoryLocks, "advisory-locks", 10_000, "session locks one advisory Locker holds in scenario 7")
 	fs.IntVar(&c.CallBatches, "call-batches", 0, "batches per path in the security-cost scenario, alternating between the paths (default 20, 6 with -quick)")
 	fs.IntVar(&c.CallCycles, "call-cycles", 200, "cycles per batch in the security-cost scenario")
+	fs.IntVar(&c.ObserveBatches, "observe-batches", 0, "batches of the observer-cost scenario, each running every observer arm at once for -duration (default 10, 4 with -quick)")
+	fs.IntVar(&c.ObserveClients, "observe-clients", 4, "clients of each arm of the observer-cost scenario")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a Go CPU profile of the whole run (benchmark clients and libraries) to this file")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -154,6 +158,12 @@ func parseFlags(args []string) (*config, error) {
 			c.CallBatches = 6
 		}
 	}
+	if c.ObserveBatches == 0 {
+		c.ObserveBatches = 10
+		if c.Quick {
+			c.ObserveBatches = 4
+		}
+	}
 	if c.Rounds == 0 {
 		c.Rounds = 3
 		if c.Quick {
@@ -174,7 +184,7 @@ func parseFlags(args []string) (*config, error) {
 		return nil, fmt.Errorf("-scenarios: %w", err)
 	}
 	for _, s := range c.Scenarios {
-		if s < 1 || s > 8 {
+		if s < 1 || s > 9 {
 			return nil, fmt.Errorf("-scenarios: no scenario %d", s)
 		}
 	}
@@ -191,7 +201,8 @@ func parseFlags(args []string) (*config, error) {
 		{"-contended-names", c.ContendedNames}, {"-write-clients", c.WriteClients},
 		{"-scale-clients", c.ScaleClients}, {"-scale-names", c.ScaleNames}, {"-rounds", c.Rounds},
 		{"-renewal-leases", c.RenewalLeases}, {"-advisory-locks", c.AdvisoryLocks},
-		{"-call-batches", c.CallBatches}, {"-call-cycles", c.CallCycles}} {
+		{"-call-batches", c.CallBatches}, {"-call-cycles", c.CallCycles},
+		{"-observe-batches", c.ObserveBatches}, {"-observe-clients", c.ObserveClients}} {
 		if v.n < 1 {
 			return nil, fmt.Errorf("%s must be at least 1", v.name)
 		}
@@ -342,7 +353,7 @@ func run(ctx context.Context, cfg *config) error {
 
 	scenarios := map[int]func(context.Context) error{
 		1: r.uncontended, 2: r.handover, 3: r.contended, 4: r.fencedWrites, 5: r.scale,
-		6: r.renewal, 7: r.advisoryScale, 8: r.securityCost,
+		6: r.renewal, 7: r.advisoryScale, 8: r.securityCost, 9: r.observeCost,
 	}
 	for _, n := range cfg.Scenarios {
 		f, ok := scenarios[n]

@@ -116,9 +116,11 @@ func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 func (l *Lease) Context() context.Context { return l.ctx }
 
 // Err returns nil while the lease is held; after it was lost, an error
-// matching [pgfence.ErrLeaseLost] that says why (also matching
-// [pgfence.ErrClosed] when the Locker was closed); after a Release, an error
-// matching [pgfence.ErrNotHeld].
+// matching [pgfence.ErrLeaseLost] that says why, and matches the cause:
+// [pgfence.ErrLeaseExpired] (no renewal before the local deadline),
+// [pgfence.ErrLeaseTakenOver] (the database no longer holds it for this
+// token) or [pgfence.ErrClosed] (the Locker was closed); after a Release,
+// an error matching [pgfence.ErrNotHeld].
 func (l *Lease) Err() error { return context.Cause(l.ctx) }
 
 var errReleased = fmt.Errorf("pgfence: leasetable: lease was released: %w", pgfence.ErrNotHeld)
@@ -387,7 +389,7 @@ func (k *Locker) checkDeadline(l *Lease) {
 	}
 	k.endLocked(l, stateLost, fmt.Errorf(
 		"pgfence: leasetable: lease %q (token %d): no successful renewal before the local deadline: %w",
-		l.name, l.token, pgfence.ErrLeaseLost))
+		l.name, l.token, pgfence.ErrLeaseExpired))
 }
 
 // releaseSQL gives a batch of leases up (%[1]s is the schema) through

@@ -217,7 +217,7 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease, own bool) (lost map[
 			lost[l] = true
 			k.endLocked(l, stateLost, fmt.Errorf(
 				"pgfence: leasetable: lease %q (token %d) is no longer held in the database (expired or taken over): %w",
-				l.name, l.token, pgfence.ErrLeaseLost))
+				l.name, l.token, pgfence.ErrLeaseTakenOver))
 		}
 	}
 	return lost, err

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -28,6 +29,10 @@ type App struct {
 	// StdinIsTerminal reports whether Stdin is an interactive terminal; a
 	// destructive command asks for confirmation only on a terminal.
 	StdinIsTerminal func() bool
+
+	logFormat string       // --log-format: logText or logJSON
+	command   string       // the running command's name, for the log
+	log       *slog.Logger // see logger
 }
 
 // Main runs the pgfence command with the process's arguments and standard
@@ -113,6 +118,13 @@ Schema:
   Every command takes --schema NAME (default pgfence), the schema pgfence is
   installed in; every statement names it.
 
+Logging:
+  --log-format text|json, before or after the command name, sets the format
+  of every diagnostic on standard error, pgfence's own and the library's:
+  "pgfence COMMAND: message" lines (text, the default) or one JSON object a
+  line with time, level, msg, command and fields (json). Results on standard
+  output keep their own format (see ls --json, prune --json).
+
 %s
 Run 'pgfence <command> --help' for a command's flags and examples.
 `
@@ -129,6 +141,12 @@ func (a *App) mainHelp() string {
 // Run runs the command line args (without the program name) and returns
 // the exit code.
 func (a *App) Run(ctx context.Context, args []string) int {
+	format, args, err := splitLogFormat(args)
+	if err != nil {
+		a.logFormat = logText
+		return a.exit("", err)
+	}
+	a.logFormat = format
 	if len(args) == 0 {
 		fmt.Fprint(a.Stderr, a.mainHelp())
 		return ExitUsage
@@ -149,6 +167,7 @@ func (a *App) Run(ctx context.Context, args []string) int {
 	}
 	for _, c := range commands() {
 		if c.name == name {
+			a.command, a.log = name, nil
 			return a.exit(name, c.run(a, ctx, rest))
 		}
 	}
@@ -156,19 +175,25 @@ func (a *App) Run(ctx context.Context, args []string) int {
 		return supervise.Serve(rest)
 	}
 	if name == demoWorkerCommand {
+		a.command, a.log = name, nil
 		return a.exit(name, a.demoWorker(ctx, rest))
 	}
-	fmt.Fprintf(a.Stderr, "pgfence: unknown command %q\nRun 'pgfence --help' for the list of commands.\n", name)
+	a.sayUsage(ctx, fmt.Sprintf("unknown command %q", name), "Run 'pgfence --help' for the list of commands.")
 	return ExitUsage
 }
 
 // errAborted is returned when the user declines a confirmation.
 var errAborted = errors.New("aborted; nothing was changed")
 
-// exit reports err on standard error and maps it to an exit code.
+// exit reports err on standard error, in the log format, and maps it to
+// an exit code.
 func (a *App) exit(name string, err error) int {
 	var uerr *usageError
 	var xerr *exitError
+	ctx := context.Background()
+	if a.command != name || a.log == nil {
+		a.command, a.log = name, nil
+	}
 	switch {
 	case err == nil:
 		return ExitOK
@@ -176,16 +201,31 @@ func (a *App) exit(name string, err error) int {
 		return ExitOK
 	case errors.As(err, &xerr):
 		if xerr.err != nil {
-			fmt.Fprintf(a.Stderr, "pgfence %s: %v\n", name, xerr.err)
+			a.say(ctx, slog.LevelError, xerr.err.Error(), slog.Int("exit_code", xerr.code))
 		}
 		return xerr.code
 	case errors.As(err, &uerr):
-		fmt.Fprintf(a.Stderr, "pgfence %s: %v\nRun 'pgfence %s --help' for usage.\n", name, err, name)
+		hint := "Run 'pgfence --help' for usage."
+		if name != "" {
+			hint = fmt.Sprintf("Run 'pgfence %s --help' for usage.", name)
+		}
+		a.sayUsage(ctx, err.Error(), hint)
 		return ExitUsage
 	default:
-		fmt.Fprintf(a.Stderr, "pgfence %s: %v\n", name, err)
+		a.say(ctx, slog.LevelError, err.Error(), slog.Int("exit_code", ExitFailure))
 		return ExitFailure
 	}
+}
+
+// sayUsage reports a usage error and the hint that follows it: on a line
+// of its own in text, as the hint field in JSON.
+func (a *App) sayUsage(ctx context.Context, msg, hint string) {
+	if a.logFormat == logJSON {
+		a.say(ctx, slog.LevelError, msg, slog.String("hint", hint), slog.Int("exit_code", ExitUsage))
+		return
+	}
+	a.say(ctx, slog.LevelError, msg)
+	fmt.Fprintln(a.Stderr, hint)
 }
 
 // parseOrHelp parses args with f; on --help it prints help (the command's

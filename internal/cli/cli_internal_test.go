@@ -71,10 +71,11 @@ func TestFlagsHelp(t *testing.T) {
 	f.String(&db, "", "database", "URL", "where")
 	f.Duration(&wait, "w", "wait", "how long")
 	require.Equal(t, `Flags:
-  -y, --yes            do not ask
-      --database URL   where
-  -w, --wait DURATION  how long (default 5s)
-  -h, --help           show this help
+  -y, --yes                do not ask
+      --database URL       where
+  -w, --wait DURATION      how long (default 5s)
+      --log-format FORMAT  `+logFormatUsage+` (default text)
+  -h, --help               show this help
 `, f.help())
 }
 

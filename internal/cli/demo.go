@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -144,7 +145,7 @@ func (a *App) demo(ctx context.Context, args []string) (err error) {
 	if d.pool, err = newPool(ctx, database, "pgfence demo", 2); err != nil {
 		return err
 	}
-	if d.locker, err = leasetable.New(ctx, d.pool, &leasetable.Config{Schema: schema, DisableListen: true}); err != nil {
+	if d.locker, err = leasetable.New(ctx, d.pool, &leasetable.Config{Schema: schema, DisableListen: true, Logger: d.a.logger()}); err != nil {
 		return explainSchemaError(err, schema)
 	}
 	d.say("demo", "pgfence migrations applied in schema %s; pgfence_demo.accounts: account %d, balance %d, fence_token 0",
@@ -403,7 +404,7 @@ func (d *demoRun) cleanup(ctx context.Context) {
 	}
 	if d.userDB && d.prepared {
 		if err := demo.Drop(ctx, d.url); err != nil {
-			fmt.Fprintf(d.a.Stderr, "pgfence demo: cleaning up: %v (drop the schema pgfence_demo by hand)\n", err)
+			d.a.say(ctx, slog.LevelWarn, fmt.Sprintf("cleaning up: %v (drop the schema pgfence_demo by hand)", err))
 		}
 		d.say("demo", "cleaned up: dropped schema pgfence_demo; the released lease row %s stays until 'pgfence prune'", demoLease)
 	}

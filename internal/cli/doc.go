@@ -78,6 +78,23 @@
 // processes that leave the tree, but need a delegated cgroup, which a cron
 // job or a shell rarely has; they are not used.
 //
+// # Diagnostics: one log format, and events
+//
+// Everything pgfence writes to standard error goes through one slog.Logger
+// per command (App.logger), in the format --log-format chooses: text
+// ("pgfence COMMAND: message" lines, the library's attributes in
+// parentheses) or json (slog's JSON handler: time, level, msg, command and
+// fields). The Lockers the commands make log to it, and the CLI's own lines
+// use it too (App.say: in text the message says everything, in json the
+// details are fields as well). --log-format is global: splitLogFormat takes
+// it out of the arguments, before "--", wherever it is. Results on standard
+// output and the help are not log lines and keep their format.
+//
+// run's report of a lost lease comes from the lease's pgfence.Lost event
+// (runEvents, its Locker's Observer): how long the lease was held and why
+// it ended (pgfence.ErrLeaseTakenOver, ErrLeaseExpired), rather than from
+// parsing anything.
+//
 // # Database
 //
 // The database comes from --database, else DATABASE_URL, else the standard

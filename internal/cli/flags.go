@@ -131,6 +131,9 @@ func (f *flags) help() string {
 		names[i] = n
 		width = max(width, len(n))
 	}
+	// --log-format is global (splitLogFormat), listed with every command.
+	logName := "    --" + logFormatFlag + " FORMAT"
+	width = max(width, len(logName))
 	for i, s := range f.specs {
 		u := s.usage
 		if s.def != "" {
@@ -138,6 +141,7 @@ func (f *flags) help() string {
 		}
 		fmt.Fprintf(&b, "  %-*s  %s\n", width, names[i], u)
 	}
+	fmt.Fprintf(&b, "  %-*s  %s (default %s)\n", width, logName, logFormatUsage, logText)
 	fmt.Fprintf(&b, "  %-*s  %s\n", width, "-h, --help", "show this help")
 	return b.String()
 }

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"log/slog"
 
 	"github.com/jackc/pgx/v5"
 
@@ -140,7 +141,8 @@ func (a *App) migrateAction(ctx context.Context, action string, t migrations.Tar
 				"then set %s.%s.dirty to false", v, pgx.Identifier{cfg.Schema}.Sanitize(), migrations.Table)
 		}
 		if v < latest {
-			fmt.Fprintf(a.Stderr, "pgfence migrate: migrations are pending: run 'pgfence migrate up --schema %s'\n", cfg.Schema)
+			a.say(ctx, slog.LevelWarn, fmt.Sprintf("migrations are pending: run 'pgfence migrate up --schema %s'", cfg.Schema),
+				slog.Int("version", int(v)), slog.Int("latest", int(latest)))
 		}
 	}
 	return nil

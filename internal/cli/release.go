@@ -88,7 +88,7 @@ func (a *App) release(ctx context.Context, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	locker, err := leasetable.New(ctx, pool, &leasetable.Config{Schema: schema, DisableListen: true})
+	locker, err := leasetable.New(ctx, pool, &leasetable.Config{Schema: schema, DisableListen: true, Logger: a.logger()})
 	if err != nil {
 		return explainSchemaError(err, schema)
 	}

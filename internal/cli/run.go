@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -231,8 +230,9 @@ func supervisorArgv() ([]string, error) {
 // then SIGKILL after grace. sup, if not nil, starts the supervisor process
 // between pgfence and the command (supervisorArgv). stopWatch stops
 // watchForLoss before the release. The lease is released when the command
-// ends.
-func (a *App) superviseUnderLease(lease pgfence.Lease, argv []string, sigs <-chan os.Signal, grace time.Duration, sup []string, stopWatch func()) int {
+// ends. A loss is reported from its Lost event (how long the lease was
+// held, and why), which events delivers.
+func (a *App) superviseUnderLease(lease pgfence.Lease, argv []string, sigs <-chan os.Signal, grace time.Duration, sup []string, stopWatch func(), events *runEvents) int {
 	res, err := supervise.Run(&supervise.Config{
 		Path:   argv[0],
 		Args:   argv[1:],
@@ -248,28 +248,44 @@ func (a *App) superviseUnderLease(lease pgfence.Lease, argv []string, sigs <-cha
 	stopWatch() // our own release notifies too
 	relErr := a.releaseAfterRun(lease, lostErr != nil)
 
+	ctx := context.Background()
+	leaseAttrs := []slog.Attr{slog.String("lease", lease.Name()), slog.Int64("token", lease.Token())}
+	var lost string // "lost after 2.5s: CAUSE", from the Lost event
+	if lostErr != nil {
+		ev, ok := events.lost(lease)
+		if ok {
+			lostErr = ev.Cause
+			lost = fmt.Sprintf("was lost after %v: %v", ev.HeldFor.Round(time.Millisecond), ev.Cause)
+			leaseAttrs = append(leaseAttrs, slog.Float64("held_for_seconds", ev.HeldFor.Seconds()))
+		} else {
+			lost = fmt.Sprintf("was lost: %v", lostErr)
+		}
+	}
 	switch {
 	case errors.Is(err, supervise.ErrNotFound):
-		fmt.Fprintf(a.Stderr, "pgfence run: %v\n", err)
+		a.say(ctx, slog.LevelError, err.Error(), slog.Int("exit_code", ExitNotFound))
 		return ExitNotFound
 	case errors.Is(err, supervise.ErrNotExecutable):
-		fmt.Fprintf(a.Stderr, "pgfence run: %v\n", err)
+		a.say(ctx, slog.LevelError, err.Error(), slog.Int("exit_code", ExitCannotExecute))
 		return ExitCannotExecute
 	case err != nil:
-		fmt.Fprintf(a.Stderr, "pgfence run: %v\n", err)
+		a.say(ctx, slog.LevelError, err.Error(), slog.Int("exit_code", ExitRunFailure))
 		return ExitRunFailure
 	case res.Lost:
-		fmt.Fprintf(a.Stderr, "pgfence run: lease %q (token %d) was lost: %v; the command was terminated (%s)\n",
-			lease.Name(), lease.Token(), lostErr, res.Exit)
+		a.say(ctx, slog.LevelError, fmt.Sprintf("lease %q (token %d) %s; the command was terminated (%s)",
+			lease.Name(), lease.Token(), lost, res.Exit),
+			append(leaseAttrs, slog.String("cause", lostErr.Error()), slog.String("command_exit", res.Exit.String()), slog.Int("exit_code", ExitLeaseLost))...)
 		return ExitLeaseLost
 	case lostErr != nil:
 		// Lost as the command ended: its last moments were not protected.
-		fmt.Fprintf(a.Stderr, "pgfence run: lease %q (token %d) was lost as the command ended (%s): %v\n",
-			lease.Name(), lease.Token(), res.Exit, lostErr)
+		a.say(ctx, slog.LevelError, fmt.Sprintf("lease %q (token %d) %s, as the command ended (%s)",
+			lease.Name(), lease.Token(), lost, res.Exit),
+			append(leaseAttrs, slog.String("cause", lostErr.Error()), slog.String("command_exit", res.Exit.String()), slog.Int("exit_code", ExitLeaseLost))...)
 		return ExitLeaseLost
 	case relErr != nil:
-		fmt.Fprintf(a.Stderr, "pgfence run: the command ended (%s), but releasing lease %q failed: %v; it expires after its TTL\n",
-			res.Exit, lease.Name(), relErr)
+		a.say(ctx, slog.LevelError, fmt.Sprintf("the command ended (%s), but releasing lease %q failed: %v; it expires after its TTL",
+			res.Exit, lease.Name(), relErr),
+			append(leaseAttrs, slog.String("error", relErr.Error()), slog.String("command_exit", res.Exit.String()), slog.Int("exit_code", ExitRunFailure))...)
 		return ExitRunFailure
 	}
 	return res.Exit.Status()
@@ -382,8 +398,10 @@ func (a *App) run(ctx context.Context, args []string) error {
 		}
 		return exitWith(ExitRunFailure, err)
 	}
-	logger := runLogger(a.Stderr)
+	logger := a.logger()
+	events := newRunEvents()
 	locker, err := leasetable.New(ctx, pool, &leasetable.Config{
+		Observer:     events,
 		Schema:       o.schema,
 		TTL:          ttl,
 		SafetyMargin: margin,
@@ -406,11 +424,53 @@ func (a *App) run(ctx context.Context, args []string) error {
 		return exitWith(ExitRunFailure, err)
 	}
 	stopWatch := watchForLoss(pool, lease, logger, ttl)
-	status := a.superviseUnderLease(lease, o.argv, sigs, grace, sup, stopWatch)
+	status := a.superviseUnderLease(lease, o.argv, sigs, grace, sup, stopWatch, events)
 	if status != ExitOK {
 		return exitWith(status, nil)
 	}
 	return nil
+}
+
+// lostEventWait bounds the wait for the Lost event of a lease whose loss
+// has been seen (its Done closed): the event is queued as the lease ends
+// and delivered by the Locker's own goroutine, at once unless the machine
+// is starved; without it the loss is reported from Lease.Err alone.
+const lostEventWait = 2 * time.Second
+
+// runEvents is run's Observer: it keeps the Lost event of run's lease, for
+// the report of the loss.
+type runEvents struct {
+	lostCh chan pgfence.Lost
+	wait   time.Duration // how long lost waits for the event
+}
+
+func newRunEvents() *runEvents {
+	return &runEvents{lostCh: make(chan pgfence.Lost, 1), wait: lostEventWait}
+}
+
+func (r *runEvents) Observe(_ context.Context, e pgfence.Event) {
+	if l, ok := e.(pgfence.Lost); ok {
+		select {
+		case r.lostCh <- l:
+		default: // run holds one lease: a second loss cannot be its own
+		}
+	}
+}
+
+// lost returns the Lost event of lease, waiting for it at most r.wait; a
+// nil r has none.
+func (r *runEvents) lost(lease pgfence.Lease) (pgfence.Lost, bool) {
+	if r == nil {
+		return pgfence.Lost{}, false
+	}
+	t := time.NewTimer(r.wait)
+	defer t.Stop()
+	select {
+	case ev := <-r.lostCh:
+		return ev, ev.Name == lease.Name() && ev.Token == lease.Token()
+	case <-t.C:
+		return pgfence.Lost{}, false
+	}
 }
 
 // cleanupTimeout bounds closing the Locker and the pool once the command
@@ -432,7 +492,7 @@ func (a *App) closeBounded(locker *leasetable.Locker, pool *pgxpool.Pool) {
 	select {
 	case <-done:
 	case <-t.C:
-		fmt.Fprintf(a.Stderr, "pgfence run: closing the database connections took longer than %v; exiting without waiting\n", cleanupTimeout)
+		a.say(context.Background(), slog.LevelWarn, fmt.Sprintf("closing the database connections took longer than %v; exiting without waiting", cleanupTimeout))
 	}
 }
 
@@ -476,7 +536,7 @@ func watchForLoss(pool *pgxpool.Pool, lease pgfence.Lease, logger *slog.Logger, 
 		CheckInterval: max(ttl/3, time.Second),
 		CheckTimeout:  min(max(ttl/3, time.Second), lossCheckTimeout),
 		Logger:        logger,
-		LogPrefix:     "pgfence run: lease watch",
+		LogPrefix:     "lease watch",
 		Notify: func(name string) {
 			if name == lease.Name() {
 				check()
@@ -574,67 +634,6 @@ func (a *App) conflict(ctx context.Context, locker *leasetable.Locker, o *runOpt
 	}
 	return fmt.Errorf("lease %q %s (holder %q, token %d, expires %s); the command was not run",
 		o.name, how, info.Owner, info.Token, info.ExpiresAt.Local().Format(time.RFC3339))
-}
-
-// runLogger logs leasetable's warnings (failed renewals, a lost lease) to
-// w in the format of run's own lines: "pgfence run: MESSAGE (key=value
-// ...)", one a line, without timestamps or levels.
-func runLogger(w io.Writer) *slog.Logger {
-	return slog.New(&lineHandler{w: w, prefix: "pgfence run: ", mu: &sync.Mutex{}})
-}
-
-// lineHandler is a slog.Handler writing "PREFIX MESSAGE (ATTRS)" lines for
-// warnings and errors; ATTRS are in slog's text form.
-type lineHandler struct {
-	w      io.Writer
-	prefix string
-	attrs  []slog.Attr
-	group  string
-	mu     *sync.Mutex
-}
-
-func (h *lineHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
-
-func (h *lineHandler) Handle(_ context.Context, r slog.Record) error {
-	var attrs strings.Builder
-	th := slog.NewTextHandler(&attrs, &slog.HandlerOptions{ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
-		if len(groups) == 0 && (a.Key == slog.TimeKey || a.Key == slog.LevelKey || a.Key == slog.MessageKey) {
-			return slog.Attr{}
-		}
-		return a
-	}})
-	var hh slog.Handler = th.WithAttrs(h.attrs)
-	if h.group != "" {
-		hh = hh.WithGroup(h.group)
-	}
-	rec := slog.NewRecord(time.Time{}, r.Level, "", 0)
-	r.Attrs(func(a slog.Attr) bool { rec.AddAttrs(a); return true })
-	if err := hh.Handle(context.Background(), rec); err != nil {
-		return err
-	}
-	line := h.prefix + r.Message
-	if a := strings.TrimSpace(attrs.String()); a != "" {
-		line += " (" + a + ")"
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	_, err := io.WriteString(h.w, line+"\n")
-	return err
-}
-
-func (h *lineHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
-	c := *h
-	c.attrs = append(append([]slog.Attr{}, h.attrs...), attrs...)
-	return &c
-}
-
-func (h *lineHandler) WithGroup(name string) slog.Handler {
-	c := *h
-	if c.group != "" {
-		name = c.group + "." + name
-	}
-	c.group = name
-	return &c
 }
 
 // runOwner is the owner id run writes into the lease row, for operators

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -132,7 +133,7 @@ func TestSuperviseUnderLease(t *testing.T) {
 			var stderr bytes.Buffer
 			a := &App{Stderr: &stderr}
 			l := newFakeLease("nightly", 42)
-			require.Equal(t, tt.status, a.superviseUnderLease(l, tt.argv, nil, time.Second, nil, func() {}))
+			require.Equal(t, tt.status, a.superviseUnderLease(l, tt.argv, nil, time.Second, nil, func() {}, nil))
 			require.Equal(t, 1, l.released, "the lease is released once")
 			require.Contains(t, stderr.String(), tt.message)
 		})
@@ -144,7 +145,7 @@ func TestSuperviseUnderLeaseEnvironment(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "env")
 	a := &App{Stderr: &bytes.Buffer{}}
 	l := newFakeLease("account:42", 1234)
-	status := a.superviseUnderLease(l, []string{"sh", "-c", `printf '%s %s' "$PGFENCE_LEASE" "$PGFENCE_TOKEN" > "$0"`, out}, nil, time.Second, nil, func() {})
+	status := a.superviseUnderLease(l, []string{"sh", "-c", `printf '%s %s' "$PGFENCE_LEASE" "$PGFENCE_TOKEN" > "$0"`, out}, nil, time.Second, nil, func() {}, nil)
 	require.Equal(t, 0, status)
 	b, err := os.ReadFile(out)
 	require.NoError(t, err)
@@ -158,19 +159,40 @@ func TestSuperviseUnderLeaseLost(t *testing.T) {
 	var stderr bytes.Buffer
 	a := &App{Stderr: &stderr}
 	l := newFakeLease("nightly", 42)
+	events := newRunEvents()
 	statusc := make(chan int, 1)
 	go func() {
 		// The command ignores SIGTERM: it takes the SIGKILL.
 		statusc <- a.superviseUnderLease(l, []string{"sh", "-c", `trap '' TERM; echo ready > "$0"; while :; do sleep 1; done`, fifo},
-			nil, 100*time.Millisecond, nil, func() {})
+			nil, 100*time.Millisecond, nil, func() {}, events)
 	}()
 	ready, err := os.ReadFile(fifo)
 	require.NoError(t, err)
 	require.Equal(t, "ready\n", string(ready))
+	// The Locker sends the Lost event as the lease ends.
+	events.Observe(context.Background(), pgfence.Lost{Lock: pgfence.Lock{Kind: pgfence.StrategyLeaseTable, Name: "nightly", Token: 42},
+		HeldFor: 1500 * time.Millisecond, Cause: fmt.Errorf("lease %q: %w", "nightly", pgfence.ErrLeaseTakenOver)})
 	l.lose()
 	require.Equal(t, ExitLeaseLost, <-statusc)
-	require.Contains(t, stderr.String(), `lease "nightly" (token 42) was lost: pgfence: lock was lost; the command was terminated (killed by signal 9 (killed))`)
+	require.Contains(t, stderr.String(), `lease "nightly" (token 42) was lost after 1.5s: lease "nightly": pgfence: lock was lost: no longer held in the database; `+
+		`the command was terminated (killed by signal 9 (killed))`)
 	require.Equal(t, 1, l.released)
+}
+
+// TestSuperviseUnderLeaseLostWithoutEvent: when the Lost event does not
+// come (an Observer's queue was full), the loss is reported from Err.
+func TestSuperviseUnderLeaseLostWithoutEvent(t *testing.T) {
+	t.Parallel()
+	var stderr bytes.Buffer
+	a := &App{Stderr: &stderr}
+	l := newFakeLease("nightly", 42)
+	l.err = pgfence.ErrLeaseLost
+	events := newRunEvents()
+	events.wait = time.Millisecond
+	// Another lease's event is not taken for this one's.
+	events.Observe(context.Background(), pgfence.Lost{Lock: pgfence.Lock{Name: "nightly", Token: 41}, HeldFor: time.Hour, Cause: pgfence.ErrLeaseExpired})
+	require.Equal(t, ExitLeaseLost, a.superviseUnderLease(l, []string{"true"}, nil, time.Second, nil, func() {}, events))
+	require.Contains(t, stderr.String(), `lease "nightly" (token 42) was lost: pgfence: lock was lost, as the command ended (exit status 0)`)
 }
 
 func TestSuperviseUnderLeaseLostAsTheCommandEnded(t *testing.T) {
@@ -179,8 +201,8 @@ func TestSuperviseUnderLeaseLostAsTheCommandEnded(t *testing.T) {
 	a := &App{Stderr: &stderr}
 	l := newFakeLease("nightly", 42)
 	l.err = pgfence.ErrLeaseLost // lost, but the command ended first
-	require.Equal(t, ExitLeaseLost, a.superviseUnderLease(l, []string{"true"}, nil, time.Second, nil, func() {}))
-	require.Contains(t, stderr.String(), "was lost as the command ended (exit status 0)")
+	require.Equal(t, ExitLeaseLost, a.superviseUnderLease(l, []string{"true"}, nil, time.Second, nil, func() {}, nil))
+	require.Contains(t, stderr.String(), "was lost: pgfence: lock was lost, as the command ended (exit status 0)")
 }
 
 func TestSuperviseUnderLeaseReleaseFails(t *testing.T) {
@@ -189,7 +211,7 @@ func TestSuperviseUnderLeaseReleaseFails(t *testing.T) {
 	a := &App{Stderr: &stderr}
 	l := newFakeLease("nightly", 42)
 	l.releaseErr = errors.New("connection refused")
-	require.Equal(t, ExitRunFailure, a.superviseUnderLease(l, []string{"true"}, nil, time.Second, nil, func() {}))
+	require.Equal(t, ExitRunFailure, a.superviseUnderLease(l, []string{"true"}, nil, time.Second, nil, func() {}, nil))
 	require.Contains(t, stderr.String(), `releasing lease "nightly" failed: connection refused; it expires after its TTL`)
 }
 
@@ -203,7 +225,7 @@ func TestSuperviseUnderLeaseForwardsSignals(t *testing.T) {
 	statusc := make(chan int, 1)
 	go func() {
 		statusc <- a.superviseUnderLease(l, []string{"sh", "-c", `trap 'exit 42' HUP; echo ready > "$0"; while :; do sleep 1; done`, fifo},
-			sigs, time.Second, nil, func() {})
+			sigs, time.Second, nil, func() {}, nil)
 	}()
 	_, err := os.ReadFile(fifo)
 	require.NoError(t, err)
@@ -279,7 +301,7 @@ func TestParseRunWaitZero(t *testing.T) {
 func TestRunLoggerFormat(t *testing.T) {
 	t.Parallel()
 	var b bytes.Buffer
-	l := runLogger(&b)
+	l := newLogger(&b, logText, "run")
 	l.Info("not shown")
 	l.With("lease", "job").Warn("pgfence: leasetable: lease lost", "token", 7, "cause", "a b")
 	l.Warn("bare")

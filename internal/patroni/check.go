@@ -1,0 +1,262 @@
+package patroni
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/pgfence/pgfence/internal/chaos"
+)
+
+// Violations are the invariant violations found in one run, by kind.
+type Violations struct {
+	// TokensTwice: a fencing token granted more than once (any names).
+	TokensTwice []string
+	// TokensNotIncreasing: per name, a later grant with a token not greater.
+	TokensNotIncreasing []string
+	// OverlappingHolds: two holders of one name that both believed they
+	// held it at the same time.
+	OverlappingHolds []string
+	// AcceptedBelowAcked: an accepted write (in the audit trail) whose
+	// token is older than that of a write of the same resource
+	// acknowledged before it was invoked. Zombie writes are counted in
+	// ZombiesAccepted instead.
+	AcceptedBelowAcked []string
+	// ZombiesAccepted: such a write made by a holder that knew it had lost
+	// its lock.
+	ZombiesAccepted []string
+	// AckedLost: an acknowledged write missing from the final audit trail.
+	AckedLost []string
+	// FailedPresent: a write recorded as certainly failed that is in the
+	// audit trail (the suite's classification would be wrong).
+	FailedPresent []string
+	// RowMismatch: a row whose value is not the number of its audit rows.
+	RowMismatch []string
+	// AdvisoryToldLate: an advisory holder still believing it held its
+	// lock when the new primary was seen writable.
+	AdvisoryToldLate []string
+}
+
+// kinds lists the violation kinds with their names, in report order.
+func (v *Violations) kinds() []struct {
+	name string
+	list *[]string
+} {
+	return []struct {
+		name string
+		list *[]string
+	}{
+		{"tokens granted twice", &v.TokensTwice},
+		{"tokens not increasing", &v.TokensNotIncreasing},
+		{"overlapping holds", &v.OverlappingHolds},
+		{"accepted writes below an acknowledged token", &v.AcceptedBelowAcked},
+		{"zombie writes accepted", &v.ZombiesAccepted},
+		{"acknowledged writes lost", &v.AckedLost},
+		{"failed writes present", &v.FailedPresent},
+		{"rows disagreeing with their audit trail", &v.RowMismatch},
+		{"advisory holders told after the new primary was writable", &v.AdvisoryToldLate},
+	}
+}
+
+// Total is the number of violations of every kind.
+func (v *Violations) Total() int {
+	n := 0
+	for _, k := range v.kinds() {
+		n += len(*k.list)
+	}
+	return n
+}
+
+// Counts is a one-line count per kind.
+func (v *Violations) Counts() string {
+	var parts []string
+	for _, k := range v.kinds() {
+		parts = append(parts, fmt.Sprintf("%s=%d", strings.ReplaceAll(k.name, " ", "_"), len(*k.list)))
+	}
+	return strings.Join(parts, " ")
+}
+
+// String lists the violations, at most max per kind.
+func (v *Violations) String() string {
+	const max = 10
+	var b strings.Builder
+	for _, k := range v.kinds() {
+		l := *k.list
+		if len(l) == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "%s: %d\n", k.name, len(l))
+		for i, s := range l {
+			if i == max {
+				fmt.Fprintf(&b, "  ... %d more\n", len(l)-max)
+				break
+			}
+			fmt.Fprintf(&b, "  %s\n", s)
+		}
+	}
+	return b.String()
+}
+
+// Check runs the invariants on a run's history, holds and final state.
+// resources maps lock names to their resource ids.
+func Check(h chaos.History, holds []Hold, final *Final, resources map[string]int) *Violations {
+	v := &Violations{}
+	v.TokensTwice = chaos.CheckTokensUnique(h)
+	v.TokensNotIncreasing = chaos.CheckTokensIncreasing(h)
+	v.OverlappingHolds = CheckOverlappingHolds(holds)
+	checkWrites(v, h, final, resources)
+	return v
+}
+
+// CheckOverlappingHolds reports every pair of holds of one name by
+// different holders that overlap: each holder believed it held the lock
+// from its Acquire's return until it learned of a loss or started to
+// release it.
+func CheckOverlappingHolds(holds []Hold) []string {
+	byName := map[string][]Hold{}
+	for _, h := range holds {
+		byName[h.Name] = append(byName[h.Name], h)
+	}
+	names := make([]string, 0, len(byName))
+	for n := range byName {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var out []string
+	for _, name := range names {
+		hs := byName[name]
+		sort.Slice(hs, func(i, j int) bool { return hs[i].From < hs[j].From })
+		for i := range hs {
+			for j := i + 1; j < len(hs) && hs[j].From < hs[i].To; j++ {
+				if hs[i].Process != hs[j].Process {
+					out = append(out, fmt.Sprintf("lock %q: p%d (token %d, from %v) and p%d (token %d, from %v) held it at once; the first held until %s",
+						name, hs[i].Process, hs[i].Token, ms(hs[i].From), hs[j].Process, hs[j].Token, ms(hs[j].From), until(hs[i].To)))
+				}
+			}
+		}
+	}
+	return out
+}
+
+// checkWrites compares the recorded writes with the audit trail.
+func checkWrites(v *Violations, h chaos.History, final *Final, resources map[string]int) {
+	writes := map[int64]chaos.Op{}
+	var acked []chaos.Op
+	for _, op := range h {
+		if op.Kind != chaos.Write {
+			continue
+		}
+		writes[op.Value] = op
+		if op.Outcome == chaos.Ok {
+			acked = append(acked, op)
+		}
+	}
+	audited := map[int64]AuditRow{}
+	count := map[int]int64{}
+	for _, a := range final.Audit {
+		audited[a.WriteID] = a
+		count[a.Resource]++
+	}
+	for _, op := range acked {
+		if _, ok := audited[op.Value]; !ok {
+			v.AckedLost = append(v.AckedLost, fmt.Sprintf("write #%d (p%d, %q, token %d, acknowledged at %v) is not in the audit trail",
+				op.Value, op.Process, op.Name, op.Token, ms(time.Duration(op.Return))))
+		}
+	}
+	// For each resource, the acknowledged writes in the order of their
+	// acknowledgement, with the newest token up to each.
+	type ack struct {
+		ret   int64
+		token int64
+		op    chaos.Op
+	}
+	acks := map[string][]ack{}
+	for _, op := range acked {
+		acks[op.Name] = append(acks[op.Name], ack{ret: op.Return, token: op.Token, op: op})
+	}
+	for name, l := range acks {
+		sort.Slice(l, func(i, j int) bool { return l[i].ret < l[j].ret })
+		for i := 1; i < len(l); i++ {
+			if l[i].token < l[i-1].token {
+				l[i].token, l[i].op = l[i-1].token, l[i-1].op
+			}
+		}
+		acks[name] = l
+	}
+	ids := make([]int64, 0, len(audited))
+	for id := range audited {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	for _, id := range ids {
+		a := audited[id]
+		op, ok := writes[id]
+		if !ok {
+			continue
+		}
+		if op.Outcome == chaos.Fail {
+			v.FailedPresent = append(v.FailedPresent, fmt.Sprintf("write #%d (p%d, %q, token %d) failed (%s) but is in the audit trail",
+				id, op.Process, op.Name, op.Token, op.Err))
+		}
+		l := acks[op.Name]
+		n := sort.Search(len(l), func(i int) bool { return l[i].ret >= op.Call })
+		if n == 0 || l[n-1].token <= a.Token {
+			continue
+		}
+		prev := l[n-1].op
+		msg := fmt.Sprintf("write #%d (p%d, %q, token %d, invoked at %v) accepted after write #%d (p%d, token %d) had been acknowledged at %v",
+			id, op.Process, op.Name, a.Token, ms(time.Duration(op.Call)), prev.Value, prev.Process, prev.Token, ms(time.Duration(prev.Return)))
+		if op.Lost {
+			v.ZombiesAccepted = append(v.ZombiesAccepted, msg)
+		} else {
+			v.AcceptedBelowAcked = append(v.AcceptedBelowAcked, msg)
+		}
+	}
+	for name, res := range resources {
+		row, ok := final.Rows[res]
+		if !ok {
+			v.RowMismatch = append(v.RowMismatch, fmt.Sprintf("resource %d (%q) has no row", res, name))
+			continue
+		}
+		if row[0] != count[res] {
+			v.RowMismatch = append(v.RowMismatch, fmt.Sprintf("resource %d (%q) has value %d but %d audit rows", res, name, row[0], count[res]))
+		}
+	}
+}
+
+// ZombieStats counts the zombie writes: attempted (each holder once, its
+// last attempt), fenced, accepted while no newer write had been
+// acknowledged (legitimately), and unknown or failed.
+type ZombieStats struct {
+	Attempts, Fenced, Accepted, Other int
+}
+
+// Zombies counts the zombie writes in h.
+func Zombies(h chaos.History) ZombieStats {
+	var z ZombieStats
+	for _, op := range h {
+		if op.Kind != chaos.Write || !op.Lost {
+			continue
+		}
+		z.Attempts++
+		switch {
+		case op.Fenced:
+			z.Fenced++
+		case op.Outcome == chaos.Ok:
+			z.Accepted++
+		default:
+			z.Other++
+		}
+	}
+	return z
+}
+
+func ms(d time.Duration) string { return d.Round(time.Millisecond).String() }
+
+func until(d time.Duration) string {
+	if d == 1<<63-1 {
+		return "the end"
+	}
+	return ms(d)
+}

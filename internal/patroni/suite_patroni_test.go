@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -215,9 +214,6 @@ func (s *suite) finish() *patroni.Violations {
 	h := s.w.History()
 	v := patroni.Check(h, s.w.Holds(), final, s.w.Resources())
 	v.AdvisoryToldLate = s.toldLate
-	if os.Getenv("HA13_DEBUG") != "" {
-		dumpLong(t, h)
-	}
 	z := patroni.Zombies(h)
 	t.Logf("patroni: run=%s grants=%d writes_acknowledged=%d writes_fenced=%d audit_rows=%d zombies=%d (fenced %d, accepted before any newer write %d, other %d)",
 		s.mode, h.Count(chaos.Acquire, chaos.Ok), h.Count(chaos.Write, chaos.Ok), fencedCount(h), len(final.Audit),
@@ -418,15 +414,5 @@ func sleep(ctx context.Context, d time.Duration) error {
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
-	}
-}
-
-
-
-func dumpLong(t *testing.T, h chaos.History) {
-	for _, op := range h {
-		if strings.HasPrefix(op.Name, "long-") && op.Kind != chaos.Write {
-			t.Logf("DEBUG %s", op)
-		}
 	}
 }

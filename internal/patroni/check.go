@@ -23,8 +23,11 @@ type Violations struct {
 	// acknowledged before it was invoked. Zombie writes are counted in
 	// ZombiesAccepted instead.
 	AcceptedBelowAcked []string
-	// ZombiesAccepted: such a write made by a holder that knew it had lost
-	// its lock.
+	// ZombiesAccepted: a write by a holder that knew it had lost its lock,
+	// accepted although a write of the same resource had been acknowledged
+	// before it was invoked with a newer token, or by a holder granted the
+	// lock after the zombie's grant (a later holder whose token, reissued,
+	// is not greater).
 	ZombiesAccepted []string
 	// AckedLost: an acknowledged write missing from the final audit trail.
 	AckedLost []string
@@ -143,7 +146,15 @@ func CheckOverlappingHolds(holds []Hold) []string {
 func checkWrites(v *Violations, h chaos.History, final *Final, resources map[string]int) {
 	writes := map[int64]chaos.Op{}
 	var acked []chaos.Op
+	type grantKey struct {
+		process int
+		token   int64
+	}
+	grants := map[grantKey]chaos.Op{}
 	for _, op := range h {
+		if op.Kind == chaos.Acquire && op.Outcome == chaos.Ok {
+			grants[grantKey{op.Process, op.Token}] = op
+		}
 		if op.Kind != chaos.Write {
 			continue
 		}
@@ -166,20 +177,23 @@ func checkWrites(v *Violations, h chaos.History, final *Final, resources map[str
 	}
 	// For each resource, the acknowledged writes in the order of their
 	// acknowledgement, with the newest token up to each.
+	// ack is an acknowledged write (op), with the newest token (and its
+	// write) among the acknowledged writes of its resource up to it.
 	type ack struct {
 		ret   int64
-		token int64
 		op    chaos.Op
+		token int64
+		maxOp chaos.Op
 	}
 	acks := map[string][]ack{}
 	for _, op := range acked {
-		acks[op.Name] = append(acks[op.Name], ack{ret: op.Return, token: op.Token, op: op})
+		acks[op.Name] = append(acks[op.Name], ack{ret: op.Return, op: op, token: op.Token, maxOp: op})
 	}
 	for name, l := range acks {
 		sort.Slice(l, func(i, j int) bool { return l[i].ret < l[j].ret })
 		for i := 1; i < len(l); i++ {
 			if l[i].token < l[i-1].token {
-				l[i].token, l[i].op = l[i-1].token, l[i-1].op
+				l[i].token, l[i].maxOp = l[i-1].token, l[i-1].maxOp
 			}
 		}
 		acks[name] = l
@@ -202,9 +216,27 @@ func checkWrites(v *Violations, h chaos.History, final *Final, resources map[str
 		l := acks[op.Name]
 		n := sort.Search(len(l), func(i int) bool { return l[i].ret >= op.Call })
 		if n == 0 || l[n-1].token <= a.Token {
+			if !op.Lost {
+				continue
+			}
+			// A zombie: was a later holder's write acknowledged first?
+			gz, ok := grants[grantKey{op.Process, op.Token}]
+			if !ok {
+				continue
+			}
+			for _, b := range l[:n] {
+				gb, ok := grants[grantKey{b.op.Process, b.op.Token}]
+				if ok && b.op.Process != op.Process && gb.Call > gz.Return {
+					v.ZombiesAccepted = append(v.ZombiesAccepted, fmt.Sprintf(
+						"zombie write #%d (p%d, %q, token %d granted at %v, invoked at %v) accepted after write #%d (p%d, token %d granted later, at %v) had been acknowledged at %v",
+						id, op.Process, op.Name, op.Token, ms(time.Duration(gz.Return)), ms(time.Duration(op.Call)),
+						b.op.Value, b.op.Process, b.op.Token, ms(time.Duration(gb.Return)), ms(time.Duration(b.op.Return))))
+					break
+				}
+			}
 			continue
 		}
-		prev := l[n-1].op
+		prev := l[n-1].maxOp
 		msg := fmt.Sprintf("write #%d (p%d, %q, token %d, invoked at %v) accepted after write #%d (p%d, token %d) had been acknowledged at %v",
 			id, op.Process, op.Name, a.Token, ms(time.Duration(op.Call)), prev.Value, prev.Process, prev.Token, ms(time.Duration(prev.Return)))
 		if op.Lost {
@@ -225,21 +257,31 @@ func checkWrites(v *Violations, h chaos.History, final *Final, resources map[str
 	}
 }
 
-// ZombieStats counts the zombie writes: attempted (each holder once, its
-// last attempt), fenced, accepted while no newer write had been
-// acknowledged (legitimately), and unknown or failed.
+// ZombieStats counts the zombies by the outcome of their last write
+// attempt: fenced, accepted (a violation only when Check says so: with no
+// later holder's write before it, a late write is what fencing allows), or
+// unknown or failed.
 type ZombieStats struct {
-	Attempts, Fenced, Accepted, Other int
+	Zombies, Fenced, Accepted, Other int
+	// Last is each zombie's last write attempt, in invocation order.
+	Last []chaos.Op
 }
 
-// Zombies counts the zombie writes in h.
+// Zombies counts the zombies in h.
 func Zombies(h chaos.History) ZombieStats {
 	var z ZombieStats
+	last := map[[2]int64]chaos.Op{}
 	for _, op := range h {
-		if op.Kind != chaos.Write || !op.Lost {
-			continue
+		if op.Kind == chaos.Write && op.Lost {
+			last[[2]int64{int64(op.Process), op.Token}] = op
 		}
-		z.Attempts++
+	}
+	for _, op := range last {
+		z.Last = append(z.Last, op)
+	}
+	sort.Slice(z.Last, func(i, j int) bool { return z.Last[i].Index < z.Last[j].Index })
+	for _, op := range z.Last {
+		z.Zombies++
 		switch {
 		case op.Fenced:
 			z.Fenced++

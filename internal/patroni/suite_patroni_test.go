@@ -166,11 +166,11 @@ func (s *suite) fault(name string, inject func(old *patroni.Node, oldIdx int) in
 	resumed := firstGrantAfter(h, writable)
 	fails, sample := acquireFailures(h, in.at, writable+time.Second)
 	told, margin := s.advisoryTold(in.at, writable, name)
-	t.Logf("patroni: fault=%s mode=%s old=%s new=%s to_new_primary=%s (became writable in (%s, %s]) no_grants=%s grants_resumed_after_writable=%s "+
+	t.Logf("patroni: fault=%s mode=%s at=%s old=%s new=%s to_new_primary=%s (became writable in (%s, %s]) no_grants=%s grants_resumed_after_writable=%s "+
 		"acquire_errors=%d listen_back=%s (%d/%d on the new primary) long_lease=%s handover=%s advisory_told_before_writable=%s (min margin %s)%s",
-		name, s.mode, old.Name, newNode.Name, secs(writable-in.at), secs(wr.Before-in.at), secs(writable-in.at),
+		name, s.mode, secs(in.at), old.Name, newNode.Name, secs(writable-in.at), secs(wr.Before-in.at), secs(writable-in.at),
 		secs(gap), secs(resumed), fails, secs(listenBack), countIn(listenNow, listen0), len(listen0),
-		longText(lr), secs(lr.HandOver), told, secs(margin), in.note)
+		longText(lr), handover(lr), told, secs(margin), in.note)
 	if sample != "" {
 		t.Logf("patroni: fault=%s first acquire error: %s", name, sample)
 	}
@@ -215,9 +215,12 @@ func (s *suite) finish() *patroni.Violations {
 	v := patroni.Check(h, s.w.Holds(), final, s.w.Resources())
 	v.AdvisoryToldLate = s.toldLate
 	z := patroni.Zombies(h)
-	t.Logf("patroni: run=%s grants=%d writes_acknowledged=%d writes_fenced=%d audit_rows=%d zombies=%d (fenced %d, accepted before any newer write %d, other %d)",
+	t.Logf("patroni: run=%s grants=%d writes_acknowledged=%d writes_fenced=%d audit_rows=%d zombies=%d (last write fenced %d, accepted %d, failed or unknown %d)",
 		s.mode, h.Count(chaos.Acquire, chaos.Ok), h.Count(chaos.Write, chaos.Ok), fencedCount(h), len(final.Audit),
-		z.Attempts, z.Fenced, z.Accepted, z.Other)
+		z.Zombies, z.Fenced, z.Accepted, z.Other)
+	for _, op := range z.Last {
+		t.Logf("zombie: %s", op)
+	}
 	t.Logf("patroni: run=%s violations=%d %s", s.mode, v.Total(), v.Counts())
 	return v
 }
@@ -397,6 +400,17 @@ func longText(r patroni.LongResult) string {
 		s += " release_failed"
 	}
 	return s
+}
+
+// handover describes the long lease's hand-over to its contender.
+func handover(r patroni.LongResult) string {
+	switch {
+	case !r.Granted:
+		return "none"
+	case r.HandOver < 0:
+		return fmt.Sprintf("%s_before_the_holder_knew", secs(-r.HandOver))
+	}
+	return secs(r.HandOver)
 }
 
 func secs(d time.Duration) string {

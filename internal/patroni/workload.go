@@ -92,16 +92,18 @@ type Workload struct {
 	url    string
 	writes *pgxpool.Pool
 
-	mu        sync.Mutex
-	ops       []chaos.Op
-	holds     []*Hold
-	ackedMax  map[int]int64 // resource -> newest token of an acknowledged write
-	ackedWake chan struct{} // closed and replaced on each acknowledged write
-	resources map[string]int
-	lockers   []func()
-	pools     []*pgxpool.Pool
-	writeSeq  atomic.Int64
-	processes atomic.Int64
+	mu    sync.Mutex
+	ops   []chaos.Op
+	holds []*Hold
+	// ackedLatest maps a resource to the latest grant (Hold.From) among
+	// the holds that have an acknowledged write of it.
+	ackedLatest map[int]time.Duration
+	ackedWake   chan struct{} // closed and replaced on each acknowledged write
+	resources   map[string]int
+	lockers     []func()
+	pools       []*pgxpool.Pool
+	writeSeq    atomic.Int64
+	processes   atomic.Int64
 
 	holders sync.WaitGroup
 	zombies sync.WaitGroup
@@ -111,7 +113,7 @@ type Workload struct {
 // workload with a pool for its writes. ctx also bounds the zombies (see
 // Holder), which may outlive the holders' own contexts.
 func NewWorkload(ctx context.Context, url string, clock *Clock) (*Workload, error) {
-	w := &Workload{zctx: ctx, clock: clock, url: url, ackedMax: map[int]int64{}, ackedWake: make(chan struct{}),
+	w := &Workload{zctx: ctx, clock: clock, url: url, ackedLatest: map[int]time.Duration{}, ackedWake: make(chan struct{}),
 		resources: map[string]int{}}
 	var err error
 	if w.writes, err = w.pool(ctx, "hasuite-writes", 16); err != nil {
@@ -306,9 +308,10 @@ func (w *Workload) acquire(ctx context.Context, p int, strategy, name string, l 
 	return lease, h, nil
 }
 
-// Write makes one fenced write of name's resource with token, and its audit
-// row, in one transaction; it records it (Value is the write's id).
-func (w *Workload) Write(ctx context.Context, p int, name string, token int64, zombie bool) (chaos.Outcome, error) {
+// Write makes one fenced write of h's resource with h's token, and its
+// audit row, in one transaction; it records it (Value is the write's id).
+func (w *Workload) Write(ctx context.Context, h *Hold, zombie bool) (chaos.Outcome, error) {
+	p, name, token := h.Process, h.Name, h.Token
 	res, err := w.resource(ctx, name)
 	if err != nil {
 		return chaos.Fail, err
@@ -324,8 +327,8 @@ func (w *Workload) Write(ctx context.Context, p int, name string, token int64, z
 	})
 	if outcome == chaos.Ok {
 		w.mu.Lock()
-		if token > w.ackedMax[res] {
-			w.ackedMax[res] = token
+		if h.From > w.ackedLatest[res] {
+			w.ackedLatest[res] = h.From
 		}
 		close(w.ackedWake)
 		w.ackedWake = make(chan struct{})
@@ -358,12 +361,12 @@ func (w *Workload) write(ctx context.Context, id int64, res, p int, token int64,
 	}
 }
 
-// newerAcked waits until an acknowledged write of res carries a token newer
-// than token, or ctx ends; it reports whether one did.
-func (w *Workload) newerAcked(ctx context.Context, res int, token int64) bool {
+// laterAcked waits until a holder granted after grant has an acknowledged
+// write of res, or ctx ends; it reports whether one has.
+func (w *Workload) laterAcked(ctx context.Context, res int, grant time.Duration) bool {
 	for {
 		w.mu.Lock()
-		newer := w.ackedMax[res] > token
+		newer := w.ackedLatest[res] > grant
 		wake := w.ackedWake
 		w.mu.Unlock()
 		if newer {
@@ -377,26 +380,27 @@ func (w *Workload) newerAcked(ctx context.Context, res int, token int64) bool {
 	}
 }
 
-// zombie is a holder that lost its lock and writes anyway: once a newer
-// holder's write of the resource was acknowledged (or after 15s), it tries
-// one fenced write with its old token, retrying for a while when the
-// database is unreachable. Every attempt is recorded with Lost set.
-func (w *Workload) zombie(p int, name string, token int64) {
+// zombie is a holder that lost its lock (h) and writes anyway: once a
+// holder granted after it has had a write of the resource acknowledged (or
+// after 15s), it tries one fenced write with its old token, retrying for a
+// while when the database is unreachable. Every attempt is recorded with
+// Lost set.
+func (w *Workload) zombie(h *Hold) {
 	ctx := w.zctx
 	w.zombies.Add(1)
 	go func() {
 		defer w.zombies.Done()
-		res, err := w.resource(ctx, name)
+		res, err := w.resource(ctx, h.Name)
 		if err != nil {
 			return
 		}
 		wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		w.newerAcked(wctx, res, token)
+		w.laterAcked(wctx, res, h.From)
 		cancel()
 		deadline := time.Now().Add(10 * time.Second)
 		for ctx.Err() == nil && time.Now().Before(deadline) {
 			octx, cancel := context.WithTimeout(ctx, 3*time.Second)
-			outcome, err := w.Write(octx, p, name, token, true)
+			outcome, err := w.Write(octx, h, true)
 			cancel()
 			if outcome != chaos.Fail || chaos.IsFenced(err) {
 				return
@@ -433,7 +437,7 @@ func (w *Workload) Holder(ctx context.Context, strategy, name string, l pgfence.
 					break
 				}
 				octx, cancel := context.WithTimeout(ctx, 3*time.Second)
-				if o, _ := w.Write(octx, p, name, h.Token, false); o != chaos.Ok {
+				if o, _ := w.Write(octx, h, false); o != chaos.Ok {
 					failed = true
 				}
 				cancel()
@@ -450,7 +454,7 @@ func (w *Workload) Holder(ctx context.Context, strategy, name string, l pgfence.
 			lost := w.lost(h)
 			_ = w.release(p, h, lease)
 			if lost {
-				w.zombie(p, name, h.Token)
+				w.zombie(h)
 			}
 		}
 	}()
@@ -461,7 +465,6 @@ func (w *Workload) Holder(ctx context.Context, strategy, name string, l pgfence.
 type LongHold struct {
 	w       *Workload
 	p       int
-	name    string
 	lease   pgfence.Lease
 	hold    *Hold
 	stop    context.CancelFunc
@@ -482,13 +485,13 @@ func (w *Workload) StartLongHold(ctx context.Context, name string, ttl time.Dura
 		return nil, fmt.Errorf("patroni: long hold of %s: %w", name, err)
 	}
 	hctx, stop := context.WithCancel(ctx)
-	lh := &LongHold{w: w, p: p, name: name, lease: lease, hold: h, stop: stop, done: make(chan struct{}),
+	lh := &LongHold{w: w, p: p, lease: lease, hold: h, stop: stop, done: make(chan struct{}),
 		granted: make(chan time.Duration, 1)}
 	go func() {
 		defer close(lh.done)
 		for hctx.Err() == nil && !w.lost(h) {
 			octx, cancel := context.WithTimeout(hctx, 3*time.Second)
-			if o, _ := w.Write(octx, p, name, h.Token, false); o == chaos.Ok {
+			if o, _ := w.Write(octx, h, false); o == chaos.Ok {
 				lh.writes.Add(1)
 			} else {
 				lh.failed.Add(1)
@@ -511,7 +514,7 @@ func (w *Workload) StartLongHold(ctx context.Context, name string, ttl time.Dura
 			}
 			lh.granted <- ch.From
 			octx, cancel := context.WithTimeout(ctx, 3*time.Second)
-			_, _ = w.Write(octx, cp, name, ch.Token, false)
+			_, _ = w.Write(octx, ch, false)
 			cancel()
 			_ = w.release(cp, ch, cl)
 			return
@@ -530,9 +533,12 @@ type LongResult struct {
 	Writes, Failed int64
 	// ReleaseErr is the release's error.
 	ReleaseErr error
-	// HandOver is the time from the release's return (or, for a lost
-	// lease, from the holder learning of the loss) to the contender's
-	// grant; negative when the contender got no grant within 30s.
+	// Granted says the contender was granted the lease (within 30s of the
+	// release); HandOver is then the time from the release's return (or,
+	// for a lost lease, from the holder learning of the loss) to that
+	// grant: negative when the contender was granted the lease while the
+	// holder still believed it held it.
+	Granted  bool
 	HandOver time.Duration
 }
 
@@ -550,7 +556,7 @@ func (lh *LongHold) Finish(ctx context.Context) LongResult {
 	r.ReleaseErr = w.release(lh.p, lh.hold, lh.lease)
 	released := w.clock.Now()
 	if lost {
-		w.zombie(lh.p, lh.name, lh.hold.Token)
+		w.zombie(lh.hold)
 	}
 	from := released
 	if lost {
@@ -558,11 +564,9 @@ func (lh *LongHold) Finish(ctx context.Context) LongResult {
 	}
 	select {
 	case g := <-lh.granted:
-		r.HandOver = g - from
+		r.Granted, r.HandOver = true, g-from
 	case <-time.After(30 * time.Second):
-		r.HandOver = -1
 	case <-ctx.Done():
-		r.HandOver = -1
 	}
 	return r
 }

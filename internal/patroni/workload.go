@@ -534,10 +534,10 @@ type LongResult struct {
 	// ReleaseErr is the release's error.
 	ReleaseErr error
 	// Granted says the contender was granted the lease (within 30s of the
-	// release); HandOver is then the time from the release's return (or,
-	// for a lost lease, from the holder learning of the loss) to that
-	// grant: negative when the contender was granted the lease while the
-	// holder still believed it held it.
+	// release); HandOver is then the time from the release's call (or, for
+	// a lost lease, from the holder learning of the loss) to that grant:
+	// negative when the contender was granted the lease while the holder
+	// still believed it held it.
 	Granted  bool
 	HandOver time.Duration
 }
@@ -554,14 +554,12 @@ func (lh *LongHold) Finish(ctx context.Context) LongResult {
 	r.LostAt = lh.hold.LostAt
 	w.mu.Unlock()
 	r.ReleaseErr = w.release(lh.p, lh.hold, lh.lease)
-	released := w.clock.Now()
 	if lost {
 		w.zombie(lh.hold)
 	}
-	from := released
-	if lost {
-		from = r.LostAt
-	}
+	w.mu.Lock()
+	from := lh.hold.To // the loss, or the release's call
+	w.mu.Unlock()
 	select {
 	case g := <-lh.granted:
 		r.Granted, r.HandOver = true, g-from

@@ -257,6 +257,42 @@ func checkWrites(v *Violations, h chaos.History, final *Final, resources map[str
 	}
 }
 
+// Told is the verdict of [CheckToldBefore].
+type Told struct {
+	// Held is the number of holds open when the fault struck; Told the
+	// number of them that ended before the new primary was writable.
+	Held, Told int
+	// MinMargin is the smallest time from a hold's end to the new primary
+	// being writable; negative when no hold was open.
+	MinMargin time.Duration
+	// Late describes each hold that ended only later.
+	Late []string
+}
+
+// CheckToldBefore checks that every hold of strategy open at the fault's
+// time (granted before at, not ended by then) ended, with its holder
+// learning of the loss or releasing, before writable: the new primary,
+// where another holder can be granted the lock, was seen writable.
+func CheckToldBefore(holds []Hold, strategy string, at, writable time.Duration) Told {
+	r := Told{MinMargin: -1}
+	for _, h := range holds {
+		if h.Strategy != strategy || h.From > at || h.To <= at {
+			continue
+		}
+		r.Held++
+		if h.To < writable {
+			r.Told++
+			if m := writable - h.To; r.MinMargin < 0 || m < r.MinMargin {
+				r.MinMargin = m
+			}
+			continue
+		}
+		r.Late = append(r.Late, fmt.Sprintf("p%d held %q (token %d) from %v until %s; the new primary was writable at %v",
+			h.Process, h.Name, h.Token, ms(h.From), until(h.To), ms(writable)))
+	}
+	return r
+}
+
 // ZombieStats counts the zombies by the outcome of their last write
 // attempt: fenced, accepted (a violation only when Check says so: with no
 // later holder's write before it, a late write is what fencing allows), or

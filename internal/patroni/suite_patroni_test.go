@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -183,25 +182,11 @@ func (s *suite) fault(name string, inject func(old *patroni.Node, oldIdx int) in
 // fault struck stopped believing it held it before the new primary was
 // seen writable; it returns "n/m" and the smallest margin.
 func (s *suite) advisoryTold(at, writable time.Duration, fault string) (string, time.Duration) {
-	n, ok := 0, 0
-	margin := time.Duration(math.MaxInt64)
-	for _, h := range s.w.Holds() {
-		if h.Strategy != "advisory" || h.From > at || h.To <= at {
-			continue
-		}
-		n++
-		if h.To < writable {
-			ok++
-			margin = min(margin, writable-h.To)
-			continue
-		}
-		s.toldLate = append(s.toldLate, fmt.Sprintf("%s: p%d held %q (token %d) from %s until %s, new primary writable at %s",
-			fault, h.Process, h.Name, h.Token, secs(h.From), secs(h.To), secs(writable)))
+	r := patroni.CheckToldBefore(s.w.Holds(), "advisory", at, writable)
+	for _, l := range r.Late {
+		s.toldLate = append(s.toldLate, fault+": "+l)
 	}
-	if n == 0 {
-		margin = -1
-	}
-	return fmt.Sprintf("%d/%d", ok, n), margin
+	return fmt.Sprintf("%d/%d", r.Told, r.Held), r.MinMargin
 }
 
 // finish stops the workload, reads the final state and checks the run.

@@ -123,7 +123,11 @@ func Start(ctx context.Context, opts *Options) (c *Cluster, err error) {
 	}
 	c.Password = hex.EncodeToString(rnd[:])
 	c.namespace = "/pgfence-patroni-" + hex.EncodeToString(rnd[:4]) + "/"
-	if c.Dir, err = os.MkdirTemp("", "pgfence-patroni-*"); err != nil {
+	removeStaleDirs()
+	if c.Dir, err = os.MkdirTemp("", dirPrefix+"*"); err != nil {
+		return nil, fmt.Errorf("patroni: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(c.Dir, ownerFile), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600); err != nil {
 		return nil, fmt.Errorf("patroni: %w", err)
 	}
 	defer func() {

@@ -144,9 +144,8 @@ func (m *Monitor) WaitWritable(ctx context.Context, from time.Duration, exclude 
 	}
 }
 
-// WritableNodes returns how many distinct nodes were seen writable in polls
-// invoked within [from, to]: more than one at the same time is split brain;
-// the suite reports it.
+// WritableNodes returns the nodes seen writable in polls made within
+// [from, to], in the order first seen.
 func (m *Monitor) WritableNodes(from, to time.Duration) []int {
 	m.mu.Lock()
 	defer m.mu.Unlock()

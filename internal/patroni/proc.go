@@ -163,3 +163,52 @@ func killPostmaster(dataDir string, sig syscall.Signal, wait time.Duration) (int
 	}
 	return pid, fmt.Errorf("patroni: postmaster %d on %s still running %v after %v", pid, dataDir, wait, sig)
 }
+
+// dirPrefix starts the name of every cluster directory, in os.TempDir().
+const dirPrefix = "pgfence-patroni-"
+
+// ownerFile, in a cluster directory, holds the pid of the process that
+// created it, written as that process's user.
+const ownerFile = "owner"
+
+// removeStaleDirs removes the cluster directories that earlier processes
+// left behind when they were killed before they could clean up (their
+// Patroni nodes stop their PostgreSQL and exit through the parent-death
+// signal). A directory is removed only when its owner file, written by this
+// process's user, names a process that has exited, and no running process
+// names the directory on its command line. It signals nothing.
+func removeStaleDirs() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
+	for _, d := range dirs {
+		st, err := os.Lstat(filepath.Join(d, ownerFile))
+		if err != nil || !st.Mode().IsRegular() || int(st.Sys().(*syscall.Stat_t).Uid) != os.Geteuid() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(d, ownerFile))
+		if err != nil {
+			continue
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || pid <= 0 || alive(pid) || inUse(d) {
+			continue
+		}
+		_ = os.RemoveAll(d)
+	}
+}
+
+// alive reports whether a process with this pid exists.
+func alive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+// inUse reports whether a running process names dir on its command line.
+func inUse(dir string) bool {
+	cmdlines, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, f := range cmdlines {
+		if b, err := os.ReadFile(f); err == nil && bytes.Contains(b, []byte(dir)) {
+			return true
+		}
+	}
+	return false
+}

@@ -62,7 +62,7 @@ func TestCheckCleanRun(t *testing.T) {
 		{Process: 1, Name: "a", Token: 10, From: 1, To: 4},
 		{Process: 2, Name: "a", Token: 11, From: 5, To: 10},
 	}
-	v := patroni.Check(h, holds, final(audit(1, 10, 1, false), audit(2, 11, 2, false)), resources)
+	v := patroni.Check(h, holds, final(audit(1, 10, 1, false), audit(2, 11, 2, false)), resources, nil)
 	require.Zero(t, v.Total(), v.String())
 }
 
@@ -135,11 +135,34 @@ func TestCheckReportsEachViolation(t *testing.T) {
 			if f == nil {
 				f = final()
 			}
-			v := patroni.Check(tc.h, tc.holds, f, resources)
+			v := patroni.Check(tc.h, tc.holds, f, resources, nil)
 			require.Len(t, tc.kind(v), 1, v.String())
 			require.Equal(t, 1+tc.others, v.Total(), v.String())
 		})
 	}
+}
+
+func TestCheckOverlappingHoldsAdvisoryCutOffByAFault(t *testing.T) {
+	t.Parallel()
+	holds := []patroni.Hold{
+		// p1's session was ended by the fault at 10; it learned at 30,
+		// after p2 was granted the lock at 20.
+		{Process: 1, Strategy: "advisory", Name: "a", Token: 1, From: 1, To: 30, LostAt: 30},
+		{Process: 2, Strategy: "advisory", Name: "a", Token: 2, From: 20, To: 40},
+	}
+	v, lag := patroni.CheckOverlappingHolds(holds, []time.Duration{10})
+	require.Empty(t, v)
+	require.Len(t, lag, 1)
+
+	// The negative controls: without the fault, or with p2 granted before
+	// the fault struck, or for a lease, it is a violation.
+	v, _ = patroni.CheckOverlappingHolds(holds, nil)
+	require.Len(t, v, 1)
+	v, _ = patroni.CheckOverlappingHolds(holds, []time.Duration{25})
+	require.Len(t, v, 1)
+	holds[0].Strategy, holds[1].Strategy = "leasetable", "leasetable"
+	v, _ = patroni.CheckOverlappingHolds(holds, []time.Duration{10})
+	require.Len(t, v, 1)
 }
 
 func TestCheckToldBefore(t *testing.T) {

@@ -30,6 +30,8 @@ func TestMain(m *testing.M) {
 const (
 	shortTTL = time.Second
 	longTTL  = 20 * time.Second
+	// releasedTTL is the TTL of the lease released during the outage.
+	releasedTTL = 10 * time.Second
 	// connectTimeout is the URL's connect_timeout.
 	connectTimeout = 2 * time.Second
 )
@@ -47,6 +49,8 @@ type suite struct {
 
 	longHolder, longContender *leasetable.Locker
 	toldLate                  []string
+	// strikes are the times the faults struck.
+	strikes []time.Duration
 }
 
 func newSuite(t *testing.T, synchronous bool, budget time.Duration) *suite {
@@ -105,19 +109,24 @@ func newSuite(t *testing.T, synchronous bool, budget time.Duration) *suite {
 	return s
 }
 
-// injected is what a fault reports: when it struck, from when a writable
-// node counts as the new primary, and which node may not count.
+// injected is what a fault reports: when it struck (the time strike
+// returned; the fault calls strike once, just before it strikes), from when
+// a writable node counts as the new primary, and which node may not count.
 type injected struct {
 	at, from time.Duration
 	exclude  int
 	note     string
 }
 
+// injectFunc injects a fault on a cluster whose leader is old
+// (s.c.Nodes[oldIdx]), calling strike just before it strikes.
+type injectFunc func(old *patroni.Node, oldIdx int, strike func() time.Duration) injected
+
 // fault runs one fault: on a healthy cluster, with a lease held across
 // it, it injects the fault, waits for a writable primary, observes the
 // recovery, and logs the figures; repair (optional) makes the cluster
 // whole again.
-func (s *suite) fault(name string, inject func(old *patroni.Node, oldIdx int) injected, repair func(old *patroni.Node)) {
+func (s *suite) fault(name string, inject injectFunc, repair func(old *patroni.Node)) {
 	t := s.t
 	ctx := s.ctx
 	hctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
@@ -129,11 +138,29 @@ func (s *suite) fault(name string, inject func(old *patroni.Node, oldIdx int) in
 
 	long, err := s.w.StartLongHold(ctx, "long-"+name, longTTL, s.longHolder, s.longContender)
 	require.NoError(t, err)
+	// A lease released 500ms after the fault struck, while no primary may
+	// be writable, and a contender waiting for it.
+	rel, err := s.w.StartLongHold(ctx, "released-"+name, releasedTTL, s.longHolder, s.longContender)
+	require.NoError(t, err)
 	require.NoError(t, sleep(ctx, 1500*time.Millisecond))
 	listen0, err := patroni.ListenSessions(ctx, old.URL(patroni.Database))
 	require.NoError(t, err)
 
-	in := inject(old, oldIdx)
+	relDone := make(chan patroni.LongResult, 1)
+	struck := false
+	strike := func() time.Duration {
+		require.False(t, struck, "%s struck twice", name)
+		struck = true
+		s.strikes = append(s.strikes, s.clock.Now())
+		go func() {
+			_ = sleep(ctx, 500*time.Millisecond)
+			relDone <- rel.Finish(ctx)
+		}()
+		return s.clock.Now()
+	}
+
+	in := inject(old, oldIdx, strike)
+	require.True(t, struck, "%s did not strike", name)
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	wr, err := s.mon.WaitWritable(wctx, in.from, in.exclude)
 	cancel()
@@ -159,6 +186,7 @@ func (s *suite) fault(name string, inject func(old *patroni.Node, oldIdx int) in
 	}
 	lr := long.Finish(ctx)
 	end := s.clock.Now()
+	rr := <-relDone
 
 	h := s.w.History()
 	gap := grantGap(h, in.at, end)
@@ -170,6 +198,8 @@ func (s *suite) fault(name string, inject func(old *patroni.Node, oldIdx int) in
 		name, s.mode, secs(in.at), old.Name, newNode.Name, secs(writable-in.at), secs(wr.Before-in.at), secs(writable-in.at),
 		secs(gap), secs(resumed), fails, secs(listenBack), countIn(listenNow, listen0), len(listen0),
 		longText(lr), handover(lr), told, secs(margin), in.note)
+	t.Logf("patroni: fault=%s release_in_outage: called at +%s, %s, contender granted %s",
+		name, secs(rr.ReleasedAt-in.at), releaseText(rr), grantedAfter(rr, writable))
 	if sample != "" {
 		t.Logf("patroni: fault=%s first acquire error: %s", name, sample)
 	}
@@ -197,7 +227,7 @@ func (s *suite) finish() *patroni.Violations {
 	final, err := s.w.ReadFinal(s.ctx)
 	require.NoError(t, err)
 	h := s.w.History()
-	v := patroni.Check(h, s.w.Holds(), final, s.w.Resources())
+	v := patroni.Check(h, s.w.Holds(), final, s.w.Resources(), s.strikes)
 	v.AdvisoryToldLate = s.toldLate
 	z := patroni.Zombies(h)
 	t.Logf("patroni: run=%s grants=%d writes_acknowledged=%d writes_fenced=%d audit_rows=%d zombies=%d (last write fenced %d, accepted %d, failed or unknown %d)",
@@ -206,7 +236,10 @@ func (s *suite) finish() *patroni.Violations {
 	for _, op := range z.Last {
 		t.Logf("zombie: %s", op)
 	}
-	t.Logf("patroni: run=%s violations=%d %s", s.mode, v.Total(), v.Counts())
+	for _, l := range v.AdvisoryBeliefLag {
+		t.Logf("advisory holder cut off by a fault, still believing: %s", l)
+	}
+	t.Logf("patroni: run=%s violations=%d %s advisory_belief_lags=%d", s.mode, v.Total(), v.Counts(), len(v.AdvisoryBeliefLag))
 	return v
 }
 
@@ -214,21 +247,21 @@ func TestPatroniSynchronous(t *testing.T) {
 	s := newSuite(t, true, 7*time.Minute)
 	c := s.c
 
-	s.fault("switchover", func(old *patroni.Node, oldIdx int) injected {
-		at := s.clock.Now()
+	s.fault("switchover", func(old *patroni.Node, oldIdx int, strike func() time.Duration) injected {
+		at := strike()
 		require.NoError(t, c.Switchover(s.ctx, old))
 		return injected{at: at, from: at, exclude: oldIdx}
 	}, nil)
 
-	s.fault("primary-kill", func(old *patroni.Node, oldIdx int) injected {
-		at := s.clock.Now()
+	s.fault("primary-kill", func(old *patroni.Node, oldIdx int, strike func() time.Duration) injected {
+		at := strike()
 		_, err := old.KillPostmaster()
 		require.NoError(t, err)
 		return injected{at: at, from: at, exclude: oldIdx}
 	}, nil)
 
-	s.fault("node-crash", func(old *patroni.Node, oldIdx int) injected {
-		at := s.clock.Now()
+	s.fault("node-crash", func(old *patroni.Node, oldIdx int, strike func() time.Duration) injected {
+		at := strike()
 		require.NoError(t, old.Crash())
 		return injected{at: at, from: at, exclude: oldIdx}
 	}, func(old *patroni.Node) { require.NoError(t, old.Start()) })
@@ -247,8 +280,8 @@ func TestPatroniSynchronous(t *testing.T) {
 // cutThenCrash returns the replication-cut-then-crash fault. In
 // synchronous mode the crashed node is restarted after ttl+3s, once it is
 // clear that no replica was promoted.
-func (s *suite) cutThenCrash(synchronous bool) func(old *patroni.Node, oldIdx int) injected {
-	return func(old *patroni.Node, oldIdx int) injected {
+func (s *suite) cutThenCrash(synchronous bool) injectFunc {
+	return func(old *patroni.Node, oldIdx int, strike func() time.Duration) injected {
 		t := s.t
 		cut := s.clock.Now()
 		old.Replication.Blackhole(true)
@@ -257,7 +290,7 @@ func (s *suite) cutThenCrash(synchronous bool) func(old *patroni.Node, oldIdx in
 		// alone; in either mode the replicas fall behind.
 		require.NoError(t, sleep(s.ctx, 7*time.Second))
 		stall := grantGap(s.w.History(), cut, s.clock.Now())
-		at := s.clock.Now()
+		at := strike()
 		require.NoError(t, old.Crash())
 		from := s.clock.Now()
 		note := fmt.Sprintf(" cut_before_crash=%s no_grants_during_cut=%s", secs(at-cut), secs(stall))
@@ -289,7 +322,7 @@ func grantGap(h chaos.History, from, to time.Duration) time.Duration {
 	var times []time.Duration
 	last := time.Duration(-1)
 	for _, op := range h {
-		if op.Kind != chaos.Acquire || op.Outcome != chaos.Ok || strings.HasPrefix(op.Name, "long-") {
+		if op.Kind != chaos.Acquire || op.Outcome != chaos.Ok || !short(op.Name) {
 			continue
 		}
 		r := time.Duration(op.Return)
@@ -318,7 +351,7 @@ func grantGap(h chaos.History, from, to time.Duration) time.Duration {
 func firstGrantAfter(h chaos.History, t time.Duration) time.Duration {
 	best := time.Duration(-1)
 	for _, op := range h {
-		if op.Kind != chaos.Acquire || op.Outcome != chaos.Ok || strings.HasPrefix(op.Name, "long-") {
+		if op.Kind != chaos.Acquire || op.Outcome != chaos.Ok || !short(op.Name) {
 			continue
 		}
 		if r := time.Duration(op.Return); r > t && (best < 0 || r-t < best) {
@@ -349,6 +382,11 @@ func acquireFailures(h chaos.History, from, to time.Duration) (int, string) {
 		}
 	}
 	return n, first
+}
+
+// short reports whether name is one of the short holders' locks.
+func short(name string) bool {
+	return strings.HasPrefix(name, "short-") || strings.HasPrefix(name, "adv-")
 }
 
 func fencedCount(h chaos.History) int {
@@ -385,6 +423,29 @@ func longText(r patroni.LongResult) string {
 		s += " release_failed"
 	}
 	return s
+}
+
+// releaseText describes the release made during the outage.
+func releaseText(r patroni.LongResult) string {
+	switch {
+	case !r.Kept:
+		return "lease lost before the release"
+	case r.ReleaseErr != nil && !errors.Is(r.ReleaseErr, pgfence.ErrNotHeld):
+		return "release failed"
+	}
+	return "released"
+}
+
+// grantedAfter says when the contender of the lease released in the
+// outage was granted it, relative to the new primary being writable.
+func grantedAfter(r patroni.LongResult, writable time.Duration) string {
+	if !r.Granted {
+		return "not within 30s"
+	}
+	if d := r.GrantedAt - writable; d >= 0 {
+		return fmt.Sprintf("%s after the new primary was writable", secs(d))
+	}
+	return fmt.Sprintf("%s before the new primary was writable", secs(writable-r.GrantedAt))
 }
 
 // handover describes the long lease's hand-over to its contender.

@@ -540,6 +540,10 @@ type LongResult struct {
 	// still believed it held it.
 	Granted  bool
 	HandOver time.Duration
+	// GrantedAt is the contender's grant time, when Granted.
+	GrantedAt time.Duration
+	// ReleasedAt is when the release was called.
+	ReleasedAt time.Duration
 }
 
 // Finish stops the long holder's writes, releases the lease (a lost lease
@@ -553,6 +557,7 @@ func (lh *LongHold) Finish(ctx context.Context) LongResult {
 	w.mu.Lock()
 	r.LostAt = lh.hold.LostAt
 	w.mu.Unlock()
+	r.ReleasedAt = w.clock.Now()
 	r.ReleaseErr = w.release(lh.p, lh.hold, lh.lease)
 	if lost {
 		w.zombie(lh.hold)
@@ -562,7 +567,7 @@ func (lh *LongHold) Finish(ctx context.Context) LongResult {
 	w.mu.Unlock()
 	select {
 	case g := <-lh.granted:
-		r.Granted, r.HandOver = true, g-from
+		r.Granted, r.HandOver, r.GrantedAt = true, g-from, g
 	case <-time.After(30 * time.Second):
 	case <-ctx.Done():
 	}

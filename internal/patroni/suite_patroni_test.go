@@ -198,8 +198,8 @@ func (s *suite) fault(name string, inject injectFunc, repair func(old *patroni.N
 		name, s.mode, secs(in.at), old.Name, newNode.Name, secs(writable-in.at), secs(wr.Before-in.at), secs(writable-in.at),
 		secs(gap), secs(resumed), fails, secs(listenBack), countIn(listenNow, listen0), len(listen0),
 		longText(lr), handover(lr), told, secs(margin), in.note)
-	t.Logf("patroni: fault=%s release_in_outage: called at +%s, %s, contender granted %s",
-		name, secs(rr.ReleasedAt-in.at), releaseText(rr), grantedAfter(rr, writable))
+	t.Logf("patroni: fault=%s release_in_outage: called at +%s, returned at +%s, %s, contender granted %s",
+		name, secs(rr.ReleasedAt-in.at), secs(rr.ReleaseReturned-in.at), releaseText(rr), grantedAfter(rr, writable))
 	if sample != "" {
 		t.Logf("patroni: fault=%s first acquire error: %s", name, sample)
 	}

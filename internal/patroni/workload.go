@@ -542,8 +542,9 @@ type LongResult struct {
 	HandOver time.Duration
 	// GrantedAt is the contender's grant time, when Granted.
 	GrantedAt time.Duration
-	// ReleasedAt is when the release was called.
-	ReleasedAt time.Duration
+	// ReleasedAt and ReleaseReturned are when the release was called and
+	// when it returned.
+	ReleasedAt, ReleaseReturned time.Duration
 }
 
 // Finish stops the long holder's writes, releases the lease (a lost lease
@@ -559,6 +560,7 @@ func (lh *LongHold) Finish(ctx context.Context) LongResult {
 	w.mu.Unlock()
 	r.ReleasedAt = w.clock.Now()
 	r.ReleaseErr = w.release(lh.p, lh.hold, lh.lease)
+	r.ReleaseReturned = w.clock.Now()
 	if lost {
 		w.zombie(lh.hold)
 	}

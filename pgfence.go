@@ -152,3 +152,13 @@ type Locker interface {
 	// ErrClosed), wakes waiters with ErrClosed and stops its goroutines.
 	Close()
 }
+
+// ErrUnavailable is matched by the error of a call that could not reach a
+// writable database and gave up: connection refused or reset, the server
+// shutting down or starting, a read-only standby (a demoted primary during
+// failover), a serialization failure. pgfence retries these with capped,
+// jittered backoff while the call's ctx and WaitTimeout allow; the error
+// it returns then wraps both ErrUnavailable and the last cause (a
+// *pgconn.PgError stays reachable with errors.As). Trying again later may
+// succeed.
+var ErrUnavailable = errors.New("pgfence: database unavailable")

@@ -2,7 +2,9 @@ package leasetable
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -35,7 +37,7 @@ const expiryJitter = 5 * time.Millisecond
 // another caller of this Locker holds it (its release wakes the waiters at
 // once), and retryIn how long to wait before the next attempt, judged from
 // the holder's expiry.
-func (k *Locker) try(ctx context.Context, name string, t leaseTiming) (l *Lease, local bool, retryIn time.Duration, err error) {
+func (k *Locker) try(ctx context.Context, name string, t leaseTiming, attempts *int) (l *Lease, local bool, retryIn time.Duration, err error) {
 	k.mu.Lock()
 	if h, ok := k.held[name]; ok {
 		// The holder's release or loss wakes this Locker's waiters; until
@@ -48,6 +50,7 @@ func (k *Locker) try(ctx context.Context, name string, t leaseTiming) (l *Lease,
 	if local {
 		return nil, true, retryIn, nil
 	}
+	*attempts++
 	rep, err := k.submitAcquire(ctx, name, t)
 	if err == nil {
 		err = rep.err
@@ -57,7 +60,7 @@ func (k *Locker) try(ctx context.Context, name string, t leaseTiming) (l *Lease,
 		return nil, false, 0, fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, pgfence.ErrClosed)
 	}
 	if err != nil {
-		return nil, false, 0, fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, err)
+		return nil, false, 0, err // the caller says which lease
 	}
 	if !rep.found {
 		// The holder committed after our snapshot: retry soon.
@@ -67,7 +70,16 @@ func (k *Locker) try(ctx context.Context, name string, t leaseTiming) (l *Lease,
 		wait := max(rep.expiresAt.Sub(rep.dbNow), 0)
 		return nil, rep.owner == k.cfg.Owner, wait + jitter(time.Millisecond, expiryJitter), nil
 	}
-	l = k.newLease(name, rep, t)
+	l = k.newLease(ctx, name, rep, t)
+	if !time.Now().Before(l.deadline) {
+		// The answer came after the lease's local deadline (its commit
+		// waited longer than the TTL, say for a synchronous standby): it
+		// may be granted to another owner any moment, so it is given back,
+		// never handed out with Done already closed.
+		k.giveBack([]giveBackReq{{ctx, name, rep.token}})
+		return nil, false, 0, fmt.Errorf("pgfence: leasetable: lease %q (token %d) was granted %v after the acquire was sent, past its local deadline (TTL %v less margin %v); given back: %w: %w",
+			name, rep.token, time.Since(rep.sent).Round(time.Millisecond), t.ttl, t.margin, errLateGrant, pgfence.ErrNotAcquired)
+	}
 	if !k.adopt(l) {
 		// Closed while acquiring: give it straight back.
 		_ = l.release(ctx, errLostClosed)
@@ -76,6 +88,9 @@ func (k *Locker) try(ctx context.Context, name string, t leaseTiming) (l *Lease,
 	k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: acquired", "lease", name, "token", rep.token, "ttl", t.ttl)
 	return l, false, 0, nil
 }
+
+// errLateGrant marks a grant that arrived after its local deadline.
+var errLateGrant = errors.New("granted too late")
 
 // adopt starts renewing l. It reports false when the Locker was closed.
 func (k *Locker) adopt(l *Lease) bool {
@@ -86,6 +101,7 @@ func (k *Locker) adopt(l *Lease) bool {
 	}
 	k.leases[l] = struct{}{}
 	k.held[l.name] = l
+	l.adopted = true
 	l.timer = time.AfterFunc(time.Until(l.deadline), func() { k.checkDeadline(l) })
 	if !k.watchdogRunning {
 		k.watchdogRunning = true
@@ -156,7 +172,7 @@ func (k *Locker) failAcquire(r *acquireReq, err error) {
 // waiting; the statement, once sent, runs to its answer (for at most
 // QueryTimeout after the last caller left; Close cancels it), so that a
 // lease taken for a caller who stopped waiting is known and given back.
-func (k *Locker) execAcquires(batch []*acquireReq) error {
+func (k *Locker) execAcquires(batch []*acquireReq) (err error) {
 	// One request per name; the others learn the first one's outcome as
 	// "held" (by this Locker when the first one acquired it), exactly as
 	// if they had run just after it.
@@ -178,14 +194,29 @@ func (k *Locker) execAcquires(batch []*acquireReq) error {
 	// flight may still commit, and only its answer tells which leases to
 	// give back. It gets QueryTimeout more after the last caller left, and
 	// is cancelled by Close.
-	ctx, cancel := batchContext(k.closeCtx, ctxs)
+	values := batch[0].ctx
+	if k.ev.Enabled() && len(batch) > 1 {
+		// One statement for several callers: an operation of its own,
+		// under the opener's, linked to the others'.
+		op := pgfence.Op{Kind: pgfence.OpAcquire, Strategy: pgfence.StrategyLeaseTable, Batch: len(batch), Links: ctxs[1:]}
+		if len(names) == 1 {
+			op.Name = names[0]
+		}
+		values = k.ev.StartOp(values, op)
+		defer func() { k.ev.EndOp(values, op, err) }()
+	}
+	ctx, cancel := batchContext(k.closeCtx, values, ctxs)
 	defer cancel()
 	conn, err := k.conn(ctx, "acquire", k.cfg.QueryTimeout, false)
 	if err != nil {
 		return err
 	}
 	defer conn.Release()
-	qctx, qcancel := context.WithCancel(context.WithoutCancel(ctx))
+	// No answer after the longest TTL of the batch would come too late
+	// anyway (past every lease's local deadline, and so given back): the
+	// statement is cancelled then, so that an attempt stuck on a dead
+	// connection ends and is retried on another.
+	qctx, qcancel := context.WithTimeout(context.WithoutCancel(ctx), time.Duration(slices.Max(ttls))*time.Microsecond)
 	defer qcancel()
 	stopClose := context.AfterFunc(k.closeCtx, qcancel)
 	defer stopClose()
@@ -207,6 +238,7 @@ func (k *Locker) execAcquires(batch []*acquireReq) error {
 	sent := time.Now()
 	rows, err := conn.Query(qctx, k.sql.acquire, names, k.cfg.Owner, ttls)
 	if err != nil {
+		k.discardStale(conn, err)
 		return err
 	}
 	got := make(map[string]acquireReply, len(names))
@@ -224,6 +256,7 @@ func (k *Locker) execAcquires(batch []*acquireReq) error {
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
+		k.discardStale(conn, err)
 		return err
 	}
 	k.replyAcquires(batch, got, sent, nil)

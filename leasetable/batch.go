@@ -110,12 +110,13 @@ func (b *batcher[R]) close() {
 }
 
 // batchContext returns a context for a statement run on behalf of the
-// requests whose contexts are ctxs: it carries the first one's values (so
-// a pgx tracer sees the statement as part of that caller's work), and it is
-// cancelled when every one of them has ended (nobody waits for the answer
+// requests whose contexts are ctxs: it carries the values of values (the
+// first one's, or the ctx of the batch's operation under it, so a pgx
+// tracer sees the statement as part of that caller's work), and it is
+// cancelled when every one of ctxs has ended (nobody waits for the answer
 // any more), or when stop ends.
-func batchContext(stop context.Context, ctxs []context.Context) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(context.WithoutCancel(ctxs[0]))
+func batchContext(stop, values context.Context, ctxs []context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(values))
 	stopStop := context.AfterFunc(stop, cancel)
 	remaining := atomic.Int64{}
 	remaining.Store(int64(len(ctxs)))

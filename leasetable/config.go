@@ -90,15 +90,30 @@ type Config struct {
 	Owner string
 
 	// Logger receives renewal failures, retries, losses and listener
-	// reconnects. Nil means silent.
+	// reconnects. Nil means silent. Every record is logged with a context:
+	// the caller's for what a call does, the acquiring ctx's values for a
+	// lease's background work (renewal, loss, a release retried later),
+	// context.Background() for the LISTEN connection's.
 	Logger *slog.Logger
+
+	// Observer, when not nil, receives the Locker's typed events
+	// ([pgfence.Acquired], [pgfence.NotAcquired], [pgfence.Released] on the
+	// caller's goroutine; [pgfence.Renewed], [pgfence.RenewalFailed],
+	// [pgfence.Lost], [pgfence.ListenLost], [pgfence.ListenRestored] from
+	// one delivery goroutine, so that a slow Observer never delays a
+	// renewal); see [pgfence.Observer]. When it also implements
+	// [pgfence.OpObserver], acquires, releases and renewal round trips are
+	// bracketed by StartOp and EndOp. Nil costs a nil check per event.
+	Observer pgfence.Observer
 
 	// QueryTimeout bounds each statement the Locker runs on its own behalf
 	// rather than within a caller's context: each renewal attempt (also
 	// never past the lease's local deadline), each release (also from
 	// [Locker.Close] and [Locker.Do]), the give-back of a lease whose
 	// acquirer stopped waiting, and how long an acquire statement runs on
-	// after its last caller stopped waiting. It also bounds each wait for a
+	// after its last caller stopped waiting; and how long TryAcquire and a
+	// release retry transient database errors (see "Failover" in the
+	// package documentation). It also bounds each wait for a
 	// connection from the pool, by any statement of the Locker's (an
 	// acquire too, whatever its caller's context): a pool that gives none
 	// in time (exhausted) fails the statement with an error saying so, with

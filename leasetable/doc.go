@@ -92,9 +92,13 @@
 // [Config].DisableListen).
 // Otherwise a waiter retries when the holder's lease is due to expire, plus a
 // little jitter. If the LISTEN connection fails, waiting still works through
-// those timed retries; the connection is re-opened with capped backoff and
-// every waiter retries once it is back, since a release may have been
-// missed. A connection can also die silently (firewall or NAT state
+// those timed retries; the connection is re-opened with capped, jittered
+// backoff (25ms doubling up to 500ms) and every waiter retries once it is
+// back, since a release may have been missed. When one of the Locker's own
+// statements fails with a transient error, the LISTEN connection is
+// checked at once with a round trip bounded by a second (at most once a
+// second), so one that died in the same outage without noticing is
+// replaced within about that second. A connection can also die silently (firewall or NAT state
 // dropped, a partition without a reset, a proxy that stopped forwarding):
 // no error arrives, and neither do notifications. So whenever the LISTEN
 // connection has received nothing for [Config].ListenCheckInterval (15s by
@@ -219,10 +223,72 @@
 // outlives its acquirer by about a round trip. Only when no answer comes
 // (the server or the network failed, QueryTimeout passed, or
 // [Locker.Close] cancelled it) may such a lease stay held until its TTL
-// ends. A context that ends before the statement is sent (waiting for a
+// ends. A statement unanswered a TTL after it was sent is cancelled and
+// retried like a failed one: any grant it brought would be past its local
+// deadline. A context that ends before the statement is sent (waiting for a
 // connection) sends nothing. Renewal attempts are bounded by
 // [Config].QueryTimeout, so one stuck on a dead connection is retried on
 // another before the local deadline.
+//
+// # Failover
+//
+// While the database fails over (Patroni switching over, a primary
+// restarting, a connection cut), the Locker's statements fail with
+// transient errors: connection refused or reset, the server shutting down
+// or starting, a read-only standby (a demoted primary: its pooled
+// connections are then closed, so the pool reconnects to the writable
+// server), a serialization failure. What a holder sees:
+//
+//   - [Locker.Acquire] and [Locker.Do] retry with capped, jittered backoff
+//     (25ms doubling up to 500ms) while ctx and WaitTimeout allow, and are
+//     granted within about half a second of the new primary accepting
+//     writes; [Locker.TryAcquire] retries for at most [Config].QueryTimeout.
+//     When they give up, the error matches [pgfence.ErrUnavailable] and
+//     wraps the last cause.
+//   - A held lease keeps being renewed: each renewal attempt is bounded
+//     by QueryTimeout and retried with backoff until the local deadline,
+//     so a lease whose TTL outlasts the outage (plus QueryTimeout, for an
+//     attempt stuck on a dead connection) is kept; otherwise it is lost at
+//     its local deadline, before the database could grant it to anyone
+//     else, and [Lease.Done] tells the holder to stop.
+//   - [Lease.Release] retries within QueryTimeout, then returns an error
+//     matching ErrUnavailable and retries in the background until the row
+//     is released (waking waiters) or would have expired anyway, so the
+//     name is free soon after the database is back, not at the end of
+//     its TTL.
+//   - A grant whose answer arrives after its local deadline (a commit that
+//     waited longer than the TTL for a synchronous standby) is given back
+//     and reported as not acquired: no Lease is ever returned already
+//     lost.
+//   - The LISTEN connection reconnects promptly and wakes every waiter.
+//
+// Safety through a failover needs synchronous replication (see above);
+// the retries only shorten the time without grants. Put connect_timeout
+// in the connection string: a blackholed host otherwise holds each connect
+// for as long as the caller's context allows.
+//
+// # Observing
+//
+// [Config].Observer receives typed events ([pgfence.Acquired],
+// [pgfence.NotAcquired], [pgfence.Released] synchronously with the
+// caller's ctx; [pgfence.Renewed], [pgfence.RenewalFailed], [pgfence.Lost]
+// from a delivery goroutine with the acquiring ctx's values;
+// [pgfence.ListenLost] and [pgfence.ListenRestored] with
+// context.Background()), and [Locker.Stats] gives a snapshot of the
+// counters. An Observer that implements [pgfence.OpObserver] sees each
+// TryAcquire, Acquire (the acquire of a Do too) and Release as one
+// operation, all its attempts included, and each renewal round trip as
+// one, whose Batch counts the leases it renews and whose Links are the
+// acquiring ctxs of all but the first, whose values its ctx carries. An
+// acquire or release statement that serves several callers at once (group
+// commit) is an operation of its own, started under the opener's
+// operation, with the others' ctxs as Links.
+//
+// Every statement carries the values of the caller it runs for: an
+// acquire statement those of the request that opened its batch, a
+// renewal those of the ctx that acquired the (first) lease, a release
+// those of Release's ctx (Close's: the acquiring ctx's). Every log record
+// is logged with the same ctx.
 //
 // # Pool size
 //

@@ -2,14 +2,18 @@ package leasetable
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/events"
 	"github.com/pgfence/pgfence/internal/hold"
+	"github.com/pgfence/pgfence/internal/retry"
 )
 
 type leaseState int
@@ -28,12 +32,14 @@ const (
 // The methods are safe for concurrent use, and Release is safe on a nil
 // *Lease.
 type Lease struct {
-	k      *Locker
-	name   string
-	token  int64
-	timing leaseTiming
-	ctx    context.Context
-	cancel context.CancelCauseFunc
+	k         *Locker
+	name      string
+	token     int64
+	timing    leaseTiming
+	ctx       context.Context
+	cancel    context.CancelCauseFunc
+	values    context.Context // the acquiring ctx's values, without its cancellation
+	grantedAt time.Time       // local time of the grant, for HeldFor
 
 	releaseMu sync.Mutex // serialises Release calls
 
@@ -45,13 +51,20 @@ type Lease struct {
 	timer      *time.Timer   // fires at deadline
 	inflight   chan struct{} // closed when the renewal including it ends
 	dbReleased bool          // the release statement reached a definite outcome
+	wasHeld    bool          // a Release ended it while held
+	retrying   chan struct{} // closed when the background release retry ends
+	retryErr   error         // its last error, once retrying is closed
+	renewFails int           // consecutive failed renewal attempts
+	adopted    bool          // handed out (renewed by the watchdog)
 }
 
 var _ pgfence.Lease = (*Lease)(nil)
 
-func (k *Locker) newLease(name string, rep acquireReply, t leaseTiming) *Lease {
+func (k *Locker) newLease(ctx context.Context, name string, rep acquireReply, t leaseTiming) *Lease {
 	l := &Lease{
 		k:          k,
+		values:     context.WithoutCancel(ctx),
+		grantedAt:  time.Now(),
 		name:       name,
 		token:      rep.token,
 		timing:     t,
@@ -61,6 +74,11 @@ func (k *Locker) newLease(name string, rep acquireReply, t leaseTiming) *Lease {
 	}
 	l.ctx, l.cancel = context.WithCancelCause(hold.Mark(context.Background(), k, name, l))
 	return l
+}
+
+// lock identifies l in events.
+func (l *Lease) lock() pgfence.Lock {
+	return pgfence.Lock{Kind: pgfence.StrategyLeaseTable, Name: l.name, Token: l.token}
 }
 
 // Name returns the lease name.
@@ -115,9 +133,17 @@ var errReleased = fmt.Errorf("pgfence: leasetable: lease was released: %w", pgfe
 // no longer held: it had been lost (locally or in the database). Then nothing
 // belonging to another owner is changed. After one call returned nil or
 // ErrNotHeld, later calls return nil, and so does a call on a nil *Lease.
-// When the statement fails (for example the database is unreachable), the
-// error is returned and a later call tries again; without one the lease
-// simply expires after its TTL.
+//
+// A transient database error (the database is failing over; see
+// [Locker.TryAcquire]) is retried with capped, jittered backoff within
+// the call's bound. When that runs out, Release returns an error matching
+// [pgfence.ErrUnavailable] that wraps the last attempt's error, and goes
+// on retrying in the background until the release succeeds (waking
+// waiters) or the lease would have expired in the database anyway, or
+// [Locker.Close]; a later Release waits for that retry (within its own
+// bound). So a failover does not block the name for the rest of its TTL.
+// When the statement fails otherwise, the error is returned and a later
+// call tries again; without one the lease simply expires after its TTL.
 //
 // Release runs under context.WithoutCancel(ctx) bounded by
 // [Config].QueryTimeout, so it still works from a defer whose ctx has
@@ -129,6 +155,10 @@ func (l *Lease) Release(ctx context.Context) error {
 	return l.release(ctx, errReleased)
 }
 
+// release ends l, with cause as its Err, and releases its row. It sends
+// the Released event (a Release of a held lease) or the Lost event
+// (Close's release, cause errLostClosed), bracketed by the release
+// operation.
 func (l *Lease) release(ctx context.Context, cause error) error {
 	l.releaseMu.Lock()
 	defer l.releaseMu.Unlock()
@@ -138,15 +168,61 @@ func (l *Lease) release(ctx context.Context, cause error) error {
 		k.mu.Unlock()
 		return nil
 	}
-	wasHeld := l.state == stateHeld
-	if wasHeld {
+	endsNow := l.state == stateHeld && l.adopted
+	if l.state == stateHeld {
 		k.endLocked(l, stateReleased, cause)
+		l.wasHeld = true
 	}
-	inflight := l.inflight
+	inflight, retrying := l.inflight, l.retrying
 	k.mu.Unlock()
 
+	op := pgfence.Op{Kind: pgfence.OpRelease, Strategy: pgfence.StrategyLeaseTable, Name: l.name, Batch: 1}
+	ctx = k.ev.StartOp(ctx, op)
+	err := l.releaseInDB(ctx, inflight, retrying)
+	switch {
+	case !endsNow:
+	case cause == errReleased:
+		k.nReleased.Add(1)
+		if k.ev.Enabled() {
+			k.ev.Sync(ctx, pgfence.Released{Lock: l.lock(), HeldFor: time.Since(l.grantedAt), Err: err})
+		}
+	default: // Close
+		k.nLost.Add(1)
+		if k.ev.Enabled() {
+			k.ev.Async(l.values, pgfence.Lost{Lock: l.lock(), HeldFor: time.Since(l.grantedAt), Cause: cause})
+		}
+	}
+	k.ev.EndOp(ctx, op, err)
+	return err
+}
+
+// releaseInDB releases l's row, after the background retry (retrying) and
+// renewal (inflight) that may be running, retrying transient errors, and
+// handing the release to a background retry when they outlast its bound.
+func (l *Lease) releaseInDB(ctx context.Context, inflight, retrying chan struct{}) error {
+	k := l.k
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.cfg.QueryTimeout)
 	defer cancel()
+	if retrying != nil {
+		// A background retry of an earlier Release runs: wait for it.
+		select {
+		case <-retrying:
+		case <-ctx.Done():
+			return fmt.Errorf("pgfence: leasetable: release %q (token %d): still retrying in the background: %w",
+				l.name, l.token, pgfence.ErrUnavailable)
+		}
+		k.mu.Lock()
+		done, err := l.dbReleased, l.retryErr
+		l.retrying = nil
+		k.mu.Unlock()
+		if done {
+			return nil
+		}
+		if err != nil && !k.retryable(err) {
+			return fmt.Errorf("pgfence: leasetable: release %q (token %d): %w", l.name, l.token, err)
+		}
+		// It gave up (the lease has expired by now, or Close): one more try.
+	}
 	if inflight != nil {
 		// Let a renewal that includes this lease finish first, so that it
 		// cannot extend the row after the release.
@@ -156,21 +232,117 @@ func (l *Lease) release(ctx context.Context, cause error) error {
 			return fmt.Errorf("pgfence: leasetable: release %q: waiting for a renewal: %w", l.name, ctx.Err())
 		}
 	}
-	held, err := k.releaseRow(ctx, l.name, l.token, l.timing.atLeast)
+	held, err := k.releaseRetrying(ctx, l)
 	if err != nil {
+		if k.retryable(err) || (ctx.Err() != nil && !k.noRetry) {
+			// The database is unavailable, or the statement hung (a dead
+			// connection) until the bound: retry in the background.
+			if err == ctx.Err() {
+				err = fmt.Errorf("no answer within QueryTimeout %v: %w", k.cfg.QueryTimeout, err)
+			}
+			later := "; retrying in the background until it expires"
+			if !k.retryReleaseLater(ctx, l) {
+				later = "; the lease expires after its TTL"
+			}
+			return fmt.Errorf("pgfence: leasetable: release %q (token %d): %w%s",
+				l.name, l.token, retry.Unavailable("", err), later)
+		}
 		return fmt.Errorf("pgfence: leasetable: release %q (token %d): %w", l.name, l.token, err)
 	}
-	k.mu.Lock()
-	l.dbReleased = true
-	for w := range k.waiters[l.name] {
-		w.wake() // the row is free (or AtLeast-held) now
-	}
-	k.mu.Unlock()
-	if !held || !wasHeld {
+	k.released(l)
+	if !held || !l.wasHeld {
 		return fmt.Errorf("pgfence: leasetable: release %q (token %d): %w", l.name, l.token, pgfence.ErrNotHeld)
 	}
 	k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: released", logAttrs(l)...)
 	return nil
+}
+
+// released records that l's row was released (or found not held) in the
+// database, and wakes the name's waiters: the row is free (or AtLeast-held)
+// now.
+func (k *Locker) released(l *Lease) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l.dbReleased = true
+	for w := range k.waiters[l.name] {
+		w.wake()
+	}
+}
+
+// releaseRetrying releases l's row, retrying transient errors with backoff
+// while ctx lasts. It reports whether the row was still held by l.
+func (k *Locker) releaseRetrying(ctx context.Context, l *Lease) (bool, error) {
+	for failures := 1; ; failures++ {
+		held, err := k.releaseRow(ctx, l.name, l.token, l.timing.atLeast)
+		if err == nil || ctx.Err() != nil || !k.retryable(err) {
+			return held, err
+		}
+		k.suspectListen()
+		wait := k.backoff.Wait(failures)
+		k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: release failed; retrying", append(logAttrs(l), "error", err, "retry_in", wait)...)
+		if sleep(ctx, wait) != nil {
+			return false, err
+		}
+	}
+}
+
+// retryReleaseLater retries l's release in the background, after a
+// Release gave up on a transient error: until it succeeds, until the
+// lease would have expired in the database anyway (its last successful
+// acquire or renewal request plus the TTL), or until Close. The retry's
+// statements carry ctx's values. It does nothing after Close, and then
+// reports false.
+func (k *Locker) retryReleaseLater(ctx context.Context, l *Lease) bool {
+	k.mu.Lock()
+	if k.closed {
+		k.mu.Unlock()
+		return false
+	}
+	until := l.deadline.Add(l.timing.margin)
+	done := make(chan struct{})
+	l.retrying = done
+	k.background.Add(1)
+	k.mu.Unlock()
+	values := context.WithoutCancel(ctx)
+	go func() {
+		defer k.background.Done()
+		rctx, stop := events.Values(values, k.closeCtx)
+		defer stop()
+		rctx, cancel := context.WithDeadline(rctx, until)
+		defer cancel()
+		var err error
+		defer func() {
+			k.mu.Lock()
+			l.retryErr = err
+			k.mu.Unlock()
+			close(done)
+		}()
+		for failures := 1; ; failures++ {
+			if sleep(rctx, k.backoff.Wait(failures)) != nil {
+				level := slog.LevelWarn
+				if k.closeCtx.Err() != nil {
+					level = slog.LevelDebug // Close stopped it
+				}
+				k.cfg.Logger.Log(values, level, "pgfence: leasetable: gave up retrying a release; the lease expires after its TTL",
+					append(logAttrs(l), "error", err)...)
+				return
+			}
+			actx, acancel := context.WithTimeout(rctx, k.cfg.QueryTimeout)
+			_, err = k.releaseRow(actx, l.name, l.token, l.timing.atLeast)
+			acancel()
+			if err == nil {
+				k.released(l)
+				k.cfg.Logger.InfoContext(values, "pgfence: leasetable: released after retrying", append(logAttrs(l), "attempts", failures+1)...)
+				return
+			}
+			if !k.retryable(err) && rctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
+				k.cfg.Logger.WarnContext(values, "pgfence: leasetable: retrying a release failed; the lease expires after its TTL",
+					append(logAttrs(l), "error", err)...)
+				return
+			}
+		}
+	}()
+	return true
 }
 
 // endLocked ends a held lease: it is lost or released. Waiters of this
@@ -192,7 +364,11 @@ func (k *Locker) endLocked(l *Lease, state leaseState, cause error) {
 		w.wake()
 	}
 	if state == stateLost {
-		k.cfg.Logger.Warn("pgfence: leasetable: lease lost", append(logAttrs(l), "cause", cause)...)
+		k.cfg.Logger.WarnContext(l.values, "pgfence: leasetable: lease lost", append(logAttrs(l), "cause", cause)...)
+		k.nLost.Add(1)
+		if k.ev.Enabled() {
+			k.ev.Async(l.values, pgfence.Lost{Lock: l.lock(), HeldFor: time.Since(l.grantedAt), Cause: cause})
+		}
 	}
 }
 
@@ -271,21 +447,31 @@ func failRelease(r *releaseReq, err error) { r.res <- releaseReply{err: err} }
 
 // execReleases runs releaseSQL for batch and answers each request; on a
 // statement error it answers none and returns the error.
-func (k *Locker) execReleases(batch []*releaseReq) error {
+func (k *Locker) execReleases(batch []*releaseReq) (err error) {
+	ctxs := make([]context.Context, 0, len(batch))
+	for _, r := range batch {
+		ctxs = append(ctxs, r.ctx) // the opener's first
+	}
+	values := ctxs[0]
+	if k.ev.Enabled() && len(batch) > 1 {
+		// One statement for several callers: an operation of its own,
+		// under the opener's, linked to the others'.
+		op := pgfence.Op{Kind: pgfence.OpRelease, Strategy: pgfence.StrategyLeaseTable, Batch: len(batch), Links: ctxs[1:]}
+		values = k.ev.StartOp(values, op)
+		defer func() { k.ev.EndOp(values, op, err) }()
+	}
 	slices.SortFunc(batch, func(a, b *releaseReq) int { return strings.Compare(a.name, b.name) })
 	names := make([]string, 0, len(batch))
 	tokens := make([]int64, 0, len(batch))
 	atLeast := make([]int64, 0, len(batch))
-	ctxs := make([]context.Context, 0, len(batch))
 	for _, r := range batch {
 		names = append(names, r.name)
 		tokens = append(tokens, r.token)
 		atLeast = append(atLeast, r.atLeastUs)
-		ctxs = append(ctxs, r.ctx)
 	}
 	// The callers' contexts are already detached from cancellation and
 	// bounded by the query timeout.
-	ctx, cancel := batchContext(context.Background(), ctxs)
+	ctx, cancel := batchContext(context.Background(), values, ctxs)
 	defer cancel()
 	conn, err := k.conn(ctx, "release", k.cfg.QueryTimeout, true)
 	if err != nil {
@@ -294,6 +480,7 @@ func (k *Locker) execReleases(batch []*releaseReq) error {
 	defer conn.Release()
 	rows, err := conn.Query(ctx, k.sql.release, names, tokens, atLeast, k.cfg.Owner)
 	if err != nil {
+		k.discardStale(conn, err)
 		return err
 	}
 	released := make(map[int64]bool, len(batch))

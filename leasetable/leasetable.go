@@ -7,13 +7,17 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/events"
 	"github.com/pgfence/pgfence/internal/hold"
 	"github.com/pgfence/pgfence/internal/install"
+	"github.com/pgfence/pgfence/internal/notifier"
+	"github.com/pgfence/pgfence/internal/retry"
 )
 
 // Locker acquires, renews and releases leases in the pgfence_leases table
@@ -25,15 +29,23 @@ type Locker struct {
 	sql        statements      // the SQL, with the schema filled in
 	closeCtx   context.Context // cancelled by Close
 	closeFunc  context.CancelFunc
-	background sync.WaitGroup // watchdog and listener goroutines
+	background sync.WaitGroup  // watchdog, listener and release-retry goroutines
+	backoff    retry.Backoff   // spaces retries after transient errors
+	noRetry    bool            // tests: transient errors are not retried
+	keepStale  bool            // tests: connections to a read-only server are kept
+	ev         *events.Emitter // nil without Config.Observer
+
+	// Stats counters.
+	waiting                                                   atomic.Int64
+	nAcquired, nNotAcquired, nReleased, nLost, nRenewFailures atomic.Uint64
 
 	mu              sync.Mutex
 	closed          bool
 	leases          map[*Lease]struct{} // held leases, renewed by the watchdog
 	held            map[string]*Lease   // the same, by name
 	watchdogRunning bool
-	watchdogWake    chan struct{} // buffered(1): a lease was added
-	listenerStarted bool
+	watchdogWake    chan struct{}      // buffered(1): a lease was added
+	listener        *notifier.Notifier // the LISTEN loop, once started
 	waiters         map[string]map[*waiter]struct{}
 
 	acquires batcher[*acquireReq] // combines concurrent acquires
@@ -95,6 +107,8 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 		held:         make(map[string]*Lease),
 		watchdogWake: make(chan struct{}, 1),
 		waiters:      make(map[string]map[*waiter]struct{}),
+		backoff:      retry.Default,
+		ev:           events.New(resolved.Observer),
 	}
 	k.acquires.exec, k.acquires.fail = k.execAcquires, k.failAcquire
 	k.releases.exec, k.releases.fail = k.execReleases, failRelease
@@ -112,11 +126,15 @@ func (k *Locker) Schema() string { return k.cfg.Schema }
 // lost: its context is cancelled with a cause matching both
 // [pgfence.ErrLeaseLost] and [pgfence.ErrClosed]), wakes waiting Acquire
 // calls, which return [pgfence.ErrClosed], and stops the renewal watchdog and
-// the LISTEN connection. It returns when all background goroutines have
-// stopped and pgx has finished closing the LISTEN connection; it waits at
-// most a second for the latter when the server does not answer. It does
-// not close the pool. Close is idempotent; later calls of the Locker's
-// methods return [pgfence.ErrClosed].
+// the LISTEN connection. The releases go out together, and a transient
+// error is retried for at most [Config].QueryTimeout (never in the
+// background); the release retries that earlier Release calls left in the
+// background stop, their leases expiring after their TTL. Close returns
+// when all background goroutines have stopped, the Observer's queued
+// events were delivered, and pgx has finished closing the LISTEN
+// connection; it waits at most a second for the latter when the server
+// does not answer. It does not close the pool. Close is idempotent; later
+// calls of the Locker's methods return [pgfence.ErrClosed].
 func (k *Locker) Close() {
 	k.mu.Lock()
 	if k.closed {
@@ -129,16 +147,48 @@ func (k *Locker) Close() {
 		held = append(held, l)
 	}
 	k.mu.Unlock()
-	k.closeFunc() // stops the watchdog's in-flight renewal, the listener and waiters
+	k.closeFunc() // stops the watchdog's in-flight renewal, the listener, waiters and release retries
+	// Released together: they go out in one batch, and during an outage
+	// Close waits one QueryTimeout for all of them, not one each.
+	var releases sync.WaitGroup
 	for _, l := range held {
-		err := l.release(context.Background(), errLostClosed)
-		if err != nil && !errors.Is(err, pgfence.ErrNotHeld) {
-			k.cfg.Logger.Warn("pgfence: leasetable: release on close failed", "lease", l.name, "token", l.token, "error", err)
-		}
+		releases.Add(1)
+		go func() {
+			defer releases.Done()
+			err := l.release(l.values, errLostClosed)
+			if err != nil && !errors.Is(err, pgfence.ErrNotHeld) {
+				k.cfg.Logger.WarnContext(l.values, "pgfence: leasetable: release on close failed", "lease", l.name, "token", l.token, "error", err)
+			}
+		}()
 	}
+	releases.Wait()
 	k.acquires.close()
 	k.releases.close()
 	k.background.Wait()
+	k.ev.Close() // delivers the queued events
+}
+
+// Stats returns a snapshot of the Locker's state and counters: leases held
+// and Acquire calls waiting now, totals of grants, calls that returned
+// without a lease (bad input aside), releases, losses and failed renewal
+// attempts, whether the LISTEN connection listens now, and how many
+// background events a slow [Config].Observer made it drop. It never sends
+// a statement, and works after Close.
+func (k *Locker) Stats() pgfence.Stats {
+	k.mu.Lock()
+	held, listener := len(k.leases), k.listener
+	k.mu.Unlock()
+	return pgfence.Stats{
+		Held:            held,
+		Waiting:         int(k.waiting.Load()),
+		Acquired:        k.nAcquired.Load(),
+		NotAcquired:     k.nNotAcquired.Load(),
+		Released:        k.nReleased.Load(),
+		Lost:            k.nLost.Load(),
+		RenewalFailures: k.nRenewFailures.Load(),
+		Listening:       listener.Listening(),
+		EventsDropped:   k.ev.Dropped(),
+	}
 }
 
 var errLostClosed = fmt.Errorf("%w: %w", pgfence.ErrLeaseLost, pgfence.ErrClosed)
@@ -156,30 +206,98 @@ var errLostClosed = fmt.Errorf("%w: %w", pgfence.ErrLeaseLost, pgfence.ErrClosed
 // cancelled: it runs on to its answer (for at most [Config].QueryTimeout
 // more), and a lease it took is given back then, a round trip later. Only
 // when the answer never comes (the database or the network failed, or
-// Close) may such a lease stay held until its TTL ends.
+// Close) may such a lease stay held until its TTL ends. A statement still
+// unanswered a TTL after it was sent is cancelled in any case (its grant
+// would come past the lease's local deadline), and counts as a transient
+// error: a connection that died silently costs an attempt, not the wait.
+//
+// A transient database error (connection refused or reset, the server
+// shutting down or starting, a read-only standby such as a demoted primary,
+// a serialization failure: the database is failing over) is retried with
+// capped, jittered backoff for at most [Config].QueryTimeout from the call
+// (and while ctx lasts); when that runs out, TryAcquire returns an error
+// matching [pgfence.ErrUnavailable] that wraps the last attempt's error.
+// A lease whose grant arrives after its local deadline (the commit waited
+// longer than the TTL, say for a synchronous standby) is never returned:
+// it is given back, and TryAcquire returns an error matching
+// [pgfence.ErrNotAcquired].
 //
 // Other errors: [pgfence.ErrClosed] after Close, an invalid name or opts
 // (nothing written), an error matching [context.DeadlineExceeded] that
 // says the pool is exhausted when it gave no connection within
-// [Config].QueryTimeout (nothing sent), and database errors (wrapped). The returned
-// [pgfence.Lease] is a *[Lease].
+// [Config].QueryTimeout (nothing sent), and other database errors
+// (wrapped, not retried). The returned [pgfence.Lease] is a *[Lease].
 func (k *Locker) TryAcquire(ctx context.Context, name string, opts *AcquireOpts) (pgfence.Lease, error) {
-	l, err := k.tryAcquire(ctx, name, opts)
+	l, err := k.observeAcquire(ctx, name, opts, k.tryAcquire)
 	if err != nil {
 		return nil, err
 	}
 	return l, nil
 }
 
-func (k *Locker) tryAcquire(ctx context.Context, name string, opts *AcquireOpts) (*Lease, error) {
+// acquireFunc is tryAcquire or acquire: it counts its round trips in
+// *attempts.
+type acquireFunc func(ctx context.Context, name string, t leaseTiming, opts *AcquireOpts, attempts *int) (*Lease, error)
+
+// observeAcquire validates an acquire of name and runs it through f,
+// bracketed by the OpObserver's StartOp and EndOp, and reports the
+// outcome: the Acquired or NotAcquired event (bad input aside) and the
+// Stats counters. The statements run on StartOp's ctx.
+func (k *Locker) observeAcquire(ctx context.Context, name string, opts *AcquireOpts, f acquireFunc) (*Lease, error) {
+	start := time.Now()
 	t, err := k.prepare(ctx, name, opts)
-	if err != nil {
-		return nil, err
+	if err != nil && !errors.Is(err, pgfence.ErrNotAcquired) && !errors.Is(err, pgfence.ErrClosed) {
+		return nil, err // bad input
 	}
-	l, local, _, err := k.try(ctx, name, t)
+	op := pgfence.Op{Kind: pgfence.OpAcquire, Strategy: pgfence.StrategyLeaseTable, Name: name, Batch: 1}
+	ctx = k.ev.StartOp(ctx, op)
+	attempts := 0
+	var l *Lease
+	if err == nil {
+		l, err = f(ctx, name, t, opts, &attempts)
+	}
+	if err != nil {
+		k.nNotAcquired.Add(1)
+		if k.ev.Enabled() {
+			k.ev.Sync(ctx, pgfence.NotAcquired{Lock: pgfence.Lock{Kind: pgfence.StrategyLeaseTable, Name: name},
+				Wait: time.Since(start), Attempts: attempts, Err: err})
+		}
+	} else {
+		k.nAcquired.Add(1)
+		if k.ev.Enabled() {
+			k.ev.Sync(ctx, pgfence.Acquired{Lock: l.lock(), Wait: time.Since(start), Attempts: attempts})
+		}
+	}
+	k.ev.EndOp(ctx, op, err)
+	return l, err
+}
+
+func (k *Locker) tryAcquire(ctx context.Context, name string, t leaseTiming, _ *AcquireOpts, attempts *int) (*Lease, error) {
+	start := time.Now()
+	var (
+		l     *Lease
+		local bool
+		err   error
+	)
+	for failures := 1; ; failures++ {
+		l, local, _, err = k.try(ctx, name, t, attempts)
+		if err == nil || ctx.Err() != nil || !k.retryable(err) {
+			break
+		}
+		// The database is unavailable: retry while QueryTimeout lasts.
+		wait := k.backoff.Wait(failures)
+		if time.Since(start)+wait >= k.cfg.QueryTimeout {
+			return nil, acquireError(name, retry.Unavailable("", err))
+		}
+		k.suspectListen()
+		k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: acquire failed; retrying", "lease", name, "error", err, "retry_in", wait)
+		if serr := sleep(ctx, wait); serr != nil {
+			return nil, fmt.Errorf("pgfence: leasetable: acquire %q: %w; last attempt: %w", name, serr, retry.Unavailable("", err))
+		}
+	}
 	switch {
 	case err != nil:
-		return nil, err
+		return nil, acquireError(name, err)
 	case l == nil && local:
 		return nil, fmt.Errorf("pgfence: leasetable: lease %q is held by another caller of this Locker: %w", name, pgfence.ErrNotAcquired)
 	case l == nil:
@@ -201,24 +319,31 @@ func (k *Locker) tryAcquire(ctx context.Context, name string, opts *AcquireOpts)
 // and [context.DeadlineExceeded]. When ctx descends from the context of the
 // lease it asks for (a nested [Locker.Do]), it returns at once with an
 // error matching [pgfence.ErrAlreadyHeld]. After Close it returns
-// [pgfence.ErrClosed]. Database errors are returned at once (wrapped); they
-// are not retried, and neither is a wait for a pool connection that took
-// longer than [Config].QueryTimeout (see [Locker.TryAcquire]). ctx does
-// not bound the lease's lifetime. The returned
-// [pgfence.Lease] is a *[Lease].
+// [pgfence.ErrClosed].
+//
+// A transient database error (see [Locker.TryAcquire]: the database is
+// failing over) is retried with capped, jittered backoff (from 25ms up to
+// 500ms between attempts) for as long as ctx and opts.WaitTimeout allow.
+// When the wait ends while the last attempt had failed that way, the error
+// also matches [pgfence.ErrUnavailable] and wraps that attempt's error, in
+// addition to what it matches as described above (ctx's cause, or
+// ErrNotAcquired and DeadlineExceeded). A grant that arrives after its
+// local deadline is given back and the wait goes on. Other database errors
+// are returned at once (wrapped), and so is a wait for a pool connection
+// that took longer than [Config].QueryTimeout (see [Locker.TryAcquire]).
+// ctx does not bound the lease's lifetime. The returned [pgfence.Lease] is
+// a *[Lease].
 func (k *Locker) Acquire(ctx context.Context, name string, opts *AcquireOpts) (pgfence.Lease, error) {
-	l, err := k.acquire(ctx, name, opts)
+	l, err := k.observeAcquire(ctx, name, opts, k.acquire)
 	if err != nil {
 		return nil, err
 	}
 	return l, nil
 }
 
-func (k *Locker) acquire(ctx context.Context, name string, opts *AcquireOpts) (*Lease, error) {
-	t, err := k.prepare(ctx, name, opts)
-	if err != nil {
-		return nil, err
-	}
+func (k *Locker) acquire(ctx context.Context, name string, t leaseTiming, opts *AcquireOpts, attempts *int) (*Lease, error) {
+	k.waiting.Add(1)
+	defer k.waiting.Add(-1)
 	if opts != nil {
 		var cancel context.CancelFunc
 		ctx, cancel = hold.WaitTimeout(ctx, opts.WaitTimeout)
@@ -231,27 +356,84 @@ func (k *Locker) acquire(ctx context.Context, name string, opts *AcquireOpts) (*
 	defer k.removeWaiter(name, w)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	failures := 0
+	var unavailable error // the last attempt's transient error
+	ended := func() error {
+		if unavailable != nil {
+			return fmt.Errorf("pgfence: leasetable: acquire %q: %w; last attempt: %w", name, context.Cause(ctx), retry.Unavailable("", unavailable))
+		}
+		return fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, context.Cause(ctx))
+	}
 	for {
-		l, _, retryIn, err := k.try(ctx, name, t)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, context.Cause(ctx))
-			}
-			return nil, err
+		l, _, retryIn, err := k.try(ctx, name, t, attempts)
+		switch {
+		case err == nil:
+			failures, unavailable = 0, nil
+		case ctx.Err() != nil:
+			return nil, ended()
+		case errors.Is(err, errLateGrant):
+			failures, unavailable = failures+1, nil
+			retryIn = k.backoff.Wait(failures)
+		case k.retryable(err):
+			failures, unavailable = failures+1, err
+			retryIn = k.backoff.Wait(failures)
+			k.suspectListen()
+			k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: acquire failed; retrying", "lease", name, "error", err, "retry_in", retryIn)
+		default:
+			return nil, acquireError(name, err)
 		}
 		if l != nil {
 			return l, nil
 		}
-		k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: waiting for lease", "lease", name, "retry_in", retryIn)
+		if unavailable == nil {
+			k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: waiting for lease", "lease", name, "retry_in", retryIn)
+		}
 		timer.Reset(retryIn)
 		select {
 		case <-w.ch:
 		case <-timer.C:
 		case <-ctx.Done():
-			return nil, fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, context.Cause(ctx))
+			return nil, ended()
 		case <-k.closeCtx.Done():
 			return nil, fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, pgfence.ErrClosed)
 		}
+	}
+}
+
+// acquireError prefixes an error of an acquire of name.
+func acquireError(name string, err error) error {
+	if errors.Is(err, pgfence.ErrClosed) || errors.Is(err, errLateGrant) {
+		return err // already says which lease
+	}
+	return fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, err)
+}
+
+// retryable reports whether err of one of the Locker's statements is
+// retried: a transient database error (retry.Transient).
+func (k *Locker) retryable(err error) bool {
+	var noAnswer *noAnswerError
+	return !k.noRetry && (retry.Transient(err) || errors.As(err, &noAnswer))
+}
+
+// suspectListen asks the LISTEN connection, if any, to check itself now:
+// a statement just failed with a transient error, and the LISTEN
+// connection may have died with the others without noticing.
+func (k *Locker) suspectListen() {
+	k.mu.Lock()
+	n := k.listener
+	k.mu.Unlock()
+	n.Suspect()
+}
+
+// sleep waits d or until ctx ends, returning ctx's cause then.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
 	}
 }
 
@@ -262,11 +444,14 @@ func (k *Locker) acquire(ctx context.Context, name string, opts *AcquireOpts) (*
 // the lease itself; Do then does not release it again. A Do nested in fn
 // for the same name returns [pgfence.ErrAlreadyHeld] at once.
 //
-// Do returns the error from acquiring (and does not call fn). Otherwise it
-// returns fn's error joined with the loss (an error matching
-// [pgfence.ErrLeaseLost]) whenever the lease was lost before fn returned,
-// since fn's work may not have been protected throughout, and joined with
-// the release's error (the lease then expires after its TTL).
+// Do returns the error from acquiring (and does not call fn); it matches
+// [pgfence.ErrUnavailable] when the database stayed unavailable, as for
+// Acquire. Otherwise it returns fn's error joined with the loss (an error
+// matching [pgfence.ErrLeaseLost]) whenever the lease was lost before fn
+// returned, since fn's work may not have been protected throughout, and
+// joined with the release's error (the lease then expires after its TTL,
+// unless the error matches ErrUnavailable: then a background retry
+// releases it once the database is back; see [Lease.Release]).
 func (k *Locker) Do(ctx context.Context, name string, opts *AcquireOpts, fn func(ctx context.Context, l pgfence.Lease) error) error {
 	return hold.Do(ctx, k, name, "pgfence: leasetable", func(ctx context.Context) (pgfence.Lease, error) {
 		return k.Acquire(ctx, name, opts)

@@ -23,9 +23,8 @@ func (k *Locker) addWaiter(name string) (*waiter, error) {
 		k.waiters[name] = set
 	}
 	set[w] = struct{}{}
-	if !k.listenerStarted && !k.cfg.DisableListen {
-		k.listenerStarted = true
-		notifier.Start(k.closeCtx, notifier.Config{
+	if k.listener == nil && !k.cfg.DisableListen {
+		k.listener = notifier.Start(k.closeCtx, notifier.Config{
 			ConnConfig:    k.cfg.ListenConnConfig,
 			Channel:       NotifyChannel,
 			CheckInterval: k.cfg.ListenCheckInterval,
@@ -36,9 +35,26 @@ func (k *Locker) addWaiter(name string) (*waiter, error) {
 			Listening:     k.wakeAll,
 			Probe:         k.probeListen,
 			ProbeTimeout:  probeTimeout(k.cfg.ListenCheckInterval),
+			Lost:          k.listenLost,
+			Restored:      k.listenRestored,
 		}, &k.background)
 	}
 	return w, nil
+}
+
+// listenLost reports that the LISTEN connection stopped listening.
+func (k *Locker) listenLost(err error) {
+	if k.ev.Enabled() {
+		k.ev.Async(context.Background(), pgfence.ListenLost{Kind: pgfence.StrategyLeaseTable, Err: err})
+	}
+}
+
+// listenRestored reports that the LISTEN connection listens again.
+func (k *Locker) listenRestored(down time.Duration) {
+	k.cfg.Logger.InfoContext(context.Background(), "pgfence: leasetable: LISTEN connection restored", "down", down)
+	if k.ev.Enabled() {
+		k.ev.Async(context.Background(), pgfence.ListenRestored{Kind: pgfence.StrategyLeaseTable, Down: down})
+	}
 }
 
 func (k *Locker) removeWaiter(name string, w *waiter) {

@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/events"
+	"github.com/pgfence/pgfence/internal/retry"
 )
 
 // renewSQL extends a batch of leases in one statement (%[1]s is the
@@ -59,7 +61,7 @@ func (k *Locker) watchdog() {
 		}
 		k.mu.Unlock()
 		if len(batch) > 0 {
-			_, _ = k.renew(k.closeCtx, batch)
+			_, _ = k.renew(k.closeCtx, batch, true)
 			continue
 		}
 		timer.Reset(time.Until(next))
@@ -74,21 +76,33 @@ func (k *Locker) watchdog() {
 }
 
 // renew renews batch in one statement, bounded by QueryTimeout and the
-// last local deadline in the batch, with ctx's values and cancellation. A
-// lease the database no longer holds is lost; after a statement error the
-// leases stay held and are retried soon. It returns the statement's error
-// and the leases that were lost.
-func (k *Locker) renew(ctx context.Context, batch []*Lease) (lost map[*Lease]bool, err error) {
+// last local deadline in the batch, with ctx's cancellation; the
+// statement carries ctx's values, or with own (the watchdog's renewal,
+// ctx the Locker's lifetime) those of the first lease's acquiring ctx. It
+// is one renew operation for the OpObserver, linked to the other leases'
+// acquiring ctxs. A lease the database no longer holds is lost; after a
+// statement error the leases stay held and are retried soon. It returns
+// the statement's error and the leases that were lost.
+func (k *Locker) renew(ctx context.Context, batch []*Lease, own bool) (lost map[*Lease]bool, err error) {
 	slices.SortFunc(batch, func(a, b *Lease) int { return strings.Compare(a.name, b.name) })
 	names := make([]string, 0, len(batch))
 	tokens := make([]int64, 0, len(batch))
 	ttls := make([]int64, 0, len(batch))
-	var lastDeadline time.Time
+	var (
+		lastDeadline time.Time
+		first        *Lease
+		links        []context.Context
+	)
 	done := make(chan struct{})
 	k.mu.Lock()
 	for _, l := range batch {
 		if l.state != stateHeld {
 			continue
+		}
+		if first == nil {
+			first = l
+		} else if k.ev.Enabled() {
+			links = append(links, l.values)
 		}
 		l.inflight = done
 		names = append(names, l.name)
@@ -104,6 +118,18 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease) (lost map[*Lease]boo
 		return nil, nil
 	}
 
+	if own {
+		var stop func()
+		ctx, stop = events.Values(first.values, ctx)
+		defer stop()
+	}
+	op := pgfence.Op{Kind: pgfence.OpRenew, Strategy: pgfence.StrategyLeaseTable, Batch: len(names), Links: links}
+	if len(names) == 1 {
+		op.Name = names[0]
+	}
+	ctx = k.ev.StartOp(ctx, op)
+	defer func() { k.ev.EndOp(ctx, op, err) }()
+
 	// Past the last local deadline every lease in the batch is lost anyway.
 	sent := time.Now()
 	stmtDeadline := sent.Add(k.cfg.QueryTimeout)
@@ -111,13 +137,13 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease) (lost map[*Lease]boo
 		stmtDeadline = lastDeadline
 	}
 	parent := ctx
-	ctx, cancel := context.WithDeadline(ctx, stmtDeadline)
+	sctx, cancel := context.WithDeadline(ctx, stmtDeadline)
 	defer cancel()
 	renewed := make(map[int64]bool, len(names))
 	conn, err := k.conn(parent, "renewal", time.Until(stmtDeadline), false)
 	var rows pgx.Rows
 	if err == nil {
-		rows, err = conn.Query(ctx, k.sql.renew, names, tokens, ttls)
+		rows, err = conn.Query(sctx, k.sql.renew, names, tokens, ttls)
 		defer conn.Release()
 	}
 	if err == nil {
@@ -133,10 +159,17 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease) (lost map[*Lease]boo
 			err = rows.Err()
 		}
 	}
+	if err != nil && conn != nil {
+		k.discardStale(conn, err)
+	}
+	if err != nil && k.retryable(err) {
+		k.suspectListen()
+	}
 
 	// A renewal ended by its caller (Renew's ctx) or by Close is no failure
 	// of the database: the watchdog carries on, and nothing is logged.
-	if err != nil && parent.Err() == nil && k.closeCtx.Err() == nil {
+	failed := err != nil && parent.Err() == nil && k.closeCtx.Err() == nil
+	if failed {
 		k.cfg.Logger.WarnContext(ctx, "pgfence: leasetable: renewal failed; retrying until each lease's local deadline",
 			"leases", len(names), "error", err)
 	}
@@ -151,12 +184,32 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease) (lost map[*Lease]boo
 		}
 		switch {
 		case err != nil:
-			retry := max(10*time.Millisecond, min(l.timing.renewEvery/4, time.Second))
-			l.nextRenew = time.Now().Add(retry)
+			// Each attempt is bounded on its own (QueryTimeout), so a dead
+			// connection costs one attempt; the next comes after a backoff
+			// (from 25ms), capped at a quarter of the renewal interval, so
+			// several fit before the local deadline.
+			n := l.renewFails + 1
+			if failed {
+				l.renewFails = n
+				k.nRenewFailures.Add(1)
+				if k.ev.Enabled() {
+					k.ev.Async(l.values, pgfence.RenewalFailed{Lock: l.lock(), Attempt: n, Err: err})
+				}
+			}
+			wait := min(k.backoff.Wait(n), max(10*time.Millisecond, min(l.timing.renewEvery/4, time.Second)))
+			l.nextRenew = time.Now().Add(wait)
 		case renewed[l.token]:
+			l.renewFails = 0
 			l.deadline = sent.Add(l.timing.ttl - l.timing.margin)
 			l.nextRenew = sent.Add(l.timing.renewEvery)
-			k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: lease renewed", logAttrs(l)...)
+			lctx := ctx // Renew's caller
+			if own {
+				lctx = l.values
+			}
+			k.cfg.Logger.DebugContext(lctx, "pgfence: leasetable: lease renewed", logAttrs(l)...)
+			if k.ev.Enabled() {
+				k.ev.Async(l.values, pgfence.Renewed{Lock: l.lock(), Expiry: l.deadline})
+			}
 		default:
 			if lost == nil {
 				lost = make(map[*Lease]bool)
@@ -183,6 +236,9 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease) (lost map[*Lease]boo
 // round trip. When the statement fails (the database is unreachable, or ctx
 // ended), the error is returned wrapped and the lease stays held: the
 // watchdog retries until the local deadline, as for any failed renewal.
+// Renew itself does not retry: a transient error (the database is failing
+// over; see [Locker.TryAcquire]) is returned as an error matching
+// [pgfence.ErrUnavailable] that wraps it.
 func (l *Lease) Renew(ctx context.Context) error {
 	if err := l.Err(); err != nil {
 		return err
@@ -199,10 +255,12 @@ func (l *Lease) Renew(ctx context.Context) error {
 			return fmt.Errorf("pgfence: leasetable: renew %q: %w", l.name, context.Cause(ctx))
 		}
 	}
-	lost, err := k.renew(ctx, []*Lease{l})
+	lost, err := k.renew(ctx, []*Lease{l}, false)
 	switch {
 	case lost[l]:
 		return l.Err()
+	case err != nil && ctx.Err() == nil && k.retryable(err):
+		return fmt.Errorf("pgfence: leasetable: renew %q (token %d): %w", l.name, l.token, retry.Unavailable("", err))
 	case err != nil:
 		return fmt.Errorf("pgfence: leasetable: renew %q (token %d): %w", l.name, l.token, err)
 	}

@@ -1,9 +1,10 @@
 // Package notifier keeps one LISTEN connection for a Locker of either
 // strategy: it connects, subscribes, delivers notifications, health-checks
-// the connection when it has been silent, reconnects with capped backoff
-// and jitter when it fails, and tells its owner when it is listening again
-// so the owner can wake every waiter (a release may have been missed
-// meanwhile). Package leasetable and package advisory each run one; the
+// the connection when it has been silent (and promptly when the owner
+// suspects it, after one of its own statements failed), reconnects with
+// capped backoff and jitter when it fails, and tells its owner when it lost
+// and regained listening, so the owner can wake every waiter (a release may
+// have been missed meanwhile) and report it. Package leasetable and package advisory each run one; the
 // owner's own work on the connection (advisory's interest locks) runs
 // through the Apply hook, between two waits.
 //
@@ -20,19 +21,29 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgfence/pgfence/internal/retry"
 )
 
-// Backoff bounds between two connection attempts; each failure doubles the
-// pause up to MaxBackoff, and the actual pause is drawn from [pause/2,
-// pause*3/2) so that the Lockers of a fleet do not reconnect in step.
+// Default backoff bounds between two connection attempts (those of
+// retry.Default): each failure doubles the pause up to MaxBackoff, and the
+// actual pause is drawn from [pause/2, pause] (retry.Backoff) so that the
+// Lockers of a fleet do not reconnect in step. Short, so that a Locker
+// listens again within about half a second of a new primary accepting
+// connections. Config.Backoff overrides them.
 const (
-	MinBackoff = 50 * time.Millisecond
-	MaxBackoff = 5 * time.Second
+	MinBackoff = 25 * time.Millisecond
+	MaxBackoff = 500 * time.Millisecond
 )
+
+// DefaultSuspectTimeout bounds the health check that Suspect asks for,
+// when Config.SuspectTimeout is zero.
+const DefaultSuspectTimeout = time.Second
 
 // Config configures a notifier. ConnConfig, Channel and Logger are
 // required; the hooks are optional.
@@ -60,6 +71,21 @@ type Config struct {
 	// Ended is called when a connection ended; wasListening tells whether
 	// it had been listening (waiters may have missed a notification).
 	Ended func(wasListening bool)
+	// Lost, when set, is called once per outage, with its first error:
+	// when a connection that was listening failed, or the first connect
+	// failed (not when ctx ended or the owner was idle). A connection found
+	// deaf (see Probe) is reported too; it is never restored.
+	Lost func(err error)
+	// Restored, when set, is called when a connection is listening again
+	// after Lost, with how long it was not (before Listening).
+	Restored func(down time.Duration)
+
+	// Backoff spaces reconnects; zero means MinBackoff..MaxBackoff.
+	Backoff retry.Backoff
+	// SuspectTimeout bounds the health check that Suspect asks for; zero
+	// means DefaultSuspectTimeout, and it is never longer than
+	// CheckTimeout.
+	SuspectTimeout time.Duration
 	// Apply, when set, runs on the connection once after each connect and
 	// again after each Kick, before the next wait. A positive retryIn asks
 	// for another run after that long. An error ends the connection.
@@ -87,17 +113,29 @@ type Config struct {
 
 // Notifier is a running LISTEN loop. Create it with Start.
 type Notifier struct {
-	cfg  Config
-	done chan struct{}
+	cfg       Config
+	done      chan struct{}
+	listening atomic.Bool // a connection is listening now
 
 	mu        sync.Mutex
 	dirty     bool               // Kick was called since the last Apply
+	suspectAt time.Time          // when to run the check Suspect asked for; zero: none
+	suspected time.Time          // when the last such check ran
 	interrupt context.CancelFunc // ends the current wait, if any
 }
 
 // Start runs the loop in a goroutine until ctx ends or Idle says stop; wg
 // (if not nil) counts the goroutine.
 func Start(ctx context.Context, cfg Config, wg *sync.WaitGroup) *Notifier {
+	if cfg.Backoff == (retry.Backoff{}) {
+		cfg.Backoff = retry.Backoff{Min: MinBackoff, Max: MaxBackoff}
+	}
+	if cfg.SuspectTimeout <= 0 {
+		cfg.SuspectTimeout = DefaultSuspectTimeout
+	}
+	if cfg.CheckTimeout > 0 {
+		cfg.SuspectTimeout = min(cfg.SuspectTimeout, cfg.CheckTimeout)
+	}
 	n := &Notifier{cfg: cfg, done: make(chan struct{}), dirty: true}
 	if wg != nil {
 		wg.Add(1)
@@ -115,11 +153,48 @@ func Start(ctx context.Context, cfg Config, wg *sync.WaitGroup) *Notifier {
 // Done is closed when the loop has stopped.
 func (n *Notifier) Done() <-chan struct{} { return n.done }
 
+// Listening reports whether a connection is listening now. It is safe on
+// a nil *Notifier (false).
+func (n *Notifier) Listening() bool { return n != nil && n.listening.Load() }
+
 // Kick asks the loop to run Apply soon, interrupting its wait.
 func (n *Notifier) Kick() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.dirty = true
+	n.interruptLocked()
+}
+
+// suspectQuiet is the least time between two checks that Suspect asks
+// for: during an outage every failed statement of the owner calls it.
+const suspectQuiet = time.Second
+
+// Suspect tells the loop that the owner's own statement just failed in a
+// way that suggests the server or the network failed (a transient error):
+// the listening connection may be dead without knowing it (a cut without
+// a reset). The loop checks it with a round trip bounded by
+// SuspectTimeout, at once or, when such a check ran less than a second
+// ago, a second after that one (calls meanwhile share it), and replaces
+// it when that fails; so a silently dead connection is noticed within
+// about a second and that timeout of the owner's error, not after
+// CheckInterval. Suspect never blocks; it is safe on a nil *Notifier.
+func (n *Notifier) Suspect() {
+	if n == nil {
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.listening.Load() || !n.suspectAt.IsZero() {
+		return // not listening, or a check is already due
+	}
+	n.suspectAt = time.Now()
+	if next := n.suspected.Add(suspectQuiet); next.After(n.suspectAt) {
+		n.suspectAt = next
+	}
+	n.interruptLocked()
+}
+
+func (n *Notifier) interruptLocked() {
 	if n.interrupt != nil {
 		n.interrupt()
 		n.interrupt = nil
@@ -150,7 +225,7 @@ func (n *Notifier) probe(ctx context.Context, conn *pgx.Conn) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		n.cfg.Logger.Debug(n.cfg.LogPrefix+": could not send the LISTEN probe; using the connection unchecked", "error", err)
+		n.cfg.Logger.DebugContext(ctx, n.cfg.LogPrefix+": could not send the LISTEN probe; using the connection unchecked", "error", err)
 		return nil
 	}
 	for {
@@ -173,46 +248,81 @@ func (n *Notifier) probe(ctx context.Context, conn *pgx.Conn) error {
 }
 
 func (n *Notifier) run(ctx context.Context) {
-	backoff := MinBackoff
+	failures := 0
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	var down downState
 	for {
-		listening, err := n.once(ctx)
+		listening, err := n.once(ctx, &down)
+		n.listening.Store(false)
 		if n.cfg.Ended != nil {
 			n.cfg.Ended(listening)
 		}
 		if errors.Is(err, errIdle) {
-			n.cfg.Logger.Debug(n.cfg.LogPrefix + ": idle LISTEN connection closed")
+			n.cfg.Logger.DebugContext(ctx, n.cfg.LogPrefix+": idle LISTEN connection closed")
 			return
 		}
 		if errors.Is(err, errDeaf) {
-			n.cfg.Logger.Warn(n.cfg.LogPrefix+": LISTEN does not receive notifications on this connection: is it behind a transaction pooler? "+
+			n.cfg.Logger.WarnContext(ctx, n.cfg.LogPrefix+": LISTEN does not receive notifications on this connection: is it behind a transaction pooler? "+
 				"set ListenConnConfig to a direct connection or DisableListen; waiters fall back to timed retries",
 				"channel", n.cfg.Channel, "probe_timeout", n.cfg.ProbeTimeout)
+			down.lost(n, err)
 			return
 		}
 		if ctx.Err() != nil || (n.cfg.Idle != nil && n.cfg.Idle(true)) {
 			return
 		}
+		down.lost(n, err)
 		if listening {
-			backoff = MinBackoff
+			failures = 0
 		}
-		n.cfg.Logger.Warn(n.cfg.LogPrefix+": LISTEN connection failed; waiters fall back to timed retries until it is back",
-			"error", err, "retry_in", backoff)
-		timer.Reset(backoff/2 + rand.N(backoff+1))
+		failures++
+		wait := n.cfg.Backoff.Wait(failures)
+		n.cfg.Logger.WarnContext(ctx, n.cfg.LogPrefix+": LISTEN connection failed; waiters fall back to timed retries until it is back",
+			"error", err, "retry_in", wait)
+		timer.Reset(wait)
 		select {
 		case <-timer.C:
 		case <-ctx.Done():
 			return
 		}
-		backoff = min(2*backoff, MaxBackoff)
+	}
+}
+
+// downState tracks one outage of the LISTEN connection, for the Lost and
+// Restored hooks.
+type downState struct {
+	down  bool
+	since time.Time
+}
+
+// lost records a failure: the first of an outage calls Lost.
+func (d *downState) lost(n *Notifier, err error) {
+	if d.down {
+		return
+	}
+	d.down, d.since = true, time.Now()
+	if n.cfg.Lost != nil {
+		n.cfg.Lost(err)
+	}
+}
+
+// restored records that a connection listens: after an outage it calls
+// Restored.
+func (d *downState) restored(n *Notifier) {
+	if !d.down {
+		return
+	}
+	d.down = false
+	if n.cfg.Restored != nil {
+		n.cfg.Restored(time.Since(d.since))
 	}
 }
 
 // once connects, listens, applies and delivers notifications until the
 // connection fails, ctx ends or the owner is idle. listening reports
 // whether LISTEN succeeded.
-func (n *Notifier) once(ctx context.Context) (listening bool, err error) {
+func (n *Notifier) once(ctx context.Context, down *downState) (listening bool, err error) {
 	// A wait ended by its own context (a Kick, a tick, a health check)
 	// leaves the connection usable: see connConfig.
 	conn, err := open(ctx, n.cfg.ConnConfig, n.cfg.Channel)
@@ -222,13 +332,14 @@ func (n *Notifier) once(ctx context.Context) (listening bool, err error) {
 	defer closeConn(conn)
 	n.mu.Lock()
 	n.dirty = true
+	n.suspectAt, n.suspected = time.Time{}, time.Time{}
 	n.mu.Unlock()
 	if n.cfg.Probe != nil {
 		if err := n.probe(ctx, conn); err != nil {
 			return false, err
 		}
 	}
-	n.cfg.Logger.Debug(n.cfg.LogPrefix+": LISTEN connection ready", "channel", n.cfg.Channel)
+	n.cfg.Logger.DebugContext(ctx, n.cfg.LogPrefix+": LISTEN connection ready", "channel", n.cfg.Channel)
 	var retryAt time.Time
 	first := true
 	lastHeard := time.Now()
@@ -251,6 +362,8 @@ func (n *Notifier) once(ctx context.Context) (listening bool, err error) {
 		}
 		if first {
 			first = false
+			n.listening.Store(true)
+			down.restored(n)
 			if n.cfg.Listening != nil {
 				n.cfg.Listening()
 			}
@@ -266,27 +379,42 @@ func (n *Notifier) once(ctx context.Context) (listening bool, err error) {
 			}
 			continue
 		}
-		// The wait ended by itself: a Kick, a retry, or a tick.
+		// The wait ended by itself: a Kick, a Suspect, a retry, or a tick.
 		if n.cfg.Idle != nil && n.cfg.Idle(false) {
 			return true, errIdle
 		}
-		if n.cfg.CheckInterval < 0 || time.Since(lastHeard) < n.cfg.CheckInterval {
+		n.mu.Lock()
+		suspect := !n.suspectAt.IsZero() && !time.Now().Before(n.suspectAt)
+		if suspect {
+			n.suspectAt, n.suspected = time.Time{}, time.Now()
+		}
+		n.mu.Unlock()
+		timeout := n.cfg.CheckTimeout
+		switch {
+		case suspect:
+			timeout = n.cfg.SuspectTimeout
+		case n.cfg.CheckInterval < 0 || time.Since(lastHeard) < n.cfg.CheckInterval:
 			continue
 		}
 		lastHeard = time.Now()
-		// Nothing arrived for CheckInterval and the connection is still
-		// usable: check it. If the check times out, pgconn closes the
-		// connection (a timeout during a query is fatal) in a goroutine of
-		// its own, which the deferred closeConn waits for.
-		cctx, cancel := context.WithTimeout(ctx, n.cfg.CheckTimeout)
+		// Nothing arrived for CheckInterval, or the owner suspects the
+		// connection, and it is still usable: check it. If the check times
+		// out, pgconn closes the connection (a timeout during a query is
+		// fatal) in a goroutine of its own, which the deferred closeConn
+		// waits for.
+		cctx, cancel := context.WithTimeout(ctx, timeout)
 		err = check(cctx, conn, n.cfg.Channel)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return true, err
 			}
+			if suspect {
+				return true, fmt.Errorf("health check of the LISTEN connection, after an error of another statement, failed (timeout %v): %w",
+					timeout, err)
+			}
 			return true, fmt.Errorf("health check of the LISTEN connection, silent for %v, failed (timeout %v): %w",
-				n.cfg.CheckInterval, n.cfg.CheckTimeout, err)
+				n.cfg.CheckInterval, timeout, err)
 		}
 	}
 }
@@ -312,13 +440,21 @@ func (n *Notifier) wait(ctx context.Context, conn *pgx.Conn, retryAt time.Time) 
 	if !retryAt.IsZero() {
 		tick = min(tick, max(time.Until(retryAt), 0))
 	}
-	wctx, cancel := context.WithTimeout(ctx, tick)
-	defer cancel()
 	n.mu.Lock()
+	if !n.suspectAt.IsZero() {
+		d := time.Until(n.suspectAt)
+		if d <= 0 {
+			n.mu.Unlock()
+			return nil, nil
+		}
+		tick = min(tick, d)
+	}
 	if n.dirty {
 		n.mu.Unlock()
 		return nil, nil
 	}
+	wctx, cancel := context.WithTimeout(ctx, tick)
+	defer cancel()
 	n.interrupt = cancel
 	n.mu.Unlock()
 	msg, err := conn.WaitForNotification(wctx)

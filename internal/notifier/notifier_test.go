@@ -77,8 +77,13 @@ func TestDeliversReconnectsAndStops(t *testing.T) {
 	db := pgtest.NewDB(t)
 	ctx := t.Context()
 	h := newHooks()
+	cfg := h.config(t, db, "chan_a")
+	lost := make(chan error, 4)
+	restored := make(chan time.Duration, 4)
+	cfg.Lost = func(err error) { lost <- err }
+	cfg.Restored = func(d time.Duration) { restored <- d }
 	var wg sync.WaitGroup
-	n := notifier.Start(ctx, h.config(t, db, "chan_a"), &wg)
+	n := notifier.Start(ctx, cfg, &wg)
 
 	within(t, h.listening, "listening")
 	require.Positive(t, h.applied.Load(), "Apply runs on each new connection")
@@ -95,7 +100,10 @@ func TestDeliversReconnectsAndStops(t *testing.T) {
 		"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'notifier-test-chan_a'").Scan(&killed))
 	require.True(t, killed)
 	require.True(t, within(t, h.ended, "the end of the killed connection"), "it had been listening")
+	require.Error(t, within(t, lost, "Lost"))
+	require.Positive(t, within(t, restored, "Restored"))
 	within(t, h.listening, "listening again")
+	require.True(t, n.Listening())
 	_, err = db.Pool.Exec(ctx, "SELECT pg_notify('chan_a', 'again')")
 	require.NoError(t, err)
 	require.Equal(t, "again", within(t, h.payloads, "a notification on the new connection"))
@@ -103,4 +111,6 @@ func TestDeliversReconnectsAndStops(t *testing.T) {
 	h.idle.Store(true)
 	within(t, n.Done(), "stop when idle")
 	wg.Wait()
+	require.False(t, n.Listening())
+	require.Empty(t, lost, "stopping when idle is no loss")
 }

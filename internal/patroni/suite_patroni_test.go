@@ -191,12 +191,12 @@ func (s *suite) fault(name string, inject injectFunc, repair func(old *patroni.N
 	h := s.w.History()
 	gap := grantGap(h, in.at, end)
 	resumed := firstGrantAfter(h, writable)
-	fails, sample := acquireFailures(h, in.at, writable+time.Second)
+	fails, unavailable, sample := s.acquireFailures(h, in.at, writable+time.Second)
 	told, margin := s.advisoryTold(in.at, writable, name)
 	t.Logf("patroni: fault=%s mode=%s at=%s old=%s new=%s to_new_primary=%s (became writable in (%s, %s]) no_grants=%s grants_resumed_after_writable=%s "+
-		"acquire_errors=%d listen_back=%s (%d/%d on the new primary) long_lease=%s handover=%s advisory_told_before_writable=%s (min margin %s)%s",
+		"acquire_errors=%d (ErrUnavailable %d) listen_back=%s (%d/%d on the new primary) long_lease=%s handover=%s advisory_told_before_writable=%s (min margin %s)%s",
 		name, s.mode, secs(in.at), old.Name, newNode.Name, secs(writable-in.at), secs(wr.Before-in.at), secs(writable-in.at),
-		secs(gap), secs(resumed), fails, secs(listenBack), countIn(listenNow, listen0), len(listen0),
+		secs(gap), secs(resumed), fails, unavailable, secs(listenBack), countIn(listenNow, listen0), len(listen0),
 		longText(lr), handover(lr), told, secs(margin), in.note)
 	t.Logf("patroni: fault=%s release_in_outage: called at +%s, returned at +%s, %s, contender granted %s",
 		name, secs(rr.ReleasedAt-in.at), secs(rr.ReleaseReturned-in.at), releaseText(rr), grantedAfter(rr, writable))
@@ -362,9 +362,9 @@ func firstGrantAfter(h chaos.History, t time.Duration) time.Duration {
 }
 
 // acquireFailures counts the Acquire calls that failed, other than by
-// waiting out their time, in [from, to], and returns the first's error.
-func acquireFailures(h chaos.History, from, to time.Duration) (int, string) {
-	n, first := 0, ""
+// waiting out their time, in [from, to], and how many of them matched
+// pgfence.ErrUnavailable; it returns the first's error.
+func (s *suite) acquireFailures(h chaos.History, from, to time.Duration) (n, unavailable int, first string) {
 	for _, op := range h {
 		r := time.Duration(op.Return)
 		if op.Kind != chaos.Acquire || op.Outcome != chaos.Fail || r < from || r > to {
@@ -374,6 +374,9 @@ func acquireFailures(h chaos.History, from, to time.Duration) (int, string) {
 			continue
 		}
 		n++
+		if s.w.Unavailable(op.Index) {
+			unavailable++
+		}
 		if first == "" {
 			first = strings.Join(strings.Fields(op.Err), " ")
 			if len(first) > 300 {
@@ -381,7 +384,7 @@ func acquireFailures(h chaos.History, from, to time.Duration) (int, string) {
 			}
 		}
 	}
-	return n, first
+	return n, unavailable, first
 }
 
 // short reports whether name is one of the short holders' locks.

@@ -100,6 +100,11 @@ type Workload struct {
 	ackedLatest map[int]time.Duration
 	ackedWake   chan struct{} // closed and replaced on each acknowledged write
 	resources   map[string]int
+	// pending holds the names whose row is not created yet.
+	pending map[string]int
+	// unavailable holds the indexes of the failed operations whose error
+	// matched pgfence.ErrUnavailable.
+	unavailable map[int]bool
 	lockers     []func()
 	pools       []*pgxpool.Pool
 	writeSeq    atomic.Int64
@@ -114,7 +119,7 @@ type Workload struct {
 // Holder), which may outlive the holders' own contexts.
 func NewWorkload(ctx context.Context, url string, clock *Clock) (*Workload, error) {
 	w := &Workload{zctx: ctx, clock: clock, url: url, ackedLatest: map[int]time.Duration{}, ackedWake: make(chan struct{}),
-		resources: map[string]int{}}
+		resources: map[string]int{}, pending: map[string]int{}, unavailable: map[int]bool{}}
 	var err error
 	if w.writes, err = w.pool(ctx, "hasuite-writes", 16); err != nil {
 		return nil, err
@@ -144,13 +149,18 @@ func (w *Workload) pool(ctx context.Context, app string, maxConns int32) (*pgxpo
 	return p, nil
 }
 
-// resource returns the row protected by name, creating it.
+// resource returns the row protected by name, creating it: the name is
+// recorded once its row's INSERT has committed (on failure the next call
+// tries again with the same id).
 func (w *Workload) resource(ctx context.Context, name string) (int, error) {
 	w.mu.Lock()
 	id, ok := w.resources[name]
 	if !ok {
-		id = len(w.resources) + 1
-		w.resources[name] = id
+		if id, ok = w.pending[name]; !ok {
+			id = len(w.resources) + len(w.pending) + 1
+			w.pending[name] = id
+		}
+		ok = false
 	}
 	w.mu.Unlock()
 	if ok {
@@ -159,6 +169,10 @@ func (w *Workload) resource(ctx context.Context, name string) (int, error) {
 	if _, err := w.writes.Exec(ctx, resourceInsertSQL, id); err != nil {
 		return 0, fmt.Errorf("patroni: resource row: %w", err)
 	}
+	w.mu.Lock()
+	delete(w.pending, name)
+	w.resources[name] = id
+	w.mu.Unlock()
 	return id, nil
 }
 
@@ -231,6 +245,14 @@ func (w *Workload) History() chaos.History {
 	return append(chaos.History(nil), w.ops...)
 }
 
+// Unavailable reports whether operation i failed with an error matching
+// pgfence.ErrUnavailable.
+func (w *Workload) Unavailable(i int) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.unavailable[i]
+}
+
 // Holds returns a copy of the holds recorded so far.
 func (w *Workload) Holds() []Hold {
 	w.mu.Lock()
@@ -301,6 +323,11 @@ func (w *Workload) acquire(ctx context.Context, p int, strategy, name string, l 
 	lease, err := l.Acquire(ctx, name, opts)
 	if err != nil {
 		w.complete(i, chaos.Fail, func(o *chaos.Op) { o.Err = err.Error() })
+		if errors.Is(err, pgfence.ErrUnavailable) {
+			w.mu.Lock()
+			w.unavailable[i] = true
+			w.mu.Unlock()
+		}
 		return nil, nil, err
 	}
 	h := w.granted(p, strategy, name, lease, long)

@@ -170,18 +170,22 @@ func (s *suite) fault(name string, inject injectFunc, repair func(old *patroni.N
 
 	// The LISTEN connections that were on the old primary, back on the
 	// new one; and the first grant there.
-	listenBack := time.Duration(-1)
+	listenBack, slowest := time.Duration(-1), ""
 	var listenNow []string
 	deadline := writable + 10*time.Second
 	for s.clock.Now() < deadline {
 		listenNow, _ = patroni.ListenSessions(ctx, newNode.URL(patroni.Database))
-		if containsAll(listenNow, listen0) {
+		missing := slices.DeleteFunc(slices.Clone(listen0), func(n string) bool { return slices.Contains(listenNow, n) })
+		if len(missing) == 1 {
+			slowest = missing[0]
+		}
+		if len(missing) == 0 {
 			listenBack = s.clock.Now() - writable
 			break
 		}
 		require.NoError(t, sleep(ctx, 100*time.Millisecond))
 	}
-	for s.clock.Now() < writable+3*time.Second || (firstGrantAfter(s.w.History(), writable) < 0 && s.clock.Now() < deadline) {
+	for s.clock.Now() < writable+3*time.Second || (firstGrantAfter(s.w.History(), writable, "") < 0 && s.clock.Now() < deadline) {
 		require.NoError(t, sleep(ctx, 100*time.Millisecond))
 	}
 	lr := long.Finish(ctx)
@@ -190,18 +194,25 @@ func (s *suite) fault(name string, inject injectFunc, repair func(old *patroni.N
 
 	h := s.w.History()
 	gap := grantGap(h, in.at, end)
-	resumed := firstGrantAfter(h, writable)
-	fails, unavailable, sample := s.acquireFailures(h, in.at, writable+time.Second)
+	resumed := firstGrantAfter(h, writable, "")
+	ltResumed, advResumed := firstGrantAfter(h, writable, "short-"), firstGrantAfter(h, writable, "adv-")
+	ltFails, unavailable, sample := s.acquireFailures(h, in.at, writable+time.Second, "leasetable")
+	advFails, advUnavailable, advSample := s.acquireFailures(h, in.at, writable+time.Second, "advisory")
 	told, margin := s.advisoryTold(in.at, writable, name)
-	t.Logf("patroni: fault=%s mode=%s at=%s old=%s new=%s to_new_primary=%s (became writable in (%s, %s]) no_grants=%s grants_resumed_after_writable=%s "+
-		"acquire_errors=%d (ErrUnavailable %d) listen_back=%s (%d/%d on the new primary) long_lease=%s handover=%s advisory_told_before_writable=%s (min margin %s)%s",
-		name, s.mode, secs(in.at), old.Name, newNode.Name, secs(writable-in.at), secs(wr.Before-in.at), secs(writable-in.at),
-		secs(gap), secs(resumed), fails, unavailable, secs(listenBack), countIn(listenNow, listen0), len(listen0),
+	t.Logf("patroni: fault=%s mode=%s at=%s old=%s new=%s to_new_primary=%s (became writable in (%s, %s]) no_grants=%s "+
+		"grants_resumed_after_writable=%s (leasetable %s, advisory %s) acquire_errors=leasetable %d (ErrUnavailable %d), advisory %d (ErrUnavailable %d) "+
+		"listen_back=%s (%d/%d on the new primary; last %s) long_lease=%s handover=%s advisory_told_before_writable=%s (min margin %s)%s",
+		name, s.mode, secs(in.at), old.Name, newNode.Name, secs(writable-in.at), secs(wr.Before-in.at), secs(writable-in.at), secs(gap),
+		secs(resumed), secs(ltResumed), secs(advResumed), ltFails, unavailable, advFails, advUnavailable,
+		secs(listenBack), countIn(listenNow, listen0), len(listen0), orNone(slowest),
 		longText(lr), handover(lr), told, secs(margin), in.note)
 	t.Logf("patroni: fault=%s release_in_outage: called at +%s, returned at +%s, %s, contender granted %s",
 		name, secs(rr.ReleasedAt-in.at), secs(rr.ReleaseReturned-in.at), releaseText(rr), grantedAfter(rr, writable))
 	if sample != "" {
-		t.Logf("patroni: fault=%s first acquire error: %s", name, sample)
+		t.Logf("patroni: fault=%s first leasetable acquire error: %s", name, sample)
+	}
+	if advSample != "" {
+		t.Logf("patroni: fault=%s first advisory acquire error: %s", name, advSample)
 	}
 	if repair != nil {
 		repair(old)
@@ -347,11 +358,12 @@ func grantGap(h chaos.History, from, to time.Duration) time.Duration {
 }
 
 // firstGrantAfter is the time from t to the first successful grant of a
-// short holder returned after t; -1 if none.
-func firstGrantAfter(h chaos.History, t time.Duration) time.Duration {
+// short holder (whose lock's name starts with prefix) returned after t; -1
+// if none.
+func firstGrantAfter(h chaos.History, t time.Duration, prefix string) time.Duration {
 	best := time.Duration(-1)
 	for _, op := range h {
-		if op.Kind != chaos.Acquire || op.Outcome != chaos.Ok || !short(op.Name) {
+		if op.Kind != chaos.Acquire || op.Outcome != chaos.Ok || !short(op.Name) || !strings.HasPrefix(op.Name, prefix) {
 			continue
 		}
 		if r := time.Duration(op.Return); r > t && (best < 0 || r-t < best) {
@@ -361,13 +373,15 @@ func firstGrantAfter(h chaos.History, t time.Duration) time.Duration {
 	return best
 }
 
-// acquireFailures counts the Acquire calls that failed, other than by
-// waiting out their time, in [from, to], and how many of them matched
-// pgfence.ErrUnavailable; it returns the first's error.
-func (s *suite) acquireFailures(h chaos.History, from, to time.Duration) (n, unavailable int, first string) {
+// acquireFailures counts the Acquire calls of strategy that failed, other
+// than by waiting out their time for a held lock, in [from, to], and how
+// many of them matched pgfence.ErrUnavailable; it returns the first's
+// error.
+func (s *suite) acquireFailures(h chaos.History, from, to time.Duration, strategy string) (n, unavailable int, first string) {
 	for _, op := range h {
 		r := time.Duration(op.Return)
-		if op.Kind != chaos.Acquire || op.Outcome != chaos.Fail || r < from || r > to {
+		if op.Kind != chaos.Acquire || op.Outcome != chaos.Fail || r < from || r > to ||
+			strings.HasPrefix(op.Name, "adv-") != (strategy == "advisory") {
 			continue
 		}
 		if strings.Contains(op.Err, pgfence.ErrNotAcquired.Error()) || strings.Contains(op.Err, context.DeadlineExceeded.Error()) && !strings.Contains(op.Err, "connect") {
@@ -402,8 +416,11 @@ func fencedCount(h chaos.History) int {
 	return n
 }
 
-func containsAll(have, want []string) bool {
-	return countIn(have, want) == len(want)
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
 }
 
 func countIn(have, want []string) int {

@@ -64,7 +64,39 @@ const lockNotAvailable = "55P03"
 // The Locker is used only for its schema (its sequence draws the token): no
 // lock session is involved.
 func (k *Locker) TryAcquireTx(ctx context.Context, tx pgx.Tx, key Key, opts *AcquireOpts) (token int64, err error) {
-	if err := checkTx(tx, key, opts); err != nil {
+	if tx == nil {
+		return 0, errors.New("pgfence: advisory: nil transaction")
+	}
+	return k.tryAcquireXact(ctx, pgxXact{tx}, key, opts)
+}
+
+// xact is what the transaction-level locks need of a transaction: pgx's
+// (pgxXact) or database/sql's (sqlXact, in tx_stdlib.go).
+type xact interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	// Savepoint starts a savepoint and returns the functions that
+	// release it and that roll back to it (and release it).
+	Savepoint(ctx context.Context) (release, rollback func(context.Context) error, err error)
+}
+
+// pgxXact is a pgx.Tx as an xact; its savepoints are pgx's nested
+// transactions.
+type pgxXact struct{ tx pgx.Tx }
+
+func (x pgxXact) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return x.tx.QueryRow(ctx, sql, args...)
+}
+
+func (x pgxXact) Savepoint(ctx context.Context) (release, rollback func(context.Context) error, err error) {
+	sp, err := x.tx.Begin(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return sp.Commit, sp.Rollback, nil
+}
+
+func (k *Locker) tryAcquireXact(ctx context.Context, tx xact, key Key, opts *AcquireOpts) (token int64, err error) {
+	if err := checkTx(key, opts); err != nil {
 		return 0, err
 	}
 	q := k.sql.tryLockXact
@@ -96,7 +128,14 @@ func (k *Locker) TryAcquireTx(ctx context.Context, tx pgx.Tx, key Key, opts *Acq
 // AcquireTx waits until ctx ends; then pgx closes tx's connection, which
 // ends tx.
 func (k *Locker) AcquireTx(ctx context.Context, tx pgx.Tx, key Key, opts *AcquireOpts) (token int64, err error) {
-	if err := checkTx(tx, key, opts); err != nil {
+	if tx == nil {
+		return 0, errors.New("pgfence: advisory: nil transaction")
+	}
+	return k.acquireXact(ctx, pgxXact{tx}, key, opts)
+}
+
+func (k *Locker) acquireXact(ctx context.Context, tx xact, key Key, opts *AcquireOpts) (token int64, err error) {
+	if err := checkTx(key, opts); err != nil {
 		return 0, err
 	}
 	var o AcquireOpts
@@ -114,24 +153,24 @@ func (k *Locker) AcquireTx(ctx context.Context, tx pgx.Tx, key Key, opts *Acquir
 		return token, nil
 	}
 
-	sp, err := tx.Begin(ctx)
+	release, rollback, err := tx.Savepoint(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("pgfence: advisory: lock %v in transaction: savepoint: %w", key, err)
 	}
 	ms := max(1, (o.WaitTimeout.Microseconds()+999)/1000)
 	var old, set string
-	err = sp.QueryRow(ctx, setLockTimeoutSQL, strconv.FormatInt(ms, 10)).Scan(&old, &set)
+	err = tx.QueryRow(ctx, setLockTimeoutSQL, strconv.FormatInt(ms, 10)).Scan(&old, &set)
 	if err == nil {
-		err = sp.QueryRow(ctx, q, key.id).Scan(&token)
+		err = tx.QueryRow(ctx, q, key.id).Scan(&token)
 	}
 	if err == nil {
-		err = sp.QueryRow(ctx, restoreLockTimeoutSQL, old).Scan(&set)
+		err = tx.QueryRow(ctx, restoreLockTimeoutSQL, old).Scan(&set)
 	}
 	if err == nil {
-		err = sp.Commit(ctx)
+		err = release(ctx)
 	}
 	if err != nil {
-		_ = sp.Rollback(ctx)
+		_ = rollback(ctx)
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable {
 			return 0, fmt.Errorf("pgfence: advisory: lock %v in transaction: %w", key, hold.TimedOut(o.WaitTimeout))
@@ -141,10 +180,7 @@ func (k *Locker) AcquireTx(ctx context.Context, tx pgx.Tx, key Key, opts *Acquir
 	return token, nil
 }
 
-func checkTx(tx pgx.Tx, key Key, opts *AcquireOpts) error {
-	if tx == nil {
-		return errors.New("pgfence: advisory: nil transaction")
-	}
+func checkTx(key Key, opts *AcquireOpts) error {
 	if err := checkOpts(opts); err != nil {
 		return err
 	}

@@ -244,7 +244,7 @@ func specs(c *config) []harness.Spec {
 // writerSpecs returns the write paths of the fenced-write scenario, the
 // baseline first: the raw statements, then pgfence's fence builder.
 func writerSpecs() []harness.WriterSpec {
-	return append(slices.Clone(systems.RawWriters), systems.FenceWriters...)
+	return append(append(slices.Clone(systems.RawWriters), systems.FenceWriters...), systems.FenceBeforeWriters...)
 }
 
 func main() {

@@ -116,7 +116,7 @@ func targets(res *results, cfg *config) []target {
 		min        float64
 	}{
 		{"fence.Update", "within 5% (≥ 0.95x)", 0.95},
-		{"fence.Update.UnderLease", "within 25% (≥ 0.75x)", 0.75},
+		{"fence.Update.UnderLease", "within 15% (≥ 0.85x)", 0.85},
 	} {
 		v := writeTP(res.Writes, w.name)
 		out = append(out, ratioTarget(w.name+" vs plain UPDATE, "+strconv.Itoa(cfg.WriteClients)+" clients", w.goal, v, plain, w.min,

@@ -24,6 +24,20 @@
 // is written in either case, and the caller's transaction, if any, stays
 // usable.
 //
+// A read-modify-write claims the row first, and reads it in the same
+// statement ([Claim], see "Reading, then writing"):
+//
+//	tx, err := pool.Begin(ctx)
+//	...
+//	var balance int64
+//	err = fence.Claim("accounts").Where("id = $1").Returning("balance").
+//		QueryRow(ctx, tx, lock.Token(), accountID).Scan(&balance)
+//	...
+//	_, err = fence.Update("accounts").Set("balance = $1").Where("id = $2").
+//		Exec(ctx, tx, lock.Token(), newBalance(balance), accountID)
+//	...
+//	err = tx.Commit(ctx)
+//
 // Fencing protects only the rows that carry the guard column and only the
 // writes that go through a guarded statement (or the trigger, below). It
 // does not undo side effects outside the database, and a stale holder can
@@ -44,17 +58,30 @@
 // holder whose write lands before the new holder's first write is accepted;
 // if the new holder had read the row before that, its own write then
 // overwrites the stale holder's change with a value computed from an old
-// read: a lost update, even though every write was fenced. Two ways avoid it:
+// read: a lost update, even though every write was fenced. This is what a
+// paused holder does when it has written but not committed: the next holder
+// reads the old value, its write waits for the row, the paused holder
+// commits, and the next holder's write, with its newer token, replaces the
+// committed change. Two ways avoid it:
 //
 //   - Compute the new value in the guarded statement itself
 //     (Set("balance = balance + $1")), so nothing is read outside it.
-//   - Claim the row before reading it. Either first make a guarded Update
-//     that changes nothing but the token, such as Set("id = id"), which
-//     marks the row as yours for good, then read it; or, in
-//     one transaction, lock it with SELECT ... FOR UPDATE, read it, and make
-//     the guarded write before committing. Once the new holder has claimed
-//     the row, every write of an older holder is rejected or waits, so what
-//     it read stays current until it writes.
+//   - Claim the rows before reading them, with [Claim]: a guarded UPDATE
+//     that sets only the guard column to the token, all or nothing, with
+//     the same stale and missing outcomes as every guarded write. With
+//     Returning it reads the rows in the same statement, after any write
+//     of an older holder still in flight has committed or rolled back (the
+//     claim waits for its row lock, then reads the newest version). From
+//     then on every write of an older holder is rejected, so what the
+//     claim read stays current. Claim, compute and write in one
+//     transaction; the claim's row locks then also keep other writers of
+//     the same token out until the commit.
+//
+// For hand-written and sqlc queries the claim is one UPDATE on a table with
+// the pgfence_guard trigger ("Plain SQL and sqlc" below). Reading with
+// SELECT ... FOR UPDATE and writing before committing, in one
+// transaction, is also safe, but a stale holder's write is then rejected
+// only after the new holder has written.
 //
 // The fault suite (internal/chaos) checks a fenced register with claiming
 // reads for linearizability under pauses, crashes and partitions, and shows
@@ -62,26 +89,35 @@
 //
 // # One round trip, and what several rows mean
 //
-// Each builder sends one statement that writes the matched rows whose token
-// is not newer than the presented one, and returns the number written; only
-// when it wrote nothing does the same statement then lock the matched rows
-// (SELECT ... FOR UPDATE) and return their newest token, so stale and
-// missing are told apart without a second query. Under READ COMMITTED a
-// row that another transaction is writing is waited for, then re-read in
-// its newest committed version: a concurrent newer write makes the
-// statement report [*StaleTokenError] with that newer token (never success
-// for a row it did not write), a concurrent delete makes it report
-// pgx.ErrNoRows, and a concurrent older write or a rollback lets it write.
-// Under REPEATABLE READ or SERIALIZABLE, PostgreSQL reports a serialization
-// failure instead (SQLSTATE 40001), returned wrapped: retry the transaction.
+// On success, Exec, Query and QueryRow send one statement: the guarded
+// write alone, as one would write it by hand (the guard predicate, the
+// setting of pgfence.token, and, with UnderLease, the lease check), held
+// back by a one-time check when its snapshot shows more than one matching
+// row. When it writes nothing, they send a second statement, the full one
+// that [UpdateStmt.SQL] returns: it writes the matched rows whose token is
+// not newer than the presented one and, only when it wrote nothing, locks
+// the matched rows (SELECT ... FOR UPDATE) and returns their newest token,
+// so stale and missing are told apart. The second statement is sent only
+// for a rejected write, a missing row, a Where that matches several rows,
+// or a lease that is not held; it is safe to send because the first wrote
+// nothing. Under READ COMMITTED a row that another transaction is writing
+// is waited for, then re-read in its newest committed version: a
+// concurrent newer write makes the call report [*StaleTokenError] with that
+// newer token (never success for a row it did not write), a concurrent
+// delete makes it report pgx.ErrNoRows, and a concurrent older write or a
+// rollback lets it write. Under REPEATABLE READ or SERIALIZABLE,
+// PostgreSQL reports a serialization failure instead (SQLSTATE 40001),
+// returned wrapped: retry the transaction.
 //
 // A successful write of one row therefore costs what the hand-written
-// guarded UPDATE costs: it takes no row lock before writing and writes no
-// WAL beyond the UPDATE's own (a lock-first statement writes a heap-lock
-// record per row before it), and it holds only the UPDATE's row lock, which
-// does not block foreign-key checks of rows referencing it (FOR KEY SHARE).
-// After a rejected write, the matched rows stay locked FOR UPDATE until the
-// transaction ends.
+// guarded UPDATE costs, one round trip: it takes no row lock before
+// writing and writes no WAL beyond the UPDATE's own (a lock-first
+// statement writes a heap-lock record per row before it), and it holds
+// only the UPDATE's row lock, which does not block foreign-key checks of
+// rows referencing it (FOR KEY SHARE). After a rejected write, the matched
+// rows stay locked FOR UPDATE until the transaction ends. bench/ measures
+// the builders against plain statements; its results are in
+// bench/results.
 //
 // When the Where matches several rows the write is all or nothing: if any
 // matched row carries a newer token (or a NULL one), no row is written, and
@@ -251,6 +287,26 @@
 //
 //	_, err := fence.Check(q.AddBalance(ctx, params))
 //
+// The claim before a read is the same UPDATE setting only the column, with
+// RETURNING: the trigger rejects it (PF001, mapped by [Classify]) when a
+// newer holder has written the row, and a missing row returns no row. For a
+// set (:many), one stale row makes the trigger fail the whole statement, so
+// the claim is all or nothing:
+//
+//	-- name: ClaimAccount :one
+//	UPDATE accounts SET fence_token = @token WHERE id = @id RETURNING balance;
+//
+//	balance, err := q.ClaimAccount(ctx, params)
+//	err = fence.Classify(err)
+//
+// The module examples/sqlc in pgfence's repository is a tested service
+// built this way. A trigger's rejection aborts the caller's transaction
+// (see "How a rejection leaves the transaction"), which for a claim at the
+// start of it costs nothing. The builders' full statements (SQL) are not
+// accepted by sqlc's own analyzer, which resolves the caller's column names
+// against every reference to the table in the statement and reports them
+// as ambiguous; use the trigger's route with sqlc.
+//
 // For deletes, and for every write to a strict table, set pgfence.token in
 // the same statement too:
 //
@@ -261,6 +317,50 @@
 // the WHERE; a stale write and a missing row are then both zero rows
 // affected. [Classify] maps PF001 in the error of any query (a sqlc :one or
 // :exec) to [*StaleTokenError].
+//
+// # How a rejection leaves the transaction
+//
+// A write that the builders' own predicate rejects is not an error of the
+// database: the statement succeeded and wrote nothing, so the caller's
+// transaction goes on (it may roll back, or do something else). A
+// rejection raised by a pgfence_guard trigger (SQLSTATE PF001, from a
+// hand-written query, or from a builder's write on a table whose trigger
+// refuses something the builder's predicate let through) is an error of
+// the statement: PostgreSQL aborts the caller's transaction, every later
+// statement in it fails with SQLSTATE 25P02 until it is rolled back, and
+// nothing it wrote is kept. To keep the transaction after such a
+// rejection, run the statement in a savepoint (pgx.Tx's Begin) and roll
+// back to it. Outside a transaction either rejection affects only the
+// statement. [*StaleTokenError].Err tells them apart: nil for the
+// builder's predicate, the *pgconn.PgError for a trigger.
+//
+// # database/sql
+//
+// [Stdlib] adapts a *sql.DB, *sql.Conn or *sql.Tx opened with pgx's
+// database/sql driver (github.com/jackc/pgx/v5/stdlib) to [pgfence.DB], so
+// the builders run on it unchanged; [CheckResult] is [Check] for an
+// sql.Result. The lock strategies take a *pgxpool.Pool: a service that
+// uses database/sql opens one pool and hands database/sql the same
+// connections with stdlib.OpenDBFromPool(pool), so the Lockers and the
+// service's queries share one pool (advisory's transaction-level locks
+// also take a *sql.Tx: TryAcquireSQLTx, AcquireSQLTx).
+//
+// # Observing fenced writes
+//
+// A statement with an Observer attached ([UpdateStmt.Observer], and the
+// same on every builder) reports each write rejected with a
+// [*StaleTokenError] as a [pgfence.StaleWrite] event, on the caller's
+// goroutine and ctx, before the call returns. When the Observer also
+// implements [pgfence.OpObserver], each Exec, Query and QueryRow is
+// bracketed by StartOp and EndOp with a [pgfence.Op] of Kind
+// pgfence.OpFencedWrite, Strategy pgfence.StrategyFence, the Table as
+// written in SQL, Statement "update", "delete", "upsert" or "claim", and,
+// with UnderLease, the lease as Name; its statements run on the ctx
+// StartOp returns, so a span started there is the parent of pgx's query
+// spans. For Query, EndOp is called when the rows are closed. The module
+// github.com/pgfence/pgfence/otelpgfence builds OpenTelemetry metrics and
+// spans from these. Without an Observer a call costs one nil check more.
+// [Check] and [Classify] have no Observer: they report nothing.
 //
 // # Search path
 //
@@ -299,7 +399,8 @@
 //
 // Table names are given as "table" or "schema.table"; a dot always
 // separates the schema. For names that contain a dot or a double quote, use
-// the *Ident constructors ([UpdateIdent], [DeleteIdent], [UpsertIdent]) with
+// the *Ident constructors ([UpdateIdent], [DeleteIdent], [UpsertIdent],
+// [ClaimIdent]) with
 // a pgx.Identifier. All identifiers are quoted with pgx.Identifier.Sanitize.
 // Exec also rejects empty or over-long names, a missing Set or Where, and a
 // token that is not positive.

@@ -189,3 +189,41 @@ func ExampleCheck() {
 	// true
 	// UPDATE 1 <nil>
 }
+
+// A read-modify-write under a lock: claim the row and read it in one
+// statement, compute, write, commit. A holder with an older token is
+// rejected from the claim on.
+func ExampleClaim() {
+	databaseURL, drop := exampleDatabase()
+	defer drop()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, databaseURL)
+	must(err)
+	defer pool.Close()
+	_, err = pool.Exec(ctx, `CREATE TABLE accounts (
+		id int PRIMARY KEY, balance bigint NOT NULL, fence_token bigint NOT NULL DEFAULT 0);
+		INSERT INTO accounts (id, balance) VALUES (42, 100)`)
+	must(err)
+	var oldToken, token int64 // as the lock strategies hand them out
+	must(pool.QueryRow(ctx, "SELECT pgfence.pgfence_next_token(), pgfence.pgfence_next_token()").Scan(&oldToken, &token))
+
+	claim := fence.Claim("accounts").Where("id = $1").Returning("balance")
+	setBalance := fence.Update("accounts").Set("balance = $1").Where("id = $2").Returning("balance")
+
+	tx, err := pool.Begin(ctx)
+	must(err)
+	var balance int64
+	must(claim.QueryRow(ctx, tx, token, 42).Scan(&balance))
+	must(setBalance.QueryRow(ctx, tx, token, balance*2, 42).Scan(&balance))
+	must(tx.Commit(ctx))
+	fmt.Println("balance:", balance)
+
+	err = claim.QueryRow(ctx, pool, oldToken, 42).Scan(&balance)
+	fmt.Println("older holder fenced:", errors.Is(err, pgfence.ErrFenced))
+	err = claim.QueryRow(ctx, pool, token, 7).Scan(&balance)
+	fmt.Println("missing row:", errors.Is(err, pgx.ErrNoRows))
+	// Output:
+	// balance: 200
+	// older holder fenced: true
+	// missing row: true
+}

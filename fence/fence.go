@@ -59,10 +59,11 @@ type StaleTokenError struct {
 	// mode, no pgfence.token), or a TRUNCATE.
 	Presented int64
 	// Current is the newest token on the rows the write matched. It is 0
-	// when it could not be read in the same statement: an upsert that lost
-	// a race with a concurrent insert, a TRUNCATE, or a trigger error whose
-	// DETAIL could not be parsed. Presented > Current means a strict-mode
-	// trigger rejected a token that was never issued.
+	// when it could not be read: a TRUNCATE, a trigger error whose DETAIL
+	// could not be parsed, or an upsert whose conflicting row was inserted
+	// concurrently and replaced again each time it was read (see
+	// [UpsertStmt.Exec]). Presented > Current means a strict-mode trigger
+	// rejected a token that was never issued.
 	Current int64
 	// Err is the *pgconn.PgError (SQLSTATE PF001) when the rejection came
 	// from a pgfence_guard trigger, and nil when the builder's own
@@ -134,9 +135,10 @@ func (e *LeaseLostError) Is(target error) bool {
 //	WHERE id = $2 AND "fence_token" <= $3
 //
 // A statement guarded this way reports a stale write and a missing row the
-// same way, as zero rows affected. To tell them apart in one round trip,
-// use the builders, or attach the pgfence_guard trigger, leave the
-// predicate out and map the result with [Check]. Predicate panics when param
+// same way, as zero rows affected. To tell them apart, use the builders
+// (one round trip on success, a second only when nothing was written), or
+// attach the pgfence_guard trigger, leave the predicate out and map the
+// result with [Check] (one round trip). Predicate panics when param
 // is not in 1..65535, like regexp.MustCompile with a bad constant.
 func Predicate(column string, param int, strict bool) string {
 	if param < 1 || param > maxParams {

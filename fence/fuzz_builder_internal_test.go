@@ -51,7 +51,7 @@ func FuzzBuilderFragments(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, set, where string, nargs uint8, lease string) {
 		n := int(nargs % 4)
-		stmts := map[string]interface{ SQL(int) (string, error) }{
+		stmts := map[string]renderable{
 			"update":       Update("t").Set(set).Where(where),
 			"update-lease": Update("t").Set(set).Where(where).UnderLease(lease),
 			"delete":       Delete("t").Where(where),
@@ -73,14 +73,36 @@ func FuzzBuilderFragments(f *testing.F) {
 			require.NoError(t, err, "%s: generated SQL does not scan: %q", kind, sql)
 			require.Equal(t, wantParams(n+extra), got, "%s: %q", kind, sql)
 			sameShape(t, kind, sql, n, leased)
+
+			// The statement Exec sends first: the same placeholders, and
+			// the same top level outside the caller's SET list.
+			fast, err := st.render(n, formFast)
+			require.NoError(t, err, "%s: SQL accepts what the fast form refuses", kind)
+			got, err = params(t, fast)
+			require.NoError(t, err, "%s: generated SQL does not scan: %q", kind, fast)
+			require.Equal(t, wantParams(n+extra), got, "%s: %q", kind, fast)
+			ref := shapeRefs[kind]
+			refFast, err := ref.stmt.render(ref.nargs, formFast)
+			require.NoError(t, err)
+			wp, ws := splitSet(shape(t, refFast, ref.nargs, leased).top)
+			gp, gs := splitSet(shape(t, fast, n, leased).top)
+			require.Equal(t, wp, gp, "%s: fast statement before SET in %q", kind, fast)
+			require.Equal(t, ws, gs, "%s: fast statement's guard assignment and WHERE in %q", kind, fast)
 		}
 	})
+}
+
+// renderable is what every builder has: the full statement (SQL) and its
+// forms.
+type renderable interface {
+	SQL(nargs int) (string, error)
+	render(nargs int, f form) (string, error)
 }
 
 // shapeRefs are the statements rendered with harmless fragments, and their
 // argument counts, that sameShape compares against.
 var shapeRefs = map[string]struct {
-	stmt  interface{ SQL(int) (string, error) }
+	stmt  renderable
 	nargs int
 }{
 	"update":       {Update("t").Set("v = 1").Where("true"), 0},
@@ -316,7 +338,7 @@ func FuzzBuilderIdentifiers(f *testing.F) {
 		if schema != "" {
 			id = pgx.Identifier{schema, table}
 		}
-		stmts := map[string]interface{ SQL(int) (string, error) }{
+		stmts := map[string]renderable{
 			"update": UpdateIdent(id).Column(column).Set("v = $1").Where("id = $2"),
 			"delete": DeleteIdent(id).Column(column).Where("id = $1 AND $2 = 2"),
 			"upsert": UpsertIdent(id).Column(column).Columns("id", "v").Values("$1", "$2").OnConflict("id"),

@@ -3,6 +3,7 @@ package fence_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -13,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
@@ -20,9 +23,9 @@ import (
 // (and its own lease).
 const overheadClients = 16
 
-// overheadSchema is the schema pgfence is installed in on the fence
-// branch's test databases (public). At merge: pgfence.DefaultSchema.
-const overheadSchema = "public"
+// overheadSchema is the schema pgfence is installed in on the test
+// databases.
+const overheadSchema = pgfence.DefaultSchema
 
 // overheadRound is how long each write path runs in one round.
 const overheadRound = time.Second
@@ -79,6 +82,62 @@ var overheadPaths = []writePath{
 		_, err := addBalance.LeaseSchema(overheadSchema).UnderLease(fmt.Sprintf("w%d", id)).Exec(ctx, pool, tok, 1, id)
 		return err
 	}},
+	// The full statements (SQL), which Exec sent alone before it sent the
+	// guarded write first: the "before" of issue 16.
+	{"fence-full", func(ctx context.Context, pool *pgxpool.Pool, id int, tok int64) error {
+		return scanOutcome(ctx, pool, addBalance, "", id, tok)
+	}},
+	{"fence-under-lease-full", func(ctx context.Context, pool *pgxpool.Pool, id int, tok int64) error {
+		return scanOutcome(ctx, pool, addBalance.LeaseSchema(overheadSchema), fmt.Sprintf("w%d", id), id, tok)
+	}},
+	{"plain-delete", func(ctx context.Context, pool *pgxpool.Pool, id int, _ int64) error {
+		return deleteAndRestore(ctx, pool, id, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `DELETE FROM accounts WHERE id = $1`, id)
+			return err
+		})
+	}},
+	{"fence-delete", func(ctx context.Context, pool *pgxpool.Pool, id int, tok int64) error {
+		return deleteAndRestore(ctx, pool, id, func(tx pgx.Tx) error {
+			_, err := fence.Delete("accounts").Where("id = $1").Exec(ctx, tx, tok, id)
+			return err
+		})
+	}},
+}
+
+// scanOutcome sends stmt's full statement and checks that it wrote.
+func scanOutcome(ctx context.Context, pool *pgxpool.Pool, stmt *fence.UpdateStmt, lease string, id int, tok int64) error {
+	args := []any{1, id, tok}
+	if lease != "" {
+		stmt = stmt.UnderLease(lease)
+		args = append(args, lease)
+	}
+	sql, err := stmt.SQL(2)
+	if err != nil {
+		return err
+	}
+	var written, matched, nulls int64
+	var current *int64
+	var held bool
+	if err := pool.QueryRow(ctx, sql, args...).Scan(&written, &matched, &current, &nulls, &held); err != nil {
+		return err
+	}
+	if written != 1 {
+		return fmt.Errorf("wrote %d rows", written)
+	}
+	return nil
+}
+
+// deleteAndRestore runs del and then inserts the row again, in one
+// transaction, so each delete finds its row: plain-delete and
+// fence-delete compare the DELETE (the INSERT and commit are the same).
+func deleteAndRestore(ctx context.Context, pool *pgxpool.Pool, id int, del func(pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if err := del(tx); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO accounts (id, balance) VALUES ($1, 0)`, id)
+		return err
+	})
 }
 
 // BenchmarkWriteOverhead measures issue 8's fenced-write targets on a
@@ -198,14 +257,16 @@ func walOfOneWrite(b *testing.B, pool *pgxpool.Pool, p writePath, tok int64) str
 		sql, args = overheadGuardedSQL, []any{1, 1, tok}
 	case "lock-first":
 		sql, args = overheadLockFirstSQL, []any{1, 1, tok}
-	case "fence":
-		q, err := addBalance.SQL(2)
-		require.NoError(b, err)
-		sql, args = q, []any{1, 1, tok}
-	case "fence-under-lease":
+	case "fence-under-lease-full":
 		q, err := addBalance.LeaseSchema(overheadSchema).UnderLease("w1").SQL(2)
 		require.NoError(b, err)
 		sql, args = q, []any{1, 1, tok, "w1"}
+	case "fence-full":
+		q, err := addBalance.SQL(2)
+		require.NoError(b, err)
+		sql, args = q, []any{1, 1, tok}
+	default:
+		return "WAL: (not explained)"
 	}
 	tx, err := pool.Begin(ctx)
 	require.NoError(b, err)
@@ -229,4 +290,79 @@ func median(v []float64) float64 {
 		return 0
 	}
 	return s[len(s)/2]
+}
+
+// BenchmarkServerCPU measures the server CPU time of one write of each
+// path of BenchmarkWriteOverhead: one connection per path writes its row
+// autocommit serverCPUWrites times per round, and the CPU time its backend
+// spent (from /proc/<pid>/schedstat: the kernel's count of nanoseconds on
+// a CPU, unaffected by time spent waiting for the WAL flush or for a core)
+// is divided by the number of writes. Rounds alternate the paths. On a
+// shared machine, this is the figure that does not depend on what else
+// runs; it covers parsing (none: statements are prepared), planning,
+// execution and commit in the backend, not the WAL writer's or the
+// client's CPU. The metrics are each path's median µs per write and its
+// ratio to plain's.
+//
+// Run it with: go test -run '^$' -bench ServerCPU -benchtime 5x ./fence/
+func BenchmarkServerCPU(b *testing.B) {
+	const serverCPUWrites = 2000
+	ctx := context.Background()
+	db := pgtest.NewDB(b)
+	_, err := db.Pool.Exec(ctx, accountsDDL+"DROP TRIGGER accounts_fence ON accounts")
+	require.NoError(b, err)
+	_, err = db.Pool.Exec(ctx, `INSERT INTO accounts (id, balance) SELECT g, 0 FROM generate_series(1, $1::int) AS g`,
+		overheadClients)
+	require.NoError(b, err)
+	_, err = db.Pool.Exec(ctx, `INSERT INTO pgfence.pgfence_leases (name, owner, fence, expires_at)
+		SELECT 'w' || g, 'bench', 5, now() + interval '1 hour' FROM generate_series(1, $1::int) AS g`,
+		overheadClients)
+	require.NoError(b, err)
+	const tok = 5
+	type conn struct {
+		pool *pgxpool.Pool
+		pid  int
+	}
+	conns := map[string]conn{}
+	for i, p := range overheadPaths {
+		pool := db.NewPool(b, func(c *pgxpool.Config) { c.MaxConns, c.MinConns = 1, 1 })
+		var pid int
+		require.NoError(b, pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+		// Warm up: prepared statements, plan cache, catalog caches.
+		for range 50 {
+			require.NoError(b, p.write(ctx, pool, i+1, tok), p.name)
+		}
+		conns[p.name] = conn{pool, pid}
+	}
+	perWrite := map[string][]float64{}
+	for b.Loop() {
+		for i, p := range overheadPaths {
+			c := conns[p.name]
+			before := backendCPU(b, c.pid)
+			for range serverCPUWrites {
+				require.NoError(b, p.write(ctx, c.pool, i+1, tok), p.name)
+			}
+			perWrite[p.name] = append(perWrite[p.name], float64(backendCPU(b, c.pid)-before)/1e3/serverCPUWrites)
+		}
+	}
+	plain := median(perWrite["plain"])
+	for _, p := range overheadPaths {
+		m := median(perWrite[p.name])
+		b.ReportMetric(m, p.name+"-us/write")
+		if p.name != "plain" {
+			b.ReportMetric(m/plain, p.name+"-x-plain")
+		}
+	}
+	b.ReportMetric(0, "ns/op")
+}
+
+// backendCPU returns the nanoseconds a local server process has spent on a
+// CPU.
+func backendCPU(b *testing.B, pid int) int64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
+	require.NoError(b, err, "the server runs on this machine")
+	var ns int64
+	_, err = fmt.Sscan(string(data), &ns)
+	require.NoError(b, err)
+	return ns
 }

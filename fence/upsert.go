@@ -21,20 +21,23 @@ type UpsertStmt struct {
 	columns  []string
 	values   []string
 	conflict []string
-	set      string
+	// constraint is the OnConstraint name, when onConstraint is set.
+	constraint   string
+	onConstraint bool
+	set          string
 }
 
 // Upsert starts a guarded upsert into table, given as "table" or
 // "schema.table", as for [Update].
 func Upsert(table string) *UpsertStmt {
 	id, err := parseTable(table)
-	return &UpsertStmt{g: newGuard(id, err)}
+	return &UpsertStmt{g: newGuard(id, err, kindUpsert)}
 }
 
 // UpsertIdent starts a guarded upsert into the table named by an identifier
 // of one part (table) or two (schema, table), taken literally.
 func UpsertIdent(table pgx.Identifier) *UpsertStmt {
-	return &UpsertStmt{g: newGuard(table, nil)}
+	return &UpsertStmt{g: newGuard(table, nil, kindUpsert)}
 }
 
 // Columns sets the columns the row is inserted with, not counting the guard
@@ -60,10 +63,26 @@ func (s *UpsertStmt) Values(exprs ...string) *UpsertStmt {
 
 // OnConflict names the columns of the unique index or constraint that
 // identifies the row (the ON CONFLICT target). Each must be one of Columns.
+// It replaces an earlier OnConflict or OnConstraint.
 func (s *UpsertStmt) OnConflict(columns ...string) *UpsertStmt {
 	c := *s
 	c.g.fresh()
 	c.conflict = append([]string(nil), columns...)
+	c.constraint, c.onConstraint = "", false
+	return &c
+}
+
+// OnConstraint makes the ON CONFLICT target the unique constraint named
+// name (ON CONFLICT ON CONSTRAINT name), for example a constraint that
+// several unique indexes could otherwise be inferred for. columns are the
+// constraint's columns, each one of Columns: the statement finds the
+// existing row by them to read its token when nothing was written. It
+// replaces an earlier OnConflict or OnConstraint.
+func (s *UpsertStmt) OnConstraint(name string, columns ...string) *UpsertStmt {
+	c := *s
+	c.g.fresh()
+	c.conflict = append([]string(nil), columns...)
+	c.constraint, c.onConstraint = name, true
 	return &c
 }
 
@@ -74,6 +93,18 @@ func (s *UpsertStmt) OnConflict(columns ...string) *UpsertStmt {
 // that is not an OnConflict column is set from excluded. The statement adds
 // the guard column's assignment.
 func (s *UpsertStmt) Set(frag string) *UpsertStmt { c := *s; c.set = frag; c.g.fresh(); return &c }
+
+// Returning sets the caller's RETURNING list, as for
+// [UpdateStmt.Returning]: Query and QueryRow return the row inserted or
+// updated; the existing row can be referred to by the table's name.
+func (s *UpsertStmt) Returning(list string) *UpsertStmt { c := *s; c.g.setReturning(list); return &c }
+
+// Observer attaches obs to the statement, as for [UpdateStmt.Observer].
+func (s *UpsertStmt) Observer(obs pgfence.Observer) *UpsertStmt {
+	c := *s
+	c.g.setObserver(obs)
+	return &c
+}
 
 // Column sets the guard column; the default is [DefaultColumn].
 func (s *UpsertStmt) Column(name string) *UpsertStmt { c := *s; c.g.setColumn(name); return &c }
@@ -89,15 +120,21 @@ func (s *UpsertStmt) UnderLease(name string) *UpsertStmt { c := *s; c.g.setLease
 // [UpdateStmt.LeaseSchema].
 func (s *UpsertStmt) LeaseSchema(name string) *UpsertStmt { c := *s; c.g.setSchema(name); return &c }
 
-// SQL returns the statement Exec sends for a call with nargs arguments, as
-// for [UpdateStmt.SQL].
+// SQL returns the statement that tells every outcome apart in one round
+// trip, as for [UpdateStmt.SQL].
 func (s *UpsertStmt) SQL(nargs int) (string, error) {
 	return s.g.cached(nargs, s.build)
 }
 
-// build renders the statement for SQL.
-func (s *UpsertStmt) build(nargs int) (string, error) {
+// build renders the full statement, as SQL returns it.
+func (s *UpsertStmt) build(nargs int) (string, error) { return s.render(nargs, formFull) }
+
+// render renders the statement in form f.
+func (s *UpsertStmt) render(nargs int, f form) (string, error) {
 	if err := s.check(); err != nil {
+		return "", err
+	}
+	if err := s.g.checkReturning(); err != nil {
 		return "", err
 	}
 	frags := []fragment{{"Set", s.set}}
@@ -147,11 +184,24 @@ func (s *UpsertStmt) build(nargs int) (string, error) {
 	// table too.
 	existing := pgx.Identifier{s.g.table[len(s.g.table)-1]}.Sanitize()
 	vals := strings.Join(values, ", ")
+	target := "(" + strings.Join(conflict, ", ") + ")"
+	if s.onConstraint {
+		target = "ON CONSTRAINT " + pgx.Identifier{s.constraint}.Sanitize()
+	}
+	if f&formFast != 0 {
+		var conds []string
+		if s.g.leased {
+			conds = append(conds, s.g.fastLease(tok))
+		}
+		gate := "\nWHERE " + and(append(conds, fmt.Sprintf(setTokenSQL, tok))...)
+		return fmt.Sprintf(upsertFast, s.g.tableName(), strings.Join(cols, ", "), vals, tok, gate,
+			target, set, col, existing, s.g.op()) + s.g.fastReturning(f), nil
+	}
 	gate := "\n    WHERE " + and(append(s.g.gates(tok, false), fmt.Sprintf(setTokenSQL, tok))...)
 	m := strings.Join(match, " AND ")
 	return s.g.with(m, tok, false) + fmt.Sprintf(upsertCTE,
 		s.g.tableName(), strings.Join(cols, ", "), vals, tok, gate,
-		strings.Join(conflict, ", "), set, col, existing, s.g.op()) + s.g.tail(m), nil
+		target, set, col, existing, s.g.op(), s.g.cteReturning(f)) + s.g.tail(m, f), nil
 }
 
 // upsertCTE inserts the row, or updates the conflicting one whose token the
@@ -162,10 +212,17 @@ func (s *UpsertStmt) build(nargs int) (string, error) {
 const upsertCTE = `pgfence_write AS (
     INSERT INTO %[1]s (%[2]s)
     SELECT %[3]s, $%[4]d::pg_catalog.int8%[5]s
-    ON CONFLICT (%[6]s) DO UPDATE SET %[7]s%[8]s = excluded.%[8]s
+    ON CONFLICT %[6]s DO UPDATE SET %[7]s%[8]s = excluded.%[8]s
     WHERE %[9]s.%[8]s %[10]s excluded.%[8]s
-    RETURNING 1
+    RETURNING %[11]s
 )`
+
+// upsertFast is the guarded upsert alone: Exec sends it first, and the full
+// statement only when it wrote nothing.
+const upsertFast = `INSERT INTO %[1]s (%[2]s)
+SELECT %[3]s, $%[4]d::pg_catalog.int8%[5]s
+ON CONFLICT %[6]s DO UPDATE SET %[7]s%[8]s = excluded.%[8]s
+WHERE %[9]s.%[8]s %[10]s excluded.%[8]s`
 
 func (s *UpsertStmt) check() error {
 	if err := s.g.check(); err != nil {
@@ -179,7 +236,15 @@ func (s *UpsertStmt) check() error {
 		return fmt.Errorf("fence: Upsert(%s) has %d Columns but %d Values", t, len(s.columns), len(s.values))
 	}
 	if len(s.conflict) == 0 {
+		if s.onConstraint {
+			return fmt.Errorf("fence: Upsert(%s): OnConstraint names no columns of the constraint", t)
+		}
 		return fmt.Errorf("fence: Upsert(%s) has no OnConflict columns", t)
+	}
+	if s.onConstraint {
+		if err := checkName("constraint", s.constraint); err != nil {
+			return err
+		}
 	}
 	seen := make(map[string]bool, len(s.columns))
 	for i, name := range s.columns {
@@ -199,22 +264,43 @@ func (s *UpsertStmt) check() error {
 	}
 	for _, name := range s.conflict {
 		if !seen[name] {
-			return fmt.Errorf("fence: Upsert(%s): OnConflict column %q is not one of Columns", t, name)
+			return fmt.Errorf("fence: Upsert(%s): conflict column %q is not one of Columns", t, name)
 		}
 	}
 	return nil
 }
 
 // Exec runs the guarded upsert on db with the caller's args and the fencing
-// token, in one round trip, and returns the tag "INSERT 0 1" when the row
-// was inserted or updated. Otherwise nothing was written, and the error is a
-// [*LeaseLostError] (with UnderLease), a [*StaleTokenError] when the existing
-// row carries a newer token (Current is 0 when that row was inserted
-// concurrently, after this statement's snapshot), or an error describing bad
-// input or the database's error. An upsert never reports pgx.ErrNoRows.
+// token, in one round trip on success, and returns the tag "INSERT 0 1"
+// when the row was inserted or updated. Otherwise nothing was written, and
+// the error is a [*LeaseLostError] (with UnderLease), a [*StaleTokenError]
+// when the existing row carries a newer token, with that token as Current,
+// or an error describing bad input or the database's error. When the
+// existing row was inserted concurrently, after the statement's snapshot
+// (so the statement could not read it), the statement is run again, at
+// most twice, to read it; Current is 0 only if the row was replaced that
+// often meanwhile. An upsert never reports pgx.ErrNoRows.
 func (s *UpsertStmt) Exec(ctx context.Context, db pgfence.DB, token int64, args ...any) (pgconn.CommandTag, error) {
-	if _, err := s.g.exec(ctx, db, s.build, token, args, false); err != nil {
+	t, err := s.g.exec(ctx, db, s.render, token, args, false, "INSERT 0")
+	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
+	if t.RowsAffected() != 1 {
+		return t, nil
+	}
 	return pgconn.NewCommandTag("INSERT 0 1"), nil
+}
+
+// Query runs the guarded upsert as Exec does and returns the row inserted
+// or updated, with the columns of the Returning list, as for
+// [UpdateStmt.Query].
+func (s *UpsertStmt) Query(ctx context.Context, db pgfence.DB, token int64, args ...any) (pgx.Rows, error) {
+	return s.g.query(ctx, db, s.render, token, args, false, "INSERT 0")
+}
+
+// QueryRow runs Query and returns a pgx.Row whose Scan reads the row
+// inserted or updated, or returns Query's error.
+func (s *UpsertStmt) QueryRow(ctx context.Context, db pgfence.DB, token int64, args ...any) pgx.Row {
+	rows, err := s.Query(ctx, db, token, args...)
+	return resultRow{rows: rows, err: err}
 }

@@ -18,6 +18,10 @@ type GrantOpts struct {
 	Operator bool
 }
 
+// leadersSince is the migration that adds pgfence_leaders (package leader),
+// which the application role may read.
+const leadersSince = 5
+
 // grantedFunction is a function the application role may execute, from the
 // migration that installs it on.
 type grantedFunction struct {
@@ -26,8 +30,8 @@ type grantedFunction struct {
 }
 
 // appFunctions are the functions an application role executes. Every other
-// write to pgfence_leases goes through them; the role gets no privilege on
-// the table but SELECT, and none on the sequence.
+// write to pgfence_leases (and pgfence_leaders) goes through them; the role
+// gets no privilege on the tables but SELECT, and none on the sequence.
 var appFunctions = []grantedFunction{
 	{3, "pgfence_next_token()"},
 	{3, "pgfence_schema_version()"},
@@ -37,6 +41,7 @@ var appFunctions = []grantedFunction{
 	{3, "pgfence_lease_held(pg_catalog.text, pg_catalog.int8)"},
 	{3, "pgfence_prune_scan(pg_catalog.text, pg_catalog.int4, pg_catalog.interval)"},
 	{3, "pgfence_prune_delete(pg_catalog.text[], pg_catalog.int8[], pg_catalog.interval)"},
+	{5, "pgfence_leader_proclaim(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text)"},
 	// Trigger functions: EXECUTE is checked when a trigger is created with
 	// them, and pgfence_last_token is called by the strict trigger as the
 	// writing role.
@@ -55,10 +60,12 @@ const operatorFunction = "pgfence_force_release(pg_catalog.text, pg_catalog.text
 // ([Latest]):
 //
 //   - USAGE on the schema;
-//   - SELECT on pgfence_leases (listing leases);
+//   - SELECT on pgfence_leases (listing leases) and pgfence_leaders
+//     (reading who leads an election);
 //   - EXECUTE on pgfence_next_token, pgfence_schema_version, pgfence_acquire,
 //     pgfence_release, pgfence_renew, pgfence_lease_held, pgfence_prune_scan,
-//     pgfence_prune_delete and the trigger functions;
+//     pgfence_prune_delete, pgfence_leader_proclaim and the trigger
+//     functions;
 //   - with Operator: EXECUTE on pgfence_force_release and SELECT on
 //     pgfence_forced_releases.
 //
@@ -78,9 +85,13 @@ func GrantSQL(schema, role string, opts *GrantOpts) []string {
 			fns = append(fns, s+"."+f.signature)
 		}
 	}
+	tables := []string{pgx.Identifier{schema, "pgfence_leases"}.Sanitize()}
+	if latest >= leadersSince {
+		tables = append(tables, pgx.Identifier{schema, "pgfence_leaders"}.Sanitize())
+	}
 	stmts := []string{
 		"GRANT USAGE ON SCHEMA " + s + to,
-		"GRANT SELECT ON TABLE " + pgx.Identifier{schema, "pgfence_leases"}.Sanitize() + to,
+		"GRANT SELECT ON TABLE " + strings.Join(tables, ", ") + to,
 		"GRANT EXECUTE ON FUNCTION " + strings.Join(fns, ", ") + to,
 	}
 	if opts != nil && opts.Operator {

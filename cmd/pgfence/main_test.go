@@ -306,6 +306,7 @@ type lsOutput struct {
 		HeldForSeconds   float64   `json:"held_for_seconds"`
 		ExpiresInSeconds float64   `json:"expires_in_seconds"`
 	} `json:"leases"`
+	Leaders       []lsLeader `json:"leaders"` // see ls_leaders_test.go
 	AdvisoryLocks []struct {
 		Key             *int64 `json:"key"`
 		Key1            *int32 `json:"key1"`

@@ -13,18 +13,26 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/leader"
 	"github.com/pgfence/pgfence/leasetable"
 )
 
 const lsHelp = `
 Usage:
   pgfence ls [flags]
+  pgfence ls --terms [flags]
   pgfence ls --forced [flags]
 
-Lists the leases held in <schema>.pgfence_leases and the advisory locks held
-or awaited in the database (from pg_locks). Times are judged on the
+Lists the leases held in <schema>.pgfence_leases, the leaders of the
+elections (package leader: <schema>.pgfence_leaders) and the advisory locks
+held or awaited in the database (from pg_locks). Times are judged on the
 database's clock: a lease is held while its expires_at is after the
-database's now(). A lease that was released or expired is not listed.
+database's now(). A lease that was released or expired is not listed; an
+election whose last term ended is listed with no leader.
+
+With --terms, lists instead the recent terms of every election (the newest
+ten of each), newest first.
 
 With --forced, lists instead the audit trail of forced releases
 (<schema>.pgfence_forced_releases, written by 'pgfence release --force'),
@@ -37,6 +45,11 @@ non-printing characters are shown quoted, with Go escapes ("a\nb",
 Columns:
   leases            NAME, OWNER, TOKEN (the fencing token), HELD FOR (since
                     acquired), EXPIRES IN
+  leaders           ELECTION, LEADER (the value it proclaimed, "-" when
+                    nobody leads), OWNER, TERM (the term's fencing token),
+                    LEADING FOR, EXPIRES IN
+  terms             ELECTION, TERM, LEADER, OWNER, BEGAN AT, STATE (leading,
+                    or ended)
   advisory locks    KEY (the 64-bit key, or "k1,k2" for two 32-bit keys), MODE,
                     GRANTED (false: waiting), PID, APPLICATION, DATABASE
   forced releases   RELEASED AT, LEASE, OLD OWNER, OLD TOKEN, NEW TOKEN, WAS
@@ -45,9 +58,16 @@ Columns:
 With --json, prints one object:
   {"now": time, "leases": [{"name", "owner", "token", "held", "acquired_at",
    "expires_at", "held_for_seconds", "expires_in_seconds"}],
+   "leaders": [{"election", "leading", "token", "owner", "value",
+   "proclaimed", "began_at", "expires_at", "leading_for_seconds",
+   "expires_in_seconds"}],
    "advisory_locks": [{"key", "key1", "key2", "mode", "granted", "pid",
    "application_name", "database"}]}
-where key is set for 64-bit keys, key1 and key2 for pairs of 32-bit keys;
+where key is set for 64-bit keys, key1 and key2 for pairs of 32-bit keys,
+and a leader's other fields are zero (times null) when nobody leads;
+with --terms:
+  {"terms": [{"election", "token", "owner", "value", "began_at", "leading",
+   "expires_at"}]}
 with --forced:
   {"forced_releases": [{"name", "old_owner", "old_token", "was_held",
    "token", "reason", "released_by", "client_addr", "released_at"}]}
@@ -57,6 +77,8 @@ Examples:
   pgfence ls
   pgfence ls --database postgres://app@db/app --schema pgfence
   pgfence ls --json | jq '.leases[] | select(.name == "nightly-report")'
+  pgfence ls --json | jq -r '.leaders[] | select(.election == "scheduler") | .value'
+  pgfence ls --terms
   pgfence ls --forced --limit 10
 `
 
@@ -109,10 +131,36 @@ type advisoryJSON struct {
 	Database        string `json:"database"`
 }
 
+// leaderJSON is one election of ls --json: its current leader, if any.
+type leaderJSON struct {
+	Election          string     `json:"election"`
+	Leading           bool       `json:"leading"`
+	Token             int64      `json:"token"`
+	Owner             string     `json:"owner"`
+	Value             string     `json:"value"`
+	Proclaimed        bool       `json:"proclaimed"`
+	BeganAt           *time.Time `json:"began_at"`
+	ExpiresAt         *time.Time `json:"expires_at"`
+	LeadingForSeconds float64    `json:"leading_for_seconds"`
+	ExpiresInSeconds  float64    `json:"expires_in_seconds"`
+}
+
+// termJSON is one term of ls --terms --json.
+type termJSON struct {
+	Election  string     `json:"election"`
+	Token     int64      `json:"token"`
+	Owner     string     `json:"owner"`
+	Value     string     `json:"value"`
+	BeganAt   time.Time  `json:"began_at"`
+	Leading   bool       `json:"leading"`
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+}
+
 // lsJSON is the output of ls --json.
 type lsJSON struct {
 	Now           time.Time      `json:"now"`
 	Leases        []leaseJSON    `json:"leases"`
+	Leaders       []leaderJSON   `json:"leaders"`
 	AdvisoryLocks []advisoryJSON `json:"advisory_locks"`
 }
 
@@ -137,13 +185,14 @@ const defaultForcedLimit = 50
 
 func (a *App) ls(ctx context.Context, args []string) error {
 	var database, schema string
-	var asJSON, forced bool
+	var asJSON, forced, terms bool
 	limit := defaultForcedLimit
 	f := newFlags("ls")
 	f.String(&database, "d", "database", "URL", databaseFlagUsage)
 	schemaFlag(f, &schema)
 	f.Bool(&asJSON, "j", "json", "print JSON for scripts")
 	f.Bool(&forced, "", "forced", "list the forced releases (the audit trail of release --force) instead")
+	f.Bool(&terms, "", "terms", "list the recent terms of every election instead")
 	f.fs.IntVar(&limit, "limit", limit, "")
 	f.add("", "limit", "N", "with --forced: show the newest N", strconv.Itoa(limit))
 	pos, _, err := a.parseOrHelp(f, lsHelp, args)
@@ -155,6 +204,9 @@ func (a *App) ls(ctx context.Context, args []string) error {
 	}
 	if limit <= 0 {
 		return usageErrorf("--limit must be positive, not %d", limit)
+	}
+	if forced && terms {
+		return usageErrorf("--forced and --terms list different things: pass one")
 	}
 	if err := checkSchema(schema); err != nil {
 		return err
@@ -176,8 +228,11 @@ func (a *App) ls(ctx context.Context, args []string) error {
 	if forced {
 		return a.lsForced(ctx, locker, schema, limit, asJSON)
 	}
+	if terms {
+		return a.lsTerms(ctx, pool, schema, asJSON)
+	}
 
-	out := lsJSON{Leases: []leaseJSON{}, AdvisoryLocks: []advisoryJSON{}}
+	out := lsJSON{Leases: []leaseJSON{}, Leaders: []leaderJSON{}, AdvisoryLocks: []advisoryJSON{}}
 	// The clock is read before the leases, so every lease List finds held
 	// (expires_at after its own, later now()) expires after out.Now too.
 	if err := pool.QueryRow(ctx, dbNowSQL).Scan(&out.Now); err != nil {
@@ -196,6 +251,21 @@ func (a *App) ls(ctx context.Context, args []string) error {
 			HeldForSeconds:   max(0, out.Now.Sub(i.AcquiredAt).Seconds()),
 			ExpiresInSeconds: i.ExpiresAt.Sub(out.Now).Seconds(),
 		})
+	}
+	elections, err := leader.List(ctx, pool, schema)
+	if err != nil {
+		return explainSchemaError(err, schema)
+	}
+	for _, e := range elections {
+		l := leaderJSON{Election: e.Election, Leading: e.Leading}
+		if e.Leading {
+			began, expires := e.BeganAt, e.ExpiresAt
+			l.Token, l.Owner, l.Value, l.Proclaimed = e.Token, e.Owner, e.Value, e.Proclaimed
+			l.BeganAt, l.ExpiresAt = &began, &expires
+			l.LeadingForSeconds = max(0, out.Now.Sub(began).Seconds())
+			l.ExpiresInSeconds = expires.Sub(out.Now).Seconds()
+		}
+		out.Leaders = append(out.Leaders, l)
 	}
 	rows, _ := pool.Query(ctx, listAdvisorySQL)
 	out.AdvisoryLocks, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (advisoryJSON, error) {
@@ -220,6 +290,49 @@ func (a *App) ls(ctx context.Context, args []string) error {
 		return enc.Encode(out)
 	}
 	return printLs(a.Stdout, out)
+}
+
+// lsTerms is ls --terms.
+func (a *App) lsTerms(ctx context.Context, db pgfence.DB, schema string, asJSON bool) error {
+	terms, err := leader.Terms(ctx, db, schema)
+	if err != nil {
+		return fmt.Errorf("list terms: %w", explainSchemaError(err, schema))
+	}
+	out := struct {
+		Terms []termJSON `json:"terms"`
+	}{Terms: []termJSON{}}
+	for _, t := range terms {
+		j := termJSON{Election: t.Election, Token: t.Token, Owner: t.Owner, Value: t.Value, BeganAt: t.BeganAt, Leading: t.Leading}
+		if t.Leading {
+			expires := t.ExpiresAt
+			j.ExpiresAt = &expires
+		}
+		out.Terms = append(out.Terms, j)
+	}
+	if asJSON {
+		enc := json.NewEncoder(a.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	return printTerms(a.Stdout, out.Terms)
+}
+
+func printTerms(w io.Writer, terms []termJSON) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if len(terms) == 0 {
+		fmt.Fprintln(tw, "No election has had a term.")
+		return tw.Flush()
+	}
+	fmt.Fprintln(tw, "ELECTION\tTERM\tLEADER\tOWNER\tBEGAN AT\tSTATE")
+	for _, t := range terms {
+		state := "ended"
+		if t.Leading {
+			state = "leading"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", display(t.Election), t.Token, displayValue(t.Value), display(t.Owner),
+			t.BeganAt.Local().Format(time.RFC3339), state)
+	}
+	return tw.Flush()
 }
 
 // lsForced is ls --forced.
@@ -274,6 +387,22 @@ func printLs(w io.Writer, out lsJSON) error {
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", display(l.Name), display(l.Owner), l.Token, heldFor, expiresIn)
 		}
 	}
+	if len(out.Leaders) > 0 {
+		fmt.Fprintln(tw)
+		fmt.Fprintln(tw, "ELECTION\tLEADER\tOWNER\tTERM\tLEADING FOR\tEXPIRES IN")
+		for _, l := range out.Leaders {
+			if !l.Leading {
+				fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\n", display(l.Election))
+				continue
+			}
+			value := displayValue(l.Value)
+			if !l.Proclaimed {
+				value = "(not proclaimed)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", display(l.Election), value, display(l.Owner), l.Token,
+				seconds(l.LeadingForSeconds), seconds(l.ExpiresInSeconds))
+		}
+	}
 	fmt.Fprintln(tw)
 	if len(out.AdvisoryLocks) == 0 {
 		fmt.Fprintln(tw, "No advisory lock is held or awaited.")
@@ -310,6 +439,15 @@ func display(s string) string {
 		}
 	}
 	return s
+}
+
+// displayValue is display for a leader's value, which may be empty: that
+// shows as "".
+func displayValue(s string) string {
+	if s == "" {
+		return `""`
+	}
+	return display(s)
 }
 
 // seconds formats a duration given in seconds for people: "4.2s" under a

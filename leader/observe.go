@@ -1,0 +1,277 @@
+package leader
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/notifier"
+	"github.com/pgfence/pgfence/leasetable"
+)
+
+// TermInfo describes a term of an election as the database records it,
+// for followers and operators. Times are the database's.
+type TermInfo struct {
+	// Election is the election's name.
+	Election string
+	// Leading reports whether the term is in force: its lease is held, on
+	// the database clock, when it was read. From [Elector.Leader] and
+	// [Elector.Observe], false means that nobody leads, and the other
+	// fields but Election are zero.
+	Leading bool
+	// Token is the term's fencing token.
+	Token int64
+	// Owner is the leader's owner id (its Locker's [leasetable.Config].Owner).
+	Owner string
+	// Proclaimed reports whether the leader has proclaimed a value for the
+	// term. From [Elector.Leader] it is false in the moment between the
+	// grant of the term's lease and its proclamation (a round trip, inside
+	// Campaign); it stays false for a holder of the lease that does not
+	// use this package, or whose proclamation a server crash lost.
+	Proclaimed bool
+	// Value is the value the leader proclaimed ([Config].Value or
+	// [Term.Proclaim]); empty when not Proclaimed.
+	Value string
+	// BeganAt is when the term began (its lease was granted).
+	BeganAt time.Time
+	// ExpiresAt is when the term's lease expires unless it is renewed
+	// (zero for an ended term of [Terms]).
+	ExpiresAt time.Time
+}
+
+// same reports whether a and b describe the same leadership for
+// observers: the same term (or none), proclaiming the same value.
+func (a TermInfo) same(b TermInfo) bool {
+	return a.Leading == b.Leading && a.Token == b.Token && a.Proclaimed == b.Proclaimed && a.Value == b.Value
+}
+
+// currentSQL reads the election's current term (%[1]s is the schema): the
+// held lease of that name (expires_at after now(), database clock) and the
+// value its term proclaimed, and the database's now(). It always returns
+// one row; lease columns are NULL when nobody holds the lease. It takes no
+// locks.
+const currentSQL = `
+SELECT l.owner, l.fence, l.acquired_at, l.expires_at, d.value, d.token IS NOT NULL, pg_catalog.now()
+FROM (SELECT) AS one
+LEFT JOIN %[1]s.pgfence_leases l
+    ON l.name OPERATOR(pg_catalog.=) $1 AND l.expires_at OPERATOR(pg_catalog.>) pg_catalog.now()
+LEFT JOIN %[1]s.pgfence_leaders d
+    ON d.name OPERATOR(pg_catalog.=) l.name AND d.token OPERATOR(pg_catalog.=) l.fence`
+
+// Leader returns who leads the election now, in one statement bounded by
+// ctx: info.Leading is false when nobody does (the last term ended and no
+// candidate has taken the lease yet). Database errors are returned
+// wrapped; after Close, [pgfence.ErrClosed].
+func (e *Elector) Leader(ctx context.Context) (TermInfo, error) {
+	if err := e.checkOpen(); err != nil {
+		return TermInfo{}, err
+	}
+	info, _, err := e.read(ctx)
+	if err != nil {
+		return TermInfo{}, fmt.Errorf("pgfence: leader: read the leader of %q: %w", e.cfg.Election, err)
+	}
+	return info, nil
+}
+
+// read reads the current term and how long until its lease expires (zero
+// when nobody leads), judged on the database clock.
+func (e *Elector) read(ctx context.Context) (TermInfo, time.Duration, error) {
+	var (
+		owner          *string
+		token          *int64
+		began, expires *time.Time
+		value          *string
+		proclaimed     bool
+		dbNow          time.Time
+		info           = TermInfo{Election: e.cfg.Election}
+		untilExpiry    time.Duration
+		err            error
+	)
+	err = e.pool.QueryRow(ctx, e.sql.current, e.cfg.Election).Scan(&owner, &token, &began, &expires, &value, &proclaimed, &dbNow)
+	if err != nil {
+		return info, 0, err
+	}
+	if token == nil {
+		return info, 0, nil
+	}
+	info.Leading, info.Token, info.Owner, info.BeganAt, info.ExpiresAt = true, *token, *owner, *began, *expires
+	info.Proclaimed = proclaimed
+	if value != nil {
+		info.Value = *value
+	}
+	untilExpiry = max(expires.Sub(dbNow), 0)
+	return info, untilExpiry, nil
+}
+
+// Observe returns a channel that receives who leads the election: first
+// the current state, then each change (a new term, a new value, or that
+// nobody leads), until ctx ends or the Elector is closed; then it is
+// closed. Changes are read when a notification arrives (a proclamation, a
+// resignation: within milliseconds, through the Elector's LISTEN
+// connection), when the current term's lease is due to expire (so the end
+// of a crashed leader's term is seen at once), and otherwise every
+// [Config].ObserveInterval. A new term is reported with its value: an
+// observer that reads it between its grant and its proclamation waits for
+// the proclamation (for at most a second) before reporting it, then
+// reports it with Proclaimed false if none came (a lease of that name
+// taken without this package). A receiver that falls behind is sent the state
+// current when it is ready, not every state in between; the channel is
+// unbuffered, so a receiver that stops reading holds up only its own
+// observer. A failed read is logged and retried.
+func (e *Elector) Observe(ctx context.Context) <-chan TermInfo {
+	out := make(chan TermInfo)
+	wake, err := e.addWatcher()
+	if err != nil {
+		close(out)
+		return out
+	}
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		defer close(out)
+		defer e.removeWatcher(wake)
+		e.observe(ctx, wake, out)
+	}()
+	return out
+}
+
+func (e *Elector) observe(ctx context.Context, wake chan struct{}, out chan<- TermInfo) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(e.closeCtx, cancel)
+	defer stop()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	var last TermInfo
+	sent := false
+	failures := 0
+	var unproclaimed int64 // a term seen before its proclamation
+	for {
+		info, untilExpiry, err := e.read(ctx)
+		wait := e.cfg.ObserveInterval
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			failures++
+			wait = min(wait, time.Duration(failures)*100*time.Millisecond)
+			e.cfg.Logger.WarnContext(ctx, "pgfence: leader: reading the leader failed; retrying",
+				"election", e.cfg.Election, "error", err, "retry_in", wait)
+		case info.Leading && !info.Proclaimed && info.Token != unproclaimed && (!sent || last.Token != info.Token):
+			// A new term between its grant and its proclamation (a round
+			// trip later): wait for the proclamation's notification, for
+			// at most unproclaimedGrace, rather than report the term
+			// without its value first.
+			unproclaimed = info.Token
+			wait = min(wait, unproclaimedGrace, untilExpiry+time.Millisecond)
+		default:
+			failures = 0
+			if !sent || !info.same(last) {
+				select {
+				case out <- info:
+				case <-ctx.Done():
+					return
+				}
+				last, sent = info, true
+				// Read again at once: the state may have changed while
+				// the receiver was busy.
+				continue
+			}
+			if info.Leading {
+				// Re-read when the lease is due to expire: unless renewed
+				// meanwhile, the term has ended then.
+				wait = min(wait, untilExpiry+time.Millisecond+rand.N(4*time.Millisecond))
+			}
+		}
+		timer.Reset(wait)
+		select {
+		case <-wake:
+		case <-timer.C:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// unproclaimedGrace is how long an observer waits for a new term's
+// proclamation before it reports the term without a value.
+const unproclaimedGrace = time.Second
+
+// addWatcher registers an observer's wake channel, starting the LISTEN
+// connection on first use.
+func (e *Elector) addWatcher() (chan struct{}, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil, pgfence.ErrClosed
+	}
+	w := make(chan struct{}, 1)
+	e.watchers[w] = struct{}{}
+	if !e.listenerStarted && !e.cfg.DisableListen {
+		e.listenerStarted = true
+		checkInterval := leasetable.DefaultListenCheckInterval
+		notifier.Start(e.closeCtx, notifier.Config{
+			ConnConfig:    e.cfg.ListenConnConfig,
+			Channel:       NotifyChannel,
+			CheckInterval: checkInterval,
+			CheckTimeout:  min(checkInterval, 5*time.Second),
+			Logger:        e.cfg.Logger,
+			LogPrefix:     "pgfence: leader",
+			Notify:        e.notify,
+			Listening:     e.wakeAll,
+			Apply:         listenReleases,
+			Probe:         e.probe,
+			ProbeTimeout:  5 * time.Second,
+		}, &e.wg)
+	}
+	return w, nil
+}
+
+func (e *Elector) removeWatcher(w chan struct{}) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	delete(e.watchers, w)
+}
+
+// notify wakes the observers when a notification names the election.
+func (e *Elector) notify(payload string) {
+	if payload == e.cfg.Election {
+		e.wakeAll()
+	}
+}
+
+// wakeAll wakes every observer: after a notification, and whenever the
+// LISTEN connection is (again) listening, as a change may have been
+// missed meanwhile.
+func (e *Elector) wakeAll() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for w := range e.watchers {
+		select {
+		case w <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// listenReleases subscribes the observers' LISTEN connection to the lease
+// table's releases too (a resignation is a release); it runs after each
+// connect, and changes nothing on a session that already listens.
+func listenReleases(ctx context.Context, conn *pgx.Conn) (time.Duration, error) {
+	_, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{leasetable.NotifyChannel}.Sanitize())
+	return 0, err
+}
+
+// probeSQL sends a probe notification on [NotifyChannel] through the pool;
+// it locks nothing.
+const probeSQL = `SELECT pg_catalog.pg_notify($1, $2)`
+
+// probe is the notifier's probe: see leasetable's, which this mirrors.
+func (e *Elector) probe(ctx context.Context, payload string) error {
+	_, err := e.pool.Exec(ctx, probeSQL, NotifyChannel, payload)
+	return err
+}

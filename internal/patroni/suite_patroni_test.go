@@ -460,7 +460,7 @@ func releaseText(r patroni.LongResult) string {
 // outage was granted it, relative to the new primary being writable.
 func grantedAfter(r patroni.LongResult, writable time.Duration) string {
 	if !r.Granted {
-		return "not within 30s"
+		return "not within a minute of the release"
 	}
 	if d := r.GrantedAt - writable; d >= 0 {
 		return fmt.Sprintf("%s after the new primary was writable", secs(d))

@@ -560,7 +560,7 @@ type LongResult struct {
 	Writes, Failed int64
 	// ReleaseErr is the release's error.
 	ReleaseErr error
-	// Granted says the contender was granted the lease (within 30s of the
+	// Granted says the contender was granted the lease (within a minute of the
 	// release); HandOver is then the time from the release's call (or, for
 	// a lost lease, from the holder learning of the loss) to that grant:
 	// negative when the contender was granted the lease while the holder
@@ -597,7 +597,7 @@ func (lh *LongHold) Finish(ctx context.Context) LongResult {
 	select {
 	case g := <-lh.granted:
 		r.Granted, r.HandOver, r.GrantedAt = true, g-from, g
-	case <-time.After(30 * time.Second):
+	case <-time.After(time.Minute):
 	case <-ctx.Done():
 	}
 	return r

@@ -49,7 +49,7 @@ chaos:
 
 # patroni-ci runs the Patroni suite (internal/patroni, build tag "patroni"):
 # etcd and three Patroni nodes on loopback, a synchronous run through every
-# fault and the asynchronous negative control, about 3 minutes. It needs
+# fault and the asynchronous negative control, 3-4 minutes on 2 cores. It needs
 # patroni, etcd-server, etcd-client, python3-etcd and python3-psycopg2
 # (.ci/patroni-setup installs them). Each fault prints its figures
 #   patroni: fault=NAME mode=sync|async ... to_new_primary=... no_grants=...

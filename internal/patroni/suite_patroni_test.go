@@ -63,10 +63,9 @@ func newSuite(t *testing.T, synchronous bool, budget time.Duration) *suite {
 	start := time.Now()
 	opts := &patroni.Options{Synchronous: synchronous, Logf: t.Logf}
 	if !synchronous {
-		// A replica this far behind is still promoted: the lag the cut
-		// builds up (well under a MiB) is one Patroni accepts by default
-		// too; the setting only makes the negative control independent of
-		// the machine's speed.
+		// A replica this far behind is still promoted: the negative
+		// control does not depend on how much the workload wrote during
+		// the cut (Patroni's default is 1 MiB).
 		opts.MaxLagOnFailover = 64 << 20
 	}
 	c, err := patroni.Start(ctx, opts)

@@ -291,3 +291,96 @@ func TestTokensSharedAcrossStrategies(t *testing.T) {
 		require.NoError(t, l.Release(ctx))
 	}
 }
+
+// recorder is an Observer that keeps every event.
+type recorder struct {
+	mu     chan struct{}
+	events []pgfence.Event
+}
+
+func newRecorder() *recorder { return &recorder{mu: make(chan struct{}, 1)} }
+
+func (r *recorder) Observe(_ context.Context, e pgfence.Event) {
+	r.mu <- struct{}{}
+	r.events = append(r.events, e)
+	<-r.mu
+}
+
+// kinds returns the type names of the events seen so far, in order.
+func (r *recorder) kinds() []string {
+	r.mu <- struct{}{}
+	defer func() { <-r.mu }()
+	var out []string
+	for _, e := range r.events {
+		switch e.(type) {
+		case pgfence.Acquired:
+			out = append(out, "Acquired")
+		case pgfence.NotAcquired:
+			out = append(out, "NotAcquired")
+		case pgfence.Released:
+			out = append(out, "Released")
+		case pgfence.Lost:
+			out = append(out, "Lost")
+		}
+	}
+	return out
+}
+
+func TestContractEventsAndStats(t *testing.T) {
+	t.Parallel()
+	for _, s := range strategies() {
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.NewDB(t)
+			ctx := t.Context()
+			rec := newRecorder()
+			var k pgfence.Locker
+			switch s.name {
+			case "leasetable":
+				lk, err := leasetable.New(ctx, db.NewPool(t, nil), &leasetable.Config{TTL: 5 * time.Second, Observer: rec})
+				require.NoError(t, err)
+				k = lk
+			case "advisory":
+				ak, err := advisory.New(ctx, db.NewPool(t, nil), &advisory.Config{Observer: rec})
+				require.NoError(t, err)
+				k = ak
+			}
+			other := s.newLocker(t, db.NewPool(t, nil))
+
+			l, err := k.TryAcquire(ctx, "job", nil)
+			require.NoError(t, err)
+			st := k.Stats()
+			require.Equal(t, 1, st.Held)
+			require.Equal(t, uint64(1), st.Acquired)
+
+			ol, err := other.TryAcquire(ctx, "job2", nil)
+			require.NoError(t, err)
+			_, err = k.TryAcquire(ctx, "job2", nil)
+			require.ErrorIs(t, err, pgfence.ErrNotAcquired)
+			require.NoError(t, ol.Release(ctx))
+
+			require.NoError(t, l.Release(ctx))
+			l2, err := k.TryAcquire(ctx, "job", nil)
+			require.NoError(t, err)
+			k.Close() // ends l2 as lost
+			<-l2.Done()
+
+			st = k.Stats()
+			require.Zero(t, st.Held)
+			require.Equal(t, uint64(2), st.Acquired)
+			require.Equal(t, uint64(1), st.NotAcquired)
+			require.Equal(t, uint64(1), st.Released)
+			require.Equal(t, uint64(1), st.Lost)
+			require.Zero(t, st.EventsDropped)
+			// Close delivered the queued background events before returning.
+			require.Equal(t, []string{"Acquired", "NotAcquired", "Released", "Acquired", "Lost"}, rec.kinds())
+			for _, e := range rec.events {
+				require.Equal(t, s.name, e.Strategy())
+				if lost, ok := e.(pgfence.Lost); ok {
+					require.ErrorIs(t, lost.Cause, pgfence.ErrClosed)
+					require.Equal(t, l2.Token(), lost.Token)
+				}
+			}
+		})
+	}
+}

@@ -148,6 +148,8 @@ type Locker interface {
 	// whenever the lock was lost before fn returned, and with the
 	// release's error.
 	Do(ctx context.Context, name string, opts *AcquireOpts, fn func(ctx context.Context, l Lease) error) error
+	// Stats returns a snapshot of the Locker's state and counters.
+	Stats() Stats
 	// Close releases every lock the Locker holds (they end as lost, with
 	// ErrClosed), wakes waiters with ErrClosed and stops its goroutines.
 	Close()

@@ -187,6 +187,7 @@ func TestLeaseReleaseExpiryRenew(t *testing.T) {
 		TCPKeepalivesIdle:    3 * time.Hour,
 		TCPUserTimeout:       3 * time.Hour,
 	})
+	advisory.SetNoPeek(k) // nor by looking at the idle socket
 
 	require.NoError(t, (*advisory.Lease)(nil).Release(ctx))
 
@@ -249,13 +250,16 @@ func TestWaitTimeoutMatchesDeadlineExceeded(t *testing.T) {
 		return nil
 	}
 	// WaitTimeout bounds the wait only: neither the Lease nor Do's fn
-	// inherits its deadline.
-	l, err := b.Acquire(ctx, "free", opts)
+	// inherits its deadline. (A WaitTimeout long enough for b's first
+	// acquire, which dials its session: 50ms was not, now and then, on a
+	// loaded machine.)
+	freeOpts := &advisory.AcquireOpts{WaitTimeout: 30 * time.Second}
+	l, err := b.Acquire(ctx, "free", freeOpts)
 	require.NoError(t, err)
 	_, hasDeadline := l.Context().Deadline()
 	require.False(t, hasDeadline)
 	require.NoError(t, l.Release(ctx))
-	require.NoError(t, b.Do(ctx, "free", opts, func(ctx context.Context, l pgfence.Lease) error {
+	require.NoError(t, b.Do(ctx, "free", freeOpts, func(ctx context.Context, l pgfence.Lease) error {
 		_, hasDeadline := ctx.Deadline()
 		require.False(t, hasDeadline, "fn's context has no deadline of WaitTimeout")
 		return nil

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/pgfence/pgfence"
 )
 
 // Defaults used for the zero fields of a [Config].
@@ -76,7 +78,10 @@ type Config struct {
 	// session with a round trip. Together with QueryTimeout it bounds how
 	// late the holders of a dead or hung session learn that their locks
 	// are lost: at most SessionCheckInterval + QueryTimeout after the
-	// session stopped answering. It has no counterpart in package
+	// session stopped answering. A session that the server ended (shutdown,
+	// restart, pg_terminate_backend) is noticed sooner, within about 50ms,
+	// by a look at its socket between checks (see Loss detection in the
+	// package documentation). It has no counterpart in package
 	// leasetable, whose leases do not live on a session of their own.
 	// Default [DefaultSessionCheckInterval].
 	SessionCheckInterval time.Duration
@@ -139,9 +144,20 @@ type Config struct {
 
 	// Logger receives the Locker's diagnostics: lock sessions opened and
 	// closed when idle (Debug), sessions that failed to open or were lost,
-	// with the cause and the number of locks lost (Warn). Default: discard
-	// everything.
+	// with the cause and the number of locks lost (Warn). Every record is
+	// logged with a context (the *Context methods of slog) that carries the
+	// values of the caller it concerns: the acquiring or releasing call, or
+	// for a lost session the ctx that acquired one of its locks. Default:
+	// discard everything.
 	Logger *slog.Logger
+
+	// Observer receives the Locker's typed events (see [pgfence.Observer]
+	// for the delivery rules, and the package documentation, Events, for
+	// what package advisory sends and when). When it also implements
+	// [pgfence.OpObserver], every acquire, release and session check is
+	// bracketed by StartOp and EndOp. Nil (the default) sends nothing and
+	// costs a nil check per call.
+	Observer pgfence.Observer
 }
 
 // resolve returns a copy of c with defaults filled in, or an error naming the

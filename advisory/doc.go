@@ -117,7 +117,13 @@
 // [Config.QueryTimeout] (a session in use is checked by the statement in
 // progress, bounded the same way). A dead or hung session is noticed at most
 // SessionCheckInterval + QueryTimeout (4s with the defaults) after it stopped
-// answering. When the session is only hung (the server or the network
+// answering. Between checks, every 50ms, the watchdog also looks, without a
+// round trip, whether an idle session's socket has anything to read: the
+// server sends an idle lock session nothing unless it is ending it (a
+// FATAL error, then the close), so a session the server ended is noticed
+// within about 50ms, and checked at once (on platforms without poll(2),
+// and for connections from a custom DialFunc that hide their socket, only
+// the checks run). When the session is only hung (the server or the network
 // stalled, the connection still open), the holders are told before the
 // connection is closed, so before the server can release the locks.
 //
@@ -201,6 +207,121 @@
 // Transaction locks use the caller's ctx as pgx does: if it ends during
 // [Locker.AcquireTx]'s wait, pgx closes the transaction's connection, which ends the
 // transaction and releases its locks.
+//
+// # Database outages and failover
+//
+// Transient database errors (the server unreachable, shutting down,
+// starting up or failing over, a lock session that died; see
+// [pgfence.ErrUnavailable]) do not end a wait: [Locker.Acquire] and
+// [Locker.Do] retry on a new session with capped, jittered backoff (25ms
+// doubling up to 500ms) for as long as their ctx and WaitTimeout allow, so
+// a wait rides through a restart or a failover and gets the lock within
+// about one backoff step of the database accepting connections again.
+// [Locker.TryAcquire] retries for at most [Config].QueryTimeout in all.
+// When they give up, the error matches pgfence.ErrUnavailable and wraps
+// the last cause; when it was ctx or WaitTimeout that ended meanwhile, it
+// wraps ctx's cause too (a WaitTimeout end still matches
+// pgfence.ErrNotAcquired and context.DeadlineExceeded). A lock is only
+// handed out while held: a grant whose session failed before the acquire
+// could return it is retried like a transient error. A lock session that
+// reached a read-only server (a standby, through a load balancer or a URL
+// without target_session_attrs=read-write) gets no lock there, since a
+// standby refuses the token draw (SQLSTATE 25006): the session is dropped
+// and the acquire retries on a new one, which may reach the primary.
+//
+// What a holder sees during a failover: its session locks are lost, since
+// they lived on the old primary's sessions. A server that shuts down
+// (switchover, fast shutdown), whose postmaster dies, or that terminates
+// the backend ends the sessions itself; the watchdog, which looks at idle
+// sessions' sockets every 50ms between its checks, notices within about
+// that and a round trip. A server that vanishes silently (node crash,
+// network cut) is noticed when the next session check times out, within
+// [Config].SessionCheckInterval + QueryTimeout (4s with the defaults).
+// Either way the holder is normally told before a failover manager has
+// promoted a new primary (Patroni waits out its leader key's ttl, 30s by
+// default, after a crash, and shuts the old primary down before a
+// switchover), but that is not guaranteed (a process paused meanwhile,
+// settings with a shorter ttl): fence the protected writes with the token.
+// [Lease.Done] closes, [Lease.Err] matches pgfence.ErrLeaseLost, and the
+// lock is never re-acquired for the holder: it must acquire again, and
+// gets a new, larger token. Point the pool at the primary only
+// (target_session_attrs=read-write in a multi-host URL), with a
+// connect_timeout, so that new sessions find the new primary.
+//
+// # Release failures
+//
+// An advisory lock belongs to the session that took it: no other session
+// can unlock it, so a failed unlock cannot be retried elsewhere, and
+// retrying it on its own session is impossible too, since pgx closes a
+// connection whose statement failed other than with a server error. The
+// Locker therefore closes the session (its other locks are lost), and the
+// session's end is what releases the lock:
+//
+//   - When the failure was the server ending the session (a shutdown, a
+//     crash, a failover, pg_terminate_backend, a reset connection), the
+//     lock was released with it: nothing is left to do.
+//   - When it was a timeout (QueryTimeout) on a live server, the closed
+//     connection reaches the server, whose backend exits once the
+//     statement it may still be running ends (an unlock takes effect
+//     before its commit, so a commit waiting for a synchronous standby
+//     does not keep the lock).
+//   - When the network is cut, the client's TCP keeps resending its
+//     close, which ends the backend as soon as the network is back; if it
+//     stays cut, the server drops the session once its TCP settings give
+//     up on the client ([Config].TCPUserTimeout, the keepalives: about
+//     10-11s with the defaults). This is the advisory counterpart of a
+//     lease that would have expired anyway, and [New] makes sure it comes
+//     after the holder was told.
+//
+// So nothing is retried in the background, and [Locker.Close] has no
+// release to wait for. [Lease.Release] returns an error matching
+// pgfence.ErrNotHeld, and also pgfence.ErrUnavailable when the failure
+// was transient; the Observer sees the lock Released, with that error.
+//
+// # Events
+//
+// [Config].Observer receives the events of [pgfence.Observer], the same as
+// package leasetable sends, with these specifics:
+//
+//   - Acquired and NotAcquired: from every TryAcquire, Acquire and Do (by
+//     name or [Key]; Lock.Name is the name, or the decimal key of an [ID]),
+//     on the caller's goroutine with the ctx its OpAcquire runs with (the
+//     caller's when the Observer is not an OpObserver), before the call
+//     returns. Attempts counts the attempts that asked the database (a
+//     refusal because another caller of the same Locker holds the key
+//     costs no round trip and is not counted). An acquire refused with
+//     pgfence.ErrAlreadyHeld or pgfence.ErrClosed sends NotAcquired; bad
+//     input (an empty name, a TTL) sends nothing. Transaction locks
+//     ([Locker.TryAcquireTx], [Locker.AcquireTx]) send no events.
+//   - Renewed: after each successful session check (the watchdog's, every
+//     SessionCheckInterval, or [Lease.Renew]), for each lock the check
+//     covers; Expiry is zero.
+//   - RenewalFailed: never. A session check that fails loses every lock on
+//     the session at once (there is no TTL to ride out), so each gets Lost.
+//   - Lost: when a lock's session died or [Locker.Close] dropped it
+//     (Cause matches pgfence.ErrLeaseLost, and pgfence.ErrClosed for
+//     Close), with the values of the ctx that acquired it.
+//   - Released: from [Lease.Release] (and Do's release), with Err set when
+//     the unlock failed (see Release failures). Every lock handed out ends
+//     with exactly one Released or Lost. As Lost comes from the delivery
+//     goroutine, a lock lost just as its acquire returned may have its
+//     Lost delivered before its Acquired.
+//   - ListenLost and ListenRestored: once per outage of the LISTEN
+//     connection (see Waiting), not when it is closed for lack of waiters;
+//     ListenLost's Err only says that it ended (the cause is logged).
+//
+// With an [pgfence.OpObserver], each acquire (all its attempts and waits),
+// each release, and each session check is an operation: an OpRenew covers
+// every lock on the session (Batch; Name only when it is one), runs with
+// the values of the ctx that acquired the oldest of them, and links the
+// others' ([pgfence.Op].Links). [Locker.Stats] counts the same outcomes.
+//
+// Every statement sent for a caller carries that caller's ctx values (for
+// pgx tracers), though never its cancellation (see Cancellation): the
+// dial and setup of a session opened for an acquire, the lock and unlock
+// statements, the session checks (the acquiring ctx of the oldest lock),
+// and the interest locks of the LISTEN connection (the first waiter's).
+// Log records are written with the same contexts.
 //
 // # What is not guaranteed
 //

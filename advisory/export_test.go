@@ -22,3 +22,13 @@ func Waiters(k *Locker, key Key) int {
 // Release to notify waiters (normally 20ms), so that tests can release at
 // once.
 func SetNotifyAfterHeld(k *Locker, d time.Duration) { k.notifyHeld = d }
+
+// SetNoRetry turns off k's retries of transient errors (the negative
+// control of the resilience tests): an attempt's transient error is
+// returned at once, matching pgfence.ErrUnavailable.
+func SetNoRetry(k *Locker) { k.noRetry = true }
+
+// SetNoPeek turns off the watchdog's look at idle sessions' sockets
+// between checks (the negative control of the prompt-loss tests): a
+// session the server ended is then noticed at the next check only.
+func SetNoPeek(k *Locker) { k.peek = 0 }

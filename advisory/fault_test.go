@@ -197,13 +197,15 @@ func TestStatementOnDeadSession(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
-	// One session, and a watchdog too slow to notice during the test.
+	// One session, and a watchdog too slow to notice during the test
+	// (nor looking at the idle socket: SetNoPeek).
 	l := newLocker(t, db.Pool, &advisory.Config{
 		MaxSessions:          1,
 		SessionCheckInterval: time.Hour,
 		TCPKeepalivesIdle:    3 * time.Hour,
 		TCPUserTimeout:       3 * time.Hour,
 	})
+	advisory.SetNoPeek(l)
 	terminate := func(key advisory.Key) {
 		_, err := db.Pool.Exec(ctx, "SELECT pg_terminate_backend($1, 5000)", holderPID(t, db, key))
 		require.NoError(t, err)
@@ -222,15 +224,30 @@ func TestStatementOnDeadSession(t *testing.T) {
 	waitDone(t, lkB)
 	require.ErrorIs(t, lkB.Err(), pgfence.ErrLeaseLost)
 
-	// A lock statement on a dead session fails likewise.
+	// A lock statement on a dead session fails the session likewise, and
+	// the acquire retries on a new session: the caller gets the lock.
 	lkC, err := l.TryAcquireKey(ctx, advisory.ID(3), nil)
 	require.NoError(t, err, "a new session replaces the dead one")
 	terminate(lkC.Key())
-	_, err = l.TryAcquireKey(ctx, advisory.ID(4), nil)
-	require.Error(t, err)
-	require.NotErrorIs(t, err, pgfence.ErrNotAcquired)
+	lkD, err := l.TryAcquireKey(ctx, advisory.ID(4), nil)
+	require.NoError(t, err, "retried on a new session")
 	waitDone(t, lkC)
 	require.ErrorIs(t, lkC.Err(), pgfence.ErrLeaseLost)
+	require.NoError(t, lkD.Err())
+	require.Equal(t, 1, heldAdvisoryLocks(t, db.Pool))
+	require.NoError(t, lkD.Release(ctx))
+
+	// Negative control: without retries the same statement fails, with
+	// an error that says the database was unavailable.
+	advisory.SetNoRetry(l)
+	lkE, err := l.TryAcquireKey(ctx, advisory.ID(5), nil)
+	require.NoError(t, err)
+	terminate(lkE.Key())
+	_, err = l.TryAcquireKey(ctx, advisory.ID(6), nil)
+	require.ErrorIs(t, err, pgfence.ErrUnavailable)
+	require.NotErrorIs(t, err, pgfence.ErrNotAcquired)
+	waitDone(t, lkE)
+	require.ErrorIs(t, lkE.Err(), pgfence.ErrLeaseLost)
 	require.Zero(t, heldAdvisoryLocks(t, db.Pool))
 }
 

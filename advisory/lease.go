@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/retry"
 )
 
 // Package advisory honours these fields of [pgfence.AcquireOpts]:
@@ -64,10 +65,21 @@ type Lease struct {
 	acquired time.Time // when granted, to choose the unlock statement
 	ctx      context.Context
 	cancel   context.CancelCauseFunc
+	// values is the acquiring call's ctx, used for its values only (never
+	// for its cancellation): the session checks of the lock and its
+	// background events carry them. It is kept as given, so that an
+	// acquire without an Observer allocates nothing for it.
+	values context.Context
 
-	// Guarded by l.mu.
+	// Guarded by Locker.mu.
 	state    lockState
 	reported bool // Release has returned the loss once
+	out      bool // handed to the caller: its end is counted and observed
+}
+
+// lock returns l as events name it.
+func (l *Lease) lock() pgfence.Lock {
+	return pgfence.Lock{Kind: pgfence.StrategyAdvisory, Name: l.Name(), Token: l.token}
 }
 
 var _ pgfence.Lease = (*Lease)(nil)
@@ -119,9 +131,16 @@ func (l *Lease) Context() context.Context { return l.ctx }
 // same session, each bounded by Config.QueryTimeout.
 //
 // When the lock was already lost, Release returns an error matching
-// pgfence.ErrNotHeld (and pgfence.ErrLeaseLost); it also does so when the
-// session fails during the release (the session is closed, and the server
-// releases the lock when it sees the connection end). Calling Release
+// pgfence.ErrNotHeld (and pgfence.ErrLeaseLost). It also does so when the
+// session fails during the release: the session is closed, which is what
+// releases the lock (the server ends a session's locks with it; an unlock
+// cannot be retried from another session). When that failure is a
+// database outage (a transient error: connection lost or timed out, the
+// server shutting down) the error matches pgfence.ErrUnavailable too and
+// wraps the cause. After a timeout the server may hold the lock until it
+// notices the closed connection (at worst when Config.TCPUserTimeout or
+// the keepalives give up on the client); see Release failures in the
+// package documentation for why nothing is retried. Calling Release
 // again, or concurrently, or on a nil *Lease, returns nil.
 func (l *Lease) Release(ctx context.Context) error {
 	if l == nil {
@@ -137,15 +156,38 @@ func (l *Lease) Release(ctx context.Context) error {
 		return l.reportLostLocked()
 	}
 	l.state = stateUnlocking
+	out := l.out
 	k.mu.Unlock()
+	if !out || k.ev == nil {
+		released, err := l.release(ctx)
+		if released && out {
+			k.released.Add(1)
+		}
+		return err
+	}
+	op := pgfence.Op{Kind: pgfence.OpRelease, Strategy: pgfence.StrategyAdvisory, Name: l.Name(), Batch: 1}
+	octx := k.ev.StartOp(ctx, op)
+	released, err := l.release(octx)
+	if released {
+		k.released.Add(1)
+		k.ev.Sync(octx, pgfence.Released{Lock: l.lock(), HeldFor: time.Since(l.acquired), Err: err})
+	}
+	k.ev.EndOp(octx, op, err)
+	return err
+}
 
+// release is Release once l is unlocking. released reports whether this
+// call ended the lock (successfully or not); it is false when the lock had
+// been lost before the unlock could run.
+func (l *Lease) release(ctx context.Context) (released bool, err error) {
+	k := l.k
 	s := l.s
 	s.sem <- struct{}{}
 	defer func() { <-s.sem }()
 
 	k.mu.Lock()
 	if l.state == stateLost {
-		return l.reportLostLocked()
+		return false, l.reportLostLocked()
 	}
 	k.mu.Unlock()
 
@@ -160,17 +202,21 @@ func (l *Lease) Release(ctx context.Context) error {
 	case notify:
 		q = unlockNotifySQL
 	}
-	var released bool
-	err := s.queryKey(ctx, k, q, l.key.id, &released)
-	if err == nil && !released {
+	var ok bool
+	err = s.queryKey(ctx, k, q, l.key.id, &ok)
+	if err == nil && !ok {
 		err = errors.New("the server reports the lock was not held by the session")
 	}
 	if err != nil {
 		// The session's state is unknown or wrong: drop it, with every
 		// lock on it; the server releases them when the connection ends.
-		k.failSession(s, err)
+		k.failSession(ctx, s, err, l)
 		k.mu.Lock()
-		return l.reportLostLocked()
+		err = l.reportLostLocked()
+		if retry.Transient(err) {
+			err = fmt.Errorf("%w: %w", pgfence.ErrUnavailable, err)
+		}
+		return true, err
 	}
 	k.mu.Lock()
 	l.state = stateUnlocked
@@ -179,7 +225,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	k.dropKeyRefLocked(l.key.id)
 	l.cancel(errReleased)
 	k.mu.Unlock()
-	return nil
+	return true, nil
 }
 
 // reportLostLocked is Release's answer for a lost lock: the loss the first
@@ -198,8 +244,10 @@ func (l *Lease) reportLostLocked() error {
 // statements queued on the session before it. A session lock has no TTL,
 // so nothing is extended. When the check fails the session is dropped with
 // every lock on it, and Renew returns the loss (matching
-// pgfence.ErrLeaseLost). After a release or loss it returns [Lease.Err]
-// without a round trip. ctx bounds the wait for the session; the check
+// pgfence.ErrLeaseLost): a session check is never retried, since a session
+// that did not answer may already have lost its locks on the server. After
+// a release or loss it returns [Lease.Err] without a round trip. ctx bounds
+// the wait for the session and lends its values to the check; the check
 // itself is bounded by Config.QueryTimeout, since cancelling it would close
 // the session.
 func (l *Lease) Renew(ctx context.Context) error {
@@ -216,8 +264,22 @@ func (l *Lease) Renew(ctx context.Context) error {
 	if err := l.Err(); err != nil {
 		return err
 	}
-	if err := s.ping(ctx, k); err != nil {
-		k.failSession(s, fmt.Errorf("pgfence: advisory: liveness check failed: %w", err))
+	var op pgfence.Op
+	octx := ctx
+	if k.ev != nil {
+		op = pgfence.Op{Kind: pgfence.OpRenew, Strategy: pgfence.StrategyAdvisory, Name: l.Name(), Batch: 1}
+		octx = k.ev.StartOp(ctx, op)
+	}
+	err := s.ping(octx, k)
+	if err != nil {
+		err = fmt.Errorf("pgfence: advisory: liveness check failed: %w", err)
+		k.failSession(octx, s, err, nil)
+	}
+	if k.ev != nil {
+		k.ev.EndOp(octx, op, err)
+		if err == nil {
+			k.ev.Async(context.WithoutCancel(ctx), pgfence.Renewed{Lock: l.lock()})
+		}
 	}
 	return l.Err()
 }

@@ -6,14 +6,17 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/events"
 	"github.com/pgfence/pgfence/internal/install"
 	"github.com/pgfence/pgfence/internal/notifier"
+	"github.com/pgfence/pgfence/internal/retry"
 )
 
 // Locker takes session-level advisory locks on a few database sessions it
@@ -29,9 +32,21 @@ type Locker struct {
 	listenConfig *pgx.ConnConfig
 	closeCtx     context.Context // cancelled by Close
 	closeStop    context.CancelFunc
-	firstPause   time.Duration  // minPollInterval; tests may raise it
-	notifyHeld   time.Duration  // notifyAfterHeld; tests may change it
-	wg           sync.WaitGroup // watchdogs and the LISTEN loop
+	firstPause   time.Duration   // minPollInterval; tests may raise it
+	notifyHeld   time.Duration   // notifyAfterHeld; tests may change it
+	peek         time.Duration   // sessionPeekInterval; tests may turn it off (0)
+	wg           sync.WaitGroup  // watchdogs and the LISTEN loop
+	ev           *events.Emitter // nil without Config.Observer
+	// backoff spaces the retries of transient errors; noRetry (a test
+	// hook) turns them off.
+	backoff retry.Backoff
+	noRetry bool
+	// afterGrant, a test hook, runs between a grant and its hand-out.
+	afterGrant func(*Lease)
+
+	// Counters of Stats.
+	waiting                               atomic.Int64
+	acquired, notAcquired, released, lost atomic.Uint64
 
 	mu            sync.Mutex
 	closed        bool
@@ -43,6 +58,8 @@ type Locker struct {
 	interests       map[int64]*interest
 	listener        *notifier.Notifier // nil while no LISTEN connection is wanted
 	listenIdleSince time.Time          // since when the LISTEN loop saw no interest
+	listening       bool               // a LISTEN connection is listening now
+	listenLostAt    time.Time          // when it stopped listening; zero unless lost
 }
 
 // New returns a Locker whose sessions are dialed with pool's connection
@@ -93,6 +110,9 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 		closeStop:    closeStop,
 		firstPause:   minPollInterval,
 		notifyHeld:   notifyAfterHeld,
+		peek:         sessionPeekInterval,
+		ev:           events.New(c.Observer),
+		backoff:      retry.Default,
 		keys:         make(map[int64]*keyState),
 		interests:    make(map[int64]*interest),
 	}, nil
@@ -129,7 +149,9 @@ func newStatements(schema string) statements {
 // returns; on a session that had failed, the server frees them when it
 // notices the connection end. Waiting Lock calls return pgfence.ErrClosed.
 // Close waits for statements in progress (each bounded by
-// Config.QueryTimeout). Calling it again does nothing.
+// Config.QueryTimeout); the sessions are closed concurrently, so during an
+// outage Close takes at most about two QueryTimeouts, whatever MaxSessions.
+// Calling it again does nothing.
 func (k *Locker) Close() {
 	k.mu.Lock()
 	if k.closed {
@@ -140,14 +162,52 @@ func (k *Locker) Close() {
 	k.closeStop()
 	sessions := append([]*session(nil), k.sessions...)
 	k.mu.Unlock()
+	// The sessions are closed at once, not one after the other: during an
+	// outage each may take QueryTimeout.
+	var closing sync.WaitGroup
 	for _, s := range sessions {
-		<-s.ready
-		if s.openErr != nil {
-			continue
-		}
-		s.sem <- struct{}{}
-		k.failSession(s, fmt.Errorf("pgfence: advisory: Locker closed: %w", pgfence.ErrClosed))
-		<-s.sem
+		closing.Add(1)
+		go func() {
+			defer closing.Done()
+			<-s.ready
+			if s.openErr != nil {
+				return
+			}
+			s.sem <- struct{}{}
+			k.failSession(context.Background(), s, fmt.Errorf("pgfence: advisory: Locker closed: %w", pgfence.ErrClosed), nil)
+			<-s.sem
+		}()
 	}
+	closing.Wait()
 	k.wg.Wait()
+	k.ev.Close()
+}
+
+// Stats returns a snapshot of the Locker's state and counters. Held counts
+// the session locks held now (transaction locks are not counted: they
+// belong to the caller's transaction), Waiting the Acquire and Do calls
+// in progress (waiting for the lock, or riding out an outage). Every lock handed out ends counted once, in Released (by
+// its holder, including a release that failed) or in Lost (its session
+// died, or the Locker closed). RenewalFailures is always zero: a failed
+// check of a session loses its locks at once (they count in Lost), as
+// there is no TTL to ride out. It is safe to call at any time, after
+// Close too.
+func (k *Locker) Stats() pgfence.Stats {
+	k.mu.Lock()
+	held := 0
+	for _, s := range k.sessions {
+		held += len(s.locks)
+	}
+	listening := k.listening
+	k.mu.Unlock()
+	return pgfence.Stats{
+		Held:          held,
+		Waiting:       int(k.waiting.Load()),
+		Acquired:      k.acquired.Load(),
+		NotAcquired:   k.notAcquired.Load(),
+		Released:      k.released.Load(),
+		Lost:          k.lost.Load(),
+		Listening:     listening,
+		EventsDropped: k.ev.Dropped(),
+	}
 }

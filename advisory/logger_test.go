@@ -17,6 +17,7 @@ import (
 type recordHandler struct {
 	mu      sync.Mutex
 	records []slog.Record
+	reqs    []string                 // the request id of each record's ctx
 	waiters map[string]chan struct{} // closed once their message is logged
 }
 
@@ -42,10 +43,11 @@ func (h *recordHandler) logged(msg string) <-chan struct{} {
 }
 
 func (h *recordHandler) Enabled(context.Context, slog.Level) bool { return true }
-func (h *recordHandler) Handle(_ context.Context, r slog.Record) error {
+func (h *recordHandler) Handle(ctx context.Context, r slog.Record) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.records = append(h.records, r.Clone())
+	h.reqs = append(h.reqs, reqOf(ctx))
 	if ch := h.waiters[r.Message]; ch != nil {
 		select {
 		case <-ch:
@@ -57,6 +59,32 @@ func (h *recordHandler) Handle(_ context.Context, r slog.Record) error {
 }
 func (h *recordHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h *recordHandler) WithGroup(string) slog.Handler      { return h }
+
+// ctxReq returns the request id of the ctx of the first record with
+// message msg.
+func (h *recordHandler) ctxReq(msg string) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i, r := range h.records {
+		if r.Message == msg {
+			return h.reqs[i]
+		}
+	}
+	return ""
+}
+
+// count returns the number of records with message msg.
+func (h *recordHandler) count(msg string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, r := range h.records {
+		if r.Message == msg {
+			n++
+		}
+	}
+	return n
+}
 
 // find returns the attributes of the first record with message msg.
 func (h *recordHandler) find(msg string) map[string]string {

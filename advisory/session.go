@@ -11,7 +11,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/events"
 	"github.com/pgfence/pgfence/internal/hold"
+	"github.com/pgfence/pgfence/internal/retry"
 )
 
 // sessionSetupSQL runs once on a new lock session. It returns the backend's
@@ -161,8 +163,12 @@ func (k *Locker) pickSessionLocked() (s *session, open bool) {
 }
 
 // openSession dials s and starts its watchdog, or records why it failed.
-func (k *Locker) openSession(s *session) {
-	ctx, cancel := context.WithTimeout(context.Background(), k.cfg.QueryTimeout)
+// The dial and the setup statement carry the values of ctx, the ctx of the
+// acquire that needed the session, but not its cancellation: other
+// acquires may wait for the same session. They are bounded by
+// QueryTimeout.
+func (k *Locker) openSession(ctx context.Context, s *session) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.cfg.QueryTimeout)
 	defer cancel()
 	conn, err := pgx.ConnectConfig(ctx, k.connConfig)
 	var pid int32
@@ -175,7 +181,7 @@ func (k *Locker) openSession(s *session) {
 			strconv.FormatInt(k.cfg.TCPUserTimeout.Milliseconds(), 10),
 		).Scan(&pid, &idle, &interval, &count, &userTimeout)
 		if err == nil {
-			k.log.Debug("pgfence: advisory: lock session opened", "session", s.id, "pid", pid,
+			k.log.DebugContext(ctx, "pgfence: advisory: lock session opened", "session", s.id, "pid", pid,
 				"tcp_keepalives_idle", idle, "tcp_keepalives_interval", interval,
 				"tcp_keepalives_count", count, "tcp_user_timeout", userTimeout)
 		}
@@ -196,7 +202,7 @@ func (k *Locker) openSession(s *session) {
 		s.dead = true
 		close(s.stop)
 		k.removeSessionLocked(s)
-		k.log.Warn("pgfence: advisory: cannot open lock session", "error", err)
+		k.log.WarnContext(ctx, "pgfence: advisory: cannot open lock session", "error", err)
 	} else {
 		s.conn, s.pid = conn, pid
 		k.wg.Add(1)
@@ -215,41 +221,127 @@ func (k *Locker) removeSessionLocked(s *session) {
 	}
 }
 
-// watch is the watchdog of s: every SessionCheckInterval it checks an idle session
-// with a round trip bounded by QueryTimeout, and fails the session when that
-// does not succeed. A session in use is not checked: the statement in
-// progress is bounded by QueryTimeout itself and fails the session too. A
-// session that held no lock for SessionIdleTimeout is closed.
+// sessionPeekInterval is how often the watchdog looks, without a round
+// trip, whether an idle session's server sent something unasked or closed
+// the connection (see watch).
+const sessionPeekInterval = 50 * time.Millisecond
+
+// watch is the watchdog of s: every SessionCheckInterval it checks an idle
+// session with a round trip bounded by QueryTimeout, and fails the session
+// when that does not succeed. A session in use is not checked: the
+// statement in progress is bounded by QueryTimeout itself and fails the
+// session too; the check runs once it is idle again. In between, every
+// sessionPeekInterval, it looks whether the idle session's socket has
+// anything to read (readable): an idle lock session is sent nothing, so
+// bytes or an end of stream mean the server is ending the session (a
+// FATAL error at shutdown or pg_terminate_backend, then the close; the
+// kernel's close when the backend died), and the check runs at once. So a
+// session the server ended is noticed within about sessionPeekInterval,
+// and only a session that went silent (the network cut, the host gone)
+// waits for the check to time out. A session that held no lock for
+// SessionIdleTimeout is closed.
 func (k *Locker) watch(s *session) {
 	defer k.wg.Done()
-	t := time.NewTicker(k.cfg.SessionCheckInterval)
+	every := k.cfg.SessionCheckInterval
+	if k.peek > 0 && k.peek < every {
+		every = k.peek
+	}
+	perCheck := int((k.cfg.SessionCheckInterval + every - 1) / every) // ticks per check
+	t := time.NewTicker(every)
 	defer t.Stop()
 	idleSince := time.Now()
+	ticks := 0
 	for {
 		select {
 		case <-s.stop:
 			return
 		case <-t.C:
 		}
+		ticks++
+		due := ticks >= perCheck
 		select {
 		case s.sem <- struct{}{}:
 		default:
-			continue
+			continue // in use: checked once idle
 		}
-		if k.retireIfIdle(s, &idleSince) {
+		if !due {
+			if ready, _ := readable(s.conn.PgConn().Conn()); !ready {
+				<-s.sem
+				continue
+			}
+		}
+		ticks = 0
+		if due && k.retireIfIdle(s, &idleSince) {
 			<-s.sem
 			return
 		}
-		k.mu.Lock()
-		dead := s.dead
+		k.check(s)
+		<-s.sem
+	}
+}
+
+// check is one watchdog check of s, the renewal of its locks: a round trip
+// bounded by QueryTimeout. It runs with the values of the ctx that
+// acquired the oldest lock on s (an OpRenew covering every lock on s, the
+// others' acquiring ctxs as its links) under the Locker's lifetime; on
+// success each lock is Renewed, on failure the session fails and its locks
+// are Lost. The caller holds s.sem.
+func (k *Locker) check(s *session) {
+	k.mu.Lock()
+	if s.dead {
 		k.mu.Unlock()
-		if !dead {
-			err := s.ping(context.Background(), k)
-			if err != nil {
-				k.failSession(s, fmt.Errorf("pgfence: advisory: liveness check failed: %w", err))
+		return
+	}
+	var first *Lease
+	var leases []*Lease // with an Observer only
+	for l := range s.locks {
+		if !l.out {
+			continue
+		}
+		if first == nil || l.acquired.Before(first.acquired) {
+			first = l
+		}
+		if k.ev != nil {
+			leases = append(leases, l)
+		}
+	}
+	k.mu.Unlock()
+	values := context.Background()
+	if first != nil {
+		values = first.values
+	}
+	ctx, stop := events.Values(values, k.closeCtx)
+	defer stop()
+	var op pgfence.Op
+	if k.ev != nil && first != nil {
+		op = pgfence.Op{Kind: pgfence.OpRenew, Strategy: pgfence.StrategyAdvisory, Batch: len(leases)}
+		if len(leases) == 1 {
+			op.Name = first.Name()
+		} else {
+			op.Links = make([]context.Context, 0, len(leases)-1)
+			for _, l := range leases {
+				if l != first {
+					op.Links = append(op.Links, context.WithoutCancel(l.values))
+				}
 			}
 		}
-		<-s.sem
+		ctx = k.ev.StartOp(ctx, op)
+	}
+	err := s.ping(ctx, k)
+	if err != nil {
+		err = fmt.Errorf("pgfence: advisory: liveness check failed: %w", err)
+	}
+	if k.ev != nil && first != nil {
+		k.ev.EndOp(ctx, op, err)
+	}
+	if err != nil {
+		k.failSession(ctx, s, err, nil)
+		return
+	}
+	for _, l := range leases {
+		if l.Err() == nil {
+			k.ev.Async(context.WithoutCancel(l.values), pgfence.Renewed{Lock: l.lock()})
+		}
 	}
 }
 
@@ -271,7 +363,7 @@ func (k *Locker) retireIfIdle(s *session, idleSince *time.Time) bool {
 	k.removeSessionLocked(s)
 	close(s.stop)
 	k.mu.Unlock()
-	k.log.Debug("pgfence: advisory: idle lock session closed", "session", s.id, "pid", s.pid)
+	k.log.DebugContext(context.Background(), "pgfence: advisory: idle lock session closed", "session", s.id, "pid", s.pid)
 	ctx, cancel := context.WithTimeout(context.Background(), k.cfg.QueryTimeout)
 	defer cancel()
 	_ = s.conn.Close(ctx)
@@ -279,10 +371,13 @@ func (k *Locker) retireIfIdle(s *session, idleSince *time.Time) bool {
 }
 
 // failSession marks s dead: every lock on it is lost (its context is
-// cancelled with a cause matching pgfence.ErrLeaseLost) and the connection
-// is closed, which makes the server release whatever it still holds. The
-// caller holds s.sem. Nothing is re-acquired.
-func (k *Locker) failSession(s *session, cause error) {
+// cancelled with a cause matching pgfence.ErrLeaseLost, and a Lost event is
+// sent for each lock handed out, but releasing, whose Release reports the
+// failure itself) and the connection is closed, which makes the server
+// release whatever it still holds. ctx lends its values to the log record
+// (the ctx of the operation that failed). The caller holds s.sem. Nothing
+// is re-acquired.
+func (k *Locker) failSession(ctx context.Context, s *session, cause error, releasing *Lease) {
 	k.mu.Lock()
 	if s.dead {
 		k.mu.Unlock()
@@ -292,31 +387,52 @@ func (k *Locker) failSession(s *session, cause error) {
 	k.removeSessionLocked(s)
 	lostCause := fmt.Errorf("%w: advisory session (backend pid %d) ended: %w", pgfence.ErrLeaseLost, s.pid, cause)
 	n := len(s.locks)
+	now := time.Now()
 	// Tell the holders first, then close: when the session is still alive
 	// (a timeout), the server releases the locks only once it is closed.
 	for l := range s.locks {
 		l.state = stateLost
 		k.dropKeyRefLocked(l.key.id)
 		l.cancel(lostCause)
+		if l.out && l != releasing {
+			k.lost.Add(1)
+			if k.ev != nil {
+				k.ev.Async(context.WithoutCancel(l.values), pgfence.Lost{Lock: l.lock(), HeldFor: now.Sub(l.acquired), Cause: lostCause})
+			}
+		}
 	}
 	clear(s.locks)
 	close(s.stop)
+	listener := k.listener
 	k.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), k.cfg.QueryTimeout)
+	if !errors.Is(cause, pgfence.ErrClosed) && retry.Transient(cause) {
+		// The server may be gone for the LISTEN connection too: have it
+		// checked now rather than at its next periodic check.
+		listener.Suspect()
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.cfg.QueryTimeout)
 	defer cancel()
 	if errors.Is(cause, pgfence.ErrClosed) {
 		// A deliberate close of a healthy session: release the locks
 		// before returning, so they are free for others when Close returns.
-		_, _ = s.conn.Exec(ctx, unlockAllSQL)
+		_, _ = s.conn.Exec(cctx, unlockAllSQL)
 	} else {
-		k.log.Warn("pgfence: advisory: lock session lost", "session", s.id, "pid", s.pid, "locks", n, "error", cause)
+		k.log.WarnContext(ctx, "pgfence: advisory: lock session lost", "session", s.id, "pid", s.pid, "locks", n, "error", cause)
 	}
-	_ = s.conn.Close(ctx)
+	_ = s.conn.Close(cctx)
 }
 
-// lockOnSession runs the lock statement on s, holding s.sem. On success the
-// reservation becomes the Lock's.
-func (k *Locker) lockOnSession(ctx context.Context, s *session, key Key, shared bool) (*Lease, error) {
+// readOnlySQLState is read_only_sql_transaction: the server is a standby.
+const readOnlySQLState = "25006"
+
+// errSessionFailed is the error of an acquire routed to a session that
+// failed before its turn came; the acquire retries on another session.
+var errSessionFailed = errors.New("the session failed")
+
+// lockOnSession runs the lock statement on s, holding s.sem, with ctx (the
+// acquire's operation ctx; values is the caller's own, kept by the Lease).
+// On success the reservation becomes the Lock's.
+func (k *Locker) lockOnSession(ctx, values context.Context, s *session, key Key, shared bool) (*Lease, error) {
 	k.mu.Lock()
 	dead, closed := s.dead, k.closed
 	k.mu.Unlock()
@@ -324,7 +440,7 @@ func (k *Locker) lockOnSession(ctx context.Context, s *session, key Key, shared 
 		return nil, pgfence.ErrClosed
 	}
 	if dead {
-		return nil, fmt.Errorf("pgfence: advisory: lock %v: the session failed", key)
+		return nil, fmt.Errorf("pgfence: advisory: lock %v: %w", key, errSessionFailed)
 	}
 	q := k.sql.tryLock
 	if shared {
@@ -338,19 +454,28 @@ func (k *Locker) lockOnSession(ctx context.Context, s *session, key Key, shared 
 		// When the server reported an error on a live connection (say,
 		// "out of shared memory" from a full lock table), undo a possible
 		// grant and keep the session.
+		//
+		// A session on a read-only server (SQLSTATE 25006 from the token
+		// draw: a standby, reached through a load balancer or a URL without
+		// target_session_attrs=read-write) is dropped instead, so that the
+		// retry dials again and may reach the primary. Its advisory locks,
+		// if any, are the standby's own and exclude nobody on the primary;
+		// none was handed out, as every grant draws a token, which a
+		// standby refuses.
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && !s.conn.IsClosed() && k.undoFailedLock(ctx, s, key, shared) == nil {
+		readOnly := errors.As(err, &pgErr) && pgErr.Code == readOnlySQLState
+		if pgErr != nil && !readOnly && !s.conn.IsClosed() && k.undoFailedLock(ctx, s, key, shared) == nil {
 			return nil, fmt.Errorf("pgfence: advisory: lock %v: %w", key, err)
 		}
 		// Otherwise the session's state is unknown: drop it with its
 		// locks, and the server releases them.
-		k.failSession(s, err)
+		k.failSession(ctx, s, err, nil)
 		return nil, fmt.Errorf("pgfence: advisory: lock %v: session failed, its locks are lost: %w", key, err)
 	}
 	if token == nil {
 		return nil, fmt.Errorf("pgfence: advisory: lock %v: %w", key, pgfence.ErrNotAcquired)
 	}
-	l := &Lease{k: k, s: s, key: key, shared: shared, token: *token, acquired: time.Now()}
+	l := &Lease{k: k, s: s, key: key, shared: shared, token: *token, acquired: time.Now(), values: values}
 	l.ctx, l.cancel = context.WithCancelCause(hold.Mark(context.Background(), k, key.markName(), l))
 	k.mu.Lock()
 	s.inflight--

@@ -2,12 +2,15 @@ package advisory
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/events"
 	"github.com/pgfence/pgfence/internal/notifier"
 )
 
@@ -94,6 +97,9 @@ type interest struct {
 	held    bool          // the LISTEN connection holds the interest lock
 	armed   chan struct{} // closed once held (on the current connection)
 	wake    chan struct{} // closed (and replaced) when the key may be free
+	// values is the ctx (values only) of the Lock call that registered
+	// first: the interest statements carry it.
+	values context.Context
 }
 
 // waitReg is one Lock call's registration.
@@ -102,11 +108,11 @@ type waitReg struct {
 	in *interest
 }
 
-// register records interest in key id for a waiting Lock and asks the
-// LISTEN loop, starting it on first use, to take the interest lock. It
-// returns nil after Close or when Config.DisableListen is set. It never
-// waits for the database.
-func (k *Locker) register(id int64) *waitReg {
+// register records interest in key id for a waiting Lock (whose ctx is
+// values) and asks the LISTEN loop, starting it on first use, to take the
+// interest lock. It returns nil after Close or when Config.DisableListen
+// is set. It never waits for the database.
+func (k *Locker) register(values context.Context, id int64) *waitReg {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.closed || k.cfg.DisableListen {
@@ -114,11 +120,12 @@ func (k *Locker) register(id int64) *waitReg {
 	}
 	in := k.interests[id]
 	if in == nil {
-		in = &interest{armed: make(chan struct{}), wake: make(chan struct{})}
+		in = &interest{armed: make(chan struct{}), wake: make(chan struct{}), values: context.WithoutCancel(values)}
 		k.interests[id] = in
 	}
 	in.waiters++
 	if k.listener == nil {
+		ls := &listenRun{}
 		k.listener = notifier.Start(k.closeCtx, notifier.Config{
 			ConnConfig:    k.listenConfig,
 			Channel:       NotifyChannel,
@@ -127,14 +134,62 @@ func (k *Locker) register(id int64) *waitReg {
 			Logger:        k.log,
 			LogPrefix:     "pgfence: advisory",
 			Notify:        k.notified,
-			Ended:         k.disarmAll,
+			Listening:     k.listenUp,
+			Ended:         func(wasListening bool) { k.listenEnded(ls, wasListening) },
 			Apply:         k.applyInterests,
-			Idle:          k.listenIdle,
+			Idle:          func(connDown bool) bool { return k.listenIdle(ls, connDown) },
 			IdleCheck:     k.cfg.SessionCheckInterval,
 		}, &k.wg)
 	}
 	k.listener.Kick()
 	return &waitReg{id: id, in: in}
+}
+
+// listenRun is the state of one run of the LISTEN loop (a Notifier).
+// Guarded by Locker.mu.
+type listenRun struct {
+	idle bool // its Idle hook told it to stop
+}
+
+// errListenEnded is the Err of a ListenLost: the notifier logs the
+// connection's own error (Warn), and tells the Locker only that it ended.
+var errListenEnded = errors.New("pgfence: advisory: the LISTEN connection ended")
+
+// listenUp is the notifier's Listening hook: a connection is listening.
+// After a ListenLost it sends ListenRestored.
+func (k *Locker) listenUp() {
+	k.mu.Lock()
+	k.listening = true
+	lostAt := k.listenLostAt
+	k.listenLostAt = time.Time{}
+	k.mu.Unlock()
+	if !lostAt.IsZero() && k.ev != nil {
+		k.ev.Async(context.Background(), pgfence.ListenRestored{Kind: pgfence.StrategyAdvisory, Down: time.Since(lostAt)})
+	}
+}
+
+// listenEnded is the notifier's Ended hook: a connection ended, or failed
+// to start listening. It disarms the interests (waking every waiter when
+// it had been listening) and sends ListenLost once per outage: unless the
+// connection was closed because nobody needs it, no Lock waits any more
+// (the notifier then stops rather than reconnect), or the Locker closed,
+// and unless an outage was already reported (failed reconnects).
+func (k *Locker) listenEnded(ls *listenRun, wasListening bool) {
+	k.disarmAll(wasListening)
+	k.mu.Lock()
+	k.listening = false
+	wanted := false // by a waiting Lock; if not, the notifier stops (listenIdle)
+	for _, in := range k.interests {
+		wanted = wanted || in.waiters > 0
+	}
+	lost := wanted && !ls.idle && k.closeCtx.Err() == nil && k.listenLostAt.IsZero()
+	if lost {
+		k.listenLostAt = time.Now()
+	}
+	k.mu.Unlock()
+	if lost && k.ev != nil {
+		k.ev.Async(context.Background(), pgfence.ListenLost{Kind: pgfence.StrategyAdvisory, Err: errListenEnded})
+	}
 }
 
 // unregister drops a registration; the LISTEN loop releases the interest
@@ -199,10 +254,14 @@ func (k *Locker) notified(payload string) {
 func (k *Locker) applyInterests(ctx context.Context, conn *pgx.Conn) (retryIn time.Duration, err error) {
 	k.mu.Lock()
 	var take, drop []int64
+	var values context.Context // of a waiter served; the statements carry it
 	for id, in := range k.interests {
 		switch {
 		case in.waiters > 0 && !in.held:
 			take = append(take, id)
+			if values == nil {
+				values = in.values
+			}
 		case in.waiters == 0 && in.held:
 			drop = append(drop, id)
 		case in.waiters == 0:
@@ -210,6 +269,8 @@ func (k *Locker) applyInterests(ctx context.Context, conn *pgx.Conn) (retryIn ti
 		}
 	}
 	k.mu.Unlock()
+	ctx, stop := events.Values(values, ctx)
+	defer stop()
 
 	if len(drop) > 0 {
 		var n int64
@@ -273,8 +334,10 @@ const listenRetryInterval = 20 * time.Millisecond
 // listenIdle is the notifier's Idle hook: the LISTEN connection is no
 // longer needed once no Lock has registered for SessionIdleTimeout, or at
 // once when its connection is down and nothing is registered. It then
-// records that the notifier stopped (the next registration starts one).
-func (k *Locker) listenIdle(connDown bool) bool {
+// records that the notifier stopped (the next registration starts one);
+// a ListenLost before it will have no ListenRestored, as nobody needs the
+// connection any more.
+func (k *Locker) listenIdle(ls *listenRun, connDown bool) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if connDown {
@@ -296,5 +359,7 @@ func (k *Locker) listenIdle(connDown bool) bool {
 	}
 	k.listenIdleSince = time.Time{}
 	k.listener = nil
+	ls.idle = true
+	k.listenLostAt = time.Time{}
 	return true
 }

@@ -14,12 +14,14 @@ import (
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
-// Wake-up tests make a waiter's polls rare: its first pause is 6s and
-// MaxPollInterval 10s, so after its first failed attempt it does not poll
-// again within its WaitTimeout of 3s. It can only acquire within that
-// bound when a notification wakes it.
+// Wake-up tests make a waiter's polls rare: its first pause is 8s (4-8s
+// with the jitter) and MaxPollInterval 10s, so after its first failed
+// attempt it does not poll again within its WaitTimeout of 3s. It can only
+// acquire within that bound when a notification wakes it. (With a first
+// pause of 6s, 3-6s, the poll timer cleared the WaitTimeout only by the
+// first attempt's duration plus a jitter that can be near zero.)
 const (
-	wakeFirstPause  = 6 * time.Second
+	wakeFirstPause  = 8 * time.Second
 	wakeMaxPoll     = 10 * time.Second
 	wakeWaitTimeout = 3 * time.Second
 )

@@ -499,3 +499,14 @@ func (c *Cluster) logTail() string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// DefaultSettings returns a copy of the settings every throwaway cluster
+// runs with (before Options.Settings), for servers started another way
+// that should behave the same, such as the test harness's containers.
+func DefaultSettings() map[string]string {
+	s := make(map[string]string, len(defaultSettings))
+	for k, v := range defaultSettings {
+		s[k] = v
+	}
+	return s
+}

@@ -9,9 +9,17 @@
 //     as root. It listens on its socket there (trust) and on 127.0.0.1,
 //     where it requires a random password (scram-sha-256) that the URLs
 //     the harness hands out carry.
-//  3. Docker, through testcontainers' postgres module.
+//  3. A container engine (Docker, or podman's Docker API), through
+//     testcontainers' postgres module: see [EnvImage] for the image and
+//     [StartContainer] for how containers are cleaned up.
 //
 // When none works the test fails with a message naming all three.
+//
+// PGFENCE_TEST_SERVER ([EnvServer]) forces one of the three: "url",
+// "local" or "container"; the others are then not tried, and a test that
+// needs what the forced one cannot give fails saying so. Under "container"
+// no local server binary is used at all: [NewCluster], which the fault
+// tests use to stop, crash or signal their own server, fails.
 //
 // Each test gets its own database, cloned from a template database that has
 // pgfence's migrations applied (advisory locks are per database, so this
@@ -50,6 +58,25 @@ import (
 // EnvDatabaseURL names the environment variable that points the tests at an
 // existing server instead of a throwaway one.
 const EnvDatabaseURL = "PGFENCE_TEST_DATABASE_URL"
+
+// EnvServer names the environment variable that forces where the shared
+// server comes from: "url" (EnvDatabaseURL must be set), "local" (local
+// server binaries) or "container" (a container engine, through
+// testcontainers; no local binary is used, and NewCluster fails). Unset
+// or "auto", the harness tries them in that order.
+const EnvServer = "PGFENCE_TEST_SERVER"
+
+// serverMode returns EnvServer's value: "", "url", "local" or "container".
+func serverMode() (string, error) {
+	switch m := os.Getenv(EnvServer); m {
+	case "", "auto":
+		return "", nil
+	case "url", "local", "container":
+		return m, nil
+	default:
+		return "", fmt.Errorf("pgtest: %s=%q: want url, local, container or auto", EnvServer, m)
+	}
+}
 
 // Options changes how [MainWithOptions] runs a package's tests.
 type Options struct {
@@ -102,7 +129,8 @@ func MainWithOptions(m *testing.M, o Options) {
 
 // Server is a PostgreSQL server the tests create databases on.
 type Server struct {
-	// Kind says where the server came from: "url", "local" or "docker".
+	// Kind says where the server came from: "url", "local" or "docker"
+	// (a container engine, Docker's or podman's).
 	Kind string
 	// AdminURL connects to the server's maintenance database: for a local
 	// throwaway cluster on its private unix socket, where every role the
@@ -116,6 +144,8 @@ type Server struct {
 	TCPURL string
 	// Cluster is set when the server is a local throwaway cluster.
 	Cluster *Cluster
+	// Container is set when the server runs in a container.
+	Container *Container
 
 	admin    *pgxpool.Pool
 	template string
@@ -138,7 +168,18 @@ func Shared(t testing.TB) *Server {
 }
 
 func startShared(ctx context.Context, preferDocker bool) (*Server, error) {
-	if u := os.Getenv(EnvDatabaseURL); u != "" {
+	mode, err := serverMode()
+	if err != nil {
+		return nil, err
+	}
+	u := os.Getenv(EnvDatabaseURL)
+	switch {
+	case mode == "url" && u == "":
+		return nil, fmt.Errorf("pgtest: %s=url, but %s is not set", EnvServer, EnvDatabaseURL)
+	case mode != "" && mode != "url" && u != "":
+		return nil, fmt.Errorf("pgtest: %s=%s, but %s is set too: unset one of them", EnvServer, mode, EnvDatabaseURL)
+	}
+	if u != "" {
 		s := &Server{Kind: "url", AdminURL: u, TCPURL: u, stop: func() {}}
 		if err := s.init(ctx); err != nil {
 			return nil, fmt.Errorf("pgtest: %s=%q: %w", EnvDatabaseURL, u, err)
@@ -165,33 +206,42 @@ func startShared(ctx context.Context, preferDocker bool) (*Server, error) {
 		}
 		return s
 	}
-	tryDocker := func() *Server {
-		u, stop, err := startDocker(ctx)
+	tryContainer := func() *Server {
+		c, err := StartContainer(ctx, mode == "container")
 		if err != nil {
-			errs = append(errs, "docker (testcontainers): "+err.Error())
+			errs = append(errs, "container engine (testcontainers): "+err.Error())
 			return nil
 		}
-		s := &Server{Kind: "docker", AdminURL: u, TCPURL: u, stop: stop}
+		s := &Server{Kind: "docker", AdminURL: c.URL, TCPURL: c.URL, Container: c, stop: c.Remove}
 		if err := s.init(ctx); err != nil {
-			stop()
-			errs = append(errs, "docker (testcontainers): "+err.Error())
+			c.Remove()
+			errs = append(errs, "container engine (testcontainers), image "+c.Image+": "+err.Error())
 			return nil
 		}
 		return s
 	}
-	order := []func() *Server{tryLocal, tryDocker}
-	if preferDocker {
-		order = []func() *Server{tryDocker, tryLocal}
+	order := []func() *Server{tryLocal, tryContainer}
+	switch {
+	case mode == "local":
+		order = order[:1]
+	case mode == "container":
+		order = order[1:]
+	case preferDocker:
+		order = []func() *Server{tryContainer, tryLocal}
 	}
 	for _, try := range order {
 		if s := try(); s != nil {
 			return s, nil
 		}
 	}
+	if mode != "" {
+		return nil, fmt.Errorf("pgtest: no PostgreSQL to test against (%s=%s):\n  - %s",
+			EnvServer, mode, strings.Join(errs, "\n  - "))
+	}
 	return nil, fmt.Errorf("pgtest: no PostgreSQL to test against. Do one of:\n"+
 		"  1. set %s to a server URL whose role may CREATE DATABASE;\n"+
 		"  2. install the PostgreSQL server binaries (apt-get install postgresql), or point PG_BINDIR at them;\n"+
-		"  3. run a Docker engine, for testcontainers.\n"+
+		"  3. run a container engine (Docker, or podman's Docker API with DOCKER_HOST), for testcontainers.\n"+
 		"Tried:\n  - %s", EnvDatabaseURL, strings.Join(errs, "\n  - "))
 }
 
@@ -435,11 +485,16 @@ func (db *DB) Conn(t testing.TB) *pgx.Conn {
 // binaries for a fault test, with pgfence's template database, and destroys
 // it when t ends. Fault tests need the server's controls (stop, crash,
 // restart), so unlike [Shared] this always uses local binaries, and fails
-// the test when there are none.
+// the test when there are none, or when PGFENCE_TEST_SERVER=container
+// rules them out.
 func NewCluster(t testing.TB, opts *ClusterOptions) (*Cluster, *Server) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	if mode, _ := serverMode(); mode == "container" {
+		t.Fatalf("pgtest: %s needs its own cluster from the local server binaries (it stops, crashes or "+
+			"signals its server), which %s=container rules out: run it without %s", t.Name(), EnvServer, EnvServer)
+	}
 	binDir := FindBinDir()
 	if binDir == "" {
 		t.Fatal("pgtest: this fault test needs the PostgreSQL server binaries (initdb, postgres): " +
@@ -464,6 +519,3 @@ func NewCluster(t testing.TB, opts *ClusterOptions) (*Cluster, *Server) {
 	}
 	return c, s
 }
-
-// errNoDocker is returned when no Docker engine answers.
-var errNoDocker = errors.New("no Docker engine is reachable")

@@ -112,7 +112,8 @@ type Op struct {
 	// statement (the ctx passed to StartOp is the one that opened the
 	// batch). A tracer links their spans. Nil for a single caller.
 	Links []context.Context
-	// Table is the guarded table of an OpFencedWrite, as given to fence.
+	// Table is the guarded table of an OpFencedWrite, quoted as the
+	// statement names it (fence's StaleTokenError.Table).
 	Table string
 	// Statement is the kind of an OpFencedWrite: "update", "upsert",
 	// "delete" or "claim".
@@ -233,7 +234,7 @@ func (e ListenRestored) Strategy() string { return e.Kind }
 // StaleWrite is sent when a fenced write was rejected because the row
 // carries a newer token ([ErrFenced]).
 type StaleWrite struct {
-	// Table is the guarded table.
+	// Table is the guarded table, quoted as the statement names it.
 	Table string
 	// Presented is the token the write presented.
 	Presented int64

@@ -51,8 +51,10 @@ const maxLeaseName = 512
 // holder of the lock has written the row, so the presenting holder's lock was
 // lost. Nothing was written. errors.Is(err, pgfence.ErrFenced) matches it.
 type StaleTokenError struct {
-	// Table is the table written to, as given to the builder; empty when the
-	// error was classified from a plain-SQL statement.
+	// Table is the table written to, as the statement names it: quoted
+	// and schema-qualified as given ("accounts" gives "\"accounts\"",
+	// "app.accounts" gives "\"app\".\"accounts\""); empty when the error
+	// was classified from a plain-SQL statement.
 	Table string
 	// Presented is the fencing token the write carried; 0 when a trigger
 	// rejected a write that presented none (a NULL column, or, in strict

@@ -220,7 +220,7 @@ func (a *App) ls(ctx context.Context, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	locker, err := leasetable.New(ctx, pool, &leasetable.Config{Schema: schema, DisableListen: true})
+	locker, err := leasetable.New(ctx, pool, &leasetable.Config{Schema: schema, DisableListen: true, Logger: a.logger()})
 	if err != nil {
 		return explainSchemaError(err, schema)
 	}

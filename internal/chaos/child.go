@@ -193,20 +193,29 @@ func StartChild(ctx context.Context, opts ChildOpts) (*Child, error) {
 	if opts.URL == "" || opts.Table == "" {
 		return nil, errors.New("chaos: StartChild needs a URL and a Table")
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, fmt.Errorf("chaos: %w", err)
-	}
 	guarded := "0"
 	if opts.Guarded {
 		guarded = "1"
 	}
-	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(), EnvChild+"=holder", EnvChildURL+"="+opts.URL,
-		EnvChildTable+"="+opts.Table, EnvChildGuarded+"="+guarded, EnvChildRegister+"="+opts.Register)
+	env := []string{EnvChild + "=holder", EnvChildURL + "=" + opts.URL,
+		EnvChildTable + "=" + opts.Table, EnvChildGuarded + "=" + guarded, EnvChildRegister + "=" + opts.Register}
 	if opts.LeaseTTL > 0 {
-		cmd.Env = append(cmd.Env, EnvChildLeaseTTL+"="+opts.LeaseTTL.String())
+		env = append(env, EnvChildLeaseTTL+"="+opts.LeaseTTL.String())
 	}
+	return StartChildEnv(ctx, env)
+}
+
+// StartChildEnv runs the current executable as a child with env added to
+// this process's environment (the test binary's own child mode picks its
+// role from it), and waits for its "ready" line. The child is killed if
+// this process dies. Close it when done.
+func StartChildEnv(ctx context.Context, env []string) (*Child, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("chaos: %w", err)
+	}
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdin, err := cmd.StdinPipe()

@@ -11,13 +11,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -390,73 +387,33 @@ func leaderChildMain(in io.Reader, out io.Writer) int {
 	return 0
 }
 
-// leaderChild is a running leader child.
-type leaderChild struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	lines chan string
-	done  chan struct{}
-}
+// leaderChild is a running leader child (a chaos.Child in leader mode),
+// with the test's failure handling.
+type leaderChild struct{ *chaos.Child }
 
 // startLeaderChild runs a leader child on url and waits until it is ready.
 func startLeaderChild(t *testing.T, ctx context.Context, url string, guarded bool) *leaderChild {
 	t.Helper()
-	exe, err := os.Executable()
-	require.NoError(t, err)
-	cmd := exec.Command(exe, "-test.run=^$")
 	g := "0"
 	if guarded {
 		g = "1"
 	}
-	cmd.Env = append(os.Environ(), envLeaderChild+"=1", envLeaderChildURL+"="+url, envLeaderChildGuarded+"="+g)
-	cmd.Stderr = os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	stdin, err := cmd.StdinPipe()
+	c, err := chaos.StartChildEnv(ctx, []string{envLeaderChild + "=1", envLeaderChildURL + "=" + url, envLeaderChildGuarded + "=" + g})
 	require.NoError(t, err)
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	c := &leaderChild{cmd: cmd, stdin: stdin, lines: make(chan string, 16), done: make(chan struct{})}
-	started := make(chan error, 1)
-	go func() {
-		// Pdeathsig is tied to the creating thread.
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			close(c.done)
-			return
-		}
-		started <- nil
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			c.lines <- sc.Text()
-		}
-		_ = cmd.Wait()
-		close(c.lines)
-		close(c.done)
-	}()
-	require.NoError(t, <-started)
-	t.Cleanup(c.close)
-	require.Equal(t, "ready", c.recv(t, ctx))
-	return c
+	t.Cleanup(c.Close)
+	return &leaderChild{c}
 }
 
 func (c *leaderChild) send(t *testing.T, line string) {
 	t.Helper()
-	_, err := io.WriteString(c.stdin, line+"\n")
-	require.NoError(t, err)
+	require.NoError(t, c.Send(line))
 }
 
 func (c *leaderChild) recv(t *testing.T, ctx context.Context) string {
 	t.Helper()
-	select {
-	case l, ok := <-c.lines:
-		require.True(t, ok, "the leader child exited")
-		return l
-	case <-ctx.Done():
-		t.Fatal("no reply from the leader child")
-	}
-	return ""
+	l, err := c.Recv(ctx)
+	require.NoError(t, err, "no reply from the leader child")
+	return l
 }
 
 func (c *leaderChild) call(t *testing.T, ctx context.Context, line string) string {
@@ -468,41 +425,15 @@ func (c *leaderChild) call(t *testing.T, ctx context.Context, line string) strin
 // stop pauses the child with SIGSTOP and waits until it is stopped.
 func (c *leaderChild) stop(t *testing.T, ctx context.Context) {
 	t.Helper()
-	require.NoError(t, c.cmd.Process.Signal(syscall.SIGSTOP))
-	for {
-		if st, err := chaos.ProcessState(c.cmd.Process.Pid); err == nil && st == 'T' {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatal("the leader child did not stop")
-		case <-time.After(2 * time.Millisecond):
-		}
-	}
+	require.NoError(t, c.Stop(ctx), "the leader child did not stop")
 }
 
 func (c *leaderChild) cont(t *testing.T) {
 	t.Helper()
-	require.NoError(t, c.cmd.Process.Signal(syscall.SIGCONT))
+	require.NoError(t, c.Cont())
 }
 
-func (c *leaderChild) close() {
-	_ = c.cmd.Process.Signal(syscall.SIGCONT)
-	_ = c.stdin.Close()
-	kill := time.NewTimer(5 * time.Second)
-	defer kill.Stop()
-	for {
-		select {
-		case _, ok := <-c.lines:
-			if !ok {
-				<-c.done
-				return
-			}
-		case <-kill.C:
-			_ = c.cmd.Process.Kill()
-		}
-	}
-}
+func (c *leaderChild) close() { c.Close() }
 
 // parseUnixNano parses a decimal Unix time in nanoseconds.
 func parseUnixNano(t *testing.T, s string) time.Time {

@@ -11,7 +11,8 @@
 //   - Transaction locks ([Locker.TryAcquireTx], [Locker.AcquireTx]) are
 //     taken inside the caller's pgx.Tx and released by PostgreSQL when it
 //     commits or rolls back. There is nothing to release and nothing to
-//     watch.
+//     watch. [Locker.TryAcquireSQLTx] and [Locker.AcquireSQLTx] are the
+//     same for a database/sql *sql.Tx on pgx's stdlib driver.
 //
 // Both kinds share one key space per database (pg_advisory_lock(bigint) and
 // pg_advisory_xact_lock(bigint) conflict with each other), and both hand out

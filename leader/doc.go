@@ -102,6 +102,13 @@
 // proclaims again ([Term.Proclaim]); it never makes anyone look like the
 // leader.
 //
+// # Metrics and traces
+//
+// An Elector's terms are the leases of the leasetable.Locker it is given:
+// set that Locker's Config.Observer (for example otelpgfence's) and every
+// term's grant, renewals and end arrive as its events (Acquired, Renewed,
+// Lost with its cause, Released) under the election's name.
+//
 // # Connection poolers
 //
 // Campaign, Resign, Proclaim, Leader, [List] and [Terms] are single

@@ -29,6 +29,14 @@
 // the local server binaries, reachable only through a unix socket in a
 // private directory, and removes it at the end, also on SIGINT.
 //
+// # Logs
+//
+// Every diagnostic on standard error, pgfence's own lines and those of the
+// library it runs, is written in one format: --log-format text (the
+// default: "pgfence COMMAND: message" lines) or --log-format json (slog's
+// JSON, one object a line, with the command and the fields). The flag is
+// global: it may stand before or after the command name.
+//
 // # Running a job under a lease
 //
 //	pgfence run [flags] NAME -- COMMAND [ARGS...]

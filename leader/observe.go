@@ -149,7 +149,8 @@ func (e *Elector) observe(ctx context.Context, wake chan struct{}, out chan<- Te
 	var last TermInfo
 	sent := false
 	failures := 0
-	var unproclaimed int64 // a term seen before its proclamation
+	var unproclaimed int64          // a term seen before its proclamation
+	var unproclaimedUntil time.Time // the end of its wait for one
 	for {
 		info, untilExpiry, err := e.read(ctx)
 		wait := e.cfg.ObserveInterval
@@ -161,13 +162,17 @@ func (e *Elector) observe(ctx context.Context, wake chan struct{}, out chan<- Te
 			wait = min(wait, time.Duration(failures)*100*time.Millisecond)
 			e.cfg.Logger.WarnContext(ctx, "pgfence: leader: reading the leader failed; retrying",
 				"election", e.cfg.Election, "error", err, "retry_in", wait)
-		case info.Leading && !info.Proclaimed && info.Token != unproclaimed && (!sent || last.Token != info.Token):
+		case info.Leading && !info.Proclaimed && (!sent || last.Token != info.Token) &&
+			(info.Token != unproclaimed || time.Now().Before(unproclaimedUntil)):
 			// A new term between its grant and its proclamation (a round
 			// trip later): wait for the proclamation's notification, for
-			// at most unproclaimedGrace, rather than report the term
-			// without its value first.
-			unproclaimed = info.Token
-			wait = min(wait, unproclaimedGrace, untilExpiry+time.Millisecond)
+			// at most unproclaimedGrace in all (other notifications may
+			// wake it sooner), rather than report the term without its
+			// value first.
+			if info.Token != unproclaimed {
+				unproclaimed, unproclaimedUntil = info.Token, time.Now().Add(unproclaimedGrace)
+			}
+			wait = min(wait, time.Until(unproclaimedUntil), untilExpiry+time.Millisecond)
 		default:
 			failures = 0
 			if !sent || !info.same(last) {

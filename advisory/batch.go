@@ -111,7 +111,8 @@ func (k *Locker) submit(cancel <-chan struct{}, s *session, r *request) bool {
 }
 
 // runBatch answers the requests of batch on s and closes their done: the
-// unlocks in one statement, then the lock requests in another. ctx (the
+// unlocks and then the lock requests, each kind in one statement, both in
+// one round trip when there are both (mixedBatch). ctx (the
 // ctx of the caller with the turn) lends its values to the statements. The
 // caller holds s.sem.
 func (k *Locker) runBatch(ctx context.Context, s *session, batch []*request) {
@@ -131,12 +132,177 @@ func (k *Locker) runBatch(ctx context.Context, s *session, batch []*request) {
 	if k.onBatch != nil {
 		k.onBatch(len(grants), len(unlocks))
 	}
+	unlocks = k.liveUnlocks(unlocks)
+	k.mu.Lock()
+	dead, closed := s.dead, k.closed
+	k.mu.Unlock()
+	if len(unlocks) > 0 && len(grants) > 0 && !dead && !closed {
+		k.mixedBatch(ctx, s, unlocks, grants)
+		return
+	}
 	if len(unlocks) > 0 {
 		k.unlockBatch(ctx, s, unlocks)
 	}
 	if len(grants) > 0 {
 		k.lockBatch(ctx, s, grants)
 	}
+}
+
+// liveUnlocks answers the unlocks of batch whose lock was lost (without a
+// statement) and returns the others, marked as ended by their call.
+func (k *Locker) liveUnlocks(batch []*request) []*request {
+	live := batch[:0:0]
+	for _, r := range batch {
+		k.mu.Lock()
+		if r.unlock.state == stateLost {
+			r.err = r.unlock.reportLostLocked()
+			continue
+		}
+		k.mu.Unlock()
+		r.released = true
+		live = append(live, r)
+	}
+	return live
+}
+
+// mixedBatch answers the (live) unlocks and the lock requests of one turn
+// in one round trip: unlockBatchSQL then tryLockBatchSQL, pipelined in one
+// implicit transaction (one transaction id, one WAL flush). The outcomes
+// are those of the two statements run one after the other (unlockBatch,
+// then lockBatch), except that when the lock statement fails, the
+// notifications of the unlocks, rolled back with it, are sent again. The
+// caller holds s.sem.
+func (k *Locker) mixedBatch(ctx context.Context, s *session, unlocks, grants []*request) {
+	ok, tokens, uerr, gerr := s.queryMixed(ctx, k, unlocks, grants)
+	if uerr != nil {
+		// The unlock statement failed (and the lock statement did not
+		// run) or its answer is wrong: drop the session.
+		k.failUnlocks(ctx, s, unlocks, uerr, nil)
+		k.failGrants(grants, uerr)
+		return
+	}
+	var failed []*Lease
+	for i, r := range unlocks {
+		if ok[i] {
+			r.unlock.unlocked()
+		} else {
+			failed = append(failed, r.unlock)
+		}
+	}
+	if len(failed) > 0 {
+		k.failUnlocks(ctx, s, unlocks, errNotHeldByServer, failed)
+		k.failGrants(grants, errNotHeldByServer)
+		return
+	}
+	if gerr == nil {
+		k.answerGrants(s, grants, tokens)
+		return
+	}
+	var pgErr *pgconn.PgError
+	readOnly := errors.As(gerr, &pgErr) && pgErr.Code == readOnlySQLState
+	if pgErr != nil && !readOnly && !s.conn.IsClosed() && k.renotify(ctx, s, unlocks) == nil && k.undoFailedBatch(ctx, s, grants) == nil {
+		for _, r := range grants {
+			r.l, r.err = k.lockOnSession(r.ctx, r.values, s, r.key, r.shared)
+		}
+		return
+	}
+	k.failSession(ctx, s, gerr, nil)
+	k.failGrants(grants, gerr)
+}
+
+// failUnlocks drops s after a failed unlock statement (failed nil: every
+// unlock of batch failed) and answers the failed unlocks. The caller holds
+// s.sem.
+func (k *Locker) failUnlocks(ctx context.Context, s *session, batch []*request, cause error, failed []*Lease) {
+	if failed == nil {
+		for _, r := range batch {
+			failed = append(failed, r.unlock)
+		}
+	}
+	// The session's state is unknown or wrong: drop it, with every lock
+	// on it; the server releases them when the connection ends.
+	k.failSession(ctx, s, cause, failed...)
+	for _, r := range batch {
+		if slices.Contains(failed, r.unlock) {
+			r.err = r.unlock.failedUnlock()
+		}
+	}
+}
+
+// failGrants answers the lock requests of a batch whose session failed.
+func (k *Locker) failGrants(batch []*request, cause error) {
+	for _, r := range batch {
+		r.err = fmt.Errorf("pgfence: advisory: lock %v: session failed, its locks are lost: %w", r.key, cause)
+	}
+}
+
+// answerGrants answers the lock requests of batch from their tokens.
+func (k *Locker) answerGrants(s *session, batch []*request, tokens []*int64) {
+	for i, r := range batch {
+		if tokens[i] == nil {
+			r.err = fmt.Errorf("pgfence: advisory: lock %v: %w", r.key, pgfence.ErrNotAcquired)
+			continue
+		}
+		r.l = k.granted(s, r.values, r.key, r.shared, *tokens[i])
+	}
+}
+
+// renotifySQL notifies the waiters of each key of $1, as unlockNotifySQL
+// does when some Lock waits for it.
+const renotifySQL = `SELECT pg_catalog.pg_notify('` + NotifyChannel + `', k::pg_catalog.text) FROM pg_catalog.unnest($1::pg_catalog.int8[]) AS k`
+
+// renotify sends again the notifications that the unlocks of batch may
+// have sent in a transaction that then failed: a waiter woken without
+// reason only tries again. The caller holds s.sem.
+func (k *Locker) renotify(ctx context.Context, s *session, batch []*request) error {
+	var keys []int64
+	for _, r := range batch {
+		if _, notify := r.unlock.unlockStatement(); notify {
+			keys = append(keys, r.key.id)
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	return s.query(ctx, k, func(ctx context.Context) error {
+		_, err := s.conn.Exec(ctx, renotifySQL, keys)
+		return err
+	})
+}
+
+// queryMixed sends unlockBatchSQL for unlocks and tryLockBatchSQL for
+// grants in one pipeline (one implicit transaction), bounded by
+// QueryTimeout and not cancelled with ctx (as queryKey). uerr is the
+// failure of the unlock statement (the lock statement then did not run);
+// gerr that of the lock statement or of the transaction's commit. The
+// caller holds s.sem.
+func (s *session) queryMixed(ctx context.Context, k *Locker, unlocks, grants []*request) (ok []bool, tokens []*int64, uerr, gerr error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.cfg.QueryTimeout)
+	defer cancel()
+	ukeys, ushared, notify := unlockArgs(unlocks)
+	gkeys, gshared := lockArgs(grants)
+	b := &pgx.Batch{}
+	b.Queue(unlockBatchSQL, ukeys, ushared, notify)
+	b.Queue(k.sql.tryLockBatch, gkeys, gshared)
+	br := s.conn.SendBatch(ctx, b)
+	ok = make([]bool, len(unlocks))
+	tokens = make([]*int64, len(grants))
+	rows, err := br.Query()
+	if err == nil {
+		err = scanPositions(s, rows, ok)
+	}
+	if err != nil {
+		_ = br.Close()
+		return nil, nil, err, nil
+	}
+	rows, err = br.Query()
+	if err == nil {
+		err = scanPositions(s, rows, tokens)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return ok, tokens, nil, err
 }
 
 // lockBatch answers the lock requests of batch with one statement on s.
@@ -177,65 +343,36 @@ func (k *Locker) lockBatch(ctx context.Context, s *session, batch []*request) {
 			return
 		}
 		k.failSession(ctx, s, err, nil)
-		for _, r := range batch {
-			r.err = fmt.Errorf("pgfence: advisory: lock %v: session failed, its locks are lost: %w", r.key, err)
-		}
+		k.failGrants(batch, err)
 		return
 	}
-	for i, r := range batch {
-		if tokens[i] == nil {
-			r.err = fmt.Errorf("pgfence: advisory: lock %v: %w", r.key, pgfence.ErrNotAcquired)
-			continue
-		}
-		r.l = k.granted(s, r.values, r.key, r.shared, *tokens[i])
-	}
+	k.answerGrants(s, batch, tokens)
 }
 
-// unlockBatch answers the unlocks of batch with one statement on s (a lock
-// lost meanwhile is answered without one). As for one unlock, a failed
+// unlockBatch answers the unlocks of live (none of them lost) with one
+// statement on s. As for one unlock, a failed
 // statement, or a lock the server says the session did not hold, drops
 // the session with every lock on it. The caller holds s.sem.
-func (k *Locker) unlockBatch(ctx context.Context, s *session, batch []*request) {
-	live := batch[:0:0]
-	for _, r := range batch {
-		k.mu.Lock()
-		if r.unlock.state == stateLost {
-			r.err = r.unlock.reportLostLocked()
-			continue
-		}
-		k.mu.Unlock()
-		r.released = true
-		live = append(live, r)
-	}
-	switch len(live) {
-	case 0:
-		return
-	case 1:
+func (k *Locker) unlockBatch(ctx context.Context, s *session, live []*request) {
+	if len(live) == 1 {
 		live[0].err = live[0].unlock.unlockOnSession(live[0].ctx)
 		return
 	}
 	ok, err := s.queryUnlocks(ctx, k, live)
+	if err != nil {
+		k.failUnlocks(ctx, s, live, err, nil)
+		return
+	}
 	var failed []*Lease
 	for i, r := range live {
-		if err == nil && ok[i] {
+		if ok[i] {
 			r.unlock.unlocked()
 		} else {
 			failed = append(failed, r.unlock)
 		}
 	}
-	if len(failed) == 0 {
-		return
-	}
-	if err == nil {
-		err = errNotHeldByServer
-	}
-	// The session's state is unknown or wrong: drop it, with every lock
-	// on it; the server releases them when the connection ends.
-	k.failSession(ctx, s, err, failed...)
-	for _, r := range live {
-		if slices.Contains(failed, r.unlock) {
-			r.err = r.unlock.failedUnlock()
-		}
+	if len(failed) > 0 {
+		k.failUnlocks(ctx, s, live, errNotHeldByServer, failed)
 	}
 }
 
@@ -245,11 +382,7 @@ func (k *Locker) unlockBatch(ctx context.Context, s *session, batch []*request) 
 func (s *session) queryBatch(ctx context.Context, k *Locker, batch []*request) ([]*int64, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.cfg.QueryTimeout)
 	defer cancel()
-	keys := make([]int64, len(batch))
-	shared := make([]bool, len(batch))
-	for i, r := range batch {
-		keys[i], shared[i] = r.key.id, r.shared
-	}
+	keys, shared := lockArgs(batch)
 	rows, err := s.conn.Query(ctx, k.sql.tryLockBatch, keys, shared)
 	if err != nil {
 		return nil, err
@@ -351,17 +484,30 @@ const interestObjIDOfRow = `(((r.k OPERATOR(pg_catalog.#) (r.k OPERATOR(pg_catal
 func (s *session) queryUnlocks(ctx context.Context, k *Locker, batch []*request) ([]bool, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.cfg.QueryTimeout)
 	defer cancel()
-	keys := make([]int64, len(batch))
-	shared := make([]bool, len(batch))
-	notify := make([]bool, len(batch))
-	for i, r := range batch {
-		keys[i], shared[i] = r.key.id, r.shared
-		_, notify[i] = r.unlock.unlockStatement()
-	}
+	keys, shared, notify := unlockArgs(batch)
 	rows, err := s.conn.Query(ctx, unlockBatchSQL, keys, shared, notify)
 	if err != nil {
 		return nil, err
 	}
 	ok := make([]bool, len(batch))
 	return ok, scanPositions(s, rows, ok)
+}
+
+// lockArgs returns the parameters of tryLockBatchSQL for batch.
+func lockArgs(batch []*request) (keys []int64, shared []bool) {
+	keys, shared = make([]int64, len(batch)), make([]bool, len(batch))
+	for i, r := range batch {
+		keys[i], shared[i] = r.key.id, r.shared
+	}
+	return keys, shared
+}
+
+// unlockArgs returns the parameters of unlockBatchSQL for batch.
+func unlockArgs(batch []*request) (keys []int64, shared, notify []bool) {
+	keys, shared, notify = make([]int64, len(batch)), make([]bool, len(batch)), make([]bool, len(batch))
+	for i, r := range batch {
+		keys[i], shared[i] = r.key.id, r.shared
+		_, notify[i] = r.unlock.unlockStatement()
+	}
+	return keys, shared, notify
 }

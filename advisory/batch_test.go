@@ -3,6 +3,7 @@ package advisory_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -334,4 +335,66 @@ func TestCombinedUnlocks(t *testing.T) {
 			require.Zero(t, heldAdvisoryLocks(t, b.db.Pool))
 		})
 	}
+}
+
+// TestMixedTurnLockStatementFails checks a turn that pipelines an unlock
+// and lock requests when the lock statement fails (PF002, as in
+// TestCombinedGrantsServerError): the unlock stands and its Release
+// succeeds, its notification, rolled back with the failed transaction, is
+// sent again (a LISTEN connection of the test receives it), each lock
+// request gets the error it would get alone, and the session is kept.
+func TestMixedTurnLockStatementFails(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := newBatchSetup(t, "pgfence-batch-mixed")
+	advisory.SetNotifyAfterHeld(b.k, 0)
+	waiter := newWaiter(t, b.db, "pgfence-batch-mixed-waiter", false)
+	keyU := advisory.ID(61)
+	u, err := b.k.TryAcquireKey(ctx, keyU, nil)
+	require.NoError(t, err)
+	res := lockAsync(ctx, waiter, keyU, &advisory.AcquireOpts{WaitTimeout: wakeWaitTimeout})
+	waitInterest(t, b.db.Pool, keyU, 1)
+
+	listen, err := b.db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer listen.Release()
+	_, err = listen.Exec(ctx, "LISTEN "+advisory.NotifyChannel)
+	require.NoError(t, err)
+	seq := pgfence.DefaultSchema + ".pgfence_leases_fence_seq"
+	_, err = b.db.Pool.Exec(ctx, "ALTER SEQUENCE "+seq+" CACHE 2")
+	require.NoError(t, err)
+	pid := advisory.SessionPID(b.k)
+	locks0, unlocks0 := len(b.batchSizes()), len(b.unlockSizes())
+
+	giveBack := advisory.HoldTurn(b.k)
+	g1 := b.queue(t, advisory.ID(62), false)
+	g2 := b.queue(t, advisory.ID(63), false)
+	released := make(chan error, 1)
+	go func() { released <- u.Release(ctx) }()
+	require.Eventually(t, func() bool { return advisory.Pending(b.k) == 3 }, 10*time.Second, time.Millisecond)
+	giveBack()
+
+	require.NoError(t, <-released, "the unlock stands")
+	for _, r := range []batchResult{<-g1, <-g2} {
+		var pgErr *pgconn.PgError
+		require.True(t, errors.As(r.err, &pgErr), "%v", r.err)
+		require.Equal(t, "PF002", pgErr.Code)
+	}
+	require.Equal(t, []int{2}, b.batchSizes()[locks0:], "one turn")
+	require.Equal(t, []int{1}, b.unlockSizes()[unlocks0:], "one turn")
+	require.Equal(t, pid, advisory.SessionPID(b.k), "the session is kept")
+	require.NotContains(t, holderPIDs(t, b.db.Pool, keyU), pid, "the unlock stands") // the woken waiter may hold it a moment
+
+	nctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	n, err := listen.Conn().WaitForNotification(nctx)
+	require.NoError(t, err, "the unlock's notification is sent again")
+	require.Equal(t, strconv.FormatInt(keyU.Int64(), 10), n.Payload)
+
+	_, err = b.db.Pool.Exec(ctx, "ALTER SEQUENCE "+seq+" CACHE 1")
+	require.NoError(t, err)
+	if r := result(t, res); r.err == nil { // woken while the sequence was broken, it failed
+		require.NoError(t, r.lk.Release(ctx))
+	}
+	require.Zero(t, heldAdvisoryLocks(t, b.db.Pool))
 }

@@ -367,14 +367,13 @@ func (k *Locker) tryAcquire(ctx, values context.Context, key Key, shared bool) (
 		abandon()
 		return nil, nil, asked, s.openErr
 	}
-	select {
-	case s.sem <- struct{}{}:
-	case <-ctx.Done():
+	// Wait for the session's turn, or for a caller holding it to run this
+	// request along with its own (batch.go).
+	l, ran, err := k.grant(ctx, values, s, key, shared)
+	if !ran {
 		abandon()
-		return nil, nil, asked, ctx.Err()
+		return nil, nil, asked, err
 	}
-	l, err = k.lockOnSession(ctx, values, s, key, shared)
-	<-s.sem
 	if err != nil {
 		abandon()
 		return nil, nil, true, err

@@ -177,25 +177,23 @@ func (l *Lease) Release(ctx context.Context) error {
 	return err
 }
 
-// release is Release once l is unlocking. released reports whether this
-// call ended the lock (successfully or not); it is false when the lock had
-// been lost before the unlock could run.
+// release is Release once l is unlocking: it queues the unlock on l's
+// session, where it runs alone or combined with the other statements queued
+// meanwhile (batch.go). released reports whether this call ended the lock
+// (successfully or not); it is false when the lock had been lost before
+// the unlock could run.
 func (l *Lease) release(ctx context.Context) (released bool, err error) {
-	k := l.k
-	s := l.s
-	s.sem <- struct{}{}
-	defer func() { <-s.sem }()
+	r := &request{ctx: ctx, values: ctx, key: l.key, shared: l.shared, unlock: l, done: make(chan struct{})}
+	l.k.submit(nil, l.s, r)
+	return r.released, r.err
+}
 
-	k.mu.Lock()
-	if l.state == stateLost {
-		return false, l.reportLostLocked()
-	}
-	k.mu.Unlock()
-
-	// A lock held briefly unlocks without looking for waiters to notify:
-	// see notifyAfterHeld.
-	q := unlockSQL
-	switch notify := time.Since(l.acquired) >= k.notifyHeld; {
+// unlockStatement returns the statement that releases l: a lock held
+// briefly unlocks without looking for waiters to notify (see
+// notifyAfterHeld).
+func (l *Lease) unlockStatement() (q string, notify bool) {
+	q = unlockSQL
+	switch notify = time.Since(l.acquired) >= l.k.notifyHeld; {
 	case l.shared && notify:
 		q = unlockSharedNotifySQL
 	case l.shared:
@@ -203,30 +201,53 @@ func (l *Lease) release(ctx context.Context) (released bool, err error) {
 	case notify:
 		q = unlockNotifySQL
 	}
+	return q, notify
+}
+
+// unlockOnSession runs l's unlock statement alone on its session, with
+// ctx's values. The caller holds s.sem and has checked that l is not lost.
+func (l *Lease) unlockOnSession(ctx context.Context) error {
+	q, _ := l.unlockStatement()
 	var ok bool
-	err = s.queryKey(ctx, k, q, l.key.id, &ok)
+	err := l.s.queryKey(ctx, l.k, q, l.key.id, &ok)
 	if err == nil && !ok {
-		err = errors.New("the server reports the lock was not held by the session")
+		err = errNotHeldByServer
 	}
 	if err != nil {
 		// The session's state is unknown or wrong: drop it, with every
 		// lock on it; the server releases them when the connection ends.
-		k.failSession(ctx, s, err, l)
-		k.mu.Lock()
-		err = l.reportLostLocked()
-		if retry.Transient(err) {
-			err = fmt.Errorf("%w: %w", pgfence.ErrUnavailable, err)
-		}
-		return true, err
+		l.k.failSession(ctx, l.s, err, l)
+		return l.failedUnlock()
 	}
+	l.unlocked()
+	return nil
+}
+
+// errNotHeldByServer is the failure of an unlock the server answered
+// false: the session did not hold the lock.
+var errNotHeldByServer = errors.New("the server reports the lock was not held by the session")
+
+// unlocked records the successful unlock of l.
+func (l *Lease) unlocked() {
+	k := l.k
 	k.mu.Lock()
 	l.state = stateUnlocked
 	l.reported = true
-	delete(s.locks, l)
+	delete(l.s.locks, l)
 	k.dropKeyRefLocked(l.key.id)
 	l.cancel(errReleased)
 	k.mu.Unlock()
-	return true, nil
+}
+
+// failedUnlock is Release's error once its unlock failed and the session
+// was dropped.
+func (l *Lease) failedUnlock() error {
+	l.k.mu.Lock()
+	err := l.reportLostLocked()
+	if retry.Transient(err) {
+		err = fmt.Errorf("%w: %w", pgfence.ErrUnavailable, err)
+	}
+	return err
 }
 
 // reportLostLocked is Release's answer for a lost lock: the loss the first

@@ -43,6 +43,9 @@ type Locker struct {
 	noRetry bool
 	// afterGrant, a test hook, runs between a grant and its hand-out.
 	afterGrant func(*Lease)
+	// onBatch, a test hook, runs as a session's turn answers the lock
+	// requests and unlocks queued on it (batch.go).
+	onBatch func(locks, unlocks int)
 
 	// Counters of Stats.
 	waiting                               atomic.Int64
@@ -123,7 +126,7 @@ func (k *Locker) Schema() string { return k.cfg.Schema }
 
 // statements is the Locker's SQL that names pgfence's schema.
 type statements struct {
-	tryLock, tryLockShared                                   string
+	tryLock, tryLockShared, tryLockBatch                     string
 	tryLockXact, tryLockXactShared, lockXact, lockXactShared string
 }
 
@@ -133,6 +136,7 @@ func newStatements(schema string) statements {
 	return statements{
 		tryLock:           f(tryLockSQL),
 		tryLockShared:     f(tryLockSharedSQL),
+		tryLockBatch:      f(tryLockBatchSQL),
 		tryLockXact:       f(tryLockXactSQL),
 		tryLockXactShared: f(tryLockXactSharedSQL),
 		lockXact:          f(lockXactSQL),

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -12,7 +14,6 @@ import (
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/events"
-	"github.com/pgfence/pgfence/internal/hold"
 	"github.com/pgfence/pgfence/internal/retry"
 )
 
@@ -82,6 +83,10 @@ type session struct {
 	dead     bool
 	locks    map[*Lease]struct{}
 	inflight int // acquisitions routed to the session, not yet finished
+
+	// Lock requests waiting for the session's turn (batch.go).
+	qmu     sync.Mutex
+	pending []*request
 }
 
 func (s *session) load() int { return len(s.locks) + s.inflight }
@@ -373,11 +378,11 @@ func (k *Locker) retireIfIdle(s *session, idleSince *time.Time) bool {
 // failSession marks s dead: every lock on it is lost (its context is
 // cancelled with a cause matching pgfence.ErrLeaseLost, and a Lost event is
 // sent for each lock handed out, but releasing, whose Release reports the
-// failure itself) and the connection is closed, which makes the server
+// failure itself: releasing lists them) and the connection is closed, which makes the server
 // release whatever it still holds. ctx lends its values to the log record
 // (the ctx of the operation that failed). The caller holds s.sem. Nothing
 // is re-acquired.
-func (k *Locker) failSession(ctx context.Context, s *session, cause error, releasing *Lease) {
+func (k *Locker) failSession(ctx context.Context, s *session, cause error, releasing ...*Lease) {
 	k.mu.Lock()
 	if s.dead {
 		k.mu.Unlock()
@@ -394,7 +399,7 @@ func (k *Locker) failSession(ctx context.Context, s *session, cause error, relea
 		l.state = stateLost
 		k.dropKeyRefLocked(l.key.id)
 		l.cancel(lostCause)
-		if l.out && l != releasing {
+		if l.out && !slices.Contains(releasing, l) {
 			k.lost.Add(1)
 			if k.ev != nil {
 				k.ev.Async(context.WithoutCancel(l.values), pgfence.Lost{Lock: l.lock(), HeldFor: now.Sub(l.acquired), Cause: lostCause})
@@ -475,13 +480,7 @@ func (k *Locker) lockOnSession(ctx, values context.Context, s *session, key Key,
 	if token == nil {
 		return nil, fmt.Errorf("pgfence: advisory: lock %v: %w", key, pgfence.ErrNotAcquired)
 	}
-	l := &Lease{k: k, s: s, key: key, shared: shared, token: *token, acquired: time.Now(), values: values}
-	l.ctx, l.cancel = context.WithCancelCause(hold.Mark(context.Background(), k, key.markName(), l))
-	k.mu.Lock()
-	s.inflight--
-	s.locks[l] = struct{}{}
-	k.mu.Unlock()
-	return l, nil
+	return k.granted(s, values, key, shared, *token), nil
 }
 
 // errAmbiguousUndo is returned by undoFailedLock when it cannot tell.

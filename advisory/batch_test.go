@@ -1,0 +1,400 @@
+package advisory_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/advisory"
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+// batchResult is one queued acquire's outcome.
+type batchResult struct {
+	l   *advisory.Lease
+	err error
+}
+
+// batchSetup is a Locker with one session, opened, whose lock statements'
+// sizes are recorded.
+type batchSetup struct {
+	db      *pgtest.DB
+	k       *advisory.Locker
+	mu      sync.Mutex
+	sizes   []int // lock requests per turn
+	unlocks []int // unlocks per turn
+}
+
+func newBatchSetup(t *testing.T, appName string) *batchSetup {
+	t.Helper()
+	ctx := context.Background()
+	b := &batchSetup{db: pgtest.NewDB(t)}
+	cfg := fastConfig(appName)
+	cfg.MaxSessions = 1
+	b.k = newLocker(t, b.db.Pool, cfg)
+	warm, err := b.k.TryAcquireKey(ctx, advisory.ID(1), nil) // opens the session
+	require.NoError(t, err)
+	require.NoError(t, warm.Release(ctx))
+	advisory.SetOnBatch(b.k, func(locks, unlocks int) {
+		b.mu.Lock()
+		b.sizes = append(b.sizes, locks)
+		b.unlocks = append(b.unlocks, unlocks)
+		b.mu.Unlock()
+	})
+	return b
+}
+
+// queue starts a TryAcquireKey of key and waits until it is queued on the
+// session (whose turn the test holds), or until it returned at once.
+func (b *batchSetup) queue(t *testing.T, key advisory.Key, shared bool) <-chan batchResult {
+	t.Helper()
+	want := advisory.Pending(b.k) + 1
+	out := make(chan batchResult, 1)
+	go func() {
+		l, err := b.k.TryAcquireKey(context.Background(), key, &advisory.AcquireOpts{Shared: shared})
+		out <- batchResult{l, err}
+	}()
+	require.Eventually(t, func() bool { return advisory.Pending(b.k) == want || len(out) == 1 },
+		10*time.Second, time.Millisecond, "the acquire did not queue")
+	return out
+}
+
+// batchSizes returns the number of lock requests of each turn that had
+// any.
+func (b *batchSetup) batchSizes() []int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []int
+	for _, n := range b.sizes {
+		if n > 0 {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// unlockSizes returns the number of unlocks of each turn that had any.
+func (b *batchSetup) unlockSizes() []int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []int
+	for _, n := range b.unlocks {
+		if n > 0 {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// TestCombinedGrants checks that acquires queued on one session run in one
+// statement and each get the answer they would get alone: a free key is
+// granted with its own token, a key held by another session is refused, a
+// shared key asked twice is granted twice, and a second exclusive request
+// for a key already requested never reaches the statement.
+func TestCombinedGrants(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := newBatchSetup(t, "pgfence-batch-grants")
+	other := newLocker(t, b.db.Pool, nil)
+	keyA, keyB, keyC, keyD := advisory.ID(11), advisory.ID(12), advisory.ID(13), advisory.ID(14)
+	held, err := other.TryAcquireKey(ctx, keyB, nil)
+	require.NoError(t, err)
+	before := b.k.Stats()
+
+	giveBack := advisory.HoldTurn(b.k)
+	a := b.queue(t, keyA, false)
+	a2 := b.queue(t, keyA, false) // refused in this Locker, without a round trip
+	r := <-a2
+	require.ErrorIs(t, r.err, pgfence.ErrNotAcquired)
+	bb := b.queue(t, keyB, false)
+	c1 := b.queue(t, keyC, true)
+	c2 := b.queue(t, keyC, true)
+	d := b.queue(t, keyD, false)
+	require.Equal(t, 5, advisory.Pending(b.k))
+	giveBack()
+
+	ra, rb, rc1, rc2, rd := <-a, <-bb, <-c1, <-c2, <-d
+	require.Equal(t, []int{5}, b.batchSizes(), "one statement for the five requests")
+	require.NoError(t, ra.err)
+	require.ErrorIs(t, rb.err, pgfence.ErrNotAcquired)
+	require.NoError(t, rc1.err)
+	require.NoError(t, rc2.err)
+	require.NoError(t, rd.err)
+	require.True(t, rc1.l.Shared())
+	require.True(t, rc2.l.Shared())
+	tokens := map[int64]bool{held.Token(): true}
+	for _, l := range []*advisory.Lease{ra.l, rc1.l, rc2.l, rd.l} {
+		require.False(t, tokens[l.Token()], "each grant has its own token")
+		require.Greater(t, l.Token(), held.Token())
+		tokens[l.Token()] = true
+	}
+	pid := advisory.SessionPID(b.k)
+	for _, key := range []advisory.Key{keyA, keyC, keyD} {
+		require.Equal(t, []int32{pid}, holderPIDs(t, b.db.Pool, key))
+	}
+	after := b.k.Stats()
+	require.Equal(t, before.Acquired+4, after.Acquired)
+	require.Equal(t, before.NotAcquired+2, after.NotAcquired)
+	require.Equal(t, 4, after.Held)
+
+	// Each shared grant is a hold of its own: releasing one keeps the other.
+	require.NoError(t, rc1.l.Release(ctx))
+	require.Equal(t, []int32{pid}, holderPIDs(t, b.db.Pool, keyC))
+	// The exclusive key is held: another Locker is refused it.
+	_, err = other.TryAcquireKey(ctx, keyA, nil)
+	require.ErrorIs(t, err, pgfence.ErrNotAcquired)
+	for _, l := range []*advisory.Lease{ra.l, rc2.l, rd.l, held} {
+		require.NoError(t, l.Release(ctx))
+	}
+	require.Zero(t, heldAdvisoryLocks(t, b.db.Pool))
+}
+
+// TestServerGrantsAKeyTwiceInOneStatement is the negative control of
+// TestCombinedGrants' second request for keyA: the server grants an
+// exclusive key twice in one statement of one session (session locks are
+// re-entrant), so only the Locker's own check keeps such a request out of
+// a combined statement.
+func TestServerGrantsAKeyTwiceInOneStatement(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	conn, err := db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	var granted int
+	require.NoError(t, conn.QueryRow(ctx,
+		`SELECT pg_catalog.count(*) FILTER (WHERE pg_catalog.pg_try_advisory_lock(k)) FROM pg_catalog.unnest(ARRAY[21, 21]::pg_catalog.int8[]) AS k`).Scan(&granted))
+	require.Equal(t, 2, granted, "both requests won")
+	_, err = conn.Exec(ctx, `SELECT pg_catalog.pg_advisory_unlock_all()`)
+	require.NoError(t, err)
+}
+
+// TestCombinedGrantsServerError checks a combined statement that the server
+// fails (here the token draw refuses a sequence that may skip tokens,
+// PF002, after the first grant): the grants it left are undone and each
+// request runs alone, getting the error it would get alone, and the session
+// keeps working. Once the sequence is sound again (the control), the same
+// requests are granted.
+func TestCombinedGrantsServerError(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := newBatchSetup(t, "pgfence-batch-error")
+	seq := pgfence.DefaultSchema + ".pgfence_leases_fence_seq"
+	_, err := b.db.Pool.Exec(ctx, "ALTER SEQUENCE "+seq+" CACHE 2")
+	require.NoError(t, err)
+	keys := []advisory.Key{advisory.ID(31), advisory.ID(32), advisory.ID(33)}
+
+	run := func() []batchResult {
+		giveBack := advisory.HoldTurn(b.k)
+		var outs []<-chan batchResult
+		for _, key := range keys {
+			outs = append(outs, b.queue(t, key, false))
+		}
+		giveBack()
+		var rs []batchResult
+		for _, o := range outs {
+			rs = append(rs, <-o)
+		}
+		return rs
+	}
+	pid := advisory.SessionPID(b.k)
+	for _, r := range run() {
+		var pgErr *pgconn.PgError
+		require.True(t, errors.As(r.err, &pgErr), "%v", r.err)
+		require.Equal(t, "PF002", pgErr.Code)
+		require.NotErrorIs(t, r.err, pgfence.ErrNotAcquired)
+	}
+	require.Equal(t, []int{3}, b.batchSizes())
+	require.Zero(t, heldAdvisoryLocks(t, b.db.Pool), "the failed statement's grants are undone")
+	require.Equal(t, pid, advisory.SessionPID(b.k), "the session is kept")
+
+	_, err = b.db.Pool.Exec(ctx, "ALTER SEQUENCE "+seq+" CACHE 1")
+	require.NoError(t, err)
+	for _, r := range run() {
+		require.NoError(t, r.err)
+		require.NoError(t, r.l.Release(ctx))
+	}
+	require.Equal(t, []int{3, 3}, b.batchSizes())
+}
+
+// TestCombinedGrantsSessionDies checks that when the session dies under a
+// combined statement every request of it fails transiently and is retried
+// on a new session, where each is granted; with retries off (the control)
+// each returns an error matching pgfence.ErrUnavailable and holds nothing.
+func TestCombinedGrantsSessionDies(t *testing.T) {
+	t.Parallel()
+	for _, retry := range []bool{true, false} {
+		name := "retried"
+		if !retry {
+			name = "no retry"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			b := newBatchSetup(t, "pgfence-batch-dies")
+			if !retry {
+				advisory.SetNoRetry(b.k)
+			}
+			keys := []advisory.Key{advisory.ID(41), advisory.ID(42), advisory.ID(43)}
+			pid := advisory.SessionPID(b.k)
+			giveBack := advisory.HoldTurn(b.k)
+			var outs []<-chan batchResult
+			for _, key := range keys {
+				outs = append(outs, b.queue(t, key, false))
+			}
+			var ok bool
+			require.NoError(t, b.db.Pool.QueryRow(ctx, "SELECT pg_terminate_backend($1, 5000)", pid).Scan(&ok))
+			require.True(t, ok)
+			giveBack()
+			for i, o := range outs {
+				r := <-o
+				if !retry {
+					require.ErrorIs(t, r.err, pgfence.ErrUnavailable)
+					continue
+				}
+				require.NoError(t, r.err)
+				require.NotEqual(t, []int32{pid}, holderPIDs(t, b.db.Pool, keys[i]))
+				require.Len(t, holderPIDs(t, b.db.Pool, keys[i]), 1)
+				require.NoError(t, r.l.Release(ctx))
+			}
+			require.Equal(t, 3, b.batchSizes()[0])
+			require.Zero(t, heldAdvisoryLocks(t, b.db.Pool))
+		})
+	}
+}
+
+// TestCombinedUnlocks checks that Releases queued on one session run in one
+// statement, each released, and that the statement wakes a waiter of
+// another Locker with NOTIFY. The control: the same releases of locks held
+// too briefly to look for waiters do not wake it, which it then sees only
+// after its WaitTimeout (it polls too rarely).
+func TestCombinedUnlocks(t *testing.T) {
+	t.Parallel()
+	for _, notify := range []bool{true, false} {
+		name := "notify"
+		if !notify {
+			name = "no notify"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			app := "pgfence-batch-unlock-" + strings.ReplaceAll(name, " ", "-")
+			b := newBatchSetup(t, app)
+			if notify {
+				advisory.SetNotifyAfterHeld(b.k, 0)
+			} else {
+				advisory.SetNotifyAfterHeld(b.k, time.Hour)
+			}
+			waiter := newWaiter(t, b.db, app+"-waiter", false)
+			keys := []advisory.Key{advisory.ID(51), advisory.ID(52), advisory.ID(53)}
+			var leases []*advisory.Lease
+			for _, key := range keys {
+				l, err := b.k.TryAcquireKey(ctx, key, nil)
+				require.NoError(t, err)
+				leases = append(leases, l)
+			}
+			res := lockAsync(ctx, waiter, keys[0], &advisory.AcquireOpts{WaitTimeout: wakeWaitTimeout})
+			waitInterest(t, b.db.Pool, keys[0], 1)
+			before := b.k.Stats()
+
+			giveBack := advisory.HoldTurn(b.k)
+			errs := make(chan error, len(leases))
+			for i, l := range leases {
+				go func() { errs <- l.Release(ctx) }()
+				require.Eventually(t, func() bool { return advisory.Pending(b.k) == i+1 }, 10*time.Second, time.Millisecond)
+			}
+			giveBack()
+			for range leases {
+				require.NoError(t, <-errs)
+			}
+			require.Equal(t, []int{3}, b.unlockSizes(), "one statement for the three unlocks")
+			after := b.k.Stats()
+			require.Equal(t, before.Released+3, after.Released)
+			require.Zero(t, after.Held)
+			for _, l := range leases {
+				require.ErrorIs(t, l.Err(), pgfence.ErrNotHeld)
+			}
+
+			r := result(t, res)
+			if !notify {
+				require.ErrorIs(t, r.err, pgfence.ErrNotAcquired)
+				require.Zero(t, heldAdvisoryLocks(t, b.db.Pool))
+				return
+			}
+			require.NoError(t, r.err, "woken by the combined statement's NOTIFY before the next poll")
+			require.Greater(t, r.lk.Token(), leases[0].Token())
+			require.NoError(t, r.lk.Release(ctx))
+			require.Zero(t, heldAdvisoryLocks(t, b.db.Pool))
+		})
+	}
+}
+
+// TestMixedTurnLockStatementFails checks a turn that pipelines an unlock
+// and lock requests when the lock statement fails (PF002, as in
+// TestCombinedGrantsServerError): the unlock stands and its Release
+// succeeds, its notification, rolled back with the failed transaction, is
+// sent again (a LISTEN connection of the test receives it), each lock
+// request gets the error it would get alone, and the session is kept.
+func TestMixedTurnLockStatementFails(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := newBatchSetup(t, "pgfence-batch-mixed")
+	advisory.SetNotifyAfterHeld(b.k, 0)
+	waiter := newWaiter(t, b.db, "pgfence-batch-mixed-waiter", false)
+	keyU := advisory.ID(61)
+	u, err := b.k.TryAcquireKey(ctx, keyU, nil)
+	require.NoError(t, err)
+	res := lockAsync(ctx, waiter, keyU, &advisory.AcquireOpts{WaitTimeout: wakeWaitTimeout})
+	waitInterest(t, b.db.Pool, keyU, 1)
+
+	listen, err := b.db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer listen.Release()
+	_, err = listen.Exec(ctx, "LISTEN "+advisory.NotifyChannel)
+	require.NoError(t, err)
+	seq := pgfence.DefaultSchema + ".pgfence_leases_fence_seq"
+	_, err = b.db.Pool.Exec(ctx, "ALTER SEQUENCE "+seq+" CACHE 2")
+	require.NoError(t, err)
+	pid := advisory.SessionPID(b.k)
+	locks0, unlocks0 := len(b.batchSizes()), len(b.unlockSizes())
+
+	giveBack := advisory.HoldTurn(b.k)
+	g1 := b.queue(t, advisory.ID(62), false)
+	g2 := b.queue(t, advisory.ID(63), false)
+	released := make(chan error, 1)
+	go func() { released <- u.Release(ctx) }()
+	require.Eventually(t, func() bool { return advisory.Pending(b.k) == 3 }, 10*time.Second, time.Millisecond)
+	giveBack()
+
+	require.NoError(t, <-released, "the unlock stands")
+	for _, r := range []batchResult{<-g1, <-g2} {
+		var pgErr *pgconn.PgError
+		require.True(t, errors.As(r.err, &pgErr), "%v", r.err)
+		require.Equal(t, "PF002", pgErr.Code)
+	}
+	require.Equal(t, []int{2}, b.batchSizes()[locks0:], "one turn")
+	require.Equal(t, []int{1}, b.unlockSizes()[unlocks0:], "one turn")
+	require.Equal(t, pid, advisory.SessionPID(b.k), "the session is kept")
+	require.NotContains(t, holderPIDs(t, b.db.Pool, keyU), pid, "the unlock stands") // the woken waiter may hold it a moment
+
+	nctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	n, err := listen.Conn().WaitForNotification(nctx)
+	require.NoError(t, err, "the unlock's notification is sent again")
+	require.Equal(t, strconv.FormatInt(keyU.Int64(), 10), n.Payload)
+
+	_, err = b.db.Pool.Exec(ctx, "ALTER SEQUENCE "+seq+" CACHE 1")
+	require.NoError(t, err)
+	if r := result(t, res); r.err == nil { // woken while the sequence was broken, it failed
+		require.NoError(t, r.lk.Release(ctx))
+	}
+	require.Zero(t, heldAdvisoryLocks(t, b.db.Pool))
+}

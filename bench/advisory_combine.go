@@ -1,0 +1,266 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/advisory"
+	advisorybefore "github.com/pgfence/pgfence/bench/internal/advisorybefore"
+	"github.com/pgfence/pgfence/bench/internal/harness"
+	"github.com/pgfence/pgfence/bench/internal/report"
+	"github.com/pgfence/pgfence/bench/internal/systems"
+)
+
+// Scenario 10 compares, in one run, pgfence's session advisory locks before
+// and after issue 18 combined the grants queued on a session into one
+// statement, against raw lock/unlock.
+
+// The arms of scenario 10.
+const (
+	armRaw          = "raw-advisory"
+	armRawToken     = "raw-advisory-token"
+	armBefore       = "before, MaxSessions 4"
+	armAfter        = "after, MaxSessions 4"
+	armBeforeByConn = "before, MaxSessions = clients"
+	armAfterByConn  = "after, MaxSessions = clients"
+)
+
+var combineArms = []string{armRaw, armRawToken, armBefore, armAfter, armBeforeByConn, armAfterByConn}
+
+// combinePoint is one arm at one client count in one round.
+type combinePoint struct {
+	Arm      string
+	Clients  int
+	Round    int
+	TP       float64       // cycles/s
+	Acquire  time.Duration // p50 of TryAcquire
+	Cycle    time.Duration // p50 of a cycle
+	Grants   int64         // successful cycles, warm-up included
+	Xids     int64         // transaction ids assigned over the point (warm-up included)
+	WALBytes int64         // WAL written over the point
+	Errors   int64
+	Load     string // load average after the point
+}
+
+// xidsPer1000 is the point's transaction ids per 1,000 grants.
+func (p combinePoint) xidsPer1000() float64 {
+	if p.Grants == 0 {
+		return math.NaN()
+	}
+	return float64(p.Xids) * 1000 / float64(p.Grants)
+}
+
+// serverCounters reads the next transaction id to be assigned and the WAL
+// insert position (bytes since 0/0); neither assigns a transaction id.
+const serverCounters = `SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::int8,
+       pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), '0/0')::int8`
+
+// tryLocker is what both advisory packages' Lockers offer.
+type tryLocker interface {
+	TryAcquire(ctx context.Context, name string, opts *pgfence.AcquireOpts) (pgfence.Lease, error)
+	Close()
+}
+
+// combineLocker runs a Locker's TryAcquire and Release as a harness.System.
+type combineLocker struct {
+	pool *pgxpool.Pool
+	k    tryLocker
+}
+
+func (s *combineLocker) TryAcquire(ctx context.Context, name string) (harness.Release, error) {
+	l, err := s.k.TryAcquire(ctx, name, nil)
+	if errors.Is(err, pgfence.ErrNotAcquired) {
+		return nil, harness.ErrBusy
+	}
+	if err != nil {
+		return nil, err
+	}
+	return l.Release, nil
+}
+
+func (s *combineLocker) Close() error { s.k.Close(); s.pool.Close(); return nil }
+
+// openCombineArm opens arm for clients.
+func (r *runner) openCombineArm(ctx context.Context, arm string, clients int) (harness.System, error) {
+	switch arm {
+	case armRaw:
+		return systems.AdvisoryCeiling.Open(ctx, r.env, clients)
+	case armRawToken:
+		return systems.AdvisoryTokenCeiling.Open(ctx, r.env, clients)
+	}
+	pcfg, err := pgxpool.ParseConfig(r.env.AppURL())
+	if err != nil {
+		return nil, err
+	}
+	pcfg.MaxConns = 1 // New checks the install through it; the Locker dials its own sessions
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, err
+	}
+	sessions := 0 // the default, 4
+	if arm == armBeforeByConn || arm == armAfterByConn {
+		sessions = clients
+	}
+	var k tryLocker
+	switch arm {
+	case armBefore, armBeforeByConn:
+		k, err = advisorybefore.New(ctx, pool, &advisorybefore.Config{MaxSessions: sessions})
+	default:
+		k, err = advisory.New(ctx, pool, &advisory.Config{MaxSessions: sessions})
+	}
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return &combineLocker{pool: pool, k: k}, nil
+}
+
+// combineClients are scenario 10's client counts.
+var combineClients = []int{16, 64}
+
+// advisoryCombine is scenario 10.
+func (r *runner) advisoryCombine(ctx context.Context) error {
+	fmt.Printf("scenario 10: advisory session locks before/after combined grants, clients %v, %v per point (+%v warm-up), %d rounds\n",
+		combineClients, r.cfg.Duration, r.cfg.Warmup, r.cfg.Rounds)
+	loadStart := loadAvg()
+	var pts []combinePoint
+	for round := 1; round <= r.cfg.Rounds; round++ {
+		for _, c := range combineClients {
+			ns := names("s10-", c)
+			arms := slices.Clone(combineArms)
+			if round%2 == 0 {
+				slices.Reverse(arms) // no arm always runs last
+			}
+			for _, arm := range arms {
+				sys, err := r.openCombineArm(ctx, arm, c)
+				if err != nil {
+					return fmt.Errorf("open %s: %w", arm, err)
+				}
+				var xid0, wal0, xid1, wal1 int64
+				if err := withConn(ctx, r.env.DatabaseURL, func(conn *pgx.Conn) error {
+					return conn.QueryRow(ctx, serverCounters).Scan(&xid0, &wal0)
+				}); err != nil {
+					_ = sys.Close()
+					return err
+				}
+				res := harness.RunCycles(ctx, sys, harness.CycleConfig{
+					Clients: c, Warmup: r.cfg.Warmup, Duration: r.cfg.Duration,
+					Name: func(w, _ int) string { return ns[w] },
+				})
+				err = withConn(ctx, r.env.DatabaseURL, func(conn *pgx.Conn) error {
+					return conn.QueryRow(ctx, serverCounters).Scan(&xid1, &wal1)
+				})
+				_ = sys.Close()
+				if err != nil {
+					return err
+				}
+				r.logCycle("10", arm, c, &res)
+				p := combinePoint{Arm: arm, Clients: c, Round: round, TP: res.Throughput(), Acquire: res.Acquire.P50,
+					Cycle: res.Cycle.P50, Grants: res.Total, Xids: xid1 - xid0, WALBytes: wal1 - wal0, Errors: res.Errors, Load: loadAvg()}
+				fmt.Printf("       xids/1000 grants %.0f, WAL %.0f B/grant, load %s\n", p.xidsPer1000(), float64(p.WALBytes)/float64(max(p.Grants, 1)), p.Load)
+				pts = append(pts, p)
+			}
+		}
+	}
+	return writeAdvisoryCombine(r.cfg, r.res.Machine, loadStart, loadAvg(), pts)
+}
+
+// combineMedian is the median over rounds of f for arm at clients.
+func combineMedian(pts []combinePoint, arm string, clients int, f func(combinePoint) float64) float64 {
+	var xs []float64
+	for _, p := range pts {
+		if p.Arm == arm && p.Clients == clients {
+			xs = append(xs, f(p))
+		}
+	}
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	return medianFloat(xs)
+}
+
+// writeAdvisoryCombine writes results/advisory-combine.md.
+func writeAdvisoryCombine(cfg *config, m machineInfo, loadStart, loadEnd string, pts []combinePoint) error {
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	p("# Advisory session locks: combined grants (issue 18)\n\n")
+	p("Uncontended TryAcquire + Release cycles, every client on its own name, measured in one run: raw `pg_try_advisory_lock`/`pg_advisory_unlock` on a pool of one connection per client (raw-advisory, no token, no WAL); the same with pgfence's durable token draw in the lock statement (raw-advisory-token, one transaction id and one WAL flush per grant); pgfence's `advisory.Locker` as it was before issue 18 (a frozen copy in `bench/internal/advisorybefore`: one statement per grant) and as it is now (the lock requests queued on a session while it is busy run in one statement, its queued unlocks in another, the two pipelined in one round trip and one transaction: one transaction id and one WAL flush for all the tokens of a turn), each with the default `MaxSessions` (4) and with `MaxSessions` = clients (one session per client, so that nothing queues, as scenario 1's pgfence-advisory). Arms run one after another, in reverse order every other round; figures are medians over %d round(s) of %v (+%v warm-up). Transaction ids are counted from `pg_current_snapshot()`'s xmax before and after each point and divided by the point's grants (warm-up included in both).\n\n",
+		cfg.Rounds, cfg.Duration, cfg.Warmup)
+	p("Machine: %s, %d cores; load average %s at the start of this scenario, %s at its end (the last column gives it after each point); PostgreSQL %s, fsync=%s, synchronous_commit=%s. The benchmark, its clients and PostgreSQL share these cores, and other work ran on the machine.\n\n",
+		m.CPU, m.Cores, loadStart, loadEnd, m.Postgres["server_version"], m.Postgres["fsync"], m.Postgres["synchronous_commit"])
+	for _, c := range combineClients {
+		p("## %d clients\n\n", c)
+		t := &report.Table{Header: []string{"arm", "cycles/s", "× raw-advisory", "× raw-advisory-token", "× before (same MaxSessions, median of per-round ratios)", "xids / 1,000 grants", "WAL bytes / grant", "acquire p50", "cycle p50", "errors", "load after (last round)"}, TextColumns: 1}
+		tp := func(arm string) float64 {
+			return combineMedian(pts, arm, c, func(p combinePoint) float64 { return p.TP })
+		}
+		for _, arm := range combineArms {
+			var before string
+			switch arm {
+			case armAfter:
+				before = pairedRatio(pts, armAfter, armBefore, c)
+			case armAfterByConn:
+				before = pairedRatio(pts, armAfterByConn, armBeforeByConn, c)
+			}
+			var last combinePoint
+			var errs int64
+			for _, pt := range pts {
+				if pt.Arm == arm && pt.Clients == c {
+					last = pt
+					errs += pt.Errors
+				}
+			}
+			xids := combineMedian(pts, arm, c, combinePoint.xidsPer1000)
+			wal := combineMedian(pts, arm, c, func(p combinePoint) float64 { return float64(p.WALBytes) / float64(max(p.Grants, 1)) })
+			acq := combineMedian(pts, arm, c, func(p combinePoint) float64 { return float64(p.Acquire) })
+			cyc := combineMedian(pts, arm, c, func(p combinePoint) float64 { return float64(p.Cycle) })
+			t.Rows = append(t.Rows, []string{arm, report.Rate(tp(arm)), report.Ratio(tp(arm), tp(armRaw)), report.Ratio(tp(arm), tp(armRawToken)), before,
+				strconv.FormatFloat(xids, 'f', 0, 64), strconv.FormatFloat(wal, 'f', 0, 64),
+				report.Duration(time.Duration(acq)), report.Duration(time.Duration(cyc)), strconv.FormatInt(errs, 10), last.Load})
+		}
+		p("%s\n", t.Markdown())
+	}
+	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
+		return err
+	}
+	path := filepath.Join(cfg.Out, "advisory-combine.md")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		return err
+	}
+	fmt.Println("wrote", path)
+	return nil
+}
+
+// pairedRatio is the median over rounds of arm's throughput over base's in
+// the same round, which the machine's changing load distorts less than a
+// ratio of medians.
+func pairedRatio(pts []combinePoint, arm, base string, clients int) string {
+	byRound := map[int]float64{}
+	for _, p := range pts {
+		if p.Arm == base && p.Clients == clients && p.TP > 0 {
+			byRound[p.Round] = p.TP
+		}
+	}
+	var rs []float64
+	for _, p := range pts {
+		if b, ok := byRound[p.Round]; ok && p.Arm == arm && p.Clients == clients {
+			rs = append(rs, p.TP/b)
+		}
+	}
+	if len(rs) == 0 {
+		return "n/a"
+	}
+	return strconv.FormatFloat(medianFloat(rs), 'f', 2, 64) + "x"
+}

@@ -1,0 +1,427 @@
+package advisory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/hold"
+	"github.com/pgfence/pgfence/internal/retry"
+)
+
+// TryAcquire takes the session lock on [Name](name) and returns at once; it
+// is [Locker.TryAcquireKey] for that key. The returned [pgfence.Lease] is a
+// *[Lease].
+func (k *Locker) TryAcquire(ctx context.Context, name string, opts *AcquireOpts) (pgfence.Lease, error) {
+	l, err := k.TryAcquireKey(ctx, Name(name), opts)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// TryAcquireKey takes the session lock on key if it is free, and returns at
+// once.
+//
+// When another holder has it (another session, or another caller of this
+// Locker), TryAcquireKey returns an error matching pgfence.ErrNotAcquired;
+// when ctx descends from the held lock's own context (the caller holds it),
+// one matching pgfence.ErrAlreadyHeld. After the Locker is closed it
+// returns pgfence.ErrClosed.
+//
+// ctx bounds the wait for a session of the Locker (opening one, or for
+// statements queued on it). The lock statement itself is bounded by
+// Config.QueryTimeout only, because cancelling a statement closes the
+// session with every lock on it; ctx's values still reach the pgx tracer.
+// If ctx ends while the statement runs and the lock was granted, the lock
+// is released and the error wraps ctx's cause: when it returns an error,
+// the lock is not held.
+//
+// A transient database error (the server unreachable, restarting or
+// failing over, a session that died: see pgfence.ErrUnavailable) is
+// retried with capped, jittered backoff on a new session for at most
+// Config.QueryTimeout in all, then returned wrapped in an error matching
+// pgfence.ErrUnavailable. A grant whose session died before TryAcquireKey
+// could return it is retried likewise: it never returns a lock that is
+// already lost.
+//
+// Another error the server reports for the statement (such as SQLSTATE
+// 53200, out of shared memory, when its lock table is full) is returned
+// wrapped, and the session keeps its other locks. When the session itself
+// fails during the statement (or its state cannot be told, as when a
+// shared key it already holds fails again), every lock on that session is
+// lost; for a transient failure the acquire then retries as above, for
+// another it returns the failure.
+func (k *Locker) TryAcquireKey(ctx context.Context, key Key, opts *AcquireOpts) (*Lease, error) {
+	return k.acquire(ctx, key, opts, false)
+}
+
+// acquire is TryAcquireKey (wait false) and AcquireKey (wait true): it
+// validates the call, brackets its attempts with an OpAcquire (whose ctx
+// the statements run with) and reports the outcome: the Acquired or
+// NotAcquired event, sent with that ctx before EndOp (bad input aside),
+// and the Stats counters.
+func (k *Locker) acquire(ctx context.Context, key Key, opts *AcquireOpts, wait bool) (*Lease, error) {
+	if err := key.validate(); err != nil {
+		return nil, err
+	}
+	if err := checkOpts(opts); err != nil {
+		return nil, err
+	}
+	if wait {
+		k.waiting.Add(1)
+		defer k.waiting.Add(-1)
+	}
+	if k.ev == nil {
+		l, _, err := k.attempts(ctx, ctx, key, opts, wait)
+		if err == nil {
+			k.acquired.Add(1)
+		} else {
+			k.notAcquired.Add(1)
+		}
+		return l, err
+	}
+	start := time.Now()
+	op := pgfence.Op{Kind: pgfence.OpAcquire, Strategy: pgfence.StrategyAdvisory, Name: key.displayName(), Batch: 1}
+	octx := k.ev.StartOp(ctx, op)
+	l, n, err := k.attempts(octx, ctx, key, opts, wait)
+	if err == nil {
+		k.acquired.Add(1)
+		k.ev.Sync(octx, pgfence.Acquired{Lock: l.lock(), Wait: time.Since(start), Attempts: n})
+	} else {
+		k.notAcquired.Add(1)
+		k.ev.Sync(octx, pgfence.NotAcquired{Lock: pgfence.Lock{Kind: pgfence.StrategyAdvisory, Name: op.Name},
+			Wait: time.Since(start), Attempts: n, Err: err})
+	}
+	k.ev.EndOp(octx, op, err)
+	return l, err
+}
+
+// Acquire waits for the session lock on [Name](name); it is
+// [Locker.AcquireKey] for that key. The returned [pgfence.Lease] is a
+// *[Lease].
+func (k *Locker) Acquire(ctx context.Context, name string, opts *AcquireOpts) (pgfence.Lease, error) {
+	l, err := k.AcquireKey(ctx, Name(name), opts)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// AcquireKey waits until it holds the session lock on key, until ctx ends
+// (the error wraps ctx's cause), or until opts.WaitTimeout runs out (then
+// the error matches pgfence.ErrNotAcquired and context.DeadlineExceeded).
+// When ctx descends from the context of the lock it asks for (a nested
+// [Locker.Do]) it returns at once with an error matching
+// pgfence.ErrAlreadyHeld.
+//
+// It waits by retrying pg_try_advisory_lock on the Locker's sessions,
+// pausing 5ms at first and doubling up to Config.MaxPollInterval, and at
+// once when a holder in this Locker unlocks. Once its pause reaches 80ms it
+// also registers on the Locker's LISTEN connection, so that an Unlock by
+// another session wakes it with NOTIFY (see Waiting in the package
+// documentation; Config.DisableListen turns this off). It never blocks a session in
+// pg_advisory_lock, so cancelling a wait cannot close a session holding
+// other locks. Waiters are not served in order, and a client blocked in
+// pg_advisory_lock elsewhere may be granted the lock first.
+//
+// Transient database errors (see pgfence.ErrUnavailable) are retried, on a
+// new session, with capped, jittered backoff (25ms doubling up to 500ms)
+// for as long as ctx and opts.WaitTimeout allow: a wait rides through a
+// restart or failover of the database. When ctx or WaitTimeout ends while
+// the database is unavailable (the last attempt failed with a transient
+// error), the error matches pgfence.ErrUnavailable and wraps the last
+// cause as well as ctx's cause (so a WaitTimeout still matches
+// pgfence.ErrNotAcquired and context.DeadlineExceeded).
+//
+// If ctx ends just as the lock is granted, AcquireKey releases it: when it
+// returns an error, the lock is not held. It never returns a lock already
+// lost. Other errors are as for [Locker.TryAcquireKey].
+func (k *Locker) AcquireKey(ctx context.Context, key Key, opts *AcquireOpts) (*Lease, error) {
+	return k.acquire(ctx, key, opts, true)
+}
+
+// attempts runs the attempts of an acquire: one for TryAcquireKey (plus
+// retries of transient errors), as many as it takes for AcquireKey. ctx is
+// the operation's ctx (statements run with its values), values the
+// caller's own. n counts the attempts that asked the database (a refusal
+// by a holder in this Locker does not).
+func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpts, wait bool) (l *Lease, n int, err error) {
+	if hold.Held(values, k, key.markName()) {
+		return nil, 0, fmt.Errorf("pgfence: advisory: acquire %v: %w", key, pgfence.ErrAlreadyHeld)
+	}
+	var o AcquireOpts
+	if opts != nil {
+		o = *opts
+	}
+	if !wait {
+		o.WaitTimeout = 0
+	}
+	ctx, cancel := hold.WaitTimeout(ctx, o.WaitTimeout)
+	defer cancel()
+	start := time.Now()
+	var last error // the last attempt's transient error; nil after an answer
+	failures := 0  // consecutive transient failures
+	ended := func() error {
+		if last != nil {
+			return fmt.Errorf("pgfence: advisory: acquire %v: %w; last attempt: %w", key, context.Cause(ctx), retry.Unavailable("", last))
+		}
+		return fmt.Errorf("pgfence: advisory: acquire %v: %w", key, context.Cause(ctx))
+	}
+	pause := k.firstPause
+	var reg *waitReg            // interest registered for wake-ups (wake.go)
+	var armedSeen chan struct{} // the armed channel already acted on
+	defer func() {
+		if reg != nil {
+			k.unregister(reg)
+		}
+	}()
+	for {
+		if ctx.Err() != nil {
+			return nil, n, ended()
+		}
+		// Take the wake channel before the attempt, so that a
+		// notification arriving after the attempt is not missed.
+		var armed, wake chan struct{}
+		if reg != nil {
+			armed, wake = k.channels(reg)
+		}
+		l, released, asked, err := k.tryAcquire(ctx, values, key, o.Shared)
+		if asked {
+			n++
+		}
+		if err == nil {
+			return l, n, nil
+		}
+		if ctx.Err() != nil {
+			return nil, n, ended()
+		}
+		if k.transient(err) {
+			last = err
+			failures++
+			d := k.backoff.Wait(failures)
+			if k.noRetry || (!wait && time.Since(start)+d > k.cfg.QueryTimeout) {
+				return nil, n, retry.Unavailable(fmt.Sprintf("pgfence: advisory: acquire %v: ", key), err)
+			}
+			t := time.NewTimer(d)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil, n, ended()
+			case <-k.closeCtx.Done():
+				t.Stop()
+				return nil, n, pgfence.ErrClosed
+			case <-t.C:
+			}
+			continue
+		}
+		if !wait || !errors.Is(err, pgfence.ErrNotAcquired) {
+			return nil, n, err
+		}
+		last, failures = nil, 0
+		if reg == nil && released == nil && pause >= interestAfter {
+			// Held by another session for a while: ask to be woken.
+			// Until the interest lock is held (armed), an Unlock would
+			// not notify; armed closing makes the next attempt at once.
+			if reg = k.register(values, key.id); reg != nil {
+				armed, wake = k.channels(reg)
+			}
+		}
+		if armed == armedSeen {
+			armed = nil
+		}
+		// Full jitter over [pause/2, pause) spreads competing pollers.
+		t := time.NewTimer(pause/2 + rand.N(pause/2+1))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, n, ended()
+		case <-k.closeCtx.Done():
+			t.Stop()
+			return nil, n, pgfence.ErrClosed
+		case <-released: // nil (blocks) unless held in this Locker
+			t.Stop()
+		case <-armed: // nil unless waiting for the interest lock
+			t.Stop()
+			armedSeen = armed
+		case <-wake: // nil unless registered
+			t.Stop()
+		case <-t.C:
+		}
+		pause = min(2*pause, k.cfg.MaxPollInterval)
+	}
+}
+
+// transient reports whether an attempt's error is worth retrying: the
+// database was unavailable (retry.Transient), or the attempt's session
+// failed (before its turn, or just after the grant).
+func (k *Locker) transient(err error) bool {
+	if errors.Is(err, pgfence.ErrNotAcquired) {
+		return false // the hot refusal: spare it retry.Transient's errors.As calls
+	}
+	return errors.Is(err, errSessionFailed) || errors.Is(err, errLostAtGrant) || retry.Transient(err)
+}
+
+// Do waits for the lock on [Name](name) as [Locker.Acquire] does, calls fn
+// while holding it, then releases it; it is [Locker.DoKey] for that key.
+func (k *Locker) Do(ctx context.Context, name string, opts *AcquireOpts, fn func(ctx context.Context, l pgfence.Lease) error) error {
+	return k.DoKey(ctx, Name(name), opts, fn)
+}
+
+// DoKey waits for the lock on key as [Locker.AcquireKey] does, calls fn
+// while holding it, then releases it. fn's context is derived from ctx and
+// is also cancelled, with a cause matching pgfence.ErrLeaseLost, when the
+// lock is lost: fn must stop then. fn may release the lock itself. A Do
+// nested in fn for the same key returns pgfence.ErrAlreadyHeld at once.
+//
+// DoKey returns the acquire error if the lock was not acquired (fn is not
+// called): as for AcquireKey, it matches pgfence.ErrUnavailable when the
+// database stayed unavailable until ctx or WaitTimeout ended. Otherwise it returns fn's error, joined with the loss (an error
+// matching pgfence.ErrLeaseLost) whenever the lock was lost before fn
+// returned, and with the release's error.
+func (k *Locker) DoKey(ctx context.Context, key Key, opts *AcquireOpts, fn func(ctx context.Context, l pgfence.Lease) error) error {
+	return hold.Do(ctx, k, key.markName(), "pgfence: advisory", func(ctx context.Context) (pgfence.Lease, error) {
+		l, err := k.AcquireKey(ctx, key, opts)
+		if err != nil {
+			return nil, err
+		}
+		return l, nil
+	}, fn)
+}
+
+// heldHereError is the refusal of a key held in this Locker in a
+// conflicting mode. It matches pgfence.ErrNotAcquired. Callers may retry
+// such a key in a tight loop, and this refusal costs no round trip, so it is
+// built without formatting: the message is rendered only when asked for.
+type heldHereError struct{ key Key }
+
+func (e *heldHereError) Error() string {
+	return "pgfence: advisory: lock " + e.key.String() + " is held in this Locker: " + pgfence.ErrNotAcquired.Error()
+}
+
+func (e *heldHereError) Unwrap() error { return pgfence.ErrNotAcquired }
+
+// errLostAtGrant is the error of an attempt whose lock was granted but
+// whose session failed before the attempt could return it.
+var errLostAtGrant = errors.New("the session failed just after the grant")
+
+// tryAcquire makes one attempt at key. When the key is held in this Locker
+// in a conflicting mode, it returns ErrNotAcquired and a channel closed when
+// that changes. asked reports whether the attempt reached for the database
+// (dialed a session or sent the lock statement). ctx is the acquire's
+// operation ctx; values the caller's, kept by the Lease.
+func (k *Locker) tryAcquire(ctx, values context.Context, key Key, shared bool) (l *Lease, released <-chan struct{}, asked bool, err error) {
+	id := key.id
+	k.mu.Lock()
+	if k.closed {
+		k.mu.Unlock()
+		return nil, nil, false, pgfence.ErrClosed
+	}
+	ks := k.keys[id]
+	var s *session
+	open := false
+	if ks != nil {
+		if !shared || ks.exclusive {
+			ch := ks.released
+			k.mu.Unlock()
+			return nil, ch, false, &heldHereError{key: key}
+		}
+		ks.refs++
+		s = ks.s
+	} else {
+		s, open = k.pickSessionLocked()
+		ks = &keyState{exclusive: !shared, refs: 1, s: s, released: make(chan struct{})}
+		k.keys[id] = ks
+	}
+	s.inflight++
+	k.mu.Unlock()
+
+	// abandon drops the reservation taken above.
+	abandon := func() {
+		k.mu.Lock()
+		s.inflight--
+		k.dropKeyRefLocked(id)
+		k.mu.Unlock()
+	}
+	if open {
+		// Dial in the background, so that this caller can leave when ctx
+		// ends (a dial to a host that does not answer lasts QueryTimeout)
+		// while the acquires routed to the session wait on.
+		asked = true
+		k.wg.Add(1)
+		go func() {
+			defer k.wg.Done()
+			k.openSession(ctx, s)
+		}()
+	}
+	select {
+	case <-s.ready:
+	case <-ctx.Done():
+		abandon()
+		return nil, nil, asked, ctx.Err()
+	}
+	if s.openErr != nil {
+		abandon()
+		return nil, nil, asked, s.openErr
+	}
+	select {
+	case s.sem <- struct{}{}:
+	case <-ctx.Done():
+		abandon()
+		return nil, nil, asked, ctx.Err()
+	}
+	l, err = k.lockOnSession(ctx, values, s, key, shared)
+	<-s.sem
+	if err != nil {
+		abandon()
+		return nil, nil, true, err
+	}
+	if ctx.Err() != nil {
+		// Granted as ctx ended: the caller will not use it.
+		_ = l.Release(ctx)
+		return nil, nil, true, ctx.Err()
+	}
+	if k.afterGrant != nil {
+		k.afterGrant(l)
+	}
+	// Hand the lock out only while it is held: its session may have
+	// failed since the statement answered (the watchdog, or a statement
+	// of another caller, between our turn on the session and now).
+	k.mu.Lock()
+	if l.state == stateLost {
+		k.mu.Unlock()
+		return nil, nil, true, fmt.Errorf("pgfence: advisory: lock %v: %w: %w", key, errLostAtGrant, context.Cause(l.ctx))
+	}
+	l.out = true
+	k.mu.Unlock()
+	return l, nil, true, nil
+}
+
+// keyState is the in-process state of one key: who holds (or is acquiring)
+// it here. Advisory locks are re-entrant per session, so the server would
+// grant a key twice to the same session; the Locker grants it in-process
+// instead: at most one exclusive holder, or any number of shared holders
+// that all go to the same session.
+type keyState struct {
+	exclusive bool
+	refs      int           // holders plus acquisitions in flight
+	s         *session      // the session holding it
+	released  chan struct{} // closed when the last ref is dropped
+}
+
+// dropKeyRefLocked drops one reference to key id, forgetting the key and
+// waking waiters when it was the last. The caller holds l.mu.
+func (k *Locker) dropKeyRefLocked(id int64) {
+	ks := k.keys[id]
+	if ks == nil {
+		return
+	}
+	ks.refs--
+	if ks.refs == 0 {
+		delete(k.keys, id)
+		close(ks.released)
+	}
+}

@@ -1,0 +1,286 @@
+package advisory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/retry"
+)
+
+// Package advisory honours these fields of [pgfence.AcquireOpts]:
+//
+//   - Shared takes the lock in shared mode (pg_advisory_lock_shared and
+//     friends): any number of shared holders, or one exclusive holder.
+//     Each shared holder gets its own fencing token.
+//   - WaitTimeout bounds how long [Locker.Acquire], [Locker.Do] and
+//     [Locker.AcquireTx] wait for the lock.
+//
+// TTL and AtLeast are rejected: an advisory lock lasts as long as its
+// database session (or transaction), not for a time.
+type AcquireOpts = pgfence.AcquireOpts
+
+// checkOpts rejects the fields of o that advisory locks cannot honour.
+func checkOpts(o *AcquireOpts) error {
+	switch {
+	case o == nil:
+		return nil
+	case o.TTL != 0:
+		return errors.New("pgfence: advisory: AcquireOpts.TTL is set; an advisory lock has no TTL (it lasts as long as its session)")
+	case o.AtLeast != 0:
+		return errors.New("pgfence: advisory: AcquireOpts.AtLeast is set; advisory locks cannot be kept past their release")
+	case o.WaitTimeout < 0:
+		return fmt.Errorf("pgfence: advisory: AcquireOpts.WaitTimeout is negative (%v)", o.WaitTimeout)
+	}
+	return nil
+}
+
+// lockState is where a Lock is in its life; guarded by Locker.mu.
+type lockState int
+
+const (
+	stateHeld      lockState = iota
+	stateUnlocking           // Release is running
+	stateUnlocked            // Release succeeded
+	stateLost                // its session died, or the Locker closed
+)
+
+// errReleased is the cause of a Lease's context after a successful
+// Release.
+var errReleased = fmt.Errorf("pgfence: advisory: lock was released: %w", pgfence.ErrNotHeld)
+
+// Lease is a held session-level advisory lock, returned by the Locker's
+// acquire methods. It stays held until [Lease.Release], until the Locker is
+// closed, or until the database session holding it dies; then [Lease.Done]
+// closes. It satisfies [pgfence.Lease]. Its methods are safe for concurrent
+// use, and Release is safe on a nil *Lease.
+type Lease struct {
+	k        *Locker
+	s        *session
+	key      Key
+	shared   bool
+	token    int64
+	acquired time.Time // when granted, to choose the unlock statement
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
+	// values is the acquiring call's ctx, used for its values only (never
+	// for its cancellation): the session checks of the lock and its
+	// background events carry them. It is kept as given, so that an
+	// acquire without an Observer allocates nothing for it.
+	values context.Context
+
+	// Guarded by Locker.mu.
+	state    lockState
+	reported bool // Release has returned the loss once
+	out      bool // handed to the caller: its end is counted and observed
+}
+
+// lock returns l as events name it.
+func (l *Lease) lock() pgfence.Lock {
+	return pgfence.Lock{Kind: pgfence.StrategyAdvisory, Name: l.Name(), Token: l.token}
+}
+
+var _ pgfence.Lease = (*Lease)(nil)
+
+// Key returns the lock's key.
+func (l *Lease) Key() Key { return l.key }
+
+// Name returns the name the lock was acquired by: the name of a [Name] key,
+// or the decimal number of an [ID] key.
+func (l *Lease) Name() string { return l.key.displayName() }
+
+// Expiry returns the zero time: a session lock has no deadline of its own.
+// It lasts until it is released or its session ends, which the Locker
+// notices within Config.SessionCheckInterval + Config.QueryTimeout.
+func (l *Lease) Expiry() time.Time { return time.Time{} }
+
+// Shared reports whether the lock is held in shared mode.
+func (l *Lease) Shared() bool { return l.shared }
+
+// Token returns the fencing token drawn when the lock was granted. Tokens
+// come from the sequence shared with the lease-table strategy, so the next
+// holder of the same key (in any mode, through any Locker or transaction)
+// gets a larger token; present it to fenced writes (package fence).
+func (l *Lease) Token() int64 { return l.token }
+
+// Done returns a channel that is closed when the lock ends: lost (its
+// session died), released by [Lease.Release], or dropped by
+// [Locker.Close]. [Lease.Err] then says which.
+func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
+
+// Err returns nil while the lock is held. Once it is lost, including when
+// the Locker is closed, it returns an error matching pgfence.ErrLeaseLost,
+// and pgfence.ErrSessionEnded when its session ended or pgfence.ErrClosed
+// for a closed Locker. After a successful
+// [Lease.Release] it returns an error matching pgfence.ErrNotHeld.
+func (l *Lease) Err() error { return context.Cause(l.ctx) }
+
+// Context returns a context that is cancelled when the lock ends, with
+// [Lease.Err] as its cause (context.Cause). Derive the contexts of protected
+// work from it, or use [Locker.Do], so that work stops when the lock is lost:
+// an acquire of the same key under it returns [pgfence.ErrAlreadyHeld].
+func (l *Lease) Context() context.Context { return l.ctx }
+
+// Release releases the lock (pg_advisory_unlock on its session) and closes
+// [Lease.Done].
+//
+// ctx is only used for its values, which reach the pgx tracer: Release
+// usually runs deferred, after the caller's context ended, so it ignores
+// ctx's cancellation. It waits for the statements queued before it on the
+// same session, each bounded by Config.QueryTimeout.
+//
+// When the lock was already lost, Release returns an error matching
+// pgfence.ErrNotHeld (and pgfence.ErrLeaseLost). It also does so when the
+// session fails during the release: the session is closed, which is what
+// releases the lock (the server ends a session's locks with it; an unlock
+// cannot be retried from another session). When that failure is a
+// database outage (a transient error: connection lost or timed out, the
+// server shutting down) the error matches pgfence.ErrUnavailable too and
+// wraps the cause. After a timeout the server may hold the lock until it
+// notices the closed connection (at worst when Config.TCPUserTimeout or
+// the keepalives give up on the client); see Release failures in the
+// package documentation for why nothing is retried. Calling Release
+// again, or concurrently, or on a nil *Lease, returns nil.
+func (l *Lease) Release(ctx context.Context) error {
+	if l == nil {
+		return nil
+	}
+	k := l.k
+	k.mu.Lock()
+	switch l.state {
+	case stateUnlocking, stateUnlocked:
+		k.mu.Unlock()
+		return nil
+	case stateLost:
+		return l.reportLostLocked()
+	}
+	l.state = stateUnlocking
+	out := l.out
+	k.mu.Unlock()
+	if !out || k.ev == nil {
+		released, err := l.release(ctx)
+		if released && out {
+			k.released.Add(1)
+		}
+		return err
+	}
+	op := pgfence.Op{Kind: pgfence.OpRelease, Strategy: pgfence.StrategyAdvisory, Name: l.Name(), Batch: 1}
+	octx := k.ev.StartOp(ctx, op)
+	released, err := l.release(octx)
+	if released {
+		k.released.Add(1)
+		k.ev.Sync(octx, pgfence.Released{Lock: l.lock(), HeldFor: time.Since(l.acquired), Err: err})
+	}
+	k.ev.EndOp(octx, op, err)
+	return err
+}
+
+// release is Release once l is unlocking. released reports whether this
+// call ended the lock (successfully or not); it is false when the lock had
+// been lost before the unlock could run.
+func (l *Lease) release(ctx context.Context) (released bool, err error) {
+	k := l.k
+	s := l.s
+	s.sem <- struct{}{}
+	defer func() { <-s.sem }()
+
+	k.mu.Lock()
+	if l.state == stateLost {
+		return false, l.reportLostLocked()
+	}
+	k.mu.Unlock()
+
+	// A lock held briefly unlocks without looking for waiters to notify:
+	// see notifyAfterHeld.
+	q := unlockSQL
+	switch notify := time.Since(l.acquired) >= k.notifyHeld; {
+	case l.shared && notify:
+		q = unlockSharedNotifySQL
+	case l.shared:
+		q = unlockSharedSQL
+	case notify:
+		q = unlockNotifySQL
+	}
+	var ok bool
+	err = s.queryKey(ctx, k, q, l.key.id, &ok)
+	if err == nil && !ok {
+		err = errors.New("the server reports the lock was not held by the session")
+	}
+	if err != nil {
+		// The session's state is unknown or wrong: drop it, with every
+		// lock on it; the server releases them when the connection ends.
+		k.failSession(ctx, s, err, l)
+		k.mu.Lock()
+		err = l.reportLostLocked()
+		if retry.Transient(err) {
+			err = fmt.Errorf("%w: %w", pgfence.ErrUnavailable, err)
+		}
+		return true, err
+	}
+	k.mu.Lock()
+	l.state = stateUnlocked
+	l.reported = true
+	delete(s.locks, l)
+	k.dropKeyRefLocked(l.key.id)
+	l.cancel(errReleased)
+	k.mu.Unlock()
+	return true, nil
+}
+
+// reportLostLocked is Release's answer for a lost lock: the loss the first
+// time, nil after. It is called with l.mu held and unlocks it.
+func (l *Lease) reportLostLocked() error {
+	defer l.k.mu.Unlock()
+	if l.reported {
+		return nil
+	}
+	l.reported = true
+	return fmt.Errorf("pgfence: advisory: release %v: %w: %w", l.key, pgfence.ErrNotHeld, context.Cause(l.ctx))
+}
+
+// Renew confirms the lock now: it checks the lock's session with a round
+// trip (as the watchdog does every Config.SessionCheckInterval), after the
+// statements queued on the session before it. A session lock has no TTL,
+// so nothing is extended. When the check fails the session is dropped with
+// every lock on it, and Renew returns the loss (matching
+// pgfence.ErrLeaseLost): a session check is never retried, since a session
+// that did not answer may already have lost its locks on the server. After
+// a release or loss it returns [Lease.Err] without a round trip. ctx bounds
+// the wait for the session and lends its values to the check; the check
+// itself is bounded by Config.QueryTimeout, since cancelling it would close
+// the session.
+func (l *Lease) Renew(ctx context.Context) error {
+	if err := l.Err(); err != nil {
+		return err
+	}
+	k, s := l.k, l.s
+	select {
+	case s.sem <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("pgfence: advisory: renew %v: %w", l.key, context.Cause(ctx))
+	}
+	defer func() { <-s.sem }()
+	if err := l.Err(); err != nil {
+		return err
+	}
+	var op pgfence.Op
+	octx := ctx
+	if k.ev != nil {
+		op = pgfence.Op{Kind: pgfence.OpRenew, Strategy: pgfence.StrategyAdvisory, Name: l.Name(), Batch: 1}
+		octx = k.ev.StartOp(ctx, op)
+	}
+	err := s.ping(octx, k)
+	if err != nil {
+		err = fmt.Errorf("pgfence: advisory: liveness check failed: %w", err)
+		k.failSession(octx, s, err, nil)
+	}
+	if k.ev != nil {
+		k.ev.EndOp(octx, op, err)
+		if err == nil {
+			k.ev.Async(context.WithoutCancel(ctx), pgfence.Renewed{Lock: l.lock()})
+		}
+	}
+	return l.Err()
+}

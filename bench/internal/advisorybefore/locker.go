@@ -1,0 +1,213 @@
+package advisory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/events"
+	"github.com/pgfence/pgfence/internal/install"
+	"github.com/pgfence/pgfence/internal/notifier"
+	"github.com/pgfence/pgfence/internal/retry"
+)
+
+// Locker takes session-level advisory locks on a few database sessions it
+// owns. Create one with [New] and call [Locker.Close] when done. Its
+// methods are safe for concurrent use.
+type Locker struct {
+	cfg        Config
+	sql        statements // the SQL that names the schema
+	log        *slog.Logger
+	connConfig *pgx.ConnConfig // lock sessions
+	// listenConfig is the LISTEN connection's: connConfig with
+	// application_name suffixed "-listen".
+	listenConfig *pgx.ConnConfig
+	closeCtx     context.Context // cancelled by Close
+	closeStop    context.CancelFunc
+	firstPause   time.Duration   // minPollInterval; tests may raise it
+	notifyHeld   time.Duration   // notifyAfterHeld; tests may change it
+	peek         time.Duration   // sessionPeekInterval; tests may turn it off (0)
+	wg           sync.WaitGroup  // watchdogs and the LISTEN loop
+	ev           *events.Emitter // nil without Config.Observer
+	// backoff spaces the retries of transient errors; noRetry (a test
+	// hook) turns them off.
+	backoff retry.Backoff
+	noRetry bool
+	// afterGrant, a test hook, runs between a grant and its hand-out.
+	afterGrant func(*Lease)
+
+	// Counters of Stats.
+	waiting                               atomic.Int64
+	acquired, notAcquired, released, lost atomic.Uint64
+
+	mu            sync.Mutex
+	closed        bool
+	sessions      []*session // live or opening
+	nextSessionID int
+	keys          map[int64]*keyState
+
+	// Wake-ups across sessions (wake.go).
+	interests       map[int64]*interest
+	listener        *notifier.Notifier // nil while no LISTEN connection is wanted
+	listenIdleSince time.Time          // since when the LISTEN loop saw no interest
+	listening       bool               // a LISTEN connection is listening now
+	listenLostAt    time.Time          // when it stopped listening; zero unless lost
+}
+
+// New returns a Locker whose sessions are dialed with pool's connection
+// settings (pool.Config().ConnConfig, with the application_name and TCP
+// settings of cfg), tracer included. The sessions are the Locker's own
+// connections: they do not count against the pool, and the pool's
+// BeforeConnect, AfterConnect and other pool hooks do not run for them.
+// The pool is used for nothing else, and is never closed by the Locker.
+//
+// A nil cfg means the defaults. New returns an error for a nil pool or an
+// invalid cfg, without a round trip. Otherwise it checks once, through the
+// pool and bounded by ctx, that pgfence's schema ([Config].Schema) is
+// installed at the version this code needs and that its token sequence is
+// sound, and returns an error matching [pgfence.ErrNotInstalled] that says
+// how to fix it when not. It opens no lock session; the first lock does.
+// ctx has no effect on the Locker after New returns.
+func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
+	if pool == nil {
+		return nil, errors.New("pgfence: advisory: New: nil pool")
+	}
+	c, err := cfg.resolve()
+	if err != nil {
+		return nil, err
+	}
+	schema, quoted, err := install.Schema("pgfence: advisory: Config.Schema", c.Schema)
+	if err != nil {
+		return nil, err
+	}
+	c.Schema = schema
+	if err := install.Check(ctx, pool, schema, quoted); err != nil {
+		return nil, fmt.Errorf("pgfence: advisory: %w", err)
+	}
+	cc := pool.Config().ConnConfig.Copy()
+	if cc.RuntimeParams == nil {
+		cc.RuntimeParams = map[string]string{}
+	}
+	cc.RuntimeParams["application_name"] = c.ApplicationName
+	lc := cc.Copy()
+	lc.RuntimeParams["application_name"] = c.ApplicationName + "-listen"
+	closeCtx, closeStop := context.WithCancel(context.Background())
+	return &Locker{
+		cfg:          c,
+		sql:          newStatements(quoted),
+		log:          c.Logger,
+		connConfig:   cc,
+		listenConfig: lc,
+		closeCtx:     closeCtx,
+		closeStop:    closeStop,
+		firstPause:   minPollInterval,
+		notifyHeld:   notifyAfterHeld,
+		peek:         sessionPeekInterval,
+		ev:           events.New(c.Observer),
+		backoff:      retry.Default,
+		keys:         make(map[int64]*keyState),
+		interests:    make(map[int64]*interest),
+	}, nil
+}
+
+// Schema returns the schema whose sequence the Locker draws tokens from.
+func (k *Locker) Schema() string { return k.cfg.Schema }
+
+// statements is the Locker's SQL that names pgfence's schema.
+type statements struct {
+	tryLock, tryLockShared                                   string
+	tryLockXact, tryLockXactShared, lockXact, lockXactShared string
+}
+
+// newStatements fills the quoted schema into the statement templates.
+func newStatements(schema string) statements {
+	f := func(tmpl string) string { return fmt.Sprintf(tmpl, schema) }
+	return statements{
+		tryLock:           f(tryLockSQL),
+		tryLockShared:     f(tryLockSharedSQL),
+		tryLockXact:       f(tryLockXactSQL),
+		tryLockXactShared: f(tryLockXactSharedSQL),
+		lockXact:          f(lockXactSQL),
+		lockXactShared:    f(lockXactSharedSQL),
+	}
+}
+
+// Close releases every lock of the Locker, closes its sessions, stops its
+// goroutines and makes its methods return pgfence.ErrClosed.
+//
+// Locks still held end as lost: their Err matches pgfence.ErrLeaseLost and
+// pgfence.ErrClosed. Their holders are told first, then the locks are
+// released (pg_advisory_unlock_all), so they are free for others when Close
+// returns; on a session that had failed, the server frees them when it
+// notices the connection end. Waiting Lock calls return pgfence.ErrClosed.
+// Close waits for statements in progress (each bounded by
+// Config.QueryTimeout); the sessions are closed concurrently, so during an
+// outage Close takes at most about two QueryTimeouts, whatever MaxSessions.
+// Calling it again does nothing.
+func (k *Locker) Close() {
+	k.mu.Lock()
+	if k.closed {
+		k.mu.Unlock()
+		return
+	}
+	k.closed = true
+	k.closeStop()
+	sessions := append([]*session(nil), k.sessions...)
+	k.mu.Unlock()
+	// The sessions are closed at once, not one after the other: during an
+	// outage each may take QueryTimeout.
+	var closing sync.WaitGroup
+	for _, s := range sessions {
+		closing.Add(1)
+		go func() {
+			defer closing.Done()
+			<-s.ready
+			if s.openErr != nil {
+				return
+			}
+			s.sem <- struct{}{}
+			k.failSession(context.Background(), s, fmt.Errorf("pgfence: advisory: Locker closed: %w", pgfence.ErrClosed), nil)
+			<-s.sem
+		}()
+	}
+	closing.Wait()
+	k.wg.Wait()
+	k.ev.Close()
+}
+
+// Stats returns a snapshot of the Locker's state and counters. Held counts
+// the session locks held now (transaction locks are not counted: they
+// belong to the caller's transaction), Waiting the Acquire and Do calls
+// in progress (waiting for the lock, or riding out an outage). Every lock handed out ends counted once, in Released (by
+// its holder, including a release that failed) or in Lost (its session
+// died, or the Locker closed). RenewalFailures is always zero: a failed
+// check of a session loses its locks at once (they count in Lost), as
+// there is no TTL to ride out. It is safe to call at any time, after
+// Close too.
+func (k *Locker) Stats() pgfence.Stats {
+	k.mu.Lock()
+	held := 0
+	for _, s := range k.sessions {
+		held += len(s.locks)
+	}
+	listening := k.listening
+	k.mu.Unlock()
+	return pgfence.Stats{
+		Held:          held,
+		Waiting:       int(k.waiting.Load()),
+		Acquired:      k.acquired.Load(),
+		NotAcquired:   k.notAcquired.Load(),
+		Released:      k.released.Load(),
+		Lost:          k.lost.Load(),
+		Listening:     listening,
+		EventsDropped: k.ev.Dropped(),
+	}
+}

@@ -103,6 +103,14 @@
 // number of shared holders (which then share one session). Two goroutines
 // of one Locker exclude each other exactly as two processes do.
 //
+// Calls that meet on one session share its round trips: the lock requests
+// queued while the session is busy are answered by one statement (one
+// transaction id and one WAL flush for all their tokens), their unlocks by
+// another, pipelined with it. Each caller gets the outcome it would get
+// alone; when the combined statement fails on a live session, each request
+// is run again alone, and when the session dies, every caller of the batch
+// fails with it (transiently, so Acquire retries on a new session).
+//
 // # Loss detection
 //
 // A session lock is lost when its session ends: the connection dropped, an

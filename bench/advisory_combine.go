@@ -17,27 +17,26 @@ import (
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/advisory"
-	advisorybefore "github.com/pgfence/pgfence/bench/internal/advisorybefore"
 	"github.com/pgfence/pgfence/bench/internal/harness"
 	"github.com/pgfence/pgfence/bench/internal/report"
 	"github.com/pgfence/pgfence/bench/internal/systems"
 )
 
-// Scenario 10 compares, in one run, pgfence's session advisory locks before
-// and after issue 18 combined the grants queued on a session into one
-// statement, against raw lock/unlock.
+// Scenario 10 measures, in one run, pgfence's session advisory locks, whose
+// grants queued on a session are combined into one statement (issue 18),
+// against raw lock/unlock with and without a token draw. The figures of the
+// package before combining, measured side by side when it landed, are kept
+// in results/advisory-combine.md's history note.
 
 // The arms of scenario 10.
 const (
 	armRaw          = "raw-advisory"
 	armRawToken     = "raw-advisory-token"
-	armBefore       = "before, MaxSessions 4"
-	armAfter        = "after, MaxSessions 4"
-	armBeforeByConn = "before, MaxSessions = clients"
-	armAfterByConn  = "after, MaxSessions = clients"
+	armAfter        = "pgfence, MaxSessions 4"
+	armAfterByConn  = "pgfence, MaxSessions = clients"
 )
 
-var combineArms = []string{armRaw, armRawToken, armBefore, armAfter, armBeforeByConn, armAfterByConn}
+var combineArms = []string{armRaw, armRawToken, armAfter, armAfterByConn}
 
 // combinePoint is one arm at one client count in one round.
 type combinePoint struct {
@@ -110,16 +109,10 @@ func (r *runner) openCombineArm(ctx context.Context, arm string, clients int) (h
 		return nil, err
 	}
 	sessions := 0 // the default, 4
-	if arm == armBeforeByConn || arm == armAfterByConn {
+	if arm == armAfterByConn {
 		sessions = clients
 	}
-	var k tryLocker
-	switch arm {
-	case armBefore, armBeforeByConn:
-		k, err = advisorybefore.New(ctx, pool, &advisorybefore.Config{MaxSessions: sessions})
-	default:
-		k, err = advisory.New(ctx, pool, &advisory.Config{MaxSessions: sessions})
-	}
+	k, err := advisory.New(ctx, pool, &advisory.Config{MaxSessions: sessions})
 	if err != nil {
 		pool.Close()
 		return nil, err
@@ -132,7 +125,7 @@ var combineClients = []int{16, 64}
 
 // advisoryCombine is scenario 10.
 func (r *runner) advisoryCombine(ctx context.Context) error {
-	fmt.Printf("scenario 10: advisory session locks before/after combined grants, clients %v, %v per point (+%v warm-up), %d rounds\n",
+	fmt.Printf("scenario 10: advisory session locks with combined grants, clients %v, %v per point (+%v warm-up), %d rounds\n",
 		combineClients, r.cfg.Duration, r.cfg.Warmup, r.cfg.Rounds)
 	loadStart := loadAvg()
 	var pts []combinePoint
@@ -196,23 +189,20 @@ func writeAdvisoryCombine(cfg *config, m machineInfo, loadStart, loadEnd string,
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	p("# Advisory session locks: combined grants (issue 18)\n\n")
-	p("Uncontended TryAcquire + Release cycles, every client on its own name, measured in one run: raw `pg_try_advisory_lock`/`pg_advisory_unlock` on a pool of one connection per client (raw-advisory, no token, no WAL); the same with pgfence's durable token draw in the lock statement (raw-advisory-token, one transaction id and one WAL flush per grant); pgfence's `advisory.Locker` as it was before issue 18 (a frozen copy in `bench/internal/advisorybefore`: one statement per grant) and as it is now (the lock requests queued on a session while it is busy run in one statement, its queued unlocks in another, the two pipelined in one round trip and one transaction: one transaction id and one WAL flush for all the tokens of a turn), each with the default `MaxSessions` (4) and with `MaxSessions` = clients (one session per client, so that nothing queues, as scenario 1's pgfence-advisory). Arms run one after another, in reverse order every other round; figures are medians over %d round(s) of %v (+%v warm-up). Transaction ids are counted from `pg_current_snapshot()`'s xmax before and after each point and divided by the point's grants (warm-up included in both).\n\n",
+	p("Uncontended TryAcquire + Release cycles, every client on its own name, measured in one run: raw `pg_try_advisory_lock`/`pg_advisory_unlock` on a pool of one connection per client (raw-advisory, no token, no WAL); the same with pgfence's durable token draw in the lock statement (raw-advisory-token, one transaction id and one WAL flush per grant); pgfence's `advisory.Locker` (the lock requests queued on a session while it is busy run in one statement, its queued unlocks in another, the two pipelined in one round trip and one transaction: one transaction id and one WAL flush for all the tokens of a turn), with the default `MaxSessions` (4) and with `MaxSessions` = clients (one session per client, so that nothing queues, as scenario 1's pgfence-advisory: one statement, one transaction id per grant, as every grant cost before combining). Arms run one after another, in reverse order every other round; figures are medians over %d round(s) of %v (+%v warm-up). Transaction ids are counted from `pg_current_snapshot()`'s xmax before and after each point and divided by the point's grants (warm-up included in both).\n\n",
 		cfg.Rounds, cfg.Duration, cfg.Warmup)
 	p("Machine: %s, %d cores; load average %s at the start of this scenario, %s at its end (the last column gives it after each point); PostgreSQL %s, fsync=%s, synchronous_commit=%s. The benchmark, its clients and PostgreSQL share these cores, and other work ran on the machine.\n\n",
 		m.CPU, m.Cores, loadStart, loadEnd, m.Postgres["server_version"], m.Postgres["fsync"], m.Postgres["synchronous_commit"])
 	for _, c := range combineClients {
 		p("## %d clients\n\n", c)
-		t := &report.Table{Header: []string{"arm", "cycles/s", "× raw-advisory", "× raw-advisory-token", "× before (same MaxSessions, median of per-round ratios)", "xids / 1,000 grants", "WAL bytes / grant", "acquire p50", "cycle p50", "errors", "load after (last round)"}, TextColumns: 1}
+		t := &report.Table{Header: []string{"arm", "cycles/s", "× raw-advisory", "× raw-advisory-token", "× MaxSessions = clients (median of per-round ratios)", "xids / 1,000 grants", "WAL bytes / grant", "acquire p50", "cycle p50", "errors", "load after (last round)"}, TextColumns: 1}
 		tp := func(arm string) float64 {
 			return combineMedian(pts, arm, c, func(p combinePoint) float64 { return p.TP })
 		}
 		for _, arm := range combineArms {
-			var before string
-			switch arm {
-			case armAfter:
-				before = pairedRatio(pts, armAfter, armBefore, c)
-			case armAfterByConn:
-				before = pairedRatio(pts, armAfterByConn, armBeforeByConn, c)
+			var byConn string
+			if arm == armAfter {
+				byConn = pairedRatio(pts, armAfter, armAfterByConn, c)
 			}
 			var last combinePoint
 			var errs int64
@@ -226,7 +216,7 @@ func writeAdvisoryCombine(cfg *config, m machineInfo, loadStart, loadEnd string,
 			wal := combineMedian(pts, arm, c, func(p combinePoint) float64 { return float64(p.WALBytes) / float64(max(p.Grants, 1)) })
 			acq := combineMedian(pts, arm, c, func(p combinePoint) float64 { return float64(p.Acquire) })
 			cyc := combineMedian(pts, arm, c, func(p combinePoint) float64 { return float64(p.Cycle) })
-			t.Rows = append(t.Rows, []string{arm, report.Rate(tp(arm)), report.Ratio(tp(arm), tp(armRaw)), report.Ratio(tp(arm), tp(armRawToken)), before,
+			t.Rows = append(t.Rows, []string{arm, report.Rate(tp(arm)), report.Ratio(tp(arm), tp(armRaw)), report.Ratio(tp(arm), tp(armRawToken)), byConn,
 				strconv.FormatFloat(xids, 'f', 0, 64), strconv.FormatFloat(wal, 'f', 0, 64),
 				report.Duration(time.Duration(acq)), report.Duration(time.Duration(cyc)), strconv.FormatInt(errs, 10), last.Load})
 		}

@@ -5,8 +5,9 @@
 -- migrating connection: migrations.Up runs it with search_path set to exactly
 -- the chosen schema; with the migrate CLI, pass search_path=<schema> in the
 -- database URL. Everything below is therefore written unqualified, and every
--- function gets search_path pinned to pg_catalog, <schema>, pg_temp (at the
--- end of this file), so that inside it built-ins resolve to pg_catalog first,
+-- function is created with search_path pinned to pg_catalog, pg_temp, then
+-- re-pinned to pg_catalog, <schema>, pg_temp (at the end of this file, where
+-- the schema is known and the result is checked), so that inside it built-ins resolve to pg_catalog first,
 -- pgfence's own objects to <schema>, and the caller's temporary schema only
 -- last (functions and operators are never looked up there). No role that can
 -- create objects in a schema on the caller's search_path can redirect a call.
@@ -66,6 +67,7 @@ REVOKE ALL ON SEQUENCE pgfence_leases_fence_seq FROM PUBLIC;
 -- the owner can setval, alter or draw from it outside this function.
 CREATE OR REPLACE FUNCTION pgfence_next_token() RETURNS bigint
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp -- the DO block below adds the install schema
 AS $$
 BEGIN
     IF pg_catalog.current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
@@ -93,6 +95,7 @@ COMMENT ON FUNCTION pgfence_next_token() IS
 -- its own number.
 CREATE FUNCTION pgfence_schema_version() RETURNS integer
     LANGUAGE sql IMMUTABLE
+    SET search_path = pg_catalog, pg_temp -- the DO block below adds the install schema
 AS $$ SELECT 3 $$;
 
 COMMENT ON FUNCTION pgfence_schema_version() IS
@@ -120,6 +123,7 @@ CREATE FUNCTION pgfence_acquire(names text[], new_owner text, ttl_us bigint[])
     RETURNS TABLE(acquired boolean, name text, owner text, fence bigint,
                   acquired_at timestamptz, expires_at timestamptz, db_now timestamptz)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp -- the DO block below adds the install schema
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -185,6 +189,7 @@ COMMENT ON FUNCTION pgfence_acquire(text[], text, bigint[]) IS
 CREATE FUNCTION pgfence_release(names text[], tokens bigint[], at_least_us bigint[], owner text)
     RETURNS TABLE(fence bigint, durability text)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp -- the DO block below adds the install schema
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -222,6 +227,7 @@ COMMENT ON FUNCTION pgfence_release(text[], bigint[], bigint[], text) IS
 CREATE FUNCTION pgfence_renew(names text[], tokens bigint[], ttl_us bigint[])
     RETURNS SETOF bigint
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp -- the DO block below adds the install schema
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -246,6 +252,7 @@ COMMENT ON FUNCTION pgfence_renew(text[], bigint[], bigint[]) IS
 -- expired lease pass.
 CREATE FUNCTION pgfence_lease_held(name text, token bigint) RETURNS boolean
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp -- the DO block below adds the install schema
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -272,6 +279,7 @@ COMMENT ON FUNCTION pgfence_lease_held(text, bigint) IS
 CREATE FUNCTION pgfence_prune_scan(after text, page integer, older_than interval)
     RETURNS TABLE(last_name text, page_rows bigint, names text[], tokens bigint[], vxids text[])
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp -- the DO block below adds the install schema
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -318,6 +326,7 @@ COMMENT ON FUNCTION pgfence_prune_scan(text, integer, interval) IS
 CREATE FUNCTION pgfence_prune_delete(names text[], tokens bigint[], older_than interval)
     RETURNS bigint
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp -- the DO block below adds the install schema
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -377,6 +386,7 @@ COMMENT ON TABLE pgfence_forced_releases IS
 CREATE FUNCTION pgfence_force_release(name text, reason text)
     RETURNS TABLE(old_owner text, old_token bigint, was_held boolean, token bigint)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp -- the DO block below adds the install schema
 AS $$
 #variable_conflict use_column
 BEGIN

@@ -426,7 +426,8 @@ func TestCloseEndsCampaign(t *testing.T) {
 		_, err := b.e.Campaign(t.Context())
 		done <- err
 	}()
-	time.Sleep(20 * time.Millisecond) // let it wait (not needed for correctness)
+	// Close while b's Campaign waits in its Locker's Acquire.
+	require.Eventually(t, func() bool { return b.locker.Stats().Waiting == 1 }, 10*time.Second, time.Millisecond)
 	b.e.Close()
 	require.ErrorIs(t, <-done, pgfence.ErrClosed)
 	require.NoError(t, ta.Resign(t.Context()))

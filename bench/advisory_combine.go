@@ -30,10 +30,10 @@ import (
 
 // The arms of scenario 10.
 const (
-	armRaw          = "raw-advisory"
-	armRawToken     = "raw-advisory-token"
-	armAfter        = "pgfence, MaxSessions 4"
-	armAfterByConn  = "pgfence, MaxSessions = clients"
+	armRaw         = "raw-advisory"
+	armRawToken    = "raw-advisory-token"
+	armAfter       = "pgfence, MaxSessions 4"
+	armAfterByConn = "pgfence, MaxSessions = clients"
 )
 
 var combineArms = []string{armRaw, armRawToken, armAfter, armAfterByConn}

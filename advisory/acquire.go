@@ -120,9 +120,9 @@ func (k *Locker) Acquire(ctx context.Context, name string, opts *AcquireOpts) (p
 //
 // It waits by retrying pg_try_advisory_lock on the Locker's sessions,
 // pausing 5ms at first and doubling up to Config.MaxPollInterval, and at
-// once when a holder in this Locker unlocks. Once its pause reaches 80ms it
-// also registers on the Locker's LISTEN connection, so that an Unlock by
-// another session wakes it with NOTIFY (see Waiting in the package
+// once when a holder in this Locker unlocks. When another session holds the
+// key it also registers on the Locker's LISTEN connection, so that the
+// Unlock, in any process, wakes it with NOTIFY (see Waiting in the package
 // documentation; Config.DisableListen turns this off). It never blocks a session in
 // pg_advisory_lock, so cancelling a wait cannot close a session holding
 // other locks. Waiters are not served in order, and a client blocked in
@@ -174,6 +174,11 @@ func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpt
 	pause := k.firstPause
 	var reg *waitReg            // interest registered for wake-ups (wake.go)
 	var armedSeen chan struct{} // the armed channel already acted on
+	// skip is set when this call waited behind another of this Locker's
+	// calls for the key and that call was refused by the server: the next
+	// round waits (for a wake-up or its pause) without asking again, so a
+	// refusal is not repeated once per local waiter.
+	skip := false
 	defer func() {
 		if reg != nil {
 			k.unregister(reg)
@@ -189,7 +194,15 @@ func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpt
 		if reg != nil {
 			armed, wake = k.channels(reg)
 		}
-		l, released, asked, err := k.tryAcquire(ctx, values, key, o.Shared)
+		var l *Lease
+		var local *keyState
+		var asked bool
+		var err error
+		if skip {
+			skip, err = false, pgfence.ErrNotAcquired
+		} else {
+			l, local, asked, err = k.tryAcquire(ctx, values, key, o.Shared)
+		}
 		if asked {
 			n++
 		}
@@ -198,6 +211,10 @@ func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpt
 		}
 		if ctx.Err() != nil {
 			return nil, n, ended()
+		}
+		var released chan struct{}
+		if local != nil {
+			released = local.released
 		}
 		if k.transient(err) {
 			last = err
@@ -222,10 +239,10 @@ func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpt
 			return nil, n, err
 		}
 		last, failures = nil, 0
-		if reg == nil && released == nil && pause >= interestAfter {
-			// Held by another session for a while: ask to be woken.
-			// Until the interest lock is held (armed), an Unlock would
-			// not notify; armed closing makes the next attempt at once.
+		if reg == nil && local == nil {
+			// Held by another session: ask to be woken. Until the
+			// interest lock is held (armed), an Unlock would not
+			// notify; armed closing makes the next attempt at once.
 			if reg = k.register(values, key.id); reg != nil {
 				armed, wake = k.channels(reg)
 			}
@@ -242,8 +259,21 @@ func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpt
 		case <-k.closeCtx.Done():
 			t.Stop()
 			return nil, n, pgfence.ErrClosed
-		case <-released: // nil (blocks) unless held in this Locker
+		case <-released: // nil (blocks) unless held or asked for in this Locker
 			t.Stop()
+			k.mu.Lock()
+			refused := local.refused
+			k.mu.Unlock()
+			if refused {
+				// Asked for by another call of this Locker, and refused:
+				// wait for the holder's Unlock (registering now) or for
+				// the pause, as if refused ourselves.
+				skip = true
+				if reg == nil {
+					reg = k.register(values, key.id)
+				}
+				continue
+			}
 		case <-armed: // nil unless waiting for the interest lock
 			t.Stop()
 			armedSeen = armed
@@ -309,11 +339,14 @@ func (e *heldHereError) Unwrap() error { return pgfence.ErrNotAcquired }
 var errLostAtGrant = errors.New("the session failed just after the grant")
 
 // tryAcquire makes one attempt at key. When the key is held in this Locker
-// in a conflicting mode, it returns ErrNotAcquired and a channel closed when
-// that changes. asked reports whether the attempt reached for the database
+// in a conflicting mode, or another call of this Locker is asking the
+// server for it, it returns ErrNotAcquired and that key's state: its
+// released channel closes when that changes, and its refused field (read
+// under k.mu) then tells whether the other call was refused by the server,
+// the key being held by another session. asked reports whether the attempt reached for the database
 // (dialed a session or sent the lock statement). ctx is the acquire's
 // operation ctx; values the caller's, kept by the Lease.
-func (k *Locker) tryAcquire(ctx, values context.Context, key Key, shared bool) (l *Lease, released <-chan struct{}, asked bool, err error) {
+func (k *Locker) tryAcquire(ctx, values context.Context, key Key, shared bool) (l *Lease, local *keyState, asked bool, err error) {
 	id := key.id
 	k.mu.Lock()
 	if k.closed {
@@ -325,9 +358,8 @@ func (k *Locker) tryAcquire(ctx, values context.Context, key Key, shared bool) (
 	open := false
 	if ks != nil {
 		if !shared || ks.exclusive {
-			ch := ks.released
 			k.mu.Unlock()
-			return nil, ch, false, &heldHereError{key: key}
+			return nil, ks, false, &heldHereError{key: key}
 		}
 		ks.refs++
 		s = ks.s
@@ -339,10 +371,14 @@ func (k *Locker) tryAcquire(ctx, values context.Context, key Key, shared bool) (
 	s.inflight++
 	k.mu.Unlock()
 
-	// abandon drops the reservation taken above.
-	abandon := func() {
+	// abandon drops the reservation taken above; refused says why: the
+	// server refused the lock (another session holds it).
+	abandon := func(refused bool) {
 		k.mu.Lock()
 		s.inflight--
+		if refused && ks.refs == 1 && k.keys[id] == ks {
+			ks.refused = true
+		}
 		k.dropKeyRefLocked(id)
 		k.mu.Unlock()
 	}
@@ -360,22 +396,22 @@ func (k *Locker) tryAcquire(ctx, values context.Context, key Key, shared bool) (
 	select {
 	case <-s.ready:
 	case <-ctx.Done():
-		abandon()
+		abandon(false)
 		return nil, nil, asked, ctx.Err()
 	}
 	if s.openErr != nil {
-		abandon()
+		abandon(false)
 		return nil, nil, asked, s.openErr
 	}
 	// Wait for the session's turn, or for a caller holding it to run this
 	// request along with its own (batch.go).
 	l, ran, err := k.grant(ctx, values, s, key, shared)
 	if !ran {
-		abandon()
+		abandon(false)
 		return nil, nil, asked, err
 	}
 	if err != nil {
-		abandon()
+		abandon(errors.Is(err, pgfence.ErrNotAcquired))
 		return nil, nil, true, err
 	}
 	if ctx.Err() != nil {
@@ -409,6 +445,11 @@ type keyState struct {
 	refs      int           // holders plus acquisitions in flight
 	s         *session      // the session holding it
 	released  chan struct{} // closed when the last ref is dropped
+	// refused is set, before released closes, when the last ref was an
+	// acquisition the server refused: the key is held by another session,
+	// so the calls that waited for this one should not all ask again at
+	// once (see attempts).
+	refused bool
 }
 
 // dropKeyRefLocked drops one reference to key id, forgetting the key and

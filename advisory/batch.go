@@ -464,13 +464,14 @@ func (k *Locker) granted(s *session, values context.Context, key Key, shared boo
 // session-level advisory lock (shared where $2 is true, else exclusive).
 // Where $3 is true and the unlock succeeded it then looks for waiters to
 // wake and notifies them, as unlockNotifySQL does (the interest key's
-// transaction lock and the notifications last until the statement ends).
+// transaction lock and the notifications last until the statement ends;
+// a statement that notifies commits without waiting for the WAL flush).
 // It returns the key's position in $1 (from 1), whether the session held
 // the lock, and the backend's pid.
 const unlockBatchSQL = `SELECT r.i, CASE WHEN NOT CASE WHEN r.sh THEN pg_catalog.pg_advisory_unlock_shared(r.k) ` +
 	`ELSE pg_catalog.pg_advisory_unlock(r.k) END THEN false WHEN NOT r.n THEN true ` +
 	`WHEN pg_catalog.pg_try_advisory_xact_lock(` + interestClassIDText + `, ` + interestObjIDOfRow + `) THEN true ` +
-	`ELSE pg_catalog.pg_notify('` + NotifyChannel + `', r.k::pg_catalog.text) IS NOT NULL END, pg_catalog.pg_backend_pid() ` +
+	`ELSE ` + asyncCommitSQL + ` AND pg_catalog.pg_notify('` + NotifyChannel + `', r.k::pg_catalog.text) IS NOT NULL END, pg_catalog.pg_backend_pid() ` +
 	`FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.int8[]), pg_catalog.unnest($2::pg_catalog.bool[]), ` +
 	`pg_catalog.unnest($3::pg_catalog.bool[])) WITH ORDINALITY AS r(k, sh, n, i)`
 

@@ -170,10 +170,9 @@ func medianOf(v []float64) float64 {
 
 // BenchmarkContendedLockAcrossLockers runs AcquireKey + Release cycles from 16
 // Lockers (each its own process, as far as the server can tell) on a few
-// keys, with wake-ups by NOTIFY and without (polling alone). Waiters that
-// wait long enough register; with holds of 2ms their Releases do not look
-// for them (below notifyAfterHeld), with holds of 30ms every Release of a
-// waited key sends NOTIFY. It reports cycles per second over all Lockers.
+// keys, with wake-ups by NOTIFY and without (polling alone). Waiters
+// register as soon as another session refuses them, and every Release of a
+// waited key sends NOTIFY, with holds of 2ms as of 30ms. It reports cycles per second over all Lockers.
 func BenchmarkContendedLockAcrossLockers(b *testing.B) {
 	for _, c := range []struct {
 		keys int

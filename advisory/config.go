@@ -101,11 +101,11 @@ type Config struct {
 	// MaxPollInterval is the longest pause of a waiting Lock between two
 	// attempts; pauses start at 5ms and double up to it. Unless
 	// DisableListen is set, a Lock waiting for a key held by another
-	// session is also woken by NOTIFY once its pause reaches 80ms, so
-	// MaxPollInterval then mostly bounds the wait when a notification is
+	// session is also woken by NOTIFY when it is released, so
+	// MaxPollInterval then only bounds the wait when a notification is
 	// missed (the LISTEN connection was down, or the lock was released
-	// without Unlock). With a MaxPollInterval under 80ms, waits poll alone.
-	// Default [DefaultMaxPollInterval].
+	// without Unlock: by a session's end or by a client other than
+	// pgfence). Default [DefaultMaxPollInterval].
 	MaxPollInterval time.Duration
 
 	// TCPKeepalivesIdle, TCPKeepalivesInterval and TCPKeepalivesCount set
@@ -136,10 +136,10 @@ type Config struct {
 
 	// DisableListen turns off wake-ups across sessions: a Lock waiting for
 	// a key held by another session then retries only at its polling pace
-	// (up to MaxPollInterval after the release). By default a Lock that has
-	// waited about 40-75ms asks to be woken by NOTIFY (see the package
-	// documentation), which opens one more connection per Locker, the
-	// LISTEN connection, while some Lock waits that long.
+	// (up to MaxPollInterval after the release). By default a Lock waiting
+	// for a key held by another session asks to be woken by NOTIFY (see
+	// the package documentation), which opens one more connection per
+	// Locker, the LISTEN connection, while some Lock waits.
 	DisableListen bool
 
 	// Logger receives the Locker's diagnostics: lock sessions opened and

@@ -174,24 +174,28 @@
 //
 // A [Locker.Acquire] whose key is held by another session retries after 5ms,
 // then after pauses that double up to [Config.MaxPollInterval] (200ms by
-// default), with jitter. Once its pause reaches 80ms (after about 40-75ms
-// of waiting), it also asks to be woken: the Locker opens one more
-// connection of its own, the LISTEN connection (application_name
+// default), with jitter, and asks to be woken at once: the Locker opens one
+// more connection of its own, the LISTEN connection (application_name
 // [Config.ApplicationName] + "-listen"), which runs LISTEN on
 // [NotifyChannel] and takes a shared session lock on the key's interest
 // key, pg_try_advisory_lock_shared([InterestClassID], fold(key)) where
-// fold(key) is the xor of the key's two 32-bit halves. A [Lease.Release], in
-// any Locker, of a lock held for at least 20ms releases its key and, in the
-// same statement, tries pg_try_advisory_xact_lock on that interest key:
-// only when it is held (someone waits) does the statement also run
-// pg_notify(NotifyChannel, key), delivered at its commit, and the waiters
-// retry at once. A long-held lock is thus handed over across processes
-// within milliseconds rather than up to MaxPollInterval. Releases of keys
-// nobody waits for never notify (NOTIFY serialises committing transactions
-// on a database-wide lock); they pay one more lock-table operation inside
-// the server, and unlocks of locks held less than 20ms, which bound
-// throughput, pay nothing and notify nobody: a registered waiter that lost
-// races to such short holders sees the release at its next poll.
+// fold(key) is the xor of the key's two 32-bit halves. Every [Lease.Release],
+// in any Locker, releases its key and, in the same statement, tries
+// pg_try_advisory_xact_lock on that interest key: only when it is held
+// (someone waits) does the statement also run pg_notify(NotifyChannel, key),
+// delivered at its commit, which then does not wait for the WAL to be
+// flushed (the unlock changes no data), and the waiters retry at once. A
+// lock is thus handed over across processes within about a millisecond
+// rather than at the next poll. Releases of keys nobody waits for never
+// notify (NOTIFY serialises committing transactions on a database-wide
+// lock); they pay one more lock-table operation inside the server.
+//
+// Waiting stays flat as waiters grow: a Locker registers once per key
+// however many of its calls wait for it, only one of them asks the server
+// at a time (the others wait in-process, and are handed the key at once
+// when a holder in the same Locker releases it), and a refusal by the
+// server is not repeated by each of them. So a release wakes at most one
+// attempt per waiting Locker, whether ten or a thousand calls wait.
 //
 // Interest keys use the two-argument advisory key space, which never meets
 // a [Key] (the bigint form), golang-migrate's lock, or a two-argument key

@@ -19,8 +19,8 @@ func Waiters(k *Locker, key Key) int {
 }
 
 // SetNotifyAfterHeld sets how long k's locks must have been held for their
-// Release to notify waiters (normally 20ms), so that tests can release at
-// once.
+// Release to look for waiters to notify (normally 0: every Release looks),
+// so that tests can build a holder that never notifies.
 func SetNotifyAfterHeld(k *Locker, d time.Duration) { k.notifyHeld = d }
 
 // SetNoRetry turns off k's retries of transient errors (the negative

@@ -188,9 +188,9 @@ func (l *Lease) release(ctx context.Context) (released bool, err error) {
 	return r.released, r.err
 }
 
-// unlockStatement returns the statement that releases l: a lock held
-// briefly unlocks without looking for waiters to notify (see
-// notifyAfterHeld).
+// unlockStatement returns the statement that releases l: it looks for
+// waiters to notify (wake.go) unless a test raised k.notifyHeld above how
+// long l was held.
 func (l *Lease) unlockStatement() (q string, notify bool) {
 	q = unlockSQL
 	switch notify = time.Since(l.acquired) >= l.k.notifyHeld; {

@@ -33,7 +33,7 @@ type Locker struct {
 	closeCtx     context.Context // cancelled by Close
 	closeStop    context.CancelFunc
 	firstPause   time.Duration   // minPollInterval; tests may raise it
-	notifyHeld   time.Duration   // notifyAfterHeld; tests may change it
+	notifyHeld   time.Duration   // 0: every Unlock looks for waiters; tests may raise it
 	peek         time.Duration   // sessionPeekInterval; tests may turn it off (0)
 	wg           sync.WaitGroup  // watchdogs and the LISTEN loop
 	ev           *events.Emitter // nil without Config.Observer
@@ -112,7 +112,6 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 		closeCtx:     closeCtx,
 		closeStop:    closeStop,
 		firstPause:   minPollInterval,
-		notifyHeld:   notifyAfterHeld,
 		peek:         sessionPeekInterval,
 		ev:           events.New(c.Observer),
 		backoff:      retry.Default,

@@ -50,7 +50,8 @@ const unlockSharedSQL = `SELECT pg_catalog.pg_advisory_unlock_shared($1), pg_cat
 // lock on $1's interest key, which the statement's end releases: that fails
 // only while some LISTEN connection holds the interest key shared for a
 // waiting Lock, and then it sends NOTIFY with the key, delivered when the
-// statement commits. CASE fixes the order: unlock, test, notify.
+// statement commits (without waiting for the WAL flush: asyncCommitSQL).
+// CASE fixes the order: unlock, test, notify.
 const unlockNotifySQL = `SELECT CASE WHEN NOT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8) THEN false ` + unlockWakeSQL
 
 // unlockSharedNotifySQL is unlockNotifySQL for the shared lock on $1.
@@ -59,7 +60,15 @@ const unlockSharedNotifySQL = `SELECT CASE WHEN NOT pg_catalog.pg_advisory_unloc
 // unlockWakeSQL is the end of unlockNotifySQL: the NOTIFY of waiters, if
 // any.
 const unlockWakeSQL = `WHEN pg_catalog.pg_try_advisory_xact_lock(` + interestClassIDText + `, ` + interestObjIDSQL + `) THEN true ` +
-	`ELSE pg_catalog.pg_notify('` + NotifyChannel + `', $1::pg_catalog.int8::pg_catalog.text) IS NOT NULL END, pg_catalog.pg_backend_pid()`
+	`ELSE ` + asyncCommitSQL + ` AND pg_catalog.pg_notify('` + NotifyChannel + `', $1::pg_catalog.int8::pg_catalog.text) IS NOT NULL END, pg_catalog.pg_backend_pid()`
+
+// asyncCommitSQL, part of an unlock that notifies, lets its transaction
+// commit without waiting for the WAL flush: the NOTIFY alone gave the
+// transaction an id and a commit record, and an unlock changes no data, so
+// a crash can only lose a notification that nobody then needs. In a
+// pipeline with lock requests (mixedBatch) the token draw raises the
+// setting to on again (pgfence_next_token), so tokens stay durable.
+const asyncCommitSQL = `pg_catalog.set_config('synchronous_commit', 'off', true) IS NOT NULL`
 
 // unlockAllSQL releases every session-level advisory lock of the session;
 // Close runs it so that the locks are free when Close returns, not only once

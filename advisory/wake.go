@@ -16,16 +16,20 @@ import (
 
 // Wake-ups across sessions.
 //
-// A Lock that has waited a while for a key held by another session
-// registers interest in it: the Locker's LISTEN connection (one per Locker,
-// opened on first use) takes a shared session lock on the key's interest
-// key, and the waiter retries whenever a notification for the key arrives.
-// Unlock of a lock held at least notifyAfterHeld (unlockNotifySQL) releases
-// the key and, in the same statement, tries the interest key exclusively:
-// only when that fails, because some LISTEN connection holds it shared,
-// does it send NOTIFY. Unlocks nobody waits for therefore never notify, and
-// pay one lock-table operation inside the server instead of NOTIFY's
-// database-wide lock at commit; unlocks of shorter holds pay nothing.
+// A Lock refused because another session holds its key registers interest
+// in it: the Locker's LISTEN connection (one per Locker, opened on first
+// use) takes a shared session lock on the key's interest key, and the
+// waiter retries whenever a notification for the key arrives. Every Unlock
+// (unlockNotifySQL, unlockBatchSQL) releases the key and, in the same
+// statement, tries the interest key exclusively: only when that fails,
+// because some LISTEN connection holds it shared, does it send NOTIFY, and
+// then its transaction commits without waiting for a WAL flush (an unlock
+// changes no data; the NOTIFY alone gave it a transaction id). Unlocks
+// nobody waits for therefore never notify: they pay one lock-table
+// operation inside the server instead of NOTIFY's database-wide lock at
+// commit. A Locker registers once per key however many of its calls wait
+// (the others wait in-process), so a release wakes at most one retry per
+// waiting Locker, not one per waiter.
 //
 // Interest keys use the two-argument key space, pg_advisory_lock(int4,
 // int4), with InterestClassID as the first argument and a 32-bit fold of
@@ -57,24 +61,6 @@ const NotifyChannel = "pgfence_advisory_released"
 // named in pg_catalog too (as in takeInterestSQL and dropInterestSQL).
 const interestObjIDSQL = `((($1::pg_catalog.int8 OPERATOR(pg_catalog.#) ($1::pg_catalog.int8 OPERATOR(pg_catalog.>>) 32)) ` +
 	`OPERATOR(pg_catalog.&) 4294967295) OPERATOR(pg_catalog.-) 2147483648)::pg_catalog.int4`
-
-// interestAfter is the poll pause from which a waiting Lock registers
-// interest: with pauses of 5, 10, 20, 40, 80ms..., after four failed
-// retries (about 40-75ms of waiting). Shorter waits end by polling alone,
-// so that busy short-held keys do not turn every release into a NOTIFY;
-// long holds are woken alike whatever the threshold (bench/results has the
-// measurements behind the choice).
-const interestAfter = 80 * time.Millisecond
-
-// notifyAfterHeld is how long a lock must have been held for its Unlock to
-// look for waiters to notify. A Lock of another session registers only
-// after waiting 40-75ms (interestAfter), and the holders it waited for held
-// the key all that while, the last one usually for most of it; an Unlock
-// of a lock held less long sends no NOTIFY, and a registered waiter that
-// lost races to such short holders polls. So the unlocks of short holds,
-// the ones that bound throughput, pay nothing for wake-ups: checking on
-// every Unlock cost about 3-4% of uncontended throughput.
-const notifyAfterHeld = 20 * time.Millisecond
 
 // takeInterestSQL takes a shared session lock on the interest key of each
 // key in $1, without waiting; it returns the keys whose lock was granted.

@@ -3,6 +3,7 @@ package advisory_test
 import (
 	"context"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -42,13 +43,12 @@ func newWaiter(t *testing.T, db *pgtest.DB, appName string, disableListen bool) 
 	return l
 }
 
-// newHolder returns a Locker on db's pool whose every Release looks for
-// waiters to notify, however briefly the lock was held.
+// newHolder returns a Locker on db's pool with the default Config: its
+// every Release looks for waiters to notify, however briefly the lock was
+// held.
 func newHolder(t *testing.T, db *pgtest.DB) *advisory.Locker {
 	t.Helper()
-	l := newLocker(t, db.Pool, nil)
-	advisory.SetNotifyAfterHeld(l, 0)
-	return l
+	return newLocker(t, db.Pool, nil)
 }
 
 // interestHolders returns the pids of the sessions holding the interest
@@ -353,9 +353,10 @@ func TestWakeListenConnectionIdleClosed(t *testing.T) {
 	}
 }
 
-// TestWakeShortHoldDoesNotNotify: a Release of a lock held less than the
-// Locker's notify threshold (here an hour) does not look for waiters, and a
-// registered waiter then learns of the release only by polling.
+// TestWakeShortHoldDoesNotNotify is the negative control of the wake-up
+// tests: a Release of a lock held less than the Locker's notify threshold
+// (a test hook, here an hour; 0 by default) does not look for waiters, and
+// a registered waiter then learns of the release only by polling.
 func TestWakeShortHoldDoesNotNotify(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -374,8 +375,9 @@ func TestWakeShortHoldDoesNotNotify(t *testing.T) {
 	require.ErrorIs(t, r.err, pgfence.ErrNotAcquired)
 }
 
-// TestWakeDefaultHolder uses a holder with the default notify threshold:
-// a lock held longer than it (20ms) wakes the registered waiter.
+// TestWakeDefaultHolder uses a holder with the default Config: its Release,
+// right after the waiter registered, wakes the waiter, however briefly the
+// lock was held.
 func TestWakeDefaultHolder(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -386,14 +388,86 @@ func TestWakeDefaultHolder(t *testing.T) {
 
 	lk, err := holder.TryAcquireKey(ctx, key, nil)
 	require.NoError(t, err)
-	acquired := time.Now()
 	res := lockAsync(ctx, waiter, key, &advisory.AcquireOpts{WaitTimeout: wakeWaitTimeout})
 	waitInterest(t, db.Pool, key, 1)
-	// Not an ordering: the hold must exceed the threshold for the
-	// Release to look for waiters.
-	time.Sleep(time.Until(acquired.Add(30 * time.Millisecond)))
 	require.NoError(t, lk.Release(ctx))
 	r := result(t, res)
 	require.NoError(t, r.err)
 	require.NoError(t, r.lk.Release(ctx))
+}
+
+// TestWakeLocalWaitersAskOnce: many calls of one Locker waiting for a key
+// that another session holds ask the server for it about once, not once
+// each: the others wait behind the one asking, share its refusal, and
+// register for the wake-up. The control spreads the same waiters over as
+// many Lockers, each of which must ask, so the count can tell the two
+// apart. Then the holder's Release hands the key to one of the waiters.
+func TestWakeLocalWaitersAskOnce(t *testing.T) {
+	t.Parallel()
+	const waiters = 20
+	for _, tc := range []struct {
+		name    string
+		lockers int
+		atMost  int64 // lock requests sent before the Release
+		atLeast int64
+	}{
+		// One request refused, and at most one more when the interest
+		// lock is armed (an attempt at once closes the race with a
+		// Release sent before it); never one per waiter.
+		{"one Locker", 1, 3, 1},
+		{"control: a Locker per waiter", waiters, 3 * waiters, waiters},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			db := pgtest.NewDB(t)
+			holder := newHolder(t, db)
+			key := advisory.Name("wake:ask-once")
+			var requests atomic.Int64
+			lockers := make([]*advisory.Locker, tc.lockers)
+			for i := range lockers {
+				lockers[i] = newWaiter(t, db, "wake-ask-once-"+strconv.Itoa(i), false)
+				advisory.SetOnBatch(lockers[i], func(locks, _ int) { requests.Add(int64(locks)) })
+			}
+			lk, err := holder.TryAcquireKey(ctx, key, nil)
+			require.NoError(t, err)
+			results := make([]<-chan lockResult, waiters)
+			for i := range results {
+				results[i] = lockAsync(ctx, lockers[i%len(lockers)], key, nil)
+			}
+			require.Eventually(t, func() bool {
+				n := 0
+				for _, l := range lockers {
+					n += advisory.Waiters(l, key)
+				}
+				return n == waiters
+			}, 20*time.Second, 5*time.Millisecond, "every waiter registered")
+			waitInterest(t, db.Pool, key, tc.lockers)
+			got := requests.Load()
+			require.GreaterOrEqual(t, got, tc.atLeast)
+			require.LessOrEqual(t, got, tc.atMost, "lock requests sent by %d waiters over %d Lockers", waiters, tc.lockers)
+
+			require.NoError(t, lk.Release(ctx))
+			// One waiter gets the key, well before any poll (the first is
+			// 4-8s after the refusal); the others still wait.
+			first := make(chan lockResult, waiters)
+			for _, ch := range results {
+				go func() {
+					select {
+					case r := <-ch:
+						first <- r
+					case <-ctx.Done():
+					}
+				}()
+			}
+			select {
+			case r := <-first:
+				require.NoError(t, r.err)
+				require.NoError(t, r.lk.Release(ctx))
+			case <-time.After(wakeWaitTimeout):
+				t.Fatal("no waiter was handed the key after the Release")
+			}
+		})
+	}
 }

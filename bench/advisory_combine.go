@@ -49,6 +49,8 @@ type combinePoint struct {
 	Grants   int64         // successful cycles, warm-up included
 	Xids     int64         // transaction ids assigned over the point (warm-up included)
 	WALBytes int64         // WAL written over the point
+	Syncs    int64         // WAL flushes over the point (pg_stat_wal.wal_sync)
+	Span     time.Duration // warm-up plus measured time
 	Errors   int64
 	Load     string // load average after the point
 }
@@ -61,10 +63,35 @@ func (p combinePoint) xidsPer1000() float64 {
 	return float64(p.Xids) * 1000 / float64(p.Grants)
 }
 
-// serverCounters reads the next transaction id to be assigned and the WAL
-// insert position (bytes since 0/0); neither assigns a transaction id.
+// serverCounters reads the next transaction id to be assigned, the WAL
+// insert position (bytes since 0/0) and the number of WAL flushes the
+// server made (pg_stat_wal, as reported so far: backends report at exit,
+// so it is read statsSettle after the point's connections closed); none of
+// them assigns a transaction id.
 const serverCounters = `SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::int8,
-       pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), '0/0')::int8`
+       pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), '0/0')::int8,
+       (SELECT w.wal_sync FROM pg_catalog.pg_stat_wal w)`
+
+// statsSettle is how long after a point's connections closed its WAL
+// flush count is read: their backends report it as they exit, and the WAL
+// writer at its next cycle (wal_writer_delay, 200ms by default).
+const statsSettle = time.Second
+
+// syncsPer1000 is the point's WAL flushes per 1,000 grants.
+func (p combinePoint) syncsPer1000() float64 {
+	if p.Grants == 0 {
+		return math.NaN()
+	}
+	return float64(p.Syncs) * 1000 / float64(p.Grants)
+}
+
+// syncRate is the point's WAL flushes per second.
+func (p combinePoint) syncRate() float64 {
+	if p.Span <= 0 {
+		return math.NaN()
+	}
+	return float64(p.Syncs) / p.Span.Seconds()
+}
 
 // tryLocker is what both advisory packages' Lockers offer.
 type tryLocker interface {
@@ -141,28 +168,38 @@ func (r *runner) advisoryCombine(ctx context.Context) error {
 				if err != nil {
 					return fmt.Errorf("open %s: %w", arm, err)
 				}
-				var xid0, wal0, xid1, wal1 int64
+				var xid0, wal0, sync0, xid1, wal1, sync1 int64
 				if err := withConn(ctx, r.env.DatabaseURL, func(conn *pgx.Conn) error {
-					return conn.QueryRow(ctx, serverCounters).Scan(&xid0, &wal0)
+					return conn.QueryRow(ctx, serverCounters).Scan(&xid0, &wal0, &sync0)
 				}); err != nil {
 					_ = sys.Close()
 					return err
 				}
+				t0 := time.Now()
 				res := harness.RunCycles(ctx, sys, harness.CycleConfig{
 					Clients: c, Warmup: r.cfg.Warmup, Duration: r.cfg.Duration,
 					Name: func(w, _ int) string { return ns[w] },
 				})
+				t1 := time.Now()
 				err = withConn(ctx, r.env.DatabaseURL, func(conn *pgx.Conn) error {
-					return conn.QueryRow(ctx, serverCounters).Scan(&xid1, &wal1)
+					return conn.QueryRow(ctx, serverCounters).Scan(&xid1, &wal1, &sync1)
 				})
 				_ = sys.Close()
 				if err != nil {
 					return err
 				}
+				time.Sleep(statsSettle)
+				if err := withConn(ctx, r.env.DatabaseURL, func(conn *pgx.Conn) error {
+					var x, w int64
+					return conn.QueryRow(ctx, serverCounters).Scan(&x, &w, &sync1)
+				}); err != nil {
+					return err
+				}
 				r.logCycle("10", arm, c, &res)
 				p := combinePoint{Arm: arm, Clients: c, Round: round, TP: res.Throughput(), Acquire: res.Acquire.P50,
-					Cycle: res.Cycle.P50, Grants: res.Total, Xids: xid1 - xid0, WALBytes: wal1 - wal0, Errors: res.Errors, Load: loadAvg()}
-				fmt.Printf("       xids/1000 grants %.0f, WAL %.0f B/grant, load %s\n", p.xidsPer1000(), float64(p.WALBytes)/float64(max(p.Grants, 1)), p.Load)
+					Cycle: res.Cycle.P50, Grants: res.Total, Xids: xid1 - xid0, WALBytes: wal1 - wal0, Syncs: sync1 - sync0, Span: t1.Sub(t0), Errors: res.Errors, Load: loadAvg()}
+				fmt.Printf("       xids/1000 grants %.0f, WAL %.0f B/grant, WAL flushes %.0f/1000 grants (%.0f/s), load %s\n",
+					p.xidsPer1000(), float64(p.WALBytes)/float64(max(p.Grants, 1)), p.syncsPer1000(), p.syncRate(), p.Load)
 				pts = append(pts, p)
 			}
 		}
@@ -189,13 +226,13 @@ func writeAdvisoryCombine(cfg *config, m machineInfo, loadStart, loadEnd string,
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	p("# Advisory session locks: combined grants (issue 18)\n\n")
-	p("Uncontended TryAcquire + Release cycles, every client on its own name, measured in one run: raw `pg_try_advisory_lock`/`pg_advisory_unlock` on a pool of one connection per client (raw-advisory, no token, no WAL); the same with pgfence's durable token draw in the lock statement (raw-advisory-token, one transaction id and one WAL flush per grant); pgfence's `advisory.Locker` (the lock requests queued on a session while it is busy run in one statement, its queued unlocks in another, the two pipelined in one round trip and one transaction: one transaction id and one WAL flush for all the tokens of a turn), with the default `MaxSessions` (4) and with `MaxSessions` = clients (one session per client, so that nothing queues, as scenario 1's pgfence-advisory: one statement, one transaction id per grant, as every grant cost before combining). Arms run one after another, in reverse order every other round; figures are medians over %d round(s) of %v (+%v warm-up). Transaction ids are counted from `pg_current_snapshot()`'s xmax before and after each point and divided by the point's grants (warm-up included in both).\n\n",
-		cfg.Rounds, cfg.Duration, cfg.Warmup)
+	p("Uncontended TryAcquire + Release cycles, every client on its own name, measured in one run: raw `pg_try_advisory_lock`/`pg_advisory_unlock` on a pool of one connection per client (raw-advisory, no token, no WAL); the same with pgfence's durable token draw in the lock statement (raw-advisory-token, one transaction id and one WAL flush per grant); pgfence's `advisory.Locker` (the lock requests queued on a session while it is busy run in one statement, its queued unlocks in another, the two pipelined in one round trip and one transaction: one transaction id and one WAL flush for all the tokens of a turn), with the default `MaxSessions` (4) and with `MaxSessions` = clients (one session per client, so that nothing queues, as scenario 1's pgfence-advisory: one statement, one transaction id per grant, as every grant cost before combining). Arms run one after another, in reverse order every other round; figures are medians over %d round(s) of %v (+%v warm-up). Transaction ids are counted from `pg_current_snapshot()`'s xmax before and after each point and divided by the point's grants (warm-up included in both); WAL flushes are `pg_stat_wal.wal_sync` over the point (read %v after its connections closed, as backends report at exit), per 1,000 grants and per second of the point: a durable grant needs one, and one flush covers every commit written before it, so flushes per second show how close an arm runs to what the disk allows.\n\n",
+		cfg.Rounds, cfg.Duration, cfg.Warmup, statsSettle)
 	p("Machine: %s, %d cores; load average %s at the start of this scenario, %s at its end (the last column gives it after each point); PostgreSQL %s, fsync=%s, synchronous_commit=%s. The benchmark, its clients and PostgreSQL share these cores, and other work ran on the machine.\n\n",
 		m.CPU, m.Cores, loadStart, loadEnd, m.Postgres["server_version"], m.Postgres["fsync"], m.Postgres["synchronous_commit"])
 	for _, c := range combineClients {
 		p("## %d clients\n\n", c)
-		t := &report.Table{Header: []string{"arm", "cycles/s", "× raw-advisory", "× raw-advisory-token", "× MaxSessions = clients (median of per-round ratios)", "xids / 1,000 grants", "WAL bytes / grant", "acquire p50", "cycle p50", "errors", "load after (last round)"}, TextColumns: 1}
+		t := &report.Table{Header: []string{"arm", "cycles/s", "× raw-advisory", "× raw-advisory-token", "× MaxSessions = clients (median of per-round ratios)", "xids / 1,000 grants", "WAL bytes / grant", "WAL flushes / 1,000 grants", "WAL flushes / s", "acquire p50", "cycle p50", "errors", "load after (last round)"}, TextColumns: 1}
 		tp := func(arm string) float64 {
 			return combineMedian(pts, arm, c, func(p combinePoint) float64 { return p.TP })
 		}
@@ -218,6 +255,8 @@ func writeAdvisoryCombine(cfg *config, m machineInfo, loadStart, loadEnd string,
 			cyc := combineMedian(pts, arm, c, func(p combinePoint) float64 { return float64(p.Cycle) })
 			t.Rows = append(t.Rows, []string{arm, report.Rate(tp(arm)), report.Ratio(tp(arm), tp(armRaw)), report.Ratio(tp(arm), tp(armRawToken)), byConn,
 				strconv.FormatFloat(xids, 'f', 0, 64), strconv.FormatFloat(wal, 'f', 0, 64),
+				strconv.FormatFloat(combineMedian(pts, arm, c, combinePoint.syncsPer1000), 'f', 0, 64),
+				report.Rate(combineMedian(pts, arm, c, combinePoint.syncRate)),
 				report.Duration(time.Duration(acq)), report.Duration(time.Duration(cyc)), strconv.FormatInt(errs, 10), last.Load})
 		}
 		p("%s\n", t.Markdown())

@@ -532,6 +532,72 @@ func renderClientScale(p func(string, ...any), res *results, cfg *config, files 
 		p("Where the server's time goes at %d clients: one more point per system (%v after the warm-up, not in the figures above), pg_stat_activity sampled every 10ms: the share of active backend observations per wait event (CPU = active, not waiting). pg_stat_statements stays off: at this many backends its own lock would dominate the wait events.\n\n%s\n",
 			cs.Profiles[0].Clients, min(cfg.Duration, scaleProfileDuration), pt.Markdown())
 	}
+	renderScaleMisses(p, cs)
+}
+
+// profileOf returns system's profiled point, or nil.
+func (cs *clientScaleResult) profileOf(system string) *waitSample {
+	for i := range cs.Profiles {
+		if cs.Profiles[i].System == system {
+			return &cs.Profiles[i].waitSample
+		}
+	}
+	return nil
+}
+
+// renderScaleMisses explains, with this run's figures, each pgfence
+// system that fell below the floor past its knee, next to the ceiling that
+// does the same work per grant.
+func renderScaleMisses(p func(string, ...any), cs *clientScaleResult) {
+	if len(cs.Counts) == 0 {
+		return
+	}
+	top := slices.Max(cs.Counts)
+	events := func(system string) string {
+		w := cs.profileOf(system)
+		if w == nil || w.Active == 0 {
+			return "not profiled"
+		}
+		return fmt.Sprintf("%s; %.1f active backends per snapshot", strings.Join(w.topEvents(3), ", "), float64(w.Active)/float64(max(w.Samples, 1)))
+	}
+	fall := func(system string) string {
+		k, ok := kneeOf(cs.curve(system))
+		if !ok {
+			return "not measured"
+		}
+		return k.describe()
+	}
+	tp := func(system string) string { return report.Rate(cs.throughput(system, top)) }
+	ratio := func(a, b string) string { return report.Ratio(cs.throughput(a, top), cs.throughput(b, top)) }
+	var b strings.Builder
+	for _, s := range cs.Systems {
+		k, ok := kneeOf(cs.curve(s))
+		if !isPgfence(s) || !ok || k.holds(collapseFloor) {
+			continue
+		}
+		switch s {
+		case "pgfence-advisory":
+			fmt.Fprintf(&b, "- **pgfence-advisory** (%s) opens one lock session per client, so nothing queues: every grant is a statement and a WAL flush of its own (its durable token), as raw-advisory-token's. At %d clients it ran %s cycles/s, %s of raw-advisory-token; raw-advisory-token itself: %s. Wait events at %d clients: pgfence-advisory %s; raw-advisory-token %s. With this many backends each committing a flush, the server's WAL and lock-manager locks bound both: the fall is the one-session-per-client configuration's, not the library's. The same Locker with the default MaxSessions (pgfence-advisory-default) ran %s cycles/s at %d clients (%s pgfence-advisory), its queued grants combined into one statement and one flush per session turn.\n",
+				fall(s), top, tp(s), ratio(s, "raw-advisory-token"), fall("raw-advisory-token"), top, events(s), events("raw-advisory-token"),
+				tp("pgfence-advisory-default"), top, ratio("pgfence-advisory-default", s))
+		case "pgfence-leasetable":
+			fmt.Fprintf(&b, "- **pgfence-leasetable** (%s) combines the concurrent acquires, and the concurrent releases, of its Locker into one statement each, with one statement of each kind in flight: past the knee a batch takes longer as it grows (cycle p50 %s at the knee, %s at %d clients) and its pool's other connections stay idle. Wait events at %d clients: %s. raw-2update, which runs every cycle's UPDATEs on its own connection: %s.\n",
+				fall(s), report.Duration(cs.point(s, k.Knee).agg().CycleP50), report.Duration(scaleP50(cs, s, top)), top, top, events(s), fall("raw-2update"))
+		default:
+			fmt.Fprintf(&b, "- **%s**: %s. Wait events at %d clients: %s.\n", s, fall(s), top, events(s))
+		}
+	}
+	if b.Len() > 0 {
+		p("Why a pgfence system falls past its knee in this run (figures from the tables above; on a machine shared with other work, compare with the ceilings measured beside it):\n\n%s\n", b.String())
+	}
+}
+
+// scaleP50 is the median cycle p50 of system at clients, or -1.
+func scaleP50(cs *clientScaleResult, system string, clients int) time.Duration {
+	if pt := cs.point(system, clients); pt != nil {
+		return pt.agg().CycleP50
+	}
+	return -1
 }
 
 func joinInts(xs []int) string {

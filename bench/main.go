@@ -91,7 +91,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.DurationVar(&c.Duration, "duration", 0, "measured time per point (default 5s, 1s with -quick)")
 	fs.DurationVar(&c.Warmup, "warmup", 0, "unmeasured warm-up per point (default 1s, 250ms with -quick)")
 	fs.StringVar(&clients, "clients", "1,4,16,64", "client counts of the uncontended scenario")
-	fs.StringVar(&scenarios, "scenarios", "1,2,3,4,5,6,7,8,9,10,11", "scenarios to run")
+	fs.StringVar(&scenarios, "scenarios", "1,2,3,4,5,6,7,8,9,10,11,12", "scenarios to run")
 	fs.StringVar(&sysList, "systems", "", "comma-separated system names to run (default all)")
 	fs.StringVar(&c.DatabaseURL, "database", "", "a disposable, empty PostgreSQL database to use instead of starting a cluster; pgfence migrations are applied")
 	fs.StringVar(&c.AppRole, "app-role", "", "connect pgfence's lockers (and raw-advisory-token) as this role, granted only what migrations.Grant grants; created in the benchmark's own cluster, must exist with -database (default: the owner that migrated)")
@@ -184,7 +184,7 @@ func parseFlags(args []string) (*config, error) {
 		return nil, fmt.Errorf("-scenarios: %w", err)
 	}
 	for _, s := range c.Scenarios {
-		if s < 1 || s > 11 {
+		if s < 1 || s > 12 {
 			return nil, fmt.Errorf("-scenarios: no scenario %d", s)
 		}
 	}
@@ -354,7 +354,7 @@ func run(ctx context.Context, cfg *config) error {
 	scenarios := map[int]func(context.Context) error{
 		1: r.uncontended, 2: r.handover, 3: r.contended, 4: r.fencedWrites, 5: r.scale,
 		6: r.renewal, 7: r.advisoryScale, 8: r.securityCost, 9: r.observeCost,
-		10: r.advisoryCombine, 11: r.advisoryHerd,
+		10: r.advisoryCombine, 11: r.advisoryHerd, 12: r.clientScale,
 	}
 	for _, n := range cfg.Scenarios {
 		f, ok := scenarios[n]

@@ -269,6 +269,7 @@ func render(res *results, cfg *config) (map[string][]byte, error) {
 	renderRenewal(p, res)
 	renderAdvisory(p, res)
 	renderSecurityCost(p, res, cfg)
+	renderClientScale(p, res, cfg, files)
 	renderProfiles(p, res)
 	renderMisses(p, res, cfg)
 

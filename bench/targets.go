@@ -145,6 +145,8 @@ func targets(res *results, cfg *config) []target {
 	}
 	out = append(out, t)
 
+	out = append(out, clientScaleTargets(res)...)
+
 	for _, a := range res.AdvisoryConns {
 		out = append(out, target{What: fmt.Sprintf("server connections holding %s advisory locks, %s", report.Thousands(int64(a.Locks)), a.Config),
 			Goal: "≤ 2", Measured: fmt.Sprintf("%d lock sessions (+ %d idle pool connection the Locker never uses)", a.Sessions, a.PoolConns),
@@ -166,4 +168,27 @@ func renderTargets(p func(string, ...any), res *results, cfg *config) {
 		tt.Rows = append(tt.Rows, []string{t.What, t.Goal, t.Measured, t.Met})
 	}
 	p("%s\n", tt.Markdown())
+}
+
+// clientScaleTargets is scenario 12's target for each pgfence system: no
+// collapse past the knee (every client count above the peak's keeps at
+// least collapseFloor of the peak throughput).
+func clientScaleTargets(res *results) []target {
+	cs := clientScaleOf(res)
+	if cs == nil {
+		return nil
+	}
+	var out []target
+	for _, s := range cs.Systems {
+		if !isPgfence(s) {
+			continue
+		}
+		t := target{What: fmt.Sprintf("%s, uncontended, %s clients: no collapse past the knee", s, joinInts(cs.Counts)),
+			Goal: fmt.Sprintf("every count above the knee ≥ %.1fx the peak", collapseFloor), Met: notMeasured, Measured: "n/a"}
+		if k, ok := kneeOf(cs.curve(s)); ok {
+			t.Measured, t.Met = k.describe(), verdict(k.holds(collapseFloor))
+		}
+		out = append(out, t)
+	}
+	return out
 }

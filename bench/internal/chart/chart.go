@@ -1,6 +1,7 @@
 // Package chart renders small, dependency-free SVG line charts for the
-// benchmark report: throughput against clients, and latency distributions
-// (empirical CDFs on a logarithmic latency axis).
+// benchmark report: throughput against clients (on a base-10 or, for
+// doubling client counts, a base-2 logarithmic axis), and latency
+// distributions (empirical CDFs on a logarithmic latency axis).
 package chart
 
 import (
@@ -28,6 +29,11 @@ type Line struct {
 	// XLog and YLog draw the axis on a base-10 logarithmic scale; every
 	// value on such an axis must be positive.
 	XLog, YLog bool
+	// XLog2 draws the x axis on a base-2 logarithmic scale instead (for
+	// doubling client counts): every x value must be positive, the range
+	// is rounded out to powers of two and, without XTicks, every power of
+	// two is labelled. It excludes XLog.
+	XLog2 bool
 	// XTicks, when set, are the x values labelled on the axis; otherwise
 	// ticks are chosen automatically.
 	XTicks []float64
@@ -62,7 +68,7 @@ func (c *Line) SVG() ([]byte, error) {
 		return nil, err
 	}
 	px := func(x float64) float64 {
-		return marginL + (scale(x, c.XLog)-xs[0])/(xs[1]-xs[0])*(width-marginL-marginR)
+		return marginL + (c.xScale(x)-xs[0])/(xs[1]-xs[0])*(width-marginL-marginR)
 	}
 	py := func(y float64) float64 {
 		return height - marginB - (scale(y, c.YLog)-ys[0])/(ys[1]-ys[0])*(height-marginT-marginB)
@@ -115,16 +121,20 @@ func (c *Line) SVG() ([]byte, error) {
 
 // ranges returns the scaled [min, max] of both axes.
 func (c *Line) ranges() (xs, ys [2]float64, err error) {
+	if c.XLog && c.XLog2 {
+		return xs, ys, errors.New("chart: XLog and XLog2 are exclusive")
+	}
+	xlog := c.XLog || c.XLog2
 	first := true
 	for _, s := range c.Series {
 		for _, p := range s.Points {
 			if math.IsNaN(p.X) || math.IsInf(p.X, 0) || math.IsNaN(p.Y) || math.IsInf(p.Y, 0) {
 				return xs, ys, fmt.Errorf("chart: series %q: value is not finite", s.Name)
 			}
-			if (c.XLog && p.X <= 0) || (c.YLog && p.Y <= 0) {
+			if (xlog && p.X <= 0) || (c.YLog && p.Y <= 0) {
 				return xs, ys, fmt.Errorf("chart: series %q: value %v,%v is not positive on a logarithmic axis", s.Name, p.X, p.Y)
 			}
-			x, y := scale(p.X, c.XLog), scale(p.Y, c.YLog)
+			x, y := c.xScale(p.X), scale(p.Y, c.YLog)
 			if first {
 				xs, ys, first = [2]float64{x, x}, [2]float64{y, y}, false
 				continue
@@ -137,10 +147,10 @@ func (c *Line) ranges() (xs, ys [2]float64, err error) {
 		return xs, ys, ErrNoData
 	}
 	for _, t := range c.XTicks {
-		if c.XLog && t <= 0 {
+		if xlog && t <= 0 {
 			return xs, ys, fmt.Errorf("chart: tick %v is not positive on a logarithmic axis", t)
 		}
-		xs = [2]float64{math.Min(xs[0], scale(t, c.XLog)), math.Max(xs[1], scale(t, c.XLog))}
+		xs = [2]float64{math.Min(xs[0], c.xScale(t)), math.Max(xs[1], c.xScale(t))}
 	}
 	if c.YMax > c.YMin {
 		if c.YLog && c.YMin <= 0 {
@@ -151,8 +161,8 @@ func (c *Line) ranges() (xs, ys [2]float64, err error) {
 		ys[0] = math.Min(0, ys[0])
 		ys[1] = niceCeil(ys[1])
 	}
-	if c.XLog {
-		xs = [2]float64{math.Floor(xs[0]), math.Ceil(xs[1])}
+	if xlog {
+		xs = [2]float64{math.Floor(xs[0] + 1e-9), math.Ceil(xs[1] - 1e-9)}
 	}
 	if c.YLog {
 		ys = [2]float64{math.Floor(ys[0]), math.Ceil(ys[1])}
@@ -173,9 +183,24 @@ func scale(v float64, log bool) float64 {
 	return v
 }
 
+// xScale maps an x value to the axis' scale: log2, log10 or linear.
+func (c *Line) xScale(v float64) float64 {
+	if c.XLog2 {
+		return math.Log2(v)
+	}
+	return scale(v, c.XLog)
+}
+
 func (c *Line) xTicks(xs [2]float64) []float64 {
 	if len(c.XTicks) > 0 {
 		return c.XTicks
+	}
+	if c.XLog2 {
+		var out []float64
+		for e := math.Ceil(xs[0] - 1e-9); e <= xs[1]+1e-9; e++ {
+			out = append(out, math.Exp2(e))
+		}
+		return out
 	}
 	return ticks(xs, c.XLog)
 }

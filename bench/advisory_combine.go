@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -13,10 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgfence/pgfence"
-	"github.com/pgfence/pgfence/advisory"
 	"github.com/pgfence/pgfence/bench/internal/harness"
 	"github.com/pgfence/pgfence/bench/internal/report"
 	"github.com/pgfence/pgfence/bench/internal/systems"
@@ -93,58 +89,20 @@ func (p combinePoint) syncRate() float64 {
 	return float64(p.Syncs) / p.Span.Seconds()
 }
 
-// tryLocker is what both advisory packages' Lockers offer.
-type tryLocker interface {
-	TryAcquire(ctx context.Context, name string, opts *pgfence.AcquireOpts) (pgfence.Lease, error)
-	Close()
-}
-
-// combineLocker runs a Locker's TryAcquire and Release as a harness.System.
-type combineLocker struct {
-	pool *pgxpool.Pool
-	k    tryLocker
-}
-
-func (s *combineLocker) TryAcquire(ctx context.Context, name string) (harness.Release, error) {
-	l, err := s.k.TryAcquire(ctx, name, nil)
-	if errors.Is(err, pgfence.ErrNotAcquired) {
-		return nil, harness.ErrBusy
-	}
-	if err != nil {
-		return nil, err
-	}
-	return l.Release, nil
-}
-
-func (s *combineLocker) Close() error { s.k.Close(); s.pool.Close(); return nil }
-
-// openCombineArm opens arm for clients.
+// openCombineArm opens arm for clients: the ceilings, and the pgfence
+// systems of scenarios 12 and 1 (default MaxSessions, and one session per
+// client).
 func (r *runner) openCombineArm(ctx context.Context, arm string, clients int) (harness.System, error) {
-	switch arm {
-	case armRaw:
-		return systems.AdvisoryCeiling.Open(ctx, r.env, clients)
-	case armRawToken:
-		return systems.AdvisoryTokenCeiling.Open(ctx, r.env, clients)
+	spec := map[string]harness.Spec{
+		armRaw:         systems.AdvisoryCeiling,
+		armRawToken:    systems.AdvisoryTokenCeiling,
+		armAfter:       systems.AdvisoryDefault,
+		armAfterByConn: systems.Advisory,
+	}[arm]
+	if spec.Open == nil {
+		return nil, fmt.Errorf("no arm %q", arm)
 	}
-	pcfg, err := pgxpool.ParseConfig(r.env.AppURL())
-	if err != nil {
-		return nil, err
-	}
-	pcfg.MaxConns = 1 // New checks the install through it; the Locker dials its own sessions
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return nil, err
-	}
-	sessions := 0 // the default, 4
-	if arm == armAfterByConn {
-		sessions = clients
-	}
-	k, err := advisory.New(ctx, pool, &advisory.Config{MaxSessions: sessions})
-	if err != nil {
-		pool.Close()
-		return nil, err
-	}
-	return &combineLocker{pool: pool, k: k}, nil
+	return spec.Open(ctx, r.env, clients)
 }
 
 // combineClients are scenario 10's client counts.

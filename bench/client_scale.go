@@ -87,30 +87,6 @@ type scaleProfile struct {
 	Errors     int64
 }
 
-// clientScaleRuns holds scenario 12's results beside each run's results:
-// the results struct is shared by every scenario and defined with them.
-var clientScaleRuns struct {
-	mu sync.Mutex
-	m  map[*results]*clientScaleResult
-}
-
-// setClientScale records cs as res's scenario 12.
-func setClientScale(res *results, cs *clientScaleResult) {
-	clientScaleRuns.mu.Lock()
-	defer clientScaleRuns.mu.Unlock()
-	if clientScaleRuns.m == nil {
-		clientScaleRuns.m = map[*results]*clientScaleResult{}
-	}
-	clientScaleRuns.m[res] = cs
-}
-
-// clientScaleOf returns res's scenario 12, or nil when it did not run.
-func clientScaleOf(res *results) *clientScaleResult {
-	clientScaleRuns.mu.Lock()
-	defer clientScaleRuns.mu.Unlock()
-	return clientScaleRuns.m[res]
-}
-
 // point returns the point of system at clients, or nil.
 func (cs *clientScaleResult) point(system string, clients int) *scalePoint {
 	for i := range cs.Points {
@@ -339,7 +315,7 @@ func (r *runner) clientScale(ctx context.Context) error {
 	if len(cs.Skipped) > 0 {
 		r.note("12: client counts %v skipped: max_connections %d (%d reserved, %d in use) leaves too few connections", cs.Skipped, maxConns, reserved, inUse)
 	}
-	setClientScale(r.res, cs)
+	r.res.ClientScale = cs
 	fmt.Printf("scenario 12: client scale, uncontended acquire+release at %v clients, %d system(s), %v per point (+%v warm-up), %d round(s); max_connections %d\n",
 		cs.Counts, len(specs), r.cfg.Duration, r.cfg.Warmup, cs.Rounds, maxConns)
 
@@ -427,7 +403,7 @@ func isPgfence(system string) bool { return strings.HasPrefix(system, "pgfence-"
 
 // renderClientScale writes scenario 12's section and its chart.
 func renderClientScale(p func(string, ...any), res *results, cfg *config, files map[string][]byte) {
-	cs := clientScaleOf(res)
+	cs := res.ClientScale
 	if cs == nil || len(cs.Points) == 0 {
 		return
 	}

@@ -127,7 +127,7 @@ func TestRenderClientScale(t *testing.T) {
 	}
 	cs.Profiles = []scaleProfile{{waitSample: waitSample{System: "pgfence-advisory", Clients: 8, Samples: 10, Active: 40,
 		Events: map[string]int{"CPU": 30, "IO:WALSync": 10}}, Throughput: 610}}
-	setClientScale(res, cs)
+	res.ClientScale = cs
 
 	files, err := render(res, cfg)
 	require.NoError(t, err)

@@ -30,8 +30,9 @@ type results struct {
 	Renewal       *renewalResult
 	AdvisoryConns []advisoryConns
 	CallCosts     []callCost
-	WaitEvents    []waitSample // scenario 1 at profileClients, last round
-	WriteWaits    []waitSample // scenario 4, last round
+	ClientScale   *clientScaleResult // scenario 12
+	WaitEvents    []waitSample       // scenario 1 at profileClients, last round
+	WriteWaits    []waitSample       // scenario 4, last round
 	Notes         []string
 }
 

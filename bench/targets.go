@@ -174,7 +174,7 @@ func renderTargets(p func(string, ...any), res *results, cfg *config) {
 // collapse past the knee (every client count above the peak's keeps at
 // least collapseFloor of the peak throughput).
 func clientScaleTargets(res *results) []target {
-	cs := clientScaleOf(res)
+	cs := res.ClientScale
 	if cs == nil {
 		return nil
 	}

@@ -12,13 +12,16 @@ import (
 // Defaults used for the zero fields of a [Config].
 const (
 	// DefaultMaxSessions is the default number of database sessions a
-	// Locker opens to hold its session locks. It trades connections for
-	// throughput: a session runs one lock statement at a time, each grant
-	// waiting for a WAL flush (its fencing token), so under concurrent use
-	// the sessions bound the rate of acquires and releases, not the number
-	// of locks held (any number fit on one session). Fewer sessions are
-	// slower under concurrency (bench/results has the figures); set
-	// MaxSessions to 1 or 2 where connections are scarce.
+	// Locker opens to hold its session locks (any number of locks fit on
+	// one session). A session runs one statement at a time, and the lock
+	// requests (and unlocks) that queue on it meanwhile are combined into
+	// the next one, which waits for one WAL flush for all their tokens. So
+	// more sessions do not make a busy Locker faster: with one session per
+	// caller every grant pays its own statement and flush, and throughput
+	// falls as callers grow, while the default 4 sessions combine more
+	// grants per flush the more callers share them (bench/results,
+	// scenarios 10 and 12, has the figures). Set MaxSessions to 1 or 2
+	// where connections are scarce.
 	DefaultMaxSessions = 4
 	// DefaultSessionCheckInterval is the default interval between two
 	// liveness checks of an idle lock session.

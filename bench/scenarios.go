@@ -30,6 +30,7 @@ type results struct {
 	Renewal       *renewalResult
 	AdvisoryConns []advisoryConns
 	CallCosts     []callCost
+	Herd          []herdPoint  // scenario 11
 	WaitEvents    []waitSample // scenario 1 at profileClients, last round
 	WriteWaits    []waitSample // scenario 4, last round
 	Notes         []string

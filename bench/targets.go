@@ -145,6 +145,8 @@ func targets(res *results, cfg *config) []target {
 	}
 	out = append(out, t)
 
+	out = append(out, herdTargets(res.Herd, cfg.HoldShort)...)
+
 	for _, a := range res.AdvisoryConns {
 		out = append(out, target{What: fmt.Sprintf("server connections holding %s advisory locks, %s", report.Thousands(int64(a.Locks)), a.Config),
 			Goal: "≤ 2", Measured: fmt.Sprintf("%d lock sessions (+ %d idle pool connection the Locker never uses)", a.Sessions, a.PoolConns),

@@ -11,19 +11,23 @@ import (
 	"unsafe"
 )
 
-// herdCounters are scenario 11's per-name counters of acquisitions, in a
-// file every worker process maps shared: a holder that released waits for
-// its name's counter to move (someone else took the lock) before it queues
-// again, as scenario 2's harness does within one process, so that every
-// hand-over goes to a waiter that was already waiting.
+// herdCounters are scenario 11's per-name counters, in a file every worker
+// process maps shared. For each name: how many times it was acquired, and
+// how many goroutines are inside Acquire for it. A holder releases only
+// once its hold has passed and someone waits in Acquire for its name, and
+// after releasing it queues again only once someone else took the name
+// (as scenario 2's harness does within one process): so every hand-over
+// goes to a waiter that was already waiting, however late a starved
+// process schedules its goroutines.
 //
 // Waiting does not poll: a process that has a goroutine waiting on name n
-// counts it in waiting[n][process], and an acquirer of n rings the doorbell
-// of each such process (a futex word shared across processes); one watcher
-// goroutine per process sleeps on its doorbell, and on a ring (or every
-// 2ms, in case a ring raced a registration) wakes the goroutines whose
-// counter moved. The file holds, as uint32 words: names counters,
-// names*processes waiting counts, processes doorbells.
+// counts it in waiting[n][process], and whoever changes n's counters rings
+// the doorbell of each such process (a futex word shared across
+// processes); one watcher goroutine per process sleeps on its doorbell and,
+// on a ring (or every 2ms, in case a ring raced a registration), wakes the
+// goroutines whose condition holds. The file holds, as uint32 words: names
+// acquisition counters, names in-Acquire counts, names*processes waiting
+// counts, processes doorbells.
 type herdCounters struct {
 	mem       []byte
 	names     int
@@ -36,17 +40,17 @@ type herdCounters struct {
 	stopped chan struct{}
 }
 
-// herdWait is one goroutine waiting for a counter to move.
+// herdWait is one goroutine waiting for a condition on a name's counters.
 type herdWait struct {
 	n    int
-	seen uint32
-	ch   chan struct{} // closed when the counter moved
+	cond func() bool
+	ch   chan struct{} // closed when cond held
 	done bool          // ch closed
 	gone bool          // unregistered
 }
 
 // herdCountersSize is the file's size for names and processes.
-func herdCountersSize(names, processes int) int { return 4 * (names + names*processes + processes) }
+func herdCountersSize(names, processes int) int { return 4 * (2*names + names*processes + processes) }
 
 // createHerdCounters makes the file.
 func createHerdCounters(path string, names, processes int) error {
@@ -83,34 +87,59 @@ func mapHerdCounters(path string, names, processes, process int) (*herdCounters,
 func (c *herdCounters) word(i int) *uint32 { return (*uint32)(unsafe.Pointer(&c.mem[i*4])) }
 
 func (c *herdCounters) counter(n int) *uint32    { return c.word(n) }
-func (c *herdCounters) waiting(n, p int) *uint32 { return c.word(c.names + n*c.processes + p) }
-func (c *herdCounters) bell(p int) *uint32       { return c.word(c.names + c.names*c.processes + p) }
+func (c *herdCounters) inAcquire(n int) *uint32  { return c.word(c.names + n) }
+func (c *herdCounters) waiting(n, p int) *uint32 { return c.word(2*c.names + n*c.processes + p) }
+func (c *herdCounters) bell(p int) *uint32       { return c.word(2*c.names + c.names*c.processes + p) }
 
-// taken counts an acquisition of name n, rings the processes that wait for
-// it, and returns the new count.
-func (c *herdCounters) taken(n int) uint32 {
-	v := atomic.AddUint32(c.counter(n), 1)
+// ring wakes the processes that wait on name n.
+func (c *herdCounters) ring(n int) {
 	for p := range c.processes {
 		if atomic.LoadUint32(c.waiting(n, p)) > 0 {
 			atomic.AddUint32(c.bell(p), 1)
 			futex(c.bell(p), futexWake, 1, 0)
 		}
 	}
+}
+
+// taken counts an acquisition of name n and returns the new count.
+func (c *herdCounters) taken(n int) uint32 {
+	v := atomic.AddUint32(c.counter(n), 1)
+	c.ring(n)
 	return v
 }
 
-// waitMoved waits until counter n differs from seen, or until done closes.
+// enter counts a goroutine going into Acquire for name n; leave counts it
+// out.
+func (c *herdCounters) enter(n int) {
+	atomic.AddUint32(c.inAcquire(n), 1)
+	c.ring(n)
+}
+
+func (c *herdCounters) leave(n int) { atomic.AddUint32(c.inAcquire(n), ^uint32(0)) }
+
+// waitMoved waits until name n's acquisition counter differs from seen, or
+// until done closes.
 func (c *herdCounters) waitMoved(n int, seen uint32, done <-chan struct{}) {
-	if atomic.LoadUint32(c.counter(n)) != seen {
+	c.waitFor(n, func() bool { return atomic.LoadUint32(c.counter(n)) != seen }, done)
+}
+
+// waitQueued waits until a goroutine is inside Acquire for name n, or
+// until done closes.
+func (c *herdCounters) waitQueued(n int, done <-chan struct{}) {
+	c.waitFor(n, func() bool { return atomic.LoadUint32(c.inAcquire(n)) > 0 }, done)
+}
+
+func (c *herdCounters) waitFor(n int, cond func() bool, done <-chan struct{}) {
+	if cond() {
 		return
 	}
-	w := &herdWait{n: n, seen: seen, ch: make(chan struct{})}
+	w := &herdWait{n: n, cond: cond, ch: make(chan struct{})}
 	c.mu.Lock()
 	c.waits = append(c.waits, w)
 	atomic.AddUint32(c.waiting(n, c.process), 1)
 	c.mu.Unlock()
-	// An acquirer that counted before we registered did not ring us.
-	if atomic.LoadUint32(c.counter(n)) == seen {
+	// A change made before we registered rang nobody.
+	if !cond() {
 		select {
 		case <-w.ch:
 		case <-done:
@@ -125,8 +154,8 @@ func (c *herdCounters) waitMoved(n int, seen uint32, done <-chan struct{}) {
 	c.mu.Unlock()
 }
 
-// watch wakes the goroutines whose counter moved, when the doorbell rings
-// and every 2ms.
+// watch wakes the goroutines whose condition holds, when the doorbell
+// rings and every 2ms.
 func (c *herdCounters) watch() {
 	defer close(c.stopped)
 	bell := c.bell(c.process)
@@ -139,7 +168,7 @@ func (c *herdCounters) watch() {
 		rung := atomic.LoadUint32(bell)
 		c.mu.Lock()
 		for _, w := range c.waits {
-			if !w.done && atomic.LoadUint32(c.counter(w.n)) != w.seen {
+			if !w.done && w.cond() {
 				w.done = true
 				close(w.ch)
 			}

@@ -40,13 +40,18 @@ func TestMergeHolds(t *testing.T) {
 		{G: 2, N: 1, Wait: 31 * ms, Acq: 32 * ms, Rel: 40 * ms, Token: 12},
 		{G: 3, N: 1, Wait: 33 * ms, Acq: 38 * ms, Rel: 41 * ms, Token: 13},
 		{G: 2, N: 1, Wait: 39 * ms, Acq: 42 * ms, Rel: 43 * ms, Token: 13},
+		// Name 2: G5 calls Acquire after G4's release and beats G6, which
+		// was waiting: a hand-over of 6ms all the same, then G6's of 1ms.
+		{G: 4, N: 2, Wait: 0, Acq: 0, Rel: 50 * ms, Token: 1},
+		{G: 5, N: 2, Wait: 55 * ms, Acq: 56 * ms, Rel: 57 * ms, Token: 2},
+		{G: 6, N: 2, Wait: 45 * ms, Acq: 58 * ms, Rel: 59 * ms, Token: 3},
 	}
 	m := mergeHolds(holds, 12*ms, 100*ms)
-	require.Equal(t, 9, m.Holds)
-	require.Equal(t, 4, m.All, "1, 2, 3 and 4ms")
-	require.Equal(t, 3, m.Latency.N, "the 1ms hand-over followed a release in the warm-up")
-	require.Equal(t, 2*time.Millisecond, m.Latency.Min)
-	require.Equal(t, 4*time.Millisecond, m.Latency.Max)
+	require.Equal(t, 12, m.Holds)
+	require.Equal(t, 6, m.All, "1, 2, 3, 4, 6 and 1ms")
+	require.Equal(t, 5, m.Latency.N, "the first 1ms hand-over followed a release in the warm-up")
+	require.Equal(t, time.Millisecond, m.Latency.Min)
+	require.Equal(t, 6*time.Millisecond, m.Latency.Max)
 	require.Equal(t, 3*time.Millisecond, m.Latency.P50)
 	require.Equal(t, 1, m.Free)
 	require.Equal(t, 2, m.Violations, "the overlap and the token")
@@ -199,6 +204,19 @@ func TestHerdCounters(t *testing.T) {
 	wg.Wait()
 	require.Zero(t, *a.waiting(1, 0))
 	require.Empty(t, a.waits)
+
+	// A holder waits until someone is inside Acquire for its name.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		a.waitQueued(0, never) // returns once b enters
+	}()
+	require.Eventually(t, func() bool { return *b.waiting(0, 0) == 1 }, 10*time.Second, time.Millisecond)
+	b.enter(0)
+	wg.Wait()
+	require.Equal(t, uint32(1), *a.inAcquire(0))
+	b.leave(0)
+	require.Zero(t, *a.inAcquire(0))
 
 	// Already moved: no wait. Not moved, but done: no wait either.
 	a.waitMoved(1, seen, never)

@@ -241,9 +241,11 @@ func (w *herdWorker) close() {
 }
 
 // run runs the job's goroutines: each waits in Acquire on its name, holds
-// the lock for job.Hold, releases it, then waits until another goroutine
-// (of any process) took the name before it queues again. Acquires still
-// waiting when job.Run has passed are cancelled.
+// the lock for job.Hold and until another goroutine (of any process) waits
+// in Acquire for the name, releases it, then waits until another goroutine
+// took the name before it queues again (herdCounters). Acquires still
+// waiting when job.Run has passed are cancelled, and holds end without
+// waiting then.
 func (w *herdWorker) run(ctx context.Context, job *herdJob) herdWorkerResult {
 	u0, s0 := processCPU()
 	end := time.Now().Add(job.Run)
@@ -270,9 +272,13 @@ func (w *herdWorker) run(ctx context.Context, job *herdJob) herdWorkerResult {
 				}
 			}
 			for runCtx.Err() == nil {
+				// Wait is read before entering, so that a holder that
+				// saw this goroutine in Acquire releases after Wait.
 				wait := time.Now().UnixNano()
+				w.counters.enter(role.Name)
 				l, err := k.Acquire(runCtx, name, nil)
 				acq := time.Now().UnixNano()
+				w.counters.leave(role.Name)
 				if err != nil {
 					if runCtx.Err() == nil {
 						fail(err)
@@ -282,6 +288,7 @@ func (w *herdWorker) run(ctx context.Context, job *herdJob) herdWorkerResult {
 				}
 				seen := w.counters.taken(role.Name)
 				time.Sleep(job.Hold)
+				w.counters.waitQueued(role.Name, runCtx.Done())
 				rel := time.Now().UnixNano()
 				relCtx, relCancel := context.WithTimeout(ctx, 10*time.Second)
 				err = l.Release(relCtx)

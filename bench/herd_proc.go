@@ -126,25 +126,32 @@ type serverCPU struct {
 // is local.
 func findServerCPU(ctx context.Context, url string) *serverCPU {
 	s := &serverCPU{root: "/proc"}
-	var dataDir string
-	var backend int
 	err := withConn(ctx, url, func(c *pgx.Conn) error {
+		var backend int
 		if err := c.QueryRow(ctx, `SELECT pg_catalog.pg_backend_pid()`).Scan(&backend); err != nil {
 			return err
 		}
 		// Needs superuser or pg_read_all_settings; without it, the
 		// backend's parent is used.
+		var dataDir string
 		_ = c.QueryRow(ctx, `SELECT pg_catalog.current_setting('data_directory')`).Scan(&dataDir)
+		// The backend is looked up while the connection is open.
+		s.locate(backend, dataDir)
 		return nil
 	})
 	if err != nil {
-		s.why = err.Error()
-		return s
+		s.why, s.postmaster = err.Error(), 0
 	}
+	return s
+}
+
+// locate finds the postmaster from a live backend's pid and the data
+// directory ("" when unknown).
+func (s *serverCPU) locate(backend int, dataDir string) {
 	bs, err := readProcStat(s.root, backend)
 	if err != nil {
 		s.why = fmt.Sprintf("backend %d not in this machine's /proc (server not local?)", backend)
-		return s
+		return
 	}
 	if dataDir != "" {
 		if b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid")); err == nil {
@@ -157,7 +164,7 @@ func findServerCPU(ctx context.Context, url string) *serverCPU {
 		ps, err := readProcStat(s.root, bs.PPID)
 		if err != nil || !strings.HasPrefix(ps.Comm, "postgres") {
 			s.why = fmt.Sprintf("the parent of backend %d is not a postgres process here", backend)
-			return s
+			return
 		}
 		s.postmaster = bs.PPID
 	}
@@ -165,7 +172,6 @@ func findServerCPU(ctx context.Context, url string) *serverCPU {
 		s.why = fmt.Sprintf("process %d here is not a child of postmaster %d (server not local?)", backend, s.postmaster)
 		s.postmaster = 0
 	}
-	return s
 }
 
 // ok says whether the server's CPU can be read.

@@ -304,3 +304,45 @@ func TestHerdTargetsAndReport(t *testing.T) {
 	require.True(t, strings.Contains(string(files["latest.md"]),
 		"| leasetable hand-over at 1 waiter, hold 1ms, Lockers in separate processes | p50 < 1 ms, p99 < 5 ms | p50 0.800 ms, p99 4.00 ms (3 hand-overs) | met |"))
 }
+
+func TestServerCPULocate(t *testing.T) {
+	t.Parallel()
+	root, data := t.TempDir(), t.TempDir()
+	tail := " 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0"
+	for pid, stat := range map[string]string{
+		"100": "100 (postgres) S 1 100 100 0 -1 0 0 0 0 0 10 20 30 40" + tail,
+		"102": "102 (postgres: pgfence idle) S 100 100 100 0 -1 0 0 0 0 0 5 5 0 0" + tail,
+		"200": "200 (bash) S 1 200 200 0 -1 0 0 0 0 0 1 1 0 0" + tail,
+		"201": "201 (sleep) S 200 200 200 0 -1 0 0 0 0 0 1 1 0 0" + tail,
+	} {
+		require.NoError(t, os.MkdirAll(filepath.Join(root, pid), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(root, pid, "stat"), []byte(stat), 0o644))
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(data, "postmaster.pid"), []byte("100\n"+data+"\n"), 0o600))
+
+	s := &serverCPU{root: root}
+	s.locate(102, data) // from postmaster.pid
+	require.True(t, s.ok(), s.why)
+	d, err := s.read()
+	require.NoError(t, err)
+	require.Equal(t, 110*time.Second/clockTicks, d)
+
+	s = &serverCPU{root: root}
+	s.locate(102, "") // from the backend's parent
+	require.True(t, s.ok(), s.why)
+
+	s = &serverCPU{root: root}
+	s.locate(201, "") // a local pid that is no postgres backend
+	require.False(t, s.ok())
+	_, err = s.read()
+	require.Error(t, err)
+
+	s = &serverCPU{root: root}
+	s.locate(201, data) // not a child of the data directory's postmaster
+	require.False(t, s.ok())
+
+	s = &serverCPU{root: root}
+	s.locate(999, data) // not on this machine
+	require.False(t, s.ok())
+	require.Contains(t, s.why, "not local")
+}

@@ -81,12 +81,15 @@ type config struct {
 	ObserveBatches   int
 	ObserveClients   int
 	CPUProfile       string
+	HerdWaiters      []int
+	HerdNames        int
+	HerdProcesses    int
 }
 
 func parseFlags(args []string) (*config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	c := &config{}
-	var clients, scenarios, sysList, rows string
+	var clients, scenarios, sysList, rows, herdWaiters string
 	fs.BoolVar(&c.Quick, "quick", false, "short points and a small scale run: the whole suite in about two minutes")
 	fs.DurationVar(&c.Duration, "duration", 0, "measured time per point (default 5s, 1s with -quick)")
 	fs.DurationVar(&c.Warmup, "warmup", 0, "unmeasured warm-up per point (default 1s, 250ms with -quick)")
@@ -124,6 +127,9 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&c.CallCycles, "call-cycles", 200, "cycles per batch in the security-cost scenario")
 	fs.IntVar(&c.ObserveBatches, "observe-batches", 0, "batches of the observer-cost scenario, each running every observer arm at once for -duration (default 10, 4 with -quick)")
 	fs.IntVar(&c.ObserveClients, "observe-clients", 4, "clients of each arm of the observer-cost scenario")
+	fs.StringVar(&herdWaiters, "herd-waiters", "1,10,100,1000", "waiters on one name in scenario 11")
+	fs.IntVar(&c.HerdNames, "herd-names", 10_000, "names with one waiter each in scenario 11's many-names point")
+	fs.IntVar(&c.HerdProcesses, "herd-processes", 10, "worker processes (one Locker each), or Lockers in one process, in scenario 11")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a Go CPU profile of the whole run (benchmark clients and libraries) to this file")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -188,6 +194,9 @@ func parseFlags(args []string) (*config, error) {
 			return nil, fmt.Errorf("-scenarios: no scenario %d", s)
 		}
 	}
+	if c.HerdWaiters, err = parseInts(herdWaiters); err != nil {
+		return nil, fmt.Errorf("-herd-waiters: %w", err)
+	}
 	if c.ScaleRows, err = parseInts(rows); err != nil {
 		return nil, fmt.Errorf("-scale-rows: %w", err)
 	}
@@ -202,7 +211,8 @@ func parseFlags(args []string) (*config, error) {
 		{"-scale-clients", c.ScaleClients}, {"-scale-names", c.ScaleNames}, {"-rounds", c.Rounds},
 		{"-renewal-leases", c.RenewalLeases}, {"-advisory-locks", c.AdvisoryLocks},
 		{"-call-batches", c.CallBatches}, {"-call-cycles", c.CallCycles},
-		{"-observe-batches", c.ObserveBatches}, {"-observe-clients", c.ObserveClients}} {
+		{"-observe-batches", c.ObserveBatches}, {"-observe-clients", c.ObserveClients},
+		{"-herd-names", c.HerdNames}, {"-herd-processes", c.HerdProcesses}} {
 		if v.n < 1 {
 			return nil, fmt.Errorf("%s must be at least 1", v.name)
 		}
@@ -259,6 +269,10 @@ func writerSpecs() []harness.WriterSpec {
 }
 
 func main() {
+	// Scenario 11 runs parts of itself in worker processes of this binary.
+	if os.Getenv(herdWorkerEnv) == "herd" {
+		os.Exit(herdWorkerMain())
+	}
 	cfg, err := parseFlags(os.Args[1:])
 	if errors.Is(err, flag.ErrHelp) {
 		return
@@ -354,7 +368,7 @@ func run(ctx context.Context, cfg *config) error {
 	scenarios := map[int]func(context.Context) error{
 		1: r.uncontended, 2: r.handover, 3: r.contended, 4: r.fencedWrites, 5: r.scale,
 		6: r.renewal, 7: r.advisoryScale, 8: r.securityCost, 9: r.observeCost,
-		10: r.advisoryCombine, 11: r.advisoryHerd, 12: r.clientScale,
+		10: r.advisoryCombine, 11: r.herdScenario, 12: r.clientScale,
 	}
 	for _, n := range cfg.Scenarios {
 		f, ok := scenarios[n]

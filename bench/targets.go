@@ -146,6 +146,7 @@ func targets(res *results, cfg *config) []target {
 	out = append(out, t)
 
 	out = append(out, clientScaleTargets(res)...)
+	out = append(out, herdTargets(res.Herd, cfg.HoldShort)...)
 
 	for _, a := range res.AdvisoryConns {
 		out = append(out, target{What: fmt.Sprintf("server connections holding %s advisory locks, %s", report.Thousands(int64(a.Locks)), a.Config),

@@ -1,0 +1,639 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/advisory"
+	"github.com/pgfence/pgfence/bench/internal/report"
+	"github.com/pgfence/pgfence/bench/internal/stats"
+	"github.com/pgfence/pgfence/internal/notifier"
+	"github.com/pgfence/pgfence/leasetable"
+)
+
+// Scenario 11: many waiters. Waiters on one name (and, apart, many names
+// with one waiter each), 1ms holds, for both strategies with their default
+// Config: the hand-over latency and the work per hand-over, with the
+// Lockers in separate processes (workers: herd_worker.go) and in one
+// process, so that a thundering herd shows as a slope.
+
+// herdStrategies are the strategies scenario 11 measures.
+var herdStrategies = []string{"leasetable", "advisory"}
+
+// The modes of a point.
+const (
+	herdProcesses = "processes"  // one Locker per worker process
+	herdInProcess = "in-process" // one worker process with all the Lockers
+)
+
+// herdPoint is one point of scenario 11.
+type herdPoint struct {
+	Strategy  string
+	Mode      string
+	Waiters   int // waiters per name, besides its holder
+	Names     int
+	Processes int // worker processes
+	Lockers   int // Lockers in all
+	herdMerge
+	Notifies   int64 // notifications sent on the strategy's channel during the run, counted by a listener of ours
+	Listeners  int64 // LISTEN connections of the Lockers, counted in the middle of the run
+	Statements int64 // transactions committed in the database from before the workers started until they exited
+	ServerCPU  time.Duration
+	ServerOK   bool          // the server's CPU was read (it runs on this machine)
+	ClientCPU  time.Duration // the workers' CPU over the run
+	Errors     int64
+	FirstErr   string
+	Load       string
+}
+
+// per divides a count by the point's hand-overs of the whole run.
+func (p *herdPoint) per(v float64) float64 { return v / float64(max(p.All, 1)) }
+
+// herdMerge is what the holds of a point say about its hand-overs.
+type herdMerge struct {
+	// All counts the hand-overs of the whole run (warm-up included),
+	// which the work per hand-over is divided by.
+	All int
+	// Latency summarises the hand-overs whose release started in the
+	// measured part of the run (after the warm-up).
+	Latency stats.Summary
+	// Violations counts holds acquired before an earlier holder of the
+	// same name had started to release (two holders at once), or with a
+	// token not above the previous holder's; Overlap is the largest
+	// overlap.
+	Violations int
+	Overlap    time.Duration
+	// Free counts acquires after a release that nobody was waiting for
+	// (every later holder called Acquire after it): no hand-over. An
+	// acquire that began after the release but beat a waiter to the lock
+	// is a hand-over.
+	Free int
+	// Holds counts every hold.
+	Holds int
+}
+
+// mergeHolds orders the holds of each name by when they were acquired and
+// measures each hand-over: from the moment the holder started to release
+// to the moment the next holder's Acquire returned. Times are wall-clock
+// UnixNano from processes on one machine. A hold acquired before the
+// latest release start of an earlier one is a violation, reported with
+// its overlap and never turned into a sample. Samples are kept when the
+// release started within [measureFrom, end].
+func mergeHolds(holds []herdHold, measureFrom, end int64) herdMerge {
+	m := herdMerge{Holds: len(holds)}
+	byName := map[int][]herdHold{}
+	for _, h := range holds {
+		byName[h.N] = append(byName[h.N], h)
+	}
+	var samples []time.Duration
+	for _, hs := range byName {
+		slices.SortFunc(hs, func(a, b herdHold) int {
+			if a.Acq != b.Acq {
+				return cmpInt64(a.Acq, b.Acq)
+			}
+			return cmpInt64(a.Rel, b.Rel)
+		})
+		// minWait[i] is the earliest Acquire call among holds i and later:
+		// if it is before a release, someone was waiting then.
+		minWait := make([]int64, len(hs))
+		for i := len(hs) - 1; i >= 0; i-- {
+			minWait[i] = hs[i].Wait
+			if i+1 < len(hs) {
+				minWait[i] = min(minWait[i], minWait[i+1])
+			}
+		}
+		lastRel, lastToken := hs[0].Rel, hs[0].Token
+		for i, h := range hs[1:] {
+			switch {
+			case h.Acq < lastRel:
+				m.Violations++
+				m.Overlap = max(m.Overlap, time.Duration(lastRel-h.Acq))
+			case h.Token <= lastToken:
+				m.Violations++
+			case minWait[i+1] > lastRel:
+				m.Free++
+			default:
+				m.All++
+				if lastRel >= measureFrom && lastRel <= end {
+					samples = append(samples, time.Duration(h.Acq-lastRel))
+				}
+			}
+			lastRel, lastToken = max(lastRel, h.Rel), max(lastToken, h.Token)
+		}
+	}
+	m.Latency = stats.Summarize(samples)
+	return m
+}
+
+func cmpInt64(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// herdRoles places the point's goroutines: on one name, waiters+1
+// goroutines round robin over the processes (one Locker each), or over the
+// Lockers of one process; on several names, each name's holder and waiter
+// in two neighbouring processes. It returns each process's roles.
+func herdRoles(mode string, names, waiters, processes, lockers int) [][]herdRole {
+	if mode == herdInProcess {
+		roles := make([]herdRole, 0, names*(waiters+1))
+		for g := range names * (waiters + 1) {
+			roles = append(roles, herdRole{ID: g, Name: g / (waiters + 1), Locker: g % lockers})
+		}
+		return [][]herdRole{roles}
+	}
+	out := make([][]herdRole, processes)
+	g := 0
+	for n := range names {
+		for i := range waiters + 1 {
+			p := (n + i) % processes
+			out[p] = append(out[p], herdRole{ID: g, Name: n, Locker: 0})
+			g++
+		}
+	}
+	return out
+}
+
+// herdListenConns counts the Lockers' LISTEN connections: leasetable's
+// last ran LISTEN (its health check is LISTEN too), advisory's carry the
+// application_name advisory gives them.
+const herdListenConns = `SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity
+WHERE datname = pg_catalog.current_database() AND pid <> $1
+AND (query LIKE 'LISTEN %' OR application_name = $2)`
+
+// committedXacts reads the database's committed transactions.
+const committedXacts = `SELECT xact_commit FROM pg_catalog.pg_stat_database WHERE datname = pg_catalog.current_database()`
+
+// herdWorkerBackends counts the client sessions other than ours.
+const herdWorkerBackends = `SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity
+WHERE datname = pg_catalog.current_database() AND backend_type = 'client backend' AND pid <> pg_catalog.pg_backend_pid() AND pid <> $1`
+
+// herdScenario is scenario 11.
+func (r *runner) herdScenario(ctx context.Context) error {
+	c := r.cfg
+	fmt.Printf("scenario 11: many waiters: %v waiters on one name, and %d names with one waiter each, over %d Lockers (%d processes, or one); hold %v, %v per point (hard bound %v)\n",
+		c.HerdWaiters, c.HerdNames, c.HerdProcesses, c.HerdProcesses, c.HoldShort, c.Duration+c.Warmup, herdHardBound(c))
+	dir, err := os.MkdirTemp("", "pgfence-herd-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	cpu := findServerCPU(ctx, r.env.DatabaseURL)
+	if !cpu.ok() {
+		r.note("11: server CPU not measured: %s", cpu.why)
+	}
+	loadStart := loadAvg()
+	type spec struct {
+		strategy, mode string
+		names, waiters int
+	}
+	var specs []spec
+	for _, s := range herdStrategies {
+		for _, mode := range []string{herdProcesses, herdInProcess} {
+			for _, w := range c.HerdWaiters {
+				specs = append(specs, spec{s, mode, 1, w})
+			}
+		}
+	}
+	for _, s := range herdStrategies {
+		specs = append(specs, spec{s, herdProcesses, c.HerdNames, 1})
+	}
+	for i, sp := range specs {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		p := r.herdPoint(ctx, dir, cpu, i, sp.strategy, sp.mode, sp.names, sp.waiters)
+		if p.FirstErr != "" {
+			r.note("11 %s %s names=%d waiters=%d: %d errors, first: %s", p.Strategy, p.Mode, p.Names, p.Waiters, p.Errors, p.FirstErr)
+		}
+		fmt.Printf("  [11] %-10s %-10s names=%-5d waiters=%-4d hand-overs=%-6d p50=%-9s p99=%-9s violations=%d free=%d notif/ho=%.2f (x%d) stmts/ho=%.2f srvCPU/ho=%s cliCPU/ho=%s errors=%d load %s\n",
+			p.Strategy, p.Mode, p.Names, p.Waiters, p.Latency.N, report.Duration(p.Latency.P50), report.Duration(p.Latency.P99),
+			p.Violations, p.Free, p.per(float64(p.Notifies)), p.Listeners, p.per(float64(p.Statements)),
+			herdCPUCell(&p, p.ServerCPU, p.ServerOK), herdCPUCell(&p, p.ClientCPU, true), p.Errors, p.Load)
+		r.res.Herd = append(r.res.Herd, p)
+	}
+	return writeHerd(c, r.res.Machine, loadStart, loadAvg(), cpu, r.res.Herd)
+}
+
+// herdHardBound is how long a point may take at most, from the start of
+// its workers: their start-up, the run, and the end of their last holds
+// and their Close.
+func herdHardBound(c *config) time.Duration {
+	return 30*time.Second + c.Warmup + c.Duration + 15*time.Second
+}
+
+// herdChild is one running worker process.
+type herdChild struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	lines  chan herdWorkerResult // its stdout, decoded
+	stderr *tailBuffer
+}
+
+// herdPoint runs one point; failures end up in its Errors and FirstErr.
+func (r *runner) herdPoint(ctx context.Context, dir string, cpu *serverCPU, idx int, strategy, mode string, names, waiters int) herdPoint {
+	c := r.cfg
+	p := herdPoint{Strategy: strategy, Mode: mode, Names: names, Waiters: waiters, Processes: c.HerdProcesses, Lockers: c.HerdProcesses}
+	lockersPer := 1
+	if mode == herdInProcess {
+		p.Processes, lockersPer = 1, c.HerdProcesses
+	}
+	fail := func(err error) herdPoint {
+		p.Errors++
+		if p.FirstErr == "" {
+			p.FirstErr = err.Error()
+		}
+		p.Load = loadAvg()
+		return p
+	}
+	hard := time.Now().Add(herdHardBound(c))
+	ctx, cancel := context.WithDeadline(ctx, hard.Add(5*time.Second))
+	defer cancel()
+
+	counters := filepath.Join(dir, fmt.Sprintf("counters-%d", idx))
+	if err := createHerdCounters(counters, names, p.Processes); err != nil {
+		return fail(err)
+	}
+	defer os.Remove(counters)
+
+	// Our listener counts what the releases send, on both channels.
+	lc, err := pgx.Connect(ctx, r.env.DatabaseURL)
+	if err != nil {
+		return fail(err)
+	}
+	defer lc.Close(context.WithoutCancel(ctx))
+	for _, ch := range []string{leasetable.NotifyChannel, advisory.NotifyChannel} {
+		if _, err := lc.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+			return fail(err)
+		}
+	}
+	listenerPID := lc.PgConn().PID()
+	var counting atomic.Bool
+	var notifies atomic.Int64
+	lctx, stopListen := context.WithCancel(ctx)
+	var lwg sync.WaitGroup
+	lwg.Add(1)
+	go func() {
+		defer lwg.Done()
+		for {
+			n, err := lc.WaitForNotification(lctx)
+			if err != nil {
+				return
+			}
+			if counting.Load() && !strings.HasPrefix(n.Payload, notifier.ProbePrefix) {
+				notifies.Add(1)
+			}
+		}
+	}()
+	defer func() { stopListen(); lwg.Wait() }()
+
+	var x0 int64
+	if err := withConn(ctx, r.env.DatabaseURL, func(c *pgx.Conn) error { return c.QueryRow(ctx, committedXacts).Scan(&x0) }); err != nil {
+		return fail(err)
+	}
+
+	exe, err := os.Executable()
+	if err != nil {
+		return fail(err)
+	}
+	prefix := fmt.Sprintf("s11-%d-%s-%s-%d-%d-", os.Getpid(), strategy, mode, names, waiters)
+	roles := herdRoles(mode, names, waiters, p.Processes, lockersPer)
+	run := c.Warmup + c.Duration
+	var children []*herdChild
+	defer func() {
+		// Normally every worker has exited by now; any that has not is
+		// past its bound.
+		for _, ch := range children {
+			if ch.cmd.ProcessState == nil {
+				_ = ch.cmd.Process.Kill()
+				_ = ch.cmd.Wait()
+			}
+		}
+	}()
+	for i := range p.Processes {
+		job := herdJob{Strategy: strategy, URL: r.env.AppURL(), Lockers: lockersPer, Prefix: prefix, Names: names,
+			Counters: counters, Process: i, Procs: p.Processes, Roles: roles[i], Hold: c.HoldShort, Run: run, Hard: hard.UnixNano()}
+		ch, err := startHerdChild(exe, &job)
+		if err != nil {
+			return fail(fmt.Errorf("start worker %d: %w", i, err))
+		}
+		children = append(children, ch)
+	}
+	// Start barrier: every worker has its Lockers open.
+	for i, ch := range children {
+		select {
+		case m, ok := <-ch.lines:
+			if !ok || !m.Ready {
+				return fail(fmt.Errorf("worker %d not ready: %s%s", i, m.Error, ch.stderr.tail()))
+			}
+		case <-ctx.Done():
+			return fail(fmt.Errorf("worker %d not ready in time", i))
+		}
+	}
+	cpu0, cpuErr := cpu.read()
+	counting.Store(true)
+	goAt := time.Now()
+	for _, ch := range children {
+		if _, err := io.WriteString(ch.stdin, "go\n"); err != nil {
+			return fail(fmt.Errorf("start: %w", err))
+		}
+	}
+	var listeners atomic.Int64
+	mid := time.AfterFunc(run/2, func() {
+		_ = withConn(ctx, r.env.DatabaseURL, func(c *pgx.Conn) error {
+			var n int64
+			err := c.QueryRow(ctx, herdListenConns, listenerPID, advisory.DefaultApplicationName+"-listen").Scan(&n)
+			listeners.Store(n)
+			return err
+		})
+	})
+	var holds []herdHold
+	for i, ch := range children {
+		select {
+		case m, ok := <-ch.lines:
+			if !ok || m.Error != "" {
+				mid.Stop()
+				return fail(fmt.Errorf("worker %d: no result: %s%s", i, m.Error, ch.stderr.tail()))
+			}
+			holds = append(holds, m.Holds...)
+			p.Errors += m.Errors
+			if m.FirstErr != "" && p.FirstErr == "" {
+				p.FirstErr = m.FirstErr
+			}
+			p.ClientCPU += m.UserCPU + m.SysCPU
+		case <-ctx.Done():
+			mid.Stop()
+			return fail(fmt.Errorf("worker %d: no result within the hard bound", i))
+		}
+	}
+	cpu1, cpuErr1 := cpu.read()
+	if cpuErr == nil && cpuErr1 == nil {
+		p.ServerCPU, p.ServerOK = cpu1-cpu0, true
+	}
+	for i, ch := range children {
+		err := ch.cmd.Wait()
+		if err != nil {
+			p.Errors++
+			if p.FirstErr == "" {
+				p.FirstErr = fmt.Sprintf("worker %d: %v%s", i, err, ch.stderr.tail())
+			}
+		}
+	}
+	// Backends report their counters when they exit: wait for the
+	// workers' sessions to be gone.
+	_ = withConn(ctx, r.env.DatabaseURL, func(c *pgx.Conn) error {
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			var n int
+			if err := c.QueryRow(ctx, herdWorkerBackends, listenerPID).Scan(&n); err != nil || n == 0 {
+				return err
+			}
+		}
+		return nil
+	})
+	time.Sleep(250 * time.Millisecond)
+	var x1 int64
+	if err := withConn(ctx, r.env.DatabaseURL, func(c *pgx.Conn) error { return c.QueryRow(ctx, committedXacts).Scan(&x1) }); err != nil {
+		return fail(err)
+	}
+	p.herdMerge = mergeHolds(holds, goAt.Add(c.Warmup).UnixNano(), goAt.Add(run).UnixNano())
+	p.Notifies, p.Listeners, p.Statements, p.Load = notifies.Load(), listeners.Load(), x1-x0, loadAvg()
+	return p
+}
+
+// startHerdChild starts a worker process and sends it its job.
+func startHerdChild(exe string, job *herdJob) (*herdChild, error) {
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), herdWorkerEnv+"=herd")
+	cmd.SysProcAttr = herdSysProcAttr()
+	ch := &herdChild{cmd: cmd, lines: make(chan herdWorkerResult, 2), stderr: &tailBuffer{max: 4096}}
+	cmd.Stderr = ch.stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	ch.stdin = stdin
+	go func() {
+		defer close(ch.lines)
+		br := bufio.NewReaderSize(stdout, 1<<20)
+		for {
+			line, err := br.ReadBytes('\n')
+			if len(bytes.TrimSpace(line)) > 0 {
+				var m herdWorkerResult
+				if jerr := json.Unmarshal(line, &m); jerr != nil {
+					m.Error = "bad output: " + jerr.Error()
+				}
+				ch.lines <- m
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	b, err := json.Marshal(job)
+	if err != nil {
+		return ch, err
+	}
+	if _, err := stdin.Write(append(b, '\n')); err != nil {
+		return ch, err
+	}
+	return ch, nil
+}
+
+// tailBuffer keeps the last max bytes written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if len(t.b) > t.max {
+		t.b = t.b[len(t.b)-t.max:]
+	}
+	return len(p), nil
+}
+
+// tail returns what the worker wrote to stderr, for an error message.
+func (t *tailBuffer) tail() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s := strings.TrimSpace(string(t.b)); s != "" {
+		return "; stderr: " + s
+	}
+	return ""
+}
+
+// herdCPUCell formats CPU time per hand-over in µs.
+func herdCPUCell(p *herdPoint, d time.Duration, ok bool) string {
+	if !ok {
+		return "n/a"
+	}
+	return strconv.FormatFloat(p.per(float64(d)/float64(time.Microsecond)), 'f', 0, 64)
+}
+
+// herdFind returns the point of strategy, mode, one name and waiters.
+func herdFind(pts []herdPoint, strategy, mode string, waiters int) *herdPoint {
+	for i := range pts {
+		if p := &pts[i]; p.Strategy == strategy && p.Mode == mode && p.Names == 1 && p.Waiters == waiters {
+			return p
+		}
+	}
+	return nil
+}
+
+// herdTargets are issue 18's hand-over targets, from scenario 11's points.
+// They are left out when scenario 11 did not run.
+func herdTargets(pts []herdPoint, hold time.Duration) []target {
+	if len(pts) == 0 {
+		return nil
+	}
+	var out []target
+	for _, s := range herdStrategies {
+		for _, mode := range []string{herdProcesses, herdInProcess} {
+			t := target{What: fmt.Sprintf("%s hand-over at 1 waiter, hold %v, %s", s, hold, herdModeText(mode)),
+				Goal: "p50 < 1 ms, p99 < 5 ms", Met: notMeasured, Measured: "n/a"}
+			if p := herdFind(pts, s, mode, 1); p != nil && p.Latency.N > 0 {
+				t.Measured = fmt.Sprintf("p50 %s, p99 %s (%d hand-overs)", report.Duration(p.Latency.P50), report.Duration(p.Latency.P99), p.Latency.N)
+				t.Met = verdict(p.Latency.P50 < time.Millisecond && p.Latency.P99 < 5*time.Millisecond && p.Violations == 0)
+			}
+			out = append(out, t)
+		}
+	}
+	for _, s := range herdStrategies {
+		t := target{What: fmt.Sprintf("%s hand-over p50 at 1,000 waiters vs at 10, separate processes", s),
+			Goal: "≤ 2x", Met: notMeasured, Measured: "n/a"}
+		a, b := herdFind(pts, s, herdProcesses, 1000), herdFind(pts, s, herdProcesses, 10)
+		if a != nil && b != nil && a.Latency.N > 0 && b.Latency.N > 0 {
+			ratio := float64(a.Latency.P50) / float64(b.Latency.P50)
+			t.Measured = fmt.Sprintf("%.2fx (%s vs %s)", ratio, report.Duration(a.Latency.P50), report.Duration(b.Latency.P50))
+			t.Met = verdict(ratio <= 2 && a.Violations == 0 && b.Violations == 0)
+		}
+		out = append(out, t)
+	}
+	return out
+}
+
+func herdModeText(mode string) string {
+	if mode == herdInProcess {
+		return "Lockers in one process"
+	}
+	return "Lockers in separate processes"
+}
+
+// writeHerd writes results/herd.md.
+func writeHerd(cfg *config, m machineInfo, loadStart, loadEnd string, cpu *serverCPU, pts []herdPoint) error {
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	p("# Many waiters: hand-over across processes and within one\n\n")
+	p("Generated by scenario 11 of `cd bench && go run .` (%v per point after %v warm-up%s). ", cfg.Duration, cfg.Warmup, map[bool]string{true: ", **quick** run", false: ""}[cfg.Quick])
+	p("Waiters call `Acquire` on one name (plus its holder), with the default Config of each strategy and %v holds; a holder releases once its hold has passed and another goroutine waits in `Acquire` for the name (at 1 waiter, when the waiter has queued again), and queues again itself once another goroutine took the lock (as in scenario 2), which goroutines of all workers learn through counters in a shared memory file; a hand-over is the time from the moment a holder starts its `Release` to the moment the next holder's `Acquire` returns. ", cfg.HoldShort)
+	p("With **separate processes**, the benchmark starts %d worker processes of its own binary, each with its own pgx pool and one Locker, the goroutines spread round robin over them (at 1 waiter, the holder and the waiter are in different processes); **in one process**, one worker process holds %d Lockers, the goroutines spread round robin over them. ", cfg.HerdProcesses, cfg.HerdProcesses)
+	p("Each worker records, per hold, the wall-clock times at which it called `Acquire`, `Acquire` returned and it started to release, and the fencing token; the benchmark merges the holds of a name by acquisition time. A hold acquired before an earlier holder started to release, or with a token not above the previous one, is a **violation** (the largest overlap is shown); an acquisition after a release for which no goroutine was waiting yet is no hand-over (shown as \"free\" when any; a goroutine that called `Acquire` after the release but beat the waiters to the lock makes a hand-over). All workers start together, once every one of them has opened its Lockers.\n\n")
+	p("Work per hand-over divides the whole run's work (warm-up included) by its hand-overs. **Notifications** are those sent on `%s` and `%s` during the run, counted by a LISTEN connection of the benchmark's own (probes of a LISTEN connection excluded); **deliveries** are notifications × the Lockers' LISTEN connections (counted in `pg_stat_activity` halfway through the run). **Statements** are the transactions the database committed from before the workers started until their sessions exited (`pg_stat_database.xact_commit`; opening the Lockers adds a few). **Server CPU** is the user+system CPU of the postmaster and all its child processes (backends and background workers, plus the children it reaped) from `/proc`, from the start barrier until every worker reported; **client CPU** is the workers' own (getrusage, over their runs). ",
+		leasetable.NotifyChannel, advisory.NotifyChannel)
+	if !cpu.ok() {
+		p("Server CPU was not measured in this run: %s. ", cpu.why)
+	}
+	p("\n\nMachine: %s, %d cores; load average %s at the start of this scenario, %s at its end; PostgreSQL %s. The benchmark's workers and PostgreSQL share these cores, and other work ran on the machine.\n\n",
+		m.CPU, m.Cores, loadStart, loadEnd, m.Postgres["server_version"])
+
+	header := []string{"hand-overs", "p50", "p99", "violations", "notifications / hand-over", "deliveries / hand-over",
+		"statements / hand-over", "server CPU µs / hand-over", "client CPU µs / hand-over", "errors", "load after"}
+	row := func(pt *herdPoint) []string {
+		ho := report.Thousands(int64(pt.Latency.N))
+		if pt.Free > 0 {
+			ho += fmt.Sprintf(" (free %d)", pt.Free)
+		}
+		viol := strconv.Itoa(pt.Violations)
+		if pt.Overlap > 0 {
+			viol += " (overlap " + report.Duration(pt.Overlap) + ")"
+		}
+		return []string{ho, report.Duration(pt.Latency.P50), report.Duration(pt.Latency.P99), viol,
+			strconv.FormatFloat(pt.per(float64(pt.Notifies)), 'f', 2, 64),
+			strconv.FormatFloat(pt.per(float64(pt.Notifies*pt.Listeners)), 'f', 1, 64),
+			strconv.FormatFloat(pt.per(float64(pt.Statements)), 'f', 2, 64),
+			herdCPUCell(pt, pt.ServerCPU, pt.ServerOK), herdCPUCell(pt, pt.ClientCPU, true),
+			strconv.FormatInt(pt.Errors, 10), pt.Load}
+	}
+	for _, s := range herdStrategies {
+		for _, mode := range []string{herdProcesses, herdInProcess} {
+			t := &report.Table{Header: append([]string{"waiters"}, header...)}
+			for i := range pts {
+				if pt := &pts[i]; pt.Strategy == s && pt.Mode == mode && pt.Names == 1 {
+					t.Rows = append(t.Rows, append([]string{strconv.Itoa(pt.Waiters)}, row(pt)...))
+				}
+			}
+			if len(t.Rows) == 0 {
+				continue
+			}
+			where := fmt.Sprintf("%d processes, one Locker each", cfg.HerdProcesses)
+			if mode == herdInProcess {
+				where = fmt.Sprintf("one process, %d Lockers", cfg.HerdProcesses)
+			}
+			p("## %s, %s\n\n%s\n", s, where, t.Markdown())
+		}
+	}
+	t := &report.Table{Header: append([]string{"strategy", "names"}, header...)}
+	for i := range pts {
+		if pt := &pts[i]; pt.Names > 1 {
+			t.Rows = append(t.Rows, append([]string{pt.Strategy, report.Thousands(int64(pt.Names))}, row(pt)...))
+		}
+	}
+	if len(t.Rows) > 0 {
+		p("## Many names, one waiter each, %d processes\n\nEach name has a holder and one waiter, in two different processes (neighbours in the round robin), so every hand-over crosses processes; all names run at once.\n\n%s\n", cfg.HerdProcesses, t.Markdown())
+	}
+	p("## Targets (issue 18)\n\n")
+	tt := &report.Table{Header: []string{"target", "goal", "measured", "verdict"}, TextColumns: 4}
+	for _, tg := range herdTargets(pts, cfg.HoldShort) {
+		tt.Rows = append(tt.Rows, []string{tg.What, tg.Goal, tg.Measured, tg.Met})
+	}
+	p("%s\n", tt.Markdown())
+	var errs []string
+	for _, pt := range pts {
+		if pt.FirstErr != "" {
+			errs = append(errs, fmt.Sprintf("- %s, %s, %d names, %d waiters: %d errors, first: %s", pt.Strategy, herdModeText(pt.Mode), pt.Names, pt.Waiters, pt.Errors, pt.FirstErr))
+		}
+	}
+	if len(errs) > 0 {
+		p("## Errors\n\n%s\n", strings.Join(errs, "\n"))
+	}
+	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
+		return err
+	}
+	path := filepath.Join(cfg.Out, "herd.md")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		return err
+	}
+	fmt.Println("wrote", path)
+	return nil
+}

@@ -32,24 +32,81 @@ const acquireSQL = `SELECT acquired, name, owner, fence, acquired_at, expires_at
 // waiter is late by at most that much plus a round trip.
 const expiryJitter = 5 * time.Millisecond
 
+// attempt is an acquire statement in flight for one name, which waiting
+// Acquire calls of the same Locker may wait for instead of sending their
+// own (see try).
+type attempt struct {
+	seq  uint64        // Locker.waiterSeq when it started
+	done chan struct{} // closed when answered; then the fields below are set
+	// refused is set when the lease was held by someone else (or the
+	// holder committed after the statement's snapshot); local and retryIn
+	// are then try's answer.
+	refused bool
+	local   bool
+	retryIn time.Duration
+}
+
 // try runs one acquire attempt (batched with concurrent attempts of this
 // Locker). It returns the lease when taken. Otherwise local reports that
 // another caller of this Locker holds it (its release wakes the waiters at
 // once), and retryIn how long to wait before the next attempt, judged from
 // the holder's expiry.
-func (k *Locker) try(ctx context.Context, name string, t leaseTiming, attempts *int) (l *Lease, local bool, retryIn time.Duration, err error) {
+//
+// A waiting Acquire (w not nil) that finds another attempt of this Locker
+// in flight for name waits for its answer instead of sending its own, and
+// takes a refusal as its own: after a release wakes a Locker's waiters,
+// one statement asks, not one per waiter. It does so only when w was
+// registered before that attempt started, so that a release after the
+// attempt's snapshot has woken w (which then tries again at once) rather
+// than being hidden by the shared refusal.
+func (k *Locker) try(ctx context.Context, name string, t leaseTiming, attempts *int, w *waiter) (l *Lease, local bool, retryIn time.Duration, err error) {
 	k.mu.Lock()
-	if h, ok := k.held[name]; ok {
-		// The holder's release or loss wakes this Locker's waiters; until
-		// then nothing changes, so retry at its local deadline at the
-		// latest (not at once, which would spin).
-		retryIn = max(time.Until(h.deadline), time.Millisecond)
-		local = true
+	for {
+		if h, ok := k.held[name]; ok {
+			// The holder's release or loss wakes this Locker's waiters;
+			// until then nothing changes, so retry at its local deadline
+			// at the latest (not at once, which would spin).
+			k.mu.Unlock()
+			return nil, true, max(time.Until(h.deadline), time.Millisecond), nil
+		}
+		a := k.attempts[name]
+		if a == nil || w == nil || w.seq > a.seq {
+			break
+		}
+		k.mu.Unlock()
+		select {
+		case <-a.done:
+		case <-ctx.Done():
+			return nil, false, 0, ctx.Err()
+		}
+		if a.refused {
+			return nil, a.local, a.retryIn, nil
+		}
+		// It failed, or took the lease for its caller: look again.
+		k.mu.Lock()
+	}
+	a := &attempt{seq: k.waiterSeq, done: make(chan struct{})}
+	if k.attempts[name] == nil {
+		k.attempts[name] = a
 	}
 	k.mu.Unlock()
-	if local {
-		return nil, true, retryIn, nil
+	defer func() {
+		k.mu.Lock()
+		if k.attempts[name] == a {
+			delete(k.attempts, name)
+		}
+		k.mu.Unlock()
+		close(a.done)
+	}()
+	l, local, retryIn, err = k.attempt(ctx, name, t, attempts)
+	if l == nil && err == nil {
+		a.refused, a.local, a.retryIn = true, local, retryIn
 	}
+	return l, local, retryIn, err
+}
+
+// attempt sends one acquire attempt for try.
+func (k *Locker) attempt(ctx context.Context, name string, t leaseTiming, attempts *int) (l *Lease, local bool, retryIn time.Duration, err error) {
 	*attempts++
 	rep, err := k.submitAcquire(ctx, name, t)
 	if err == nil {

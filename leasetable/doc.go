@@ -90,6 +90,11 @@
 // acquired_at + AtLeast, and takes the lease then. Waiters of the Locker
 // that released are woken directly, without LISTEN (also with
 // [Config].DisableListen).
+// Waiters of one Locker for the same lease that a release wakes together
+// send one attempt between them: those registered before it started wait
+// for its answer and take a refusal (another Locker took the lease) as
+// theirs, so a release costs one attempt per waiting Locker however many of
+// its calls wait.
 // Otherwise a waiter retries when the holder's lease is due to expire, plus a
 // little jitter. If the LISTEN connection fails, waiting still works through
 // those timed retries; the connection is re-opened with capped, jittered

@@ -47,6 +47,8 @@ type Locker struct {
 	watchdogWake    chan struct{}      // buffered(1): a lease was added
 	listener        *notifier.Notifier // the LISTEN loop, once started
 	waiters         map[string]map[*waiter]struct{}
+	waiterSeq       uint64              // the seq of the last waiter added
+	attempts        map[string]*attempt // attempts in flight, by name (see try)
 
 	acquires batcher[*acquireReq] // combines concurrent acquires
 	releases batcher[*releaseReq] // combines concurrent releases
@@ -54,7 +56,10 @@ type Locker struct {
 
 var _ pgfence.Locker = (*Locker)(nil)
 
-type waiter struct{ ch chan struct{} } // buffered(1)
+type waiter struct {
+	ch  chan struct{} // buffered(1)
+	seq uint64        // order of registration (Locker.waiterSeq)
+}
 
 func (w *waiter) wake() {
 	select {
@@ -107,6 +112,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 		held:         make(map[string]*Lease),
 		watchdogWake: make(chan struct{}, 1),
 		waiters:      make(map[string]map[*waiter]struct{}),
+		attempts:     make(map[string]*attempt),
 		backoff:      retry.Default,
 		ev:           events.New(resolved.Observer),
 	}
@@ -280,7 +286,7 @@ func (k *Locker) tryAcquire(ctx context.Context, name string, t leaseTiming, _ *
 		err   error
 	)
 	for failures := 1; ; failures++ {
-		l, local, _, err = k.try(ctx, name, t, attempts)
+		l, local, _, err = k.try(ctx, name, t, attempts, nil)
 		if err == nil || ctx.Err() != nil || !k.retryable(err) {
 			break
 		}
@@ -365,7 +371,7 @@ func (k *Locker) acquire(ctx context.Context, name string, t leaseTiming, opts *
 		return fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, context.Cause(ctx))
 	}
 	for {
-		l, _, retryIn, err := k.try(ctx, name, t, attempts)
+		l, _, retryIn, err := k.try(ctx, name, t, attempts, w)
 		switch {
 		case err == nil:
 			failures, unavailable = 0, nil

@@ -16,7 +16,8 @@ func (k *Locker) addWaiter(name string) (*waiter, error) {
 	if k.closed {
 		return nil, pgfence.ErrClosed
 	}
-	w := &waiter{ch: make(chan struct{}, 1)}
+	k.waiterSeq++
+	w := &waiter{ch: make(chan struct{}, 1), seq: k.waiterSeq}
 	set := k.waiters[name]
 	if set == nil {
 		set = make(map[*waiter]struct{})

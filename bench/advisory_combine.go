@@ -162,7 +162,28 @@ func (r *runner) advisoryCombine(ctx context.Context) error {
 			}
 		}
 	}
+	r.res.Combine = pts
 	return writeAdvisoryCombine(r.cfg, r.res.Machine, loadStart, loadAvg(), pts)
+}
+
+// combineTargets is issue 18's first target, from scenario 10: session
+// advisory locks with durable tokens, the default MaxSessions, at least as
+// fast as raw lock/unlock without tokens, at each client count.
+func combineTargets(pts []combinePoint) []target {
+	if len(pts) == 0 {
+		return nil
+	}
+	var out []target
+	for _, c := range combineClients {
+		tp := func(arm string) float64 {
+			return combineMedian(pts, arm, c, func(p combinePoint) float64 { return p.TP })
+		}
+		a, b := tp(armAfter), tp(armRaw)
+		out = append(out, ratioTarget(fmt.Sprintf("advisory (session, with token, default MaxSessions) vs raw advisory lock/unlock, %d clients (scenario 10)", c),
+			"≥ 1.0x", a, b, 1.0, fmt.Sprintf("%s vs %s cycles/s; %.0f xids and %.0f WAL flushes per 1,000 grants", report.Rate(a), report.Rate(b),
+				combineMedian(pts, armAfter, c, combinePoint.xidsPer1000), combineMedian(pts, armAfter, c, combinePoint.syncsPer1000))))
+	}
+	return out
 }
 
 // combineMedian is the median over rounds of f for arm at clients.

@@ -31,6 +31,7 @@ type results struct {
 	AdvisoryConns []advisoryConns
 	CallCosts     []callCost
 	ClientScale   *clientScaleResult // scenario 12
+	Combine       []combinePoint     // scenario 10
 	Herd          []herdPoint        // scenario 11
 	WaitEvents    []waitSample       // scenario 1 at profileClients, last round
 	WriteWaits    []waitSample       // scenario 4, last round

@@ -146,6 +146,7 @@ func targets(res *results, cfg *config) []target {
 	out = append(out, t)
 
 	out = append(out, clientScaleTargets(res)...)
+	out = append(out, combineTargets(res.Combine)...)
 	out = append(out, herdTargets(res.Herd, cfg.HoldShort)...)
 
 	for _, a := range res.AdvisoryConns {
@@ -162,7 +163,7 @@ func renderTargets(p func(string, ...any), res *results, cfg *config) {
 	if len(ts) == 0 {
 		return
 	}
-	p("## Targets (issue 8)\n\n")
+	p("## Targets (issues 8 and 18)\n\n")
 	p("Ratios are of medians over the rounds, measured in this run. Where a target is missed, the cause is profiled under [Why targets were missed](#why-targets-were-missed).\n\n")
 	tt := &report.Table{Header: []string{"target", "goal", "measured", "verdict"}, TextColumns: 4}
 	for _, t := range ts {

@@ -221,6 +221,8 @@ func renderMisses(p func(string, ...any), res *results, cfg *config) {
 		q("\nCause: a Locker opens a new session whenever every open session already holds a lock, up to Config.MaxSessions (default %d), so under concurrent use it settles at MaxSessions sessions however few locks it holds. The count does not grow with the number of locks (10,000 locks fit on one session, as the MaxSessions 1 row shows), so the target holds with MaxSessions: 2. The default stays 4: sessions run their statements in parallel, so a statement that stalls (a slow WAL flush, a session being re-dialed) holds up the callers of one session, not all; throughput hardly depends on it, since the requests queued on a busy session are combined into its next statement (`go test -run '^$' -bench MaxSessions ./advisory/` measures 1, 2, 4 and 8 sessions side by side, and scenario 10 above the default against one session per client). The advisory docs state that a Locker uses up to MaxSessions connections.\n\n", advisory.DefaultMaxSessions)
 	}
 
+	combineMiss(q, res.Combine, ts)
+
 	if b.Len() == 0 {
 		return
 	}

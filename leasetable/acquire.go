@@ -66,8 +66,9 @@ func (k *Locker) try(ctx context.Context, name string, t leaseTiming, attempts *
 			// The holder's release or loss wakes this Locker's waiters;
 			// until then nothing changes, so retry at its local deadline
 			// at the latest (not at once, which would spin).
+			retryIn = max(time.Until(h.deadline), time.Millisecond)
 			k.mu.Unlock()
-			return nil, true, max(time.Until(h.deadline), time.Millisecond), nil
+			return nil, true, retryIn, nil
 		}
 		a := k.attempts[name]
 		if a == nil || w == nil || w.seq > a.seq {

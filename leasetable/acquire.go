@@ -71,7 +71,7 @@ func (k *Locker) try(ctx context.Context, name string, t leaseTiming, attempts *
 			return nil, true, retryIn, nil
 		}
 		a := k.attempts[name]
-		if a == nil || w == nil || w.seq > a.seq {
+		if a == nil || w == nil || w.seq > a.seq || k.noShare {
 			break
 		}
 		k.mu.Unlock()

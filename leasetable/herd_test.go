@@ -2,7 +2,6 @@ package leasetable_test
 
 import (
 	"context"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,23 +19,23 @@ import (
 // once per hand-over, not once per waiter: the waiters a release wakes wait
 // for the first one's attempt and take its refusal as theirs. The count is
 // the Attempts of every call's Acquired or NotAcquired event (the calls
-// still waiting at the end are cancelled). The control spreads the same
-// waiters over a Locker each, which must each ask, so the count can tell
-// the two apart.
+// still waiting at the end are cancelled). The negative control turns the
+// sharing off, and every woken waiter asks again.
 func TestHerdOfOneLockerAsksOnce(t *testing.T) {
 	t.Parallel()
 	const waiters, handovers = 20, 10
 	for _, tc := range []struct {
 		name    string
-		lockers int
+		noShare bool
 		atMost  int
 		atLeast int
 	}{
 		// Each waiter's first attempt, then about one per hand-over
 		// (plus one when a release's NOTIFY arrives after the in-process
 		// wake-up it follows).
-		{"one Locker", 1, waiters + 3*handovers, 0},
-		{"control: a Locker per waiter", waiters, 1 << 30, waiters + 5*handovers},
+		{"shared", false, waiters + 3*handovers, 0},
+		// About one attempt per woken waiter and hand-over.
+		{"control: not shared", true, 1 << 30, waiters + 5*handovers},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -53,10 +52,9 @@ func TestHerdOfOneLockerAsksOnce(t *testing.T) {
 					asked.Add(int64(e.Attempts))
 				}
 			})
-			pool := db.NewPool(t, nil)
-			lockers := make([]*leasetable.Locker, tc.lockers)
-			for i := range lockers {
-				lockers[i] = newLocker(t, pool, &leasetable.Config{Owner: "waiter-" + strconv.Itoa(i), Observer: obs})
+			waiter := newLocker(t, db.NewPool(t, nil), &leasetable.Config{Owner: "waiter", Observer: obs})
+			if tc.noShare {
+				leasetable.SetNoShareAttempts(waiter)
 			}
 			const name = "herd:ask-once"
 			held, err := holder.TryAcquire(ctx, name, nil)
@@ -64,23 +62,18 @@ func TestHerdOfOneLockerAsksOnce(t *testing.T) {
 			wctx, stop := context.WithCancel(ctx)
 			got := make(chan pgfence.Lease, waiters)
 			var wg sync.WaitGroup
-			for i := range waiters {
+			for range waiters {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					l, err := lockers[i%len(lockers)].Acquire(wctx, name, nil)
+					l, err := waiter.Acquire(wctx, name, nil)
 					if err == nil {
 						got <- l
 					}
 				}()
 			}
-			require.Eventually(t, func() bool {
-				n := 0
-				for _, l := range lockers {
-					n += l.Stats().Waiting
-				}
-				return n == waiters
-			}, 20*time.Second, 5*time.Millisecond, "every waiter waits")
+			require.Eventually(t, func() bool { return waiter.Stats().Waiting == waiters },
+				20*time.Second, 5*time.Millisecond, "every waiter waits")
 			for range handovers {
 				require.NoError(t, held.Release(ctx))
 				select {
@@ -97,7 +90,7 @@ func TestHerdOfOneLockerAsksOnce(t *testing.T) {
 				require.NoError(t, l.Release(ctx))
 			}
 			n := int(asked.Load())
-			t.Logf("%d attempts by %d waiters on %d Lockers over %d hand-overs", n, waiters, tc.lockers, handovers)
+			t.Logf("%d attempts by %d waiters over %d hand-overs", n, waiters, handovers)
 			require.LessOrEqual(t, n, tc.atMost)
 			require.GreaterOrEqual(t, n, tc.atLeast)
 		})

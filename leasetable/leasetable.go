@@ -33,6 +33,7 @@ type Locker struct {
 	backoff    retry.Backoff   // spaces retries after transient errors
 	noRetry    bool            // tests: transient errors are not retried
 	keepStale  bool            // tests: connections to a read-only server are kept
+	noShare    bool            // tests: waiters do not share attempts (see try)
 	ev         *events.Emitter // nil without Config.Observer
 
 	// Stats counters.

@@ -15,7 +15,7 @@ import (
 
 // Version is the schema version (pgfence_schema_version()) this code needs:
 // the number of the newest migration.
-const Version = 5
+const Version = 6
 
 // maxIdentLen is PostgreSQL's identifier limit (NAMEDATALEN-1 bytes).
 const maxIdentLen = 63

@@ -59,7 +59,6 @@ func TestTokenDrawCommitsDurably(t *testing.T) {
 	require.Less(t, old, int64(draws/2))
 }
 
-
 // TestMigration000006: the flush sequence is installed with its privileges
 // revoked from PUBLIC and the token function keeps its pinned search_path;
 // reverting 000006 leaves exactly what 000005 left, compared with an

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -23,6 +24,7 @@ import (
 	"github.com/pgfence/pgfence/bench/internal/report"
 	"github.com/pgfence/pgfence/bench/internal/stats"
 	"github.com/pgfence/pgfence/internal/notifier"
+	"github.com/pgfence/pgfence/internal/sysproc"
 	"github.com/pgfence/pgfence/leasetable"
 )
 
@@ -424,7 +426,9 @@ func (r *runner) herdPoint(ctx context.Context, dir string, cpu *serverCPU, idx 
 func startHerdChild(exe string, job *herdJob) (*herdChild, error) {
 	cmd := exec.Command(exe)
 	cmd.Env = append(os.Environ(), herdWorkerEnv+"=herd")
-	cmd.SysProcAttr = herdSysProcAttr()
+	// The worker dies with the benchmark, even if the benchmark is killed.
+	cmd.SysProcAttr = &syscall.SysProcAttr{}
+	sysproc.SetParentDeathSignal(cmd.SysProcAttr, syscall.SIGKILL)
 	ch := &herdChild{cmd: cmd, lines: make(chan herdWorkerResult, 2), stderr: &tailBuffer{max: 4096}}
 	cmd.Stderr = ch.stderr
 	stdin, err := cmd.StdinPipe()

@@ -212,11 +212,3 @@ func processCPU() (user, sys time.Duration) {
 	}
 	return time.Duration(ru.Utime.Nano()), time.Duration(ru.Stime.Nano())
 }
-
-// herdSysProcAttr has a worker killed when the thread that started it (in
-// practice, the benchmark) dies; a worker also exits when its stdin
-// closes, and at its deadline. The benchmark runs on Linux (its servers
-// are started with Pdeathsig too).
-func herdSysProcAttr() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-}

@@ -31,7 +31,7 @@ import (
 // The worker exits by itself after writing its result, at the job's
 // deadline whatever it is doing, and as soon as its stdin closes (the
 // benchmark ended or died); on Linux it is also killed with its parent
-// (herdSysProcAttr).
+// (its parent-death signal, internal/sysproc).
 
 // herdWorkerEnv selects the worker mode of the bench binary.
 const herdWorkerEnv = "PGFENCE_BENCH_WORKER"

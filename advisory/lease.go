@@ -193,7 +193,7 @@ func (l *Lease) release(ctx context.Context) (released bool, err error) {
 // long l was held.
 func (l *Lease) unlockStatement() (q string, notify bool) {
 	q = unlockSQL
-	switch notify = time.Since(l.acquired) >= l.k.notifyHeld; {
+	switch notify = l.k.notifyHeld == 0 || time.Since(l.acquired) >= l.k.notifyHeld; {
 	case l.shared && notify:
 		q = unlockSharedNotifySQL
 	case l.shared:

@@ -166,15 +166,7 @@ func TestAcquireLeavesADialThatHangs(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
-	cc, err := pgx.ParseConfig(db.TCPURL)
-	require.NoError(t, err)
-	proxy, err := chaos.NewProxy(net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = proxy.Close() })
-	pool := db.NewTCPPool(t, func(c *pgxpool.Config) {
-		c.ConnConfig.Host, c.ConnConfig.Port, c.ConnConfig.Fallbacks = "127.0.0.1", uint16(proxy.Port()), nil
-		c.MinConns = 0
-	})
+	proxy, pool := proxiedPool(t, db, func(c *pgxpool.Config) { c.MinConns = 0 })
 	h := &recordHandler{}
 	l := newLocker(t, pool, &advisory.Config{
 		ApplicationName:   "pgfence-hung-dial",
@@ -187,7 +179,7 @@ func TestAcquireLeavesADialThatHangs(t *testing.T) {
 
 	before := proxy.Conns() // the pool's
 	proxy.Blackhole(true)
-	_, err = l.AcquireKey(ctx, advisory.Name("hung-dial"), &advisory.AcquireOpts{WaitTimeout: 200 * time.Millisecond})
+	_, err := l.AcquireKey(ctx, advisory.Name("hung-dial"), &advisory.AcquireOpts{WaitTimeout: 200 * time.Millisecond})
 	require.ErrorIs(t, err, pgfence.ErrNotAcquired)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Zero(t, h.count(dialFailed), "the dial is still in flight: the caller did not wait for it")
@@ -215,14 +207,7 @@ func TestLossOnNetworkCut(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
-	cc, err := pgx.ParseConfig(db.TCPURL)
-	require.NoError(t, err)
-	proxy, err := chaos.NewProxy(net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = proxy.Close() })
-	pool := db.NewTCPPool(t, func(c *pgxpool.Config) {
-		c.ConnConfig.Host, c.ConnConfig.Port, c.ConnConfig.Fallbacks = "127.0.0.1", uint16(proxy.Port()), nil
-	})
+	proxy, pool := proxiedPool(t, db, nil)
 	l := newLocker(t, pool, &advisory.Config{ApplicationName: "pgfence-cut"})
 	direct := newLocker(t, db.Pool, nil)
 
@@ -247,4 +232,23 @@ func TestLossOnNetworkCut(t *testing.T) {
 	require.Greater(t, lkO.Token(), lk.Token())
 	require.NoError(t, lkO.Release(ctx))
 	require.NoError(t, control.Release(ctx))
+}
+
+// proxiedPool returns a proxy in front of db's server (over TCP) and a pool
+// on db that connects through it; configure, when not nil, edits the
+// pool's configuration further. The proxy is closed when t ends.
+func proxiedPool(t *testing.T, db *pgtest.DB, configure func(*pgxpool.Config)) (*chaos.Proxy, *pgxpool.Pool) {
+	t.Helper()
+	cc, err := pgx.ParseConfig(db.TCPURL)
+	require.NoError(t, err)
+	proxy, err := chaos.NewProxy(net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = proxy.Close() })
+	pool := db.NewTCPPool(t, func(c *pgxpool.Config) {
+		c.ConnConfig.Host, c.ConnConfig.Port, c.ConnConfig.Fallbacks = "127.0.0.1", uint16(proxy.Port()), nil
+		if configure != nil {
+			configure(c)
+		}
+	})
+	return proxy, pool
 }

@@ -30,12 +30,13 @@ func TestHerdOfOneLockerAsksOnce(t *testing.T) {
 		atMost  int
 		atLeast int
 	}{
-		// Each waiter's first attempt, then about one per hand-over
-		// (plus one when a release's NOTIFY arrives after the in-process
-		// wake-up it follows).
-		{"shared", false, waiters + 3*handovers, 0},
-		// About one attempt per woken waiter and hand-over.
-		{"control: not shared", true, 1 << 30, waiters + 5*handovers},
+		// Each waiter's first attempt, then one or two per hand-over
+		// (one more when a release's NOTIFY arrives after the in-process
+		// wake-up it follows); 51 seen on a loaded CI machine, 35-39 quiet.
+		{"shared", false, waiters + 6*handovers, 0},
+		// About one attempt per woken waiter and hand-over (207-214
+		// seen): well above the bound of the shared case.
+		{"control: not shared", true, 1 << 30, waiters + 10*handovers},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

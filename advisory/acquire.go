@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"time"
 
@@ -125,8 +126,11 @@ func (k *Locker) Acquire(ctx context.Context, name string, opts *AcquireOpts) (p
 // Unlock, in any process, wakes it with NOTIFY (see Waiting in the package
 // documentation; Config.DisableListen turns this off). It never blocks a session in
 // pg_advisory_lock, so cancelling a wait cannot close a session holding
-// other locks. Waiters are not served in order, and a client blocked in
-// pg_advisory_lock elsewhere may be granted the lock first.
+// other locks. The waiting calls of one Locker are served about in the
+// order they were first refused: only the first of them retries and is woken,
+// the others wait in-process behind it, so a release wakes one call per
+// Locker however many wait. Across Lockers no order holds, and a client
+// blocked in pg_advisory_lock elsewhere may be granted the lock first.
 //
 // Transient database errors (see pgfence.ErrUnavailable) are retried, on a
 // new session, with capped, jittered backoff (25ms doubling up to 500ms)
@@ -172,7 +176,11 @@ func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpt
 		return fmt.Errorf("pgfence: advisory: acquire %v: %w", key, context.Cause(ctx))
 	}
 	pause := k.firstPause
-	var reg *waitReg            // interest registered for wake-ups (wake.go)
+	// ln is the key's line of waiting calls in this Locker, joined at the
+	// first refusal; only the call at its head (head) retries and selects
+	// on the wake-ups below, the others wait for its turn (see line).
+	var ln *line
+	head := false
 	var armedSeen chan struct{} // the armed channel already acted on
 	// skip is set when this call waited behind another of this Locker's
 	// calls for the key and that call was refused by the server: the next
@@ -180,19 +188,22 @@ func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpt
 	// refusal is not repeated once per local waiter.
 	skip := false
 	defer func() {
-		if reg != nil {
-			k.unregister(reg)
+		if ln != nil {
+			k.leaveLine(key.id, ln, head)
 		}
 	}()
-	for {
+	for round := 0; ; round++ {
+		if round > 0 && k.onRound != nil {
+			k.onRound()
+		}
 		if ctx.Err() != nil {
 			return nil, n, ended()
 		}
 		// Take the wake channel before the attempt, so that a
 		// notification arriving after the attempt is not missed.
 		var armed, wake chan struct{}
-		if reg != nil {
-			armed, wake = k.channels(reg)
+		if ln != nil {
+			armed, wake = k.lineChannels(ln)
 		}
 		var l *Lease
 		var local *keyState
@@ -239,13 +250,33 @@ func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpt
 			return nil, n, err
 		}
 		last, failures = nil, 0
-		if reg == nil && local == nil {
+		if ln == nil {
+			ln = k.joinLine(key.id)
+		}
+		if !head {
+			select {
+			case ln.turn <- struct{}{}: // first in line: wait below
+				head = true
+			default:
+				// Behind other waiting calls: wait for the head's turn,
+				// then try at once (the call before got the key, which is
+				// then held here, or left without it).
+				select {
+				case ln.turn <- struct{}{}:
+					head = true
+					continue
+				case <-ctx.Done():
+					return nil, n, ended()
+				case <-k.closeCtx.Done():
+					return nil, n, pgfence.ErrClosed
+				}
+			}
+		}
+		if local == nil {
 			// Held by another session: ask to be woken. Until the
 			// interest lock is held (armed), an Unlock would not
 			// notify; armed closing makes the next attempt at once.
-			if reg = k.register(values, key.id); reg != nil {
-				armed, wake = k.channels(reg)
-			}
+			armed, wake = k.lineRegister(ln, values, key.id)
 		}
 		if armed == armedSeen {
 			armed = nil
@@ -269,9 +300,7 @@ func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpt
 				// wait for the holder's Unlock (registering now) or for
 				// the pause, as if refused ourselves.
 				skip = true
-				if reg == nil {
-					reg = k.register(values, key.id)
-				}
+				k.lineRegister(ln, values, key.id)
 				continue
 			}
 		case <-armed: // nil unless waiting for the interest lock
@@ -464,4 +493,88 @@ func (k *Locker) dropKeyRefLocked(id int64) {
 		delete(k.keys, id)
 		close(ks.released)
 	}
+}
+
+// line is the in-process queue of the Acquire calls of one Locker waiting
+// for one key. Only the call holding turn, the head, retries, polls and
+// listens for the wake-ups (a holder of this Locker unlocking, a NOTIFY
+// from another process); the others wait to take turn, in the order they
+// joined, and the head gives it up when it returns, with the key or
+// without it. So a release or a notification wakes one call per Locker,
+// not every waiting call, and the calls of one Locker are served in
+// order. The line keeps one registration for wake-ups (reg) from head to
+// head, so a hand-over inside the Locker does not drop and take again the
+// interest lock. Calls that do not wait (TryAcquire) and the first attempt
+// of an Acquire do not queue.
+type line struct {
+	turn    chan struct{} // capacity 1: sent to by the head
+	members int           // calls in the line, head included; guarded by Locker.mu
+	reg     *waitReg      // registration for wake-ups, nil until needed; guarded by Locker.mu
+}
+
+// joinLine returns key id's line, created if none waits, with the caller
+// counted in it.
+func (k *Locker) joinLine(id int64) *line {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	ln := k.lines[id]
+	if ln == nil {
+		size := 1
+		if k.noLine {
+			size = math.MaxInt32 // every call is a head
+		}
+		ln = &line{turn: make(chan struct{}, size)}
+		k.lines[id] = ln
+	}
+	ln.members++
+	return ln
+}
+
+// leaveLine takes the caller out of ln, giving up the turn when it is the
+// head (the next call in line takes it), and drops the line with its
+// registration when the caller was the last.
+func (k *Locker) leaveLine(id int64, ln *line, head bool) {
+	if head {
+		<-ln.turn
+	}
+	k.mu.Lock()
+	ln.members--
+	var reg *waitReg
+	if ln.members == 0 {
+		if k.lines[id] == ln {
+			delete(k.lines, id)
+		}
+		reg, ln.reg = ln.reg, nil
+	}
+	k.mu.Unlock()
+	if reg != nil {
+		k.unregister(reg)
+	}
+}
+
+// lineRegister registers ln for wake-ups of key id unless it already is,
+// and returns its channels (see lineChannels).
+func (k *Locker) lineRegister(ln *line, values context.Context, id int64) (armed, wake chan struct{}) {
+	k.mu.Lock()
+	registered := ln.reg != nil
+	k.mu.Unlock()
+	if !registered {
+		reg := k.register(values, id) // nil after Close or with DisableListen
+		k.mu.Lock()
+		ln.reg = reg
+		k.mu.Unlock()
+	}
+	return k.lineChannels(ln)
+}
+
+// lineChannels returns the channels the head of ln selects on: armed until
+// the line's interest lock is held, and the current wake channel; both nil
+// while the line is not registered.
+func (k *Locker) lineChannels(ln *line) (armed, wake chan struct{}) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if ln.reg == nil {
+		return nil, nil
+	}
+	return ln.reg.in.armed, ln.reg.in.wake
 }

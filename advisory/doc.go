@@ -168,7 +168,9 @@
 // Waiting), never by blocking a session in pg_advisory_lock. When its
 // context ends just as the lock is granted, it releases the lock before
 // returning the error: an acquire that returns an error leaves nothing
-// held. Polling is not fair: waiters are served in no particular order.
+// held. Across Lockers polling is not fair: waiters of different Lockers
+// are served in no particular order (within one Locker, about in the order
+// they began to wait: see Waiting).
 //
 // # Waiting
 //
@@ -190,12 +192,13 @@
 // notify (NOTIFY serialises committing transactions on a database-wide
 // lock); they pay one more lock-table operation inside the server.
 //
-// Waiting stays flat as waiters grow: a Locker registers once per key
-// however many of its calls wait for it, only one of them asks the server
-// at a time (the others wait in-process, and are handed the key at once
-// when a holder in the same Locker releases it), and a refusal by the
-// server is not repeated by each of them. So a release wakes at most one
-// attempt per waiting Locker, whether ten or a thousand calls wait.
+// Waiting stays flat as waiters grow: the calls of one Locker waiting for a
+// key stand in a line, and only the call at its head polls, listens and
+// asks the server; the others wait in-process, and each takes the head in
+// turn when the one before it returns (with the key, or at its WaitTimeout
+// or ctx). The line registers once for wake-ups, a refusal by the server
+// is not repeated by each call, and a release, in this Locker or another,
+// wakes one call per waiting Locker, whether ten or a thousand calls wait.
 //
 // Interest keys use the two-argument advisory key space, which never meets
 // a [Key] (the bigint form), golang-migrate's lock, or a two-argument key

@@ -7,15 +7,25 @@ import "time"
 // WaitTimeout.
 func SetFirstPause(k *Locker, d time.Duration) { k.firstPause = d }
 
-// Waiters returns the number of k's Acquire calls registered for wake-ups on
-// key.
+// Waiters returns the number of k's Acquire calls waiting for key: those
+// in its line (refused once at least), the head that listens for wake-ups
+// and the calls queued behind it.
 func Waiters(k *Locker, key Key) int {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if in := k.interests[key.id]; in != nil {
-		return in.waiters
+	if ln := k.lines[key.id]; ln != nil {
+		return ln.members
 	}
 	return 0
+}
+
+// Registered reports whether k has registered for wake-ups on key (its
+// line holds a registration).
+func Registered(k *Locker, key Key) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	in := k.interests[key.id]
+	return in != nil && in.waiters > 0
 }
 
 // SetNotifyAfterHeld sets how long k's locks must have been held for their
@@ -32,3 +42,12 @@ func SetNoRetry(k *Locker) { k.noRetry = true }
 // between checks (the negative control of the prompt-loss tests): a
 // session the server ended is then noticed at the next check only.
 func SetNoPeek(k *Locker) { k.peek = 0 }
+
+// SetOnRound sets a function run each time one of k's waiting Acquire
+// calls goes round its loop again (woken, or at the end of a pause).
+func SetOnRound(k *Locker, f func()) { k.onRound = f }
+
+// SetNoLine makes every waiting Acquire call of k the head of its key's
+// line, so that each is woken by every release and notification (the
+// negative control of the line's tests).
+func SetNoLine(k *Locker) { k.noLine = true }

@@ -43,6 +43,12 @@ type Locker struct {
 	noRetry bool
 	// afterGrant, a test hook, runs between a grant and its hand-out.
 	afterGrant func(*Lease)
+	// onRound, a test hook, runs each time a waiting Acquire goes round
+	// its loop again (woken, or at the end of a pause); noLine, another,
+	// makes every waiting call the head of its key's line, as if there
+	// were no line (the negative control of the line's tests).
+	onRound func()
+	noLine  bool
 	// onBatch, a test hook, runs as a session's turn answers the lock
 	// requests and unlocks queued on it (batch.go).
 	onBatch func(locks, unlocks int)
@@ -56,6 +62,7 @@ type Locker struct {
 	sessions      []*session // live or opening
 	nextSessionID int
 	keys          map[int64]*keyState
+	lines         map[int64]*line // waiting Acquire calls, by key (acquire.go)
 
 	// Wake-ups across sessions (wake.go).
 	interests       map[int64]*interest
@@ -116,6 +123,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 		ev:           events.New(c.Observer),
 		backoff:      retry.Default,
 		keys:         make(map[int64]*keyState),
+		lines:        make(map[int64]*line),
 		interests:    make(map[int64]*interest),
 	}, nil
 }

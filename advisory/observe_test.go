@@ -261,7 +261,7 @@ func TestListenEvents(t *testing.T) {
 		}
 		done <- err
 	}()
-	require.Eventually(t, func() bool { return advisory.Waiters(l, key) == 1 && l.Stats().Listening }, 30*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return advisory.Registered(l, key) && l.Stats().Listening }, 30*time.Second, time.Millisecond)
 	require.Equal(t, 1, l.Stats().Waiting)
 	require.Empty(t, eventsOf[pgfence.ListenRestored](rec), "not at the first start")
 

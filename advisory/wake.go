@@ -27,9 +27,9 @@ import (
 // changes no data; the NOTIFY alone gave it a transaction id). Unlocks
 // nobody waits for therefore never notify: they pay one lock-table
 // operation inside the server instead of NOTIFY's database-wide lock at
-// commit. A Locker registers once per key however many of its calls wait
-// (the others wait in-process), so a release wakes at most one retry per
-// waiting Locker, not one per waiter.
+// commit. A Locker registers once per key however many of its calls wait:
+// they queue in the key's line (acquire.go), whose head alone listens, so
+// a release wakes one call per waiting Locker, not one per waiter.
 //
 // Interest keys use the two-argument key space, pg_advisory_lock(int4,
 // int4), with InterestClassID as the first argument and a 32-bit fold of
@@ -79,7 +79,7 @@ const interestClassIDText = "1885824631"
 // interest is the wake-up state of one key that waiting Lock calls of this
 // Locker registered for. Guarded by Locker.mu.
 type interest struct {
-	waiters int           // registered Lock calls
+	waiters int           // registered lines (one per key: see line)
 	held    bool          // the LISTEN connection holds the interest lock
 	armed   chan struct{} // closed once held (on the current connection)
 	wake    chan struct{} // closed (and replaced) when the key may be free
@@ -187,14 +187,6 @@ func (k *Locker) unregister(r *waitReg) {
 	if r.in.waiters == 0 && k.listener != nil {
 		k.listener.Kick()
 	}
-}
-
-// channels returns the channels a registered waiter selects on: armed until
-// its interest lock is held, and the current wake channel.
-func (k *Locker) channels(r *waitReg) (armed, wake chan struct{}) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return r.in.armed, r.in.wake
 }
 
 // wakeLocked wakes the waiters of in. The caller holds l.mu.

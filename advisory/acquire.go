@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"time"
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/hold"
 	"github.com/pgfence/pgfence/internal/retry"
+	"github.com/pgfence/pgfence/internal/waitline"
 )
 
 // TryAcquire takes the session lock on [Name](name) and returns at once; it
@@ -179,7 +179,7 @@ func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpt
 	// ln is the key's line of waiting calls in this Locker, joined at the
 	// first refusal; only the call at its head (head) retries and selects
 	// on the wake-ups below, the others wait for its turn (see line).
-	var ln *line
+	var ln *waitline.Line
 	head := false
 	var armedSeen chan struct{} // the armed channel already acted on
 	// skip is set when this call waited behind another of this Locker's
@@ -251,25 +251,22 @@ func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpt
 		}
 		last, failures = nil, 0
 		if ln == nil {
-			ln = k.joinLine(key.id)
+			ln = k.lines.Join(key.id)
 		}
 		if !head {
-			select {
-			case ln.turn <- struct{}{}: // first in line: wait below
-				head = true
-			default:
-				// Behind other waiting calls: wait for the head's turn,
-				// then try at once (the call before got the key, which is
-				// then held here, or left without it).
-				select {
-				case ln.turn <- struct{}{}:
-					head = true
-					continue
-				case <-ctx.Done():
-					return nil, n, ended()
-				case <-k.closeCtx.Done():
-					return nil, n, pgfence.ErrClosed
-				}
+			waited, stopped := ln.Head(ctx, k.closeCtx.Done())
+			switch {
+			case stopped && ctx.Err() != nil:
+				return nil, n, ended()
+			case stopped:
+				return nil, n, pgfence.ErrClosed
+			}
+			head = true
+			if waited {
+				// Behind other waiting calls until now: try at once (the
+				// call before got the key, then held here, or left
+				// without it).
+				continue
 			}
 		}
 		if local == nil {
@@ -495,57 +492,25 @@ func (k *Locker) dropKeyRefLocked(id int64) {
 	}
 }
 
-// line is the in-process queue of the Acquire calls of one Locker waiting
-// for one key. Only the call holding turn, the head, retries, polls and
-// listens for the wake-ups (a holder of this Locker unlocking, a NOTIFY
-// from another process); the others wait to take turn, in the order they
-// joined, and the head gives it up when it returns, with the key or
-// without it. So a release or a notification wakes one call per Locker,
-// not every waiting call, and the calls of one Locker are served in
-// order. The line keeps one registration for wake-ups (reg) from head to
-// head, so a hand-over inside the Locker does not drop and take again the
-// interest lock. Calls that do not wait (TryAcquire) and the first attempt
-// of an Acquire do not queue.
-type line struct {
-	turn    chan struct{} // capacity 1: sent to by the head
-	members int           // calls in the line, head included; guarded by Locker.mu
-	reg     *waitReg      // registration for wake-ups, nil until needed; guarded by Locker.mu
-}
+// The calls of one Locker waiting for a key stand in its line (package
+// waitline): only the head retries, polls and listens for the wake-ups (a
+// holder of this Locker unlocking, a NOTIFY from another process); the
+// others wait for its turn. So a release or a notification wakes one call
+// per Locker, not every waiting call. The line keeps one registration for
+// wake-ups from head to head (Locker.lineRegs), so a hand-over inside the
+// Locker does not drop and take again the interest lock. Calls that do not
+// wait (TryAcquire) and the first attempt of an Acquire do not queue.
 
-// joinLine returns key id's line, created if none waits, with the caller
-// counted in it.
-func (k *Locker) joinLine(id int64) *line {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	ln := k.lines[id]
-	if ln == nil {
-		size := 1
-		if k.noLine {
-			size = math.MaxInt32 // every call is a head
-		}
-		ln = &line{turn: make(chan struct{}, size)}
-		k.lines[id] = ln
-	}
-	ln.members++
-	return ln
-}
-
-// leaveLine takes the caller out of ln, giving up the turn when it is the
-// head (the next call in line takes it), and drops the line with its
-// registration when the caller was the last.
-func (k *Locker) leaveLine(id int64, ln *line, head bool) {
-	if head {
-		<-ln.turn
+// leaveLine takes the caller out of key id's line ln (see
+// waitline.Lines.Leave), and drops the line's registration when the caller
+// was the last.
+func (k *Locker) leaveLine(id int64, ln *waitline.Line, head bool) {
+	if !k.lines.Leave(id, ln, head) {
+		return
 	}
 	k.mu.Lock()
-	ln.members--
-	var reg *waitReg
-	if ln.members == 0 {
-		if k.lines[id] == ln {
-			delete(k.lines, id)
-		}
-		reg, ln.reg = ln.reg, nil
-	}
+	reg := k.lineRegs[ln]
+	delete(k.lineRegs, ln)
 	k.mu.Unlock()
 	if reg != nil {
 		k.unregister(reg)
@@ -553,15 +518,15 @@ func (k *Locker) leaveLine(id int64, ln *line, head bool) {
 }
 
 // lineRegister registers ln for wake-ups of key id unless it already is,
-// and returns its channels (see lineChannels).
-func (k *Locker) lineRegister(ln *line, values context.Context, id int64) (armed, wake chan struct{}) {
+// and returns its channels (see lineChannels). Only ln's head calls it.
+func (k *Locker) lineRegister(ln *waitline.Line, values context.Context, id int64) (armed, wake chan struct{}) {
 	k.mu.Lock()
-	registered := ln.reg != nil
+	_, registered := k.lineRegs[ln]
 	k.mu.Unlock()
 	if !registered {
 		reg := k.register(values, id) // nil after Close or with DisableListen
 		k.mu.Lock()
-		ln.reg = reg
+		k.lineRegs[ln] = reg
 		k.mu.Unlock()
 	}
 	return k.lineChannels(ln)
@@ -570,11 +535,12 @@ func (k *Locker) lineRegister(ln *line, values context.Context, id int64) (armed
 // lineChannels returns the channels the head of ln selects on: armed until
 // the line's interest lock is held, and the current wake channel; both nil
 // while the line is not registered.
-func (k *Locker) lineChannels(ln *line) (armed, wake chan struct{}) {
+func (k *Locker) lineChannels(ln *waitline.Line) (armed, wake chan struct{}) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if ln.reg == nil {
+	reg := k.lineRegs[ln]
+	if reg == nil {
 		return nil, nil
 	}
-	return ln.reg.in.armed, ln.reg.in.wake
+	return reg.in.armed, reg.in.wake
 }

@@ -1,6 +1,10 @@
 package advisory
 
-import "time"
+import (
+	"time"
+
+	"github.com/pgfence/pgfence/internal/waitline"
+)
 
 // SetFirstPause sets the first pause of k's waiting Acquire calls (normally
 // 5ms), so that tests can make a waiter's next poll later than its
@@ -10,14 +14,7 @@ func SetFirstPause(k *Locker, d time.Duration) { k.firstPause = d }
 // Waiters returns the number of k's Acquire calls waiting for key: those
 // in its line (refused once at least), the head that listens for wake-ups
 // and the calls queued behind it.
-func Waiters(k *Locker, key Key) int {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if ln := k.lines[key.id]; ln != nil {
-		return ln.members
-	}
-	return 0
-}
+func Waiters(k *Locker, key Key) int { return k.lines.Members(key.id) }
 
 // Registered reports whether k has registered for wake-ups on key (its
 // line holds a registration).
@@ -50,4 +47,4 @@ func SetOnRound(k *Locker, f func()) { k.onRound = f }
 // SetNoLine makes every waiting Acquire call of k the head of its key's
 // line, so that each is woken by every release and notification (the
 // negative control of the line's tests).
-func SetNoLine(k *Locker) { k.noLine = true }
+func SetNoLine(k *Locker) { k.lines = waitline.New[int64](true) }

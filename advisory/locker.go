@@ -17,6 +17,7 @@ import (
 	"github.com/pgfence/pgfence/internal/install"
 	"github.com/pgfence/pgfence/internal/notifier"
 	"github.com/pgfence/pgfence/internal/retry"
+	"github.com/pgfence/pgfence/internal/waitline"
 )
 
 // Locker takes session-level advisory locks on a few database sessions it
@@ -44,11 +45,8 @@ type Locker struct {
 	// afterGrant, a test hook, runs between a grant and its hand-out.
 	afterGrant func(*Lease)
 	// onRound, a test hook, runs each time a waiting Acquire goes round
-	// its loop again (woken, or at the end of a pause); noLine, another,
-	// makes every waiting call the head of its key's line, as if there
-	// were no line (the negative control of the line's tests).
+	// its loop again (woken, or at the end of a pause).
 	onRound func()
-	noLine  bool
 	// onBatch, a test hook, runs as a session's turn answers the lock
 	// requests and unlocks queued on it (batch.go).
 	onBatch func(locks, unlocks int)
@@ -62,7 +60,10 @@ type Locker struct {
 	sessions      []*session // live or opening
 	nextSessionID int
 	keys          map[int64]*keyState
-	lines         map[int64]*line // waiting Acquire calls, by key (acquire.go)
+	// Waiting Acquire calls, by key, and the registrations for wake-ups
+	// of their lines (acquire.go).
+	lines    *waitline.Lines[int64]
+	lineRegs map[*waitline.Line]*waitReg
 
 	// Wake-ups across sessions (wake.go).
 	interests       map[int64]*interest
@@ -123,7 +124,8 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 		ev:           events.New(c.Observer),
 		backoff:      retry.Default,
 		keys:         make(map[int64]*keyState),
-		lines:        make(map[int64]*line),
+		lines:        waitline.New[int64](false),
+		lineRegs:     make(map[*waitline.Line]*waitReg),
 		interests:    make(map[int64]*interest),
 	}, nil
 }

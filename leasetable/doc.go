@@ -90,11 +90,15 @@
 // acquired_at + AtLeast, and takes the lease then. Waiters of the Locker
 // that released are woken directly, without LISTEN (also with
 // [Config].DisableListen).
-// Waiters of one Locker for the same lease that a release wakes together
-// send one attempt between them: those registered before it started wait
-// for its answer and take a refusal (another Locker took the lease) as
-// theirs, so a release costs one attempt per waiting Locker however many of
-// its calls wait.
+// The calls of one Locker waiting for the same lease stand in a line: only
+// the call at its head waits for the wake-ups and retries, the others wait
+// in-process and take the head in turn (about in the order they began to
+// wait) when the one before returns, with the lease or without it. Calls
+// that do try together (the head and new calls making their first
+// attempt) send one attempt between them: those registered before it
+// started wait for its answer and take a refusal (another Locker took the
+// lease) as theirs. So a release wakes one call and costs one attempt per
+// waiting Locker however many of its calls wait.
 // Otherwise a waiter retries when the holder's lease is due to expire, plus a
 // little jitter. If the LISTEN connection fails, waiting still works through
 // those timed retries; the connection is re-opened with capped, jittered

@@ -1,5 +1,7 @@
 package leasetable
 
+import "github.com/pgfence/pgfence/internal/waitline"
+
 // SetNoRetry turns off the retries of transient database errors, for the
 // negative controls of the failover tests. Call it before using k.
 func SetNoRetry(k *Locker) { k.noRetry = true }
@@ -12,3 +14,15 @@ func SetKeepStale(k *Locker) { k.keepStale = true }
 // rather than wait for one in flight, for the negative control of the
 // herd test. Call it before using k.
 func SetNoShareAttempts(k *Locker) { k.noShare = true }
+
+// SetNoLine makes every waiting Acquire of k the head of its name's line,
+// so that each is woken by every release (the negative control of the
+// line's tests). Call it before using k.
+func SetNoLine(k *Locker) { k.lines = waitline.New[string](true) }
+
+// SetOnRound sets a function run before each attempt of k's waiting
+// Acquire calls. Call it before using k.
+func SetOnRound(k *Locker, f func()) { k.onRound = f }
+
+// Waiters returns the number of k's Acquire calls in name's line.
+func Waiters(k *Locker, name string) int { return k.lines.Members(name) }

@@ -16,11 +16,13 @@ import (
 
 // TestHerdOfOneLockerAsksOnce: many Acquire calls of one Locker waiting
 // for a lease that is handed over again and again ask the database about
-// once per hand-over, not once per waiter: the waiters a release wakes wait
-// for the first one's attempt and take its refusal as theirs. The count is
-// the Attempts of every call's Acquired or NotAcquired event (the calls
-// still waiting at the end are cancelled). The negative control turns the
-// sharing off, and every woken waiter asks again.
+// once per hand-over, not once per waiter: a release wakes the head of the
+// Locker's line for the lease only (TestLineWakesOneCall), and calls woken
+// together wait for the first one's attempt and take its refusal as
+// theirs. The count is the Attempts of every call's Acquired or
+// NotAcquired event (the calls still waiting at the end are cancelled).
+// The negative control turns both the line and the sharing off, and every
+// woken waiter asks again.
 func TestHerdOfOneLockerAsksOnce(t *testing.T) {
 	t.Parallel()
 	const waiters, handovers = 20, 10
@@ -56,6 +58,7 @@ func TestHerdOfOneLockerAsksOnce(t *testing.T) {
 			waiter := newLocker(t, db.NewPool(t, nil), &leasetable.Config{Owner: "waiter", Observer: obs})
 			if tc.noShare {
 				leasetable.SetNoShareAttempts(waiter)
+				leasetable.SetNoLine(waiter)
 			}
 			const name = "herd:ask-once"
 			held, err := holder.TryAcquire(ctx, name, nil)
@@ -94,6 +97,69 @@ func TestHerdOfOneLockerAsksOnce(t *testing.T) {
 			t.Logf("%d attempts by %d waiters over %d hand-overs", n, waiters, handovers)
 			require.LessOrEqual(t, n, tc.atMost)
 			require.GreaterOrEqual(t, n, tc.atLeast)
+		})
+	}
+}
+
+// TestLineWakesOneCall: Acquire calls of one Locker waiting for a lease
+// stand in a line, and a release wakes the call at its head, not every
+// waiting call. Twenty calls take the lease in turn after another Locker
+// releases it, each releasing it at once; the attempts they make in all
+// (every round of a waiting call's loop) are counted. The control turns
+// the line off: every release then wakes every call still waiting.
+func TestLineWakesOneCall(t *testing.T) {
+	t.Parallel()
+	const waiters = 20
+	for _, tc := range []struct {
+		name    string
+		noLine  bool
+		atMost  int64
+		atLeast int64
+	}{
+		// A call's first attempt, one as it takes the head, one when the
+		// call before releases, and one or two for the notifications of
+		// the releases (this Locker's own among them).
+		{"line", false, 6 * waiters, waiters},
+		// Every call is woken by the releases that come while it waits
+		// (up to waiters²/2 in all, fewer when wake-ups coalesce on a
+		// busy machine): above the line's range.
+		{"control: no line", true, 1 << 30, 6*waiters + 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			db := pgtest.NewDB(t)
+			holder := newLocker(t, db.Pool, &leasetable.Config{Owner: "holder"})
+			waiter := newLocker(t, db.NewPool(t, nil), &leasetable.Config{Owner: "waiter"})
+			if tc.noLine {
+				leasetable.SetNoLine(waiter)
+			}
+			var rounds atomic.Int64
+			leasetable.SetOnRound(waiter, func() { rounds.Add(1) })
+			const name = "herd:line"
+			held, err := holder.TryAcquire(ctx, name, nil)
+			require.NoError(t, err)
+			done := make(chan error, waiters)
+			for range waiters {
+				go func() {
+					l, err := waiter.Acquire(ctx, name, nil)
+					if err == nil {
+						err = l.Release(ctx)
+					}
+					done <- err
+				}()
+			}
+			require.Eventually(t, func() bool { return leasetable.Waiters(waiter, name) == waiters },
+				20*time.Second, 5*time.Millisecond, "every call waits")
+			require.NoError(t, held.Release(ctx))
+			for range waiters {
+				require.NoError(t, <-done)
+			}
+			got := rounds.Load()
+			t.Logf("%d attempts of %d waiting calls", got, waiters)
+			require.GreaterOrEqual(t, got, tc.atLeast)
+			require.LessOrEqual(t, got, tc.atMost)
 		})
 	}
 }

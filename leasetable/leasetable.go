@@ -18,6 +18,7 @@ import (
 	"github.com/pgfence/pgfence/internal/install"
 	"github.com/pgfence/pgfence/internal/notifier"
 	"github.com/pgfence/pgfence/internal/retry"
+	"github.com/pgfence/pgfence/internal/waitline"
 )
 
 // Locker acquires, renews and releases leases in the pgfence_leases table
@@ -34,6 +35,7 @@ type Locker struct {
 	noRetry    bool            // tests: transient errors are not retried
 	keepStale  bool            // tests: connections to a read-only server are kept
 	noShare    bool            // tests: waiters do not share attempts (see try)
+	onRound    func()          // tests: runs before each attempt of a waiting Acquire
 	ev         *events.Emitter // nil without Config.Observer
 
 	// Stats counters.
@@ -50,6 +52,9 @@ type Locker struct {
 	waiters         map[string]map[*waiter]struct{}
 	waiterSeq       uint64              // the seq of the last waiter added
 	attempts        map[string]*attempt // attempts in flight, by name (see try)
+	// lines queues the waiting Acquire calls by name: only the head of a
+	// name's line retries and is woken (see acquire).
+	lines *waitline.Lines[string]
 
 	acquires batcher[*acquireReq] // combines concurrent acquires
 	releases batcher[*releaseReq] // combines concurrent releases
@@ -114,6 +119,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 		watchdogWake: make(chan struct{}, 1),
 		waiters:      make(map[string]map[*waiter]struct{}),
 		attempts:     make(map[string]*attempt),
+		lines:        waitline.New[string](false),
 		backoff:      retry.Default,
 		ev:           events.New(resolved.Observer),
 	}
@@ -318,8 +324,10 @@ func (k *Locker) tryAcquire(ctx context.Context, name string, t leaseTiming, _ *
 // the lease (at once when the holder is this Locker; through LISTEN/NOTIFY,
 // within milliseconds, from other Lockers) and otherwise when the holder's
 // lease is due to expire (plus a little jitter). Each attempt is the same
-// single statement as [Locker.TryAcquire]. The first wait opens the
-// Locker's LISTEN connection, which stays open until [Locker.Close].
+// single statement as [Locker.TryAcquire]. The calls of one Locker waiting
+// for a lease are served about in the order they began to wait; across
+// Lockers no order holds. The first wait opens the Locker's LISTEN
+// connection, which stays open until [Locker.Close].
 //
 // When ctx ends first, Acquire returns an error wrapping ctx's cause; when
 // opts.WaitTimeout elapses first, an error matching [pgfence.ErrNotAcquired]
@@ -371,7 +379,22 @@ func (k *Locker) acquire(ctx context.Context, name string, t leaseTiming, opts *
 		}
 		return fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, context.Cause(ctx))
 	}
+	// The calls of this Locker waiting for name stand in its line, joined
+	// at the first refusal: only the head waits for wake-ups and retries,
+	// the others wait for its turn (see package waitline). They stay
+	// registered (w) meanwhile, so that the attempt a new head sends or
+	// shares at once cannot miss a release.
+	var ln *waitline.Line
+	head := false
+	defer func() {
+		if ln != nil {
+			k.lines.Leave(name, ln, head)
+		}
+	}()
 	for {
+		if k.onRound != nil {
+			k.onRound()
+		}
 		l, _, retryIn, err := k.try(ctx, name, t, attempts, w)
 		switch {
 		case err == nil:
@@ -391,6 +414,22 @@ func (k *Locker) acquire(ctx context.Context, name string, t leaseTiming, opts *
 		}
 		if l != nil {
 			return l, nil
+		}
+		if ln == nil {
+			ln = k.lines.Join(name)
+		}
+		if !head {
+			waited, stopped := ln.Head(ctx, k.closeCtx.Done())
+			switch {
+			case stopped && ctx.Err() != nil:
+				return nil, ended()
+			case stopped:
+				return nil, fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, pgfence.ErrClosed)
+			}
+			head = true
+			if waited {
+				continue // the call before got the lease, or left: try at once
+			}
 		}
 		if unavailable == nil {
 			k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: waiting for lease", "lease", name, "retry_in", retryIn)

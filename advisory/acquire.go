@@ -178,7 +178,7 @@ func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpt
 	pause := k.firstPause
 	// ln is the key's line of waiting calls in this Locker, joined at the
 	// first refusal; only the call at its head (head) retries and selects
-	// on the wake-ups below, the others wait for its turn (see line).
+	// on the wake-ups below, the others wait for its turn (see leaveLine).
 	var ln *waitline.Line
 	head := false
 	var armedSeen chan struct{} // the armed channel already acted on
@@ -518,18 +518,19 @@ func (k *Locker) leaveLine(id int64, ln *waitline.Line, head bool) {
 }
 
 // lineRegister registers ln for wake-ups of key id unless it already is,
-// and returns its channels (see lineChannels). Only ln's head calls it.
+// and returns its channels (see lineChannels).
 func (k *Locker) lineRegister(ln *waitline.Line, values context.Context, id int64) (armed, wake chan struct{}) {
 	k.mu.Lock()
-	_, registered := k.lineRegs[ln]
-	k.mu.Unlock()
+	defer k.mu.Unlock()
+	reg, registered := k.lineRegs[ln]
 	if !registered {
-		reg := k.register(values, id) // nil after Close or with DisableListen
-		k.mu.Lock()
+		reg = k.registerLocked(values, id) // nil after Close or with DisableListen
 		k.lineRegs[ln] = reg
-		k.mu.Unlock()
 	}
-	return k.lineChannels(ln)
+	if reg == nil {
+		return nil, nil
+	}
+	return reg.in.armed, reg.in.wake
 }
 
 // lineChannels returns the channels the head of ln selects on: armed until

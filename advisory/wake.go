@@ -88,19 +88,18 @@ type interest struct {
 	values context.Context
 }
 
-// waitReg is one Lock call's registration.
+// waitReg is the registration of one line of waiting calls (acquire.go).
 type waitReg struct {
 	id int64
 	in *interest
 }
 
-// register records interest in key id for a waiting Lock (whose ctx is
-// values) and asks the LISTEN loop, starting it on first use, to take the
-// interest lock. It returns nil after Close or when Config.DisableListen
-// is set. It never waits for the database.
-func (k *Locker) register(values context.Context, id int64) *waitReg {
-	k.mu.Lock()
-	defer k.mu.Unlock()
+// registerLocked records interest in key id for a line of waiting calls
+// (whose head's ctx is values) and asks the LISTEN loop, starting it on
+// first use, to take the interest lock. It returns nil after Close or when
+// Config.DisableListen is set. It never waits for the database. The caller
+// holds k.mu.
+func (k *Locker) registerLocked(values context.Context, id int64) *waitReg {
 	if k.closed || k.cfg.DisableListen {
 		return nil
 	}

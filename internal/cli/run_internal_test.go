@@ -215,6 +215,10 @@ func TestSuperviseUnderLeaseReleaseFails(t *testing.T) {
 	require.Contains(t, stderr.String(), `releasing lease "nightly" failed: connection refused; it expires after its TTL`)
 }
 
+// TestSuperviseUnderLeaseForwardsSignals sends SIGUSR1, not SIGHUP: this
+// test process starts the command itself, which inherits its signal
+// dispositions, and a test run under nohup ignores SIGHUP, which a
+// non-interactive shell then cannot trap.
 func TestSuperviseUnderLeaseForwardsSignals(t *testing.T) {
 	t.Parallel()
 	fifo := filepath.Join(t.TempDir(), "ready")
@@ -224,12 +228,12 @@ func TestSuperviseUnderLeaseForwardsSignals(t *testing.T) {
 	sigs := make(chan os.Signal, 1)
 	statusc := make(chan int, 1)
 	go func() {
-		statusc <- a.superviseUnderLease(l, []string{"sh", "-c", `trap 'exit 42' HUP; echo ready > "$0"; while :; do sleep 1; done`, fifo},
+		statusc <- a.superviseUnderLease(l, []string{"sh", "-c", `trap 'exit 42' USR1; echo ready > "$0"; while :; do sleep 1; done`, fifo},
 			sigs, time.Second, nil, func() {}, nil)
 	}()
 	_, err := os.ReadFile(fifo)
 	require.NoError(t, err)
-	sigs <- syscall.SIGHUP
+	sigs <- syscall.SIGUSR1
 	require.Equal(t, 42, <-statusc)
 	require.Equal(t, 1, l.released)
 }

@@ -535,3 +535,46 @@ func TestLineWakesOneCall(t *testing.T) {
 		})
 	}
 }
+
+// TestLineHeadLeaves: when the call at the head of a line leaves without
+// the key (its ctx ends), the next call takes the head and the line's
+// registration with it: the holder's Release in another Locker still wakes
+// it by NOTIFY, well before its first poll, and then the call after it.
+func TestLineHeadLeaves(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	holder := newHolder(t, db)
+	w := newWaiter(t, db, "wake-line-leave", false)
+	key := advisory.Name("wake:line-leave")
+	lk, err := holder.TryAcquireKey(ctx, key, nil)
+	require.NoError(t, err)
+
+	headCtx, cancelHead := context.WithCancel(ctx)
+	head := lockAsync(headCtx, w, key, nil)
+	require.Eventually(t, func() bool { return advisory.Waiters(w, key) == 1 && advisory.Registered(w, key) },
+		20*time.Second, time.Millisecond, "the first call heads the line")
+	waitInterest(t, db.Pool, key, 1)
+	opts := &advisory.AcquireOpts{WaitTimeout: wakeWaitTimeout + 5*time.Second}
+	second := lockAsync(ctx, w, key, opts)
+	require.Eventually(t, func() bool { return advisory.Waiters(w, key) == 2 }, 20*time.Second, time.Millisecond)
+	third := lockAsync(ctx, w, key, opts)
+	require.Eventually(t, func() bool { return advisory.Waiters(w, key) == 3 }, 20*time.Second, time.Millisecond)
+
+	cancelHead()
+	require.ErrorIs(t, result(t, head).err, context.Canceled)
+	require.Equal(t, 2, advisory.Waiters(w, key))
+	require.True(t, advisory.Registered(w, key), "the registration stays with the line")
+	require.Len(t, interestHolders(t, db.Pool, key), 1)
+
+	released := time.Now()
+	require.NoError(t, lk.Release(ctx))
+	r := result(t, second)
+	require.NoError(t, r.err)
+	require.Less(t, time.Since(released), wakeWaitTimeout, "woken by the NOTIFY, not by a poll (4-8s)")
+	require.NoError(t, r.lk.Release(ctx))
+	r = result(t, third)
+	require.NoError(t, r.err)
+	require.NoError(t, r.lk.Release(ctx))
+	waitInterest(t, db.Pool, key, 0)
+}

@@ -163,3 +163,52 @@ func TestLineWakesOneCall(t *testing.T) {
 		})
 	}
 }
+
+// TestLineHeadLeaves: when the call at the head of a line leaves without
+// the lease (its ctx ends), the next call takes the head, and the holder's
+// release in another Locker still wakes it (by NOTIFY, long before the
+// holder's 30s TTL would have let it in), then the call after it.
+func TestLineHeadLeaves(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db := pgtest.NewDB(t)
+	holder := newLocker(t, db.Pool, &leasetable.Config{Owner: "holder", TTL: 30 * time.Second})
+	waiter := newLocker(t, db.NewPool(t, nil), &leasetable.Config{Owner: "waiter"})
+	const name = "herd:line-leave"
+	held, err := holder.TryAcquire(ctx, name, nil)
+	require.NoError(t, err)
+
+	type result struct {
+		l   pgfence.Lease
+		err error
+	}
+	start := func(ctx context.Context) <-chan result {
+		ch := make(chan result, 1)
+		go func() {
+			l, err := waiter.Acquire(ctx, name, nil)
+			ch <- result{l, err}
+		}()
+		return ch
+	}
+	headCtx, cancelHead := context.WithCancel(ctx)
+	head := start(headCtx)
+	require.Eventually(t, func() bool { return leasetable.Waiters(waiter, name) == 1 }, 20*time.Second, time.Millisecond)
+	second := start(ctx)
+	require.Eventually(t, func() bool { return leasetable.Waiters(waiter, name) == 2 }, 20*time.Second, time.Millisecond)
+	third := start(ctx)
+	require.Eventually(t, func() bool { return leasetable.Waiters(waiter, name) == 3 }, 20*time.Second, time.Millisecond)
+
+	cancelHead()
+	require.ErrorIs(t, (<-head).err, context.Canceled)
+	require.Equal(t, 2, leasetable.Waiters(waiter, name))
+
+	released := time.Now()
+	require.NoError(t, held.Release(ctx))
+	for _, ch := range []<-chan result{second, third} {
+		r := <-ch
+		require.NoError(t, r.err)
+		require.NoError(t, r.l.Release(ctx))
+	}
+	require.Less(t, time.Since(released), 15*time.Second, "woken by the release, not at the holder's expiry (30s)")
+}

@@ -627,6 +627,7 @@ func writeHerd(cfg *config, m machineInfo, loadStart, loadEnd string, cpu *serve
 		tt.Rows = append(tt.Rows, []string{tg.What, tg.Goal, tg.Measured, tg.Met})
 	}
 	p("%s\n", tt.Markdown())
+	herdMiss(p, pts, herdTargets(pts, cfg.HoldShort), cfg.HoldShort, m.Cores)
 	var errs []string
 	for _, pt := range pts {
 		if pt.FirstErr != "" {
@@ -645,4 +646,30 @@ func writeHerd(cfg *config, m machineInfo, loadStart, loadEnd string, cpu *serve
 	}
 	fmt.Println("wrote", path)
 	return nil
+}
+
+// herdMiss explains the missed one-waiter hand-over targets of ts with the
+// run's figures: what one hand-over cost, and what bounds it. It writes
+// nothing when none of them was missed.
+func herdMiss(q func(string, ...any), pts []herdPoint, ts []target, hold time.Duration, cores int) {
+	var lines []string
+	for _, s := range herdStrategies {
+		for _, mode := range []string{herdProcesses, herdInProcess} {
+			if !missed(ts, fmt.Sprintf("%s hand-over at 1 waiter, hold %v, %s", s, hold, herdModeText(mode))) {
+				continue
+			}
+			p := herdFind(pts, s, mode, 1)
+			if p == nil || p.Latency.N == 0 {
+				continue
+			}
+			lines = append(lines, fmt.Sprintf("- %s, %s: p50 %s, p99 %s over %d hand-overs; per hand-over %.1f statements, %s µs of server CPU and %s µs of client CPU.",
+				s, herdModeText(mode), report.Duration(p.Latency.P50), report.Duration(p.Latency.P99), p.Latency.N,
+				p.per(float64(p.Statements)), herdCPUCell(p, p.ServerCPU, p.ServerOK), herdCPUCell(p, p.ClientCPU, true)))
+		}
+	}
+	if len(lines) == 0 {
+		return
+	}
+	q("### hand-over at one waiter (scenario 11)\n\n%s\n\n", strings.Join(lines, "\n"))
+	q("With one waiter the hand-overs run one after another, each a chain through the server: the holder's release (one round trip; its commit does not wait for a WAL flush), the NOTIFY's delivery to the waiter's LISTEN connection, and the waiter's acquire, whose durable token waits for a WAL flush. No step waits for a poll or for another waiter, and the statements per hand-over are the few the chain needs, so the latency is the round trips, the flush and the CPU they take on the %d cores that the workers and PostgreSQL share here: compare the server CPU per hand-over across runs on different machines, which moves with the p50. On a server with cores of its own the chain loses the clients' share of that CPU, and a faster flush (NVMe with power-loss protection) shortens the acquire's commit.\n\n", cores)
 }

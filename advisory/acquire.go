@@ -216,6 +216,9 @@ func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpt
 		}
 		if asked {
 			n++
+			if k.onRefused != nil && errors.Is(err, pgfence.ErrNotAcquired) {
+				k.onRefused()
+			}
 		}
 		if err == nil {
 			return l, n, nil

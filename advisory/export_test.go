@@ -48,3 +48,7 @@ func SetOnRound(k *Locker, f func()) { k.onRound = f }
 // line, so that each is woken by every release and notification (the
 // negative control of the line's tests).
 func SetNoLine(k *Locker) { k.lines = waitline.New[int64](true) }
+
+// SetOnRefused sets a function run each time the server refuses an attempt
+// of one of k's acquires (another session holds the key).
+func SetOnRefused(k *Locker, f func()) { k.onRefused = f }

@@ -47,6 +47,9 @@ type Locker struct {
 	// onRound, a test hook, runs each time a waiting Acquire goes round
 	// its loop again (woken, or at the end of a pause).
 	onRound func()
+	// onRefused, a test hook, runs when the server refused an attempt of
+	// an acquire (the key is held by another session).
+	onRefused func()
 	// onBatch, a test hook, runs as a session's turn answers the lock
 	// requests and unlocks queued on it (batch.go).
 	onBatch func(locks, unlocks int)

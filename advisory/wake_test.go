@@ -364,12 +364,19 @@ func TestWakeShortHoldDoesNotNotify(t *testing.T) {
 	holder := newLocker(t, db.Pool, nil)
 	advisory.SetNotifyAfterHeld(holder, time.Hour)
 	waiter := newWaiter(t, db, "wake-short", false)
+	var refused atomic.Int64
+	advisory.SetOnRefused(waiter, func() { refused.Add(1) })
 	key := advisory.Name("wake:short")
 
 	lk, err := holder.TryAcquireKey(ctx, key, nil)
 	require.NoError(t, err)
 	res := lockAsync(ctx, waiter, key, &advisory.AcquireOpts{WaitTimeout: wakeWaitTimeout})
 	waitInterest(t, db.Pool, key, 1)
+	// Once its interest lock is held the waiter tries again at once (to
+	// close the race with a release sent before it was armed): release
+	// only after that attempt, too, was refused, or it could take the key
+	// without any notification.
+	require.Eventually(t, func() bool { return refused.Load() >= 2 }, 20*time.Second, time.Millisecond)
 	require.NoError(t, lk.Release(ctx))
 	r := result(t, res)
 	require.ErrorIs(t, r.err, pgfence.ErrNotAcquired)

@@ -77,8 +77,9 @@ func (ln *Line) Head(ctx context.Context, closing <-chan struct{}) (waited, stop
 
 // Leave takes the caller out of key's line ln, giving up the turn when it
 // is the head (head true: the next call in line takes it). It reports
-// whether the caller was the last: the line is then gone, and a later Join
-// makes a new one.
+// whether the caller was the last to leave (not necessarily the last to
+// take the head: a head gives up the turn before it is counted out): the
+// line is then gone, and a later Join makes a new one.
 func (ls *Lines[K]) Leave(key K, ln *Line, head bool) (last bool) {
 	if head {
 		<-ln.turn

@@ -178,7 +178,8 @@ func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpt
 	pause := k.firstPause
 	// ln is the key's line of waiting calls in this Locker, joined at the
 	// first refusal; only the call at its head (head) retries and selects
-	// on the wake-ups below, the others wait for its turn (see leaveLine).
+	// on the wake-ups below, the others wait for its turn (package
+	// waitline, and the registration notes above leaveLine).
 	var ln *waitline.Line
 	head := false
 	var armedSeen chan struct{} // the armed channel already acted on

@@ -79,7 +79,7 @@ const interestClassIDText = "1885824631"
 // interest is the wake-up state of one key that waiting Lock calls of this
 // Locker registered for. Guarded by Locker.mu.
 type interest struct {
-	waiters int           // registered lines (one per key: see line)
+	waiters int           // registered lines: 0 or 1, a line per key (Locker.lineRegs)
 	held    bool          // the LISTEN connection holds the interest lock
 	armed   chan struct{} // closed once held (on the current connection)
 	wake    chan struct{} // closed (and replaced) when the key may be free

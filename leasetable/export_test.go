@@ -20,8 +20,9 @@ func SetNoShareAttempts(k *Locker) { k.noShare = true }
 // line's tests). Call it before using k.
 func SetNoLine(k *Locker) { k.lines = waitline.New[string](true) }
 
-// SetOnRound sets a function run before each attempt of k's waiting
-// Acquire calls. Call it before using k.
+// SetOnRound sets a function run each time one of k's waiting Acquire
+// calls goes round its loop again (woken, or at its retry time), as
+// advisory.SetOnRound does. Call it before using k.
 func SetOnRound(k *Locker, f func()) { k.onRound = f }
 
 // Waiters returns the number of k's Acquire calls in name's line.

@@ -104,9 +104,9 @@ func TestHerdOfOneLockerAsksOnce(t *testing.T) {
 // TestLineWakesOneCall: Acquire calls of one Locker waiting for a lease
 // stand in a line, and a release wakes the call at its head, not every
 // waiting call. Twenty calls take the lease in turn after another Locker
-// releases it, each releasing it at once; the attempts they make in all
-// (every round of a waiting call's loop) are counted. The control turns
-// the line off: every release then wakes every call still waiting.
+// releases it, each releasing it at once; the rounds their wait loops go
+// in all (each a new attempt) are counted. The control turns the line
+// off: every release then wakes every call still waiting.
 func TestLineWakesOneCall(t *testing.T) {
 	t.Parallel()
 	const waiters = 20
@@ -116,14 +116,14 @@ func TestLineWakesOneCall(t *testing.T) {
 		atMost  int64
 		atLeast int64
 	}{
-		// A call's first attempt, one as it takes the head, one when the
-		// call before releases, and one or two for the notifications of
-		// the releases (this Locker's own among them).
-		{"line", false, 6 * waiters, waiters},
+		// A call goes round once as it takes the head, once when the call
+		// before releases, and once or twice for the notifications of the
+		// releases (this Locker's own among them): 31-35 seen.
+		{"line", false, 5 * waiters, waiters},
 		// Every call is woken by the releases that come while it waits
 		// (up to waiters²/2 in all, fewer when wake-ups coalesce on a
-		// busy machine): above the line's range.
-		{"control: no line", true, 1 << 30, 6*waiters + 1},
+		// busy machine; 143-210 seen): above the line's range.
+		{"control: no line", true, 1 << 30, 5*waiters + 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -157,7 +157,7 @@ func TestLineWakesOneCall(t *testing.T) {
 				require.NoError(t, <-done)
 			}
 			got := rounds.Load()
-			t.Logf("%d attempts of %d waiting calls", got, waiters)
+			t.Logf("%d wait rounds of %d calls", got, waiters)
 			require.GreaterOrEqual(t, got, tc.atLeast)
 			require.LessOrEqual(t, got, tc.atMost)
 		})

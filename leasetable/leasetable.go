@@ -35,7 +35,7 @@ type Locker struct {
 	noRetry    bool            // tests: transient errors are not retried
 	keepStale  bool            // tests: connections to a read-only server are kept
 	noShare    bool            // tests: waiters do not share attempts (see try)
-	onRound    func()          // tests: runs before each attempt of a waiting Acquire
+	onRound    func()          // tests: runs each time a waiting Acquire goes round its loop again
 	ev         *events.Emitter // nil without Config.Observer
 
 	// Stats counters.
@@ -391,8 +391,8 @@ func (k *Locker) acquire(ctx context.Context, name string, t leaseTiming, opts *
 			k.lines.Leave(name, ln, head)
 		}
 	}()
-	for {
-		if k.onRound != nil {
+	for round := 0; ; round++ {
+		if round > 0 && k.onRound != nil {
 			k.onRound()
 		}
 		l, _, retryIn, err := k.try(ctx, name, t, attempts, w)

@@ -86,11 +86,17 @@ func leaderWrite(ctx context.Context, db *pgxpool.Pool, token int64, guarded boo
 // (Term.Expiry), and when the holder learnt that it ended (its context
 // was cancelled), both on the local clock of the same machine.
 type termRec struct {
-	who              string
-	token            int64
-	began            time.Time
-	deadline         time.Time
-	learned          time.Time
+	who      string
+	token    int64
+	began    time.Time
+	deadline time.Time
+	learned  time.Time
+	// stopped is when the holder stopped acting as leader of its own
+	// accord (its OnStartedLeading returned, and Run resigns next); zero
+	// when not recorded. learned is stamped by a context.AfterFunc
+	// goroutine, which a loaded machine may run after the resignation
+	// has already let the next term begin.
+	stopped          time.Time
 	cause            string
 	resignedByCaller bool
 }
@@ -159,8 +165,13 @@ func checkDeadlines(terms []termRec, learned bool) []string {
 }
 
 // holderEnd is when the holder stops leading: its local deadline, or when
-// it learnt of the end if that came first (a resignation).
+// it learnt of the end or stopped of its own accord, if that came first
+// (a resignation).
 func holderEnd(tr termRec) (time.Time, string) {
+	if !tr.stopped.IsZero() && (tr.learned.IsZero() || tr.stopped.Before(tr.learned)) &&
+		(tr.deadline.IsZero() || tr.stopped.Before(tr.deadline)) {
+		return tr.stopped, "stopped leading"
+	}
 	if !tr.learned.IsZero() && (tr.deadline.IsZero() || tr.learned.Before(tr.deadline)) {
 		return tr.learned, "end (resigned)"
 	}

@@ -72,6 +72,7 @@ func TestLeaderPgBouncerTransactionMode(t *testing.T) {
 								}
 								time.Sleep(5 * time.Millisecond)
 							}
+							rec.stopped = time.Now() // Run resigns once this returns
 							go func() {
 								<-ended
 								mu.Lock()

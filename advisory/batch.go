@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"time"
 
@@ -17,16 +18,21 @@ import (
 // Combining statements
 //
 // Acquires and Releases routed to one session queue their requests on it
-// (request). The caller that takes the session's turn (s.sem) runs every
-// request queued at that moment: the unlocks in one statement
-// (unlockBatchSQL), then the lock requests in another (tryLockBatchSQL):
-// one round trip, one transaction id and one WAL flush for all their
-// tokens. The others find their answer ready (done closed) when the turn
-// comes back, or while they wait for it. A request alone of its kind runs
-// the single-key statement (tryLockSQL, unlockSQL and friends), exactly as
-// before combining. Unlocks and lock requests are not mixed in one
-// statement, so that a lock statement the server fails can be undone and
-// retried alone without guessing which unlocks took effect.
+// (request). The caller that takes the session's turn (s.sem) first lets
+// the callers about to queue do so (gather), then runs every request
+// queued at that moment, in two phases: the unlocks in one statement
+// (unlockBatchSQL), answered as soon as it returns, so that a Release
+// never waits for the WAL flush of other callers' grants; then the lock
+// requests in another (tryLockBatchSQL), together with those queued while
+// the unlocks ran (a caller just released often asks again at once): one
+// round trip, one transaction id and one WAL flush for all their tokens.
+// The others find their answer ready (done closed) when the turn comes
+// back, or while they wait for it. A request alone of its kind runs the
+// single-key statement (tryLockSQL, unlockSQL and friends), exactly as
+// before combining. Unlocks and lock requests never share a statement or
+// a transaction, so that a lock statement the server fails can be undone
+// and retried alone without touching the unlocks, whose notifications
+// are committed by then.
 //
 // The Locker's key states (keyState) already decide, before a request is
 // queued, which requests may reach the server: one exclusive request per
@@ -76,51 +82,60 @@ func (k *Locker) grant(ctx, values context.Context, s *session, key Key, shared 
 // submit queues r on s and returns once r is answered: by this caller, when
 // it gets s's turn (s.sem) and runs every request queued then, or by
 // another caller that had the turn. When cancel closes before r was taken
-// into a statement, submit withdraws r and returns false.
+// into a statement, submit withdraws r and returns false; once taken, r is
+// answered (a turn may also put it back in the queue, runBatch, and then
+// its caller may take the next turn for it).
 func (k *Locker) submit(cancel <-chan struct{}, s *session, r *request) bool {
 	s.qmu.Lock()
 	s.pending = append(s.pending, r)
 	s.qmu.Unlock()
-	select {
-	case s.sem <- struct{}{}:
-		// A caller with the turn closes the done of every request it
-		// took before it gives the turn back, so r is either answered
-		// or still queued.
+	for {
 		select {
+		case s.sem <- struct{}{}:
+			// A caller with the turn closes the done of every request it
+			// took, or puts it back in the queue, before it gives the turn
+			// back, so r is either answered or still queued.
+			select {
+			case <-r.done:
+			default:
+				s.gather()
+				s.qmu.Lock()
+				batch := s.pending
+				s.pending = nil
+				s.qmu.Unlock()
+				k.runBatch(r.ctx, s, r, batch) // answers r
+			}
+			<-s.sem
+			return true
 		case <-r.done:
-		default:
+			return true
+		case <-cancel:
 			s.qmu.Lock()
-			batch := s.pending
-			s.pending = nil
+			if i := slices.Index(s.pending, r); i >= 0 {
+				s.pending = slices.Delete(s.pending, i, i+1)
+				s.qmu.Unlock()
+				return false
+			}
 			s.qmu.Unlock()
-			k.runBatch(r.ctx, s, batch)
+			// In a statement now (bounded by QueryTimeout), or to be put
+			// back in the queue: wait for the answer or the turn.
+			cancel = nil
 		}
-		<-s.sem
-	case <-r.done:
-	case <-cancel:
-		s.qmu.Lock()
-		if i := slices.Index(s.pending, r); i >= 0 {
-			s.pending = slices.Delete(s.pending, i, i+1)
-			s.qmu.Unlock()
-			return false
-		}
-		s.qmu.Unlock()
-		<-r.done // in a statement now: bounded by QueryTimeout
 	}
-	return true
 }
 
-// runBatch answers the requests of batch on s and closes their done: the
-// unlocks and then the lock requests, each kind in one statement, both in
-// one round trip when there are both (mixedBatch). ctx (the
-// ctx of the caller with the turn) lends its values to the statements. The
-// caller holds s.sem.
-func (k *Locker) runBatch(ctx context.Context, s *session, batch []*request) {
-	defer func() {
-		for _, r := range batch {
-			close(r.done)
-		}
-	}()
+// runBatch answers the requests of batch on s, own (the request of the
+// caller with the turn) among them, and closes their done, in two phases:
+// the unlocks first, in one statement, answered as soon as it returns, so
+// that a Release never waits for the WAL flush of the grants after it;
+// then the lock requests, in another, together with those queued while
+// the unlocks ran (a caller just released often asks again at once), so
+// that their tokens share one flush. When own is an unlock, its caller
+// leaves after the first phase: the lock requests go back to the head of
+// the queue, and one of their callers, who wait for the turn, runs them in
+// the next. ctx (the ctx of the caller with the turn) lends its values to
+// the statements. The caller holds s.sem.
+func (k *Locker) runBatch(ctx context.Context, s *session, own *request, batch []*request) {
 	var grants, unlocks []*request
 	for _, r := range batch {
 		if r.unlock != nil {
@@ -129,23 +144,67 @@ func (k *Locker) runBatch(ctx context.Context, s *session, batch []*request) {
 			grants = append(grants, r)
 		}
 	}
+	if len(unlocks) > 0 {
+		if live := k.liveUnlocks(unlocks); len(live) > 0 {
+			k.unlockBatch(ctx, s, live)
+		}
+		for _, r := range unlocks {
+			close(r.done)
+		}
+		if k.afterUnlocks != nil {
+			k.afterUnlocks()
+		}
+		if own.unlock != nil {
+			s.requeue(grants)
+			if k.onBatch != nil {
+				k.onBatch(0, len(unlocks))
+			}
+			return
+		}
+		// Let the callers just answered queue their next requests.
+		s.gather()
+		if !k.noRecollect {
+			grants = append(grants, s.takeGrants()...)
+		}
+	}
 	if k.onBatch != nil {
 		k.onBatch(len(grants), len(unlocks))
-	}
-	unlocks = k.liveUnlocks(unlocks)
-	k.mu.Lock()
-	dead, closed := s.dead, k.closed
-	k.mu.Unlock()
-	if len(unlocks) > 0 && len(grants) > 0 && !dead && !closed {
-		k.mixedBatch(ctx, s, unlocks, grants)
-		return
-	}
-	if len(unlocks) > 0 {
-		k.unlockBatch(ctx, s, unlocks)
 	}
 	if len(grants) > 0 {
 		k.lockBatch(ctx, s, grants)
 	}
+	for _, r := range grants {
+		close(r.done)
+	}
+}
+
+// requeue puts the lock requests grants back at the head of s's queue,
+// for the next turn.
+func (s *session) requeue(grants []*request) {
+	if len(grants) == 0 {
+		return
+	}
+	s.qmu.Lock()
+	s.pending = append(slices.Clip(grants), s.pending...)
+	s.qmu.Unlock()
+}
+
+// takeGrants removes the lock requests queued on s and returns them; the
+// unlocks stay queued.
+func (s *session) takeGrants() []*request {
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	var grants []*request
+	kept := s.pending[:0]
+	for _, r := range s.pending {
+		if r.unlock == nil {
+			grants = append(grants, r)
+		} else {
+			kept = append(kept, r)
+		}
+	}
+	s.pending = kept
+	return grants
 }
 
 // liveUnlocks answers the unlocks of batch whose lock was lost (without a
@@ -163,51 +222,6 @@ func (k *Locker) liveUnlocks(batch []*request) []*request {
 		live = append(live, r)
 	}
 	return live
-}
-
-// mixedBatch answers the (live) unlocks and the lock requests of one turn
-// in one round trip: unlockBatchSQL then tryLockBatchSQL, pipelined in one
-// implicit transaction (one transaction id, one WAL flush). The outcomes
-// are those of the two statements run one after the other (unlockBatch,
-// then lockBatch), except that when the lock statement fails, the
-// notifications of the unlocks, rolled back with it, are sent again. The
-// caller holds s.sem.
-func (k *Locker) mixedBatch(ctx context.Context, s *session, unlocks, grants []*request) {
-	ok, tokens, uerr, gerr := s.queryMixed(ctx, k, unlocks, grants)
-	if uerr != nil {
-		// The unlock statement failed (and the lock statement did not
-		// run) or its answer is wrong: drop the session.
-		k.failUnlocks(ctx, s, unlocks, uerr, nil)
-		k.failGrants(grants, uerr)
-		return
-	}
-	var failed []*Lease
-	for i, r := range unlocks {
-		if ok[i] {
-			r.unlock.unlocked()
-		} else {
-			failed = append(failed, r.unlock)
-		}
-	}
-	if len(failed) > 0 {
-		k.failUnlocks(ctx, s, unlocks, errNotHeldByServer, failed)
-		k.failGrants(grants, errNotHeldByServer)
-		return
-	}
-	if gerr == nil {
-		k.answerGrants(s, grants, tokens)
-		return
-	}
-	var pgErr *pgconn.PgError
-	readOnly := errors.As(gerr, &pgErr) && pgErr.Code == readOnlySQLState
-	if pgErr != nil && !readOnly && !s.conn.IsClosed() && k.renotify(ctx, s, unlocks) == nil && k.undoFailedBatch(ctx, s, grants) == nil {
-		for _, r := range grants {
-			r.l, r.err = k.lockOnSession(r.ctx, r.values, s, r.key, r.shared)
-		}
-		return
-	}
-	k.failSession(ctx, s, gerr, nil)
-	k.failGrants(grants, gerr)
 }
 
 // failUnlocks drops s after a failed unlock statement (failed nil: every
@@ -245,64 +259,6 @@ func (k *Locker) answerGrants(s *session, batch []*request, tokens []*int64) {
 		}
 		r.l = k.granted(s, r.values, r.key, r.shared, *tokens[i])
 	}
-}
-
-// renotifySQL notifies the waiters of each key of $1, as unlockNotifySQL
-// does when some Lock waits for it.
-const renotifySQL = `SELECT pg_catalog.pg_notify('` + NotifyChannel + `', k::pg_catalog.text) FROM pg_catalog.unnest($1::pg_catalog.int8[]) AS k`
-
-// renotify sends again the notifications that the unlocks of batch may
-// have sent in a transaction that then failed: a waiter woken without
-// reason only tries again. The caller holds s.sem.
-func (k *Locker) renotify(ctx context.Context, s *session, batch []*request) error {
-	var keys []int64
-	for _, r := range batch {
-		if _, notify := r.unlock.unlockStatement(); notify {
-			keys = append(keys, r.key.id)
-		}
-	}
-	if len(keys) == 0 {
-		return nil
-	}
-	return s.query(ctx, k, func(ctx context.Context) error {
-		_, err := s.conn.Exec(ctx, renotifySQL, keys)
-		return err
-	})
-}
-
-// queryMixed sends unlockBatchSQL for unlocks and tryLockBatchSQL for
-// grants in one pipeline (one implicit transaction), bounded by
-// QueryTimeout and not cancelled with ctx (as queryKey). uerr is the
-// failure of the unlock statement (the lock statement then did not run);
-// gerr that of the lock statement or of the transaction's commit. The
-// caller holds s.sem.
-func (s *session) queryMixed(ctx context.Context, k *Locker, unlocks, grants []*request) (ok []bool, tokens []*int64, uerr, gerr error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.cfg.QueryTimeout)
-	defer cancel()
-	ukeys, ushared, notify := unlockArgs(unlocks)
-	gkeys, gshared := lockArgs(grants)
-	b := &pgx.Batch{}
-	b.Queue(unlockBatchSQL, ukeys, ushared, notify)
-	b.Queue(k.sql.tryLockBatch, gkeys, gshared)
-	br := s.conn.SendBatch(ctx, b)
-	ok = make([]bool, len(unlocks))
-	tokens = make([]*int64, len(grants))
-	rows, err := br.Query()
-	if err == nil {
-		err = scanPositions(s, rows, ok)
-	}
-	if err != nil {
-		_ = br.Close()
-		return nil, nil, err, nil
-	}
-	rows, err = br.Query()
-	if err == nil {
-		err = scanPositions(s, rows, tokens)
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	return ok, tokens, nil, err
 }
 
 // lockBatch answers the lock requests of batch with one statement on s.
@@ -511,4 +467,29 @@ func unlockArgs(batch []*request) (keys []int64, shared, notify []bool) {
 		_, notify[i] = r.unlock.unlockStatement()
 	}
 	return keys, shared, notify
+}
+
+// gatherRounds bounds how often a caller that took a session's turn lets
+// the other goroutines run before it takes the queued requests (gather).
+const gatherRounds = 4
+
+// gather lets the goroutines that are ready run, so that the callers about
+// to queue a request on s (one just answered by the previous turn and
+// asking again, say) do so before the caller with the turn takes the
+// queue: their requests then share this turn's statement and WAL flush
+// instead of waiting for the next turn. It yields until the queue stops
+// growing, at most gatherRounds times; it never sleeps. The caller holds
+// s.sem.
+func (s *session) gather() {
+	n := -1
+	for range gatherRounds {
+		s.qmu.Lock()
+		m := len(s.pending)
+		s.qmu.Unlock()
+		if m == n {
+			return
+		}
+		n = m
+		runtime.Gosched()
+	}
 }

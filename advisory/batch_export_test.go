@@ -39,3 +39,22 @@ func SessionPID(k *Locker) int32 {
 	defer k.mu.Unlock()
 	return k.sessions[0].pid
 }
+
+// SetAfterUnlocks has k call f in a session's turn once its unlocks are
+// answered, before it takes the lock requests queued meanwhile.
+func SetAfterUnlocks(k *Locker, f func()) { k.afterUnlocks = f }
+
+// SetNoRecollect has k's turns leave the lock requests queued while their
+// unlocks ran to the next turn (the negative control of the recollection).
+func SetNoRecollect(k *Locker) { k.noRecollect = true }
+
+// SetSessionFill sets the acquisitions in flight on a session from which
+// k routes new keys to another session.
+func SetSessionFill(k *Locker, n int) { k.fill = n }
+
+// Sessions returns the number of k's live or opening sessions.
+func Sessions(k *Locker) int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.sessions)
+}

@@ -3,6 +3,7 @@ package advisory_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -337,11 +338,11 @@ func TestCombinedUnlocks(t *testing.T) {
 	}
 }
 
-// TestMixedTurnLockStatementFails checks a turn that pipelines an unlock
-// and lock requests when the lock statement fails (PF002, as in
+// TestMixedTurnLockStatementFails checks a turn that runs an unlock and
+// lock requests when the lock statement fails (PF002, as in
 // TestCombinedGrantsServerError): the unlock stands and its Release
-// succeeds, its notification, rolled back with the failed transaction, is
-// sent again (a LISTEN connection of the test receives it), each lock
+// succeeds, its notification, committed by the unlock's own statement, is
+// delivered (a LISTEN connection of the test receives it), each lock
 // request gets the error it would get alone, and the session is kept.
 func TestMixedTurnLockStatementFails(t *testing.T) {
 	t.Parallel()
@@ -388,7 +389,7 @@ func TestMixedTurnLockStatementFails(t *testing.T) {
 	nctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	n, err := listen.Conn().WaitForNotification(nctx)
-	require.NoError(t, err, "the unlock's notification is sent again")
+	require.NoError(t, err, "the unlock's notification is delivered")
 	require.Equal(t, strconv.FormatInt(keyU.Int64(), 10), n.Payload)
 
 	_, err = b.db.Pool.Exec(ctx, "ALTER SEQUENCE "+seq+" CACHE 1")
@@ -397,4 +398,216 @@ func TestMixedTurnLockStatementFails(t *testing.T) {
 		require.NoError(t, r.lk.Release(ctx))
 	}
 	require.Zero(t, heldAdvisoryLocks(t, b.db.Pool))
+}
+
+// TestUnlockDoesNotWaitForGrants checks that a turn answers its unlocks
+// before it runs its lock requests: a Release queued with a lock request
+// returns while the lock statement waits (here for the token sequence,
+// which a test transaction holds with ALTER SEQUENCE). The control: a
+// Release queued once that statement runs waits for it, as any request
+// on a busy session does.
+func TestUnlockDoesNotWaitForGrants(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := newBatchSetup(t, "pgfence-batch-unlock-first")
+	u, err := b.k.TryAcquireKey(ctx, advisory.ID(71), nil)
+	require.NoError(t, err)
+	late, err := b.k.TryAcquireKey(ctx, advisory.ID(72), nil)
+	require.NoError(t, err)
+	pid := advisory.SessionPID(b.k)
+
+	blocker, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = blocker.Rollback(ctx) }()
+	_, err = blocker.Exec(ctx, "ALTER SEQUENCE "+pgfence.DefaultSchema+".pgfence_leases_fence_seq CACHE 1")
+	require.NoError(t, err)
+
+	giveBack := advisory.HoldTurn(b.k)
+	g := b.queue(t, advisory.ID(73), false)
+	released := make(chan error, 1)
+	go func() { released <- u.Release(ctx) }()
+	require.Eventually(t, func() bool { return advisory.Pending(b.k) == 2 }, 10*time.Second, time.Millisecond)
+	giveBack()
+
+	require.Eventually(t, func() bool { return backendWaitsOnLock(t, b.db, pid) }, 10*time.Second, time.Millisecond,
+		"the lock statement waits for the sequence")
+	require.Eventually(t, func() bool { return len(released) == 1 }, 10*time.Second, time.Millisecond,
+		"the Release returned while the lock statement of its turn waits")
+	require.NoError(t, <-released)
+	require.ErrorIs(t, u.Err(), pgfence.ErrNotHeld)
+
+	lateDone := make(chan error, 1)
+	go func() { lateDone <- late.Release(ctx) }()
+	require.Eventually(t, func() bool { return advisory.Pending(b.k) == 1 }, 10*time.Second, time.Millisecond,
+		"control: a Release queued behind the waiting statement stays queued")
+	require.Empty(t, g, "the lock request still waits")
+	require.Empty(t, lateDone, "control: the queued Release waits for the busy session")
+
+	require.NoError(t, blocker.Rollback(ctx))
+	r := <-g
+	require.NoError(t, r.err)
+	require.Greater(t, r.l.Token(), u.Token())
+	require.NoError(t, <-lateDone)
+	require.NoError(t, r.l.Release(ctx))
+	require.Zero(t, heldAdvisoryLocks(t, b.db.Pool))
+}
+
+// backendWaitsOnLock reports whether the backend pid waits for a
+// heavyweight lock.
+func backendWaitsOnLock(t *testing.T, db *pgtest.DB, pid int32) bool {
+	t.Helper()
+	var waits bool
+	require.NoError(t, db.Pool.QueryRow(context.Background(),
+		`SELECT coalesce(bool_or(wait_event_type = 'Lock'), false) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waits))
+	return waits
+}
+
+// TestGrantsQueuedDuringUnlocksJoinTheTurn checks a turn taken by a lock
+// request, with an unlock queued too: the Release returns once the unlock
+// ran, before the turn's lock statement, and a lock request queued while
+// the unlock ran (a caller just released asking again) runs in that
+// turn's lock statement, not in the next turn. The control turns the
+// second part off (a test hook): that request then has a turn of its own.
+func TestGrantsQueuedDuringUnlocksJoinTheTurn(t *testing.T) {
+	t.Parallel()
+	// The subtests run one after the other: each counts the goroutines
+	// of this test blocked for a turn.
+	for _, recollect := range []bool{true, false} {
+		name := "recollect"
+		if !recollect {
+			name = "control: next turn"
+		}
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			b := newBatchSetup(t, "pgfence-batch-rejoin-"+strconv.FormatBool(recollect))
+			if !recollect {
+				advisory.SetNoRecollect(b.k)
+			}
+			u, err := b.k.TryAcquireKey(ctx, advisory.ID(81), nil)
+			require.NoError(t, err)
+			locks0 := len(b.sizes)
+
+			released := make(chan error, 1)
+			entered, proceed := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			advisory.SetAfterUnlocks(b.k, func() {
+				once.Do(func() {
+					close(entered)
+					<-proceed
+				})
+			})
+
+			// The turn goes to the callers in the order they began to wait
+			// for it: first the lock request, then the Release.
+			giveBack := advisory.HoldTurn(b.k)
+			g1 := make(chan batchResult, 1)
+			go func() {
+				l, err := b.k.TryAcquireKey(ctx, advisory.ID(82), nil)
+				g1 <- batchResult{l, err}
+			}()
+			waitForTurn(t, "TestGrantsQueuedDuringUnlocksJoinTheTurn", 1)
+			go func() { released <- u.Release(ctx) }()
+			waitForTurn(t, "TestGrantsQueuedDuringUnlocksJoinTheTurn", 2)
+			giveBack()
+
+			<-entered
+			require.NoError(t, <-released, "the Release returned before the turn's lock statement")
+			g2 := b.queue(t, advisory.ID(83), false) // queued while the turn is past its unlocks
+			close(proceed)
+			for _, r := range []batchResult{<-g1, <-g2} {
+				require.NoError(t, r.err)
+				require.NoError(t, r.l.Release(ctx))
+			}
+
+			b.mu.Lock()
+			locks, unlocks := b.sizes[locks0:], b.unlocks[locks0:]
+			b.mu.Unlock()
+			if recollect {
+				require.Equal(t, []int{2}, locks[:1], "both lock requests ran in the unlock's turn")
+				require.Equal(t, []int{1}, unlocks[:1])
+			} else {
+				require.Equal(t, []int{1, 1}, locks[:2], "the second lock request had a turn of its own")
+				require.Equal(t, []int{1, 0}, unlocks[:2])
+			}
+		})
+	}
+}
+
+// waitForTurn waits until n goroutines started by test (a test function's
+// name) wait for a session's turn, as the runtime's goroutine dump shows
+// them.
+func waitForTurn(t *testing.T, test string, n int) {
+	t.Helper()
+	buf := make([]byte, 1<<22)
+	require.Eventually(t, func() bool {
+		dump := string(buf[:runtime.Stack(buf, true)])
+		got := 0
+		for _, g := range strings.Split(dump, "\n\n") {
+			if strings.Contains(g, "[select") && strings.Contains(g, "advisory.(*Locker).submit") && strings.Contains(g, test) {
+				got++
+			}
+		}
+		return got == n
+	}, 10*time.Second, time.Millisecond, "%d goroutines waiting for the turn", n)
+}
+
+// TestSessionsFillBeforeOpening checks the routing of new keys: they go to
+// the open session until it has the fill of acquisitions in flight (2
+// here, a test hook), and only then to a new session. The control keeps
+// the default fill: the same third acquire queues on the first session.
+func TestSessionsFillBeforeOpening(t *testing.T) {
+	t.Parallel()
+	for _, fill := range []int{2, 0} {
+		name := "fill 2"
+		if fill == 0 {
+			name = "control: default fill"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := pgtest.NewDB(t)
+			app := "pgfence-fill-" + strconv.Itoa(fill)
+			cfg := fastConfig(app)
+			cfg.MaxSessions = 3
+			k := newLocker(t, db.Pool, cfg)
+			if fill > 0 {
+				advisory.SetSessionFill(k, fill)
+			}
+			warm, err := k.TryAcquireKey(ctx, advisory.ID(1), nil) // opens the first session
+			require.NoError(t, err)
+			require.NoError(t, warm.Release(ctx))
+			b := &batchSetup{db: db, k: k}
+
+			giveBack := advisory.HoldTurn(k)
+			g1 := b.queue(t, advisory.ID(91), false)
+			g2 := b.queue(t, advisory.ID(92), false)
+			require.Equal(t, 1, advisory.Sessions(k), "two in flight fit on the first session")
+			third := make(chan batchResult, 1)
+			go func() {
+				l, err := k.TryAcquireKey(ctx, advisory.ID(93), nil)
+				third <- batchResult{l, err}
+			}()
+			var r3 batchResult
+			if fill > 0 {
+				r3 = <-third // its own session, not held
+				require.NoError(t, r3.err)
+				require.Equal(t, 2, advisory.Sessions(k), "the third opened a second session")
+				require.Equal(t, 2, sessionCount(t, db.Pool, app))
+			} else {
+				require.Eventually(t, func() bool { return advisory.Pending(k) == 3 }, 10*time.Second, time.Millisecond,
+					"control: the third queued on the first session")
+				require.Equal(t, 1, advisory.Sessions(k))
+			}
+			giveBack()
+			if fill == 0 {
+				r3 = <-third
+				require.NoError(t, r3.err)
+			}
+			for _, r := range []batchResult{<-g1, <-g2, r3} {
+				require.NoError(t, r.err)
+				require.NoError(t, r.l.Release(ctx))
+			}
+			require.Zero(t, heldAdvisoryLocks(t, db.Pool))
+		})
+	}
 }

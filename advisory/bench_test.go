@@ -30,7 +30,7 @@ func BenchmarkLockerTryAcquireRelease(b *testing.B) {
 }
 
 // BenchmarkLockerTryAcquireReleaseParallel runs cycles on distinct keys from
-// many goroutines, which the Locker spreads over its sessions.
+// many goroutines, which share the Locker's sessions.
 func BenchmarkLockerTryAcquireReleaseParallel(b *testing.B) {
 	ctx := context.Background()
 	db := pgtest.NewDB(b)

@@ -12,16 +12,16 @@ import (
 // Defaults used for the zero fields of a [Config].
 const (
 	// DefaultMaxSessions is the default number of database sessions a
-	// Locker opens to hold its session locks (any number of locks fit on
-	// one session). A session runs one statement at a time, and the lock
-	// requests (and unlocks) that queue on it meanwhile are combined into
-	// the next one, which waits for one WAL flush for all their tokens. So
-	// more sessions do not make a busy Locker faster: with one session per
-	// caller every grant pays its own statement and flush, and throughput
-	// falls as callers grow, while the default 4 sessions combine more
-	// grants per flush the more callers share them (bench/results,
-	// scenarios 10 and 12, has the figures). Set MaxSessions to 1 or 2
-	// where connections are scarce.
+	// Locker may open to hold its session locks (any number of locks fit
+	// on one session). A session runs one statement at a time, and the
+	// lock requests (and unlocks) that queue on it meanwhile are combined
+	// into the next one, which waits for one WAL flush for all their
+	// tokens. So a Locker fills one session first and opens another only
+	// when 32 acquisitions are in flight on every open one: a busy Locker
+	// is faster on few sessions, each combining many grants per flush,
+	// than on many, each waiting for flushes of its own
+	// (bench/results, scenarios 10 and 12, has the figures). Set
+	// MaxSessions to 1 where connections are scarce.
 	DefaultMaxSessions = 4
 	// DefaultSessionCheckInterval is the default interval between two
 	// liveness checks of an idle lock session.
@@ -72,8 +72,9 @@ type Config struct {
 
 	// MaxSessions bounds the database sessions (connections) the Locker
 	// opens to hold session locks; every lock shares one of them. Sessions
-	// are opened on demand, spreading locks over them, and are dialed with
-	// the pool's connection settings but are not part of the pool.
+	// are opened on demand, when every open one has 32 acquisitions in
+	// flight (see Sessions in the package documentation), and are dialed
+	// with the pool's connection settings but are not part of the pool.
 	// Default [DefaultMaxSessions].
 	MaxSessions int
 

@@ -93,9 +93,14 @@
 //
 // A Locker dials up to [Config.MaxSessions] connections of its own, with the
 // pool's connection settings, and keeps every session lock on one of them:
-// ten thousand locks need no more connections than that. The sessions never
-// go back to a pool; one that holds no lock for [Config.SessionIdleTimeout]
-// is closed, and [Locker.Close] closes the rest.
+// ten thousand locks need no more connections than that. New keys go to the
+// oldest session until 32 acquisitions are in flight on it, and only then
+// to another, so a Locker with fewer concurrent callers than that uses one
+// connection: the callers of one session share its statements and WAL
+// flushes (below), which several sessions would each make for themselves.
+// The sessions never go back to a pool; one that holds no lock for
+// [Config.SessionIdleTimeout] is closed, and [Locker.Close] closes the
+// rest.
 //
 // PostgreSQL advisory locks are re-entrant within a session: the server
 // would grant a key again to the same session. The Locker therefore grants
@@ -103,13 +108,15 @@
 // number of shared holders (which then share one session). Two goroutines
 // of one Locker exclude each other exactly as two processes do.
 //
-// Calls that meet on one session share its round trips: the lock requests
-// queued while the session is busy are answered by one statement (one
-// transaction id and one WAL flush for all their tokens), their unlocks by
-// another, pipelined with it. Each caller gets the outcome it would get
-// alone; when the combined statement fails on a live session, each request
-// is run again alone, and when the session dies, every caller of the batch
-// fails with it (transiently, so Acquire retries on a new session).
+// Calls that meet on one session share its round trips: the unlocks queued
+// while the session is busy are answered by one statement, and then the
+// lock requests, with those made meanwhile, by another (one transaction id
+// and one WAL flush for all their tokens). A Release returns once its
+// unlock ran, without waiting for the flush of the grants after it. Each
+// caller gets the outcome it would get alone; when the combined statement
+// fails on a live session, each request is run again alone, and when the
+// session dies, every caller of the batch fails with it (transiently, so
+// Acquire retries on a new session).
 //
 // # Loss detection
 //

@@ -36,6 +36,7 @@ type Locker struct {
 	firstPause   time.Duration   // minPollInterval; tests may raise it
 	notifyHeld   time.Duration   // 0: every Unlock looks for waiters; tests may raise it
 	peek         time.Duration   // sessionPeekInterval; tests may turn it off (0)
+	fill         int             // sessionFill; tests may change it
 	wg           sync.WaitGroup  // watchdogs and the LISTEN loop
 	ev           *events.Emitter // nil without Config.Observer
 	// backoff spaces the retries of transient errors; noRetry (a test
@@ -53,6 +54,12 @@ type Locker struct {
 	// onBatch, a test hook, runs as a session's turn answers the lock
 	// requests and unlocks queued on it (batch.go).
 	onBatch func(locks, unlocks int)
+	// afterUnlocks, a test hook, runs in a session's turn once its unlocks
+	// are answered, before the lock requests are taken; noRecollect, a
+	// test hook, leaves the lock requests queued meanwhile to the next
+	// turn (batch.go).
+	afterUnlocks func()
+	noRecollect  bool
 
 	// Counters of Stats.
 	waiting                               atomic.Int64
@@ -124,6 +131,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 		closeStop:    closeStop,
 		firstPause:   minPollInterval,
 		peek:         sessionPeekInterval,
+		fill:         sessionFill,
 		ev:           events.New(c.Observer),
 		backoff:      retry.Default,
 		keys:         make(map[int64]*keyState),

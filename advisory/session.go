@@ -65,9 +65,10 @@ const unlockWakeSQL = `WHEN pg_catalog.pg_try_advisory_xact_lock(` + interestCla
 // asyncCommitSQL, part of an unlock that notifies, lets its transaction
 // commit without waiting for the WAL flush: the NOTIFY alone gave the
 // transaction an id and a commit record, and an unlock changes no data, so
-// a crash can only lose a notification that nobody then needs. In a
-// pipeline with lock requests (mixedBatch) the token draw raises the
-// setting to on again (pgfence_next_token), so tokens stay durable.
+// a crash can only lose a notification that nobody then needs. An unlock
+// statement never shares its transaction with a token draw (a session's
+// turn runs its unlocks and its lock requests as separate statements,
+// batch.go), and set_config's is_local ends with the transaction.
 const asyncCommitSQL = `pg_catalog.set_config('synchronous_commit', 'off', true) IS NOT NULL`
 
 // unlockAllSQL releases every session-level advisory lock of the session;
@@ -151,17 +152,34 @@ func (s *session) checkPID(pid int32) error {
 	return nil
 }
 
-// pickSessionLocked chooses the session for a new key: the least loaded live
-// one, or a new one while fewer than MaxSessions exist and every existing
-// one is in use. It returns open = true when the caller must open it. The
-// caller holds l.mu.
+// sessionFill is the number of acquisitions in flight on a session (routed
+// to it and not yet answered) from which new keys go to another session.
+// Below it, every new key goes to the oldest session: the requests that
+// meet on one session share its statements and WAL flushes (batch.go), so
+// a session turns many concurrent grants into few flushes, while the same
+// callers spread over several sessions would each wait for flushes of
+// their own, which the server performs one at a time. A session is opened
+// only for callers beyond that, up to MaxSessions.
+const sessionFill = 32
+
+// pickSessionLocked chooses the session for a new key: the oldest live
+// one with fewer than k.fill (sessionFill) acquisitions in flight, else a
+// new one while fewer than MaxSessions exist, else the one with the
+// fewest in flight. It returns open = true when the caller must open it.
+// The caller holds k.mu.
 func (k *Locker) pickSessionLocked() (s *session, open bool) {
 	for _, c := range k.sessions {
-		if s == nil || c.load() < s.load() {
+		if c.dead {
+			continue
+		}
+		if c.inflight < k.fill {
+			return c, false
+		}
+		if s == nil || c.inflight < s.inflight {
 			s = c
 		}
 	}
-	if s != nil && (s.load() == 0 || len(k.sessions) >= k.cfg.MaxSessions) {
+	if s != nil && len(k.sessions) >= k.cfg.MaxSessions {
 		return s, false
 	}
 	k.nextSessionID++

@@ -13,7 +13,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgfence/pgfence/advisory"
 	"github.com/pgfence/pgfence/bench/internal/harness"
 	"github.com/pgfence/pgfence/bench/internal/report"
 	"github.com/pgfence/pgfence/bench/internal/systems"
@@ -188,34 +187,36 @@ func combineTargets(pts []combinePoint) []target {
 }
 
 // combineMiss explains a missed combineTargets row with the run's figures:
-// how long a session's turn took and what that allows.
+// how many grants a lock statement carried, how long a cycle took, and
+// what a cycle must wait for that raw lock/unlock does not.
 func combineMiss(q func(string, ...any), pts []combinePoint, ts []target) {
 	var rows []string
 	for _, c := range combineClients {
 		if !missed(ts, fmt.Sprintf("advisory, default MaxSessions (session locks with tokens, combined) vs raw advisory lock/unlock, %d clients", c)) {
 			continue
 		}
-		tp := combineMedian(pts, armAfter, c, func(p combinePoint) float64 { return p.TP })
-		xids := combineMedian(pts, armAfter, c, combinePoint.xidsPer1000)
-		raw := combineMedian(pts, armRaw, c, func(p combinePoint) float64 { return p.TP })
-		rawCycle := combineMedian(pts, armRaw, c, func(p combinePoint) float64 { return float64(p.Cycle) })
-		turns := tp * xids / 1000 // statements that drew tokens, per second: one per turn with grants
-		if turns <= 0 || math.IsNaN(turns) {
+		med := func(arm string, f func(combinePoint) float64) float64 { return combineMedian(pts, arm, c, f) }
+		tp := med(armAfter, func(p combinePoint) float64 { return p.TP })
+		xids := med(armAfter, combinePoint.xidsPer1000)
+		syncs := med(armAfter, combinePoint.syncRate)
+		cycle := time.Duration(med(armAfter, func(p combinePoint) float64 { return float64(p.Cycle) }))
+		raw := med(armRaw, func(p combinePoint) float64 { return p.TP })
+		rawCycle := time.Duration(med(armRaw, func(p combinePoint) float64 { return float64(p.Cycle) }))
+		statements := tp * xids / 1000 // lock statements that drew tokens, per second
+		if statements <= 0 || math.IsNaN(statements) {
 			continue
 		}
-		turn := time.Duration(float64(advisory.DefaultMaxSessions) / turns * float64(time.Second))
-		bound := float64(c) / (2 * turn.Seconds())
-		rows = append(rows, fmt.Sprintf("At %d clients the default %d sessions carry %.0f clients each and ran %s cycles/s with %.0f transaction ids per 1,000 grants: %s turns with grants per second, so a session's turn (one round trip and one WAL flush for all the grants queued on it) took about %s. A cycle needs two turns of its session (the grant, then the unlock), and a session's turn carries at most the requests of its own clients, so throughput is bounded by clients / (2 × turn) = %s cycles/s; raw lock/unlock, which writes nothing, ran %s (cycle p50 %s).",
-			c, advisory.DefaultMaxSessions, float64(c)/float64(advisory.DefaultMaxSessions), report.Rate(tp), xids, report.Rate(turns), report.Duration(turn), report.Rate(bound), report.Rate(raw), report.Duration(time.Duration(rawCycle))))
+		rows = append(rows, fmt.Sprintf("At %d clients the Locker ran %s cycles/s with %.0f transaction ids per 1,000 grants: %.1f grants per lock statement, %s lock statements and %s WAL flushes per second. A cycle waits for its grant's statement and WAL flush, then for its unlock's round trip on the same session: cycle p50 %s, against %s for raw lock/unlock, which writes nothing and ran %s cycles/s. With every client in every turn, throughput is bounded by clients / cycle, and the cycle by one flush plus two round trips on the session.",
+			c, report.Rate(tp), xids, 1000/xids, report.Rate(statements), report.Rate(syncs), report.Duration(cycle), report.Duration(rawCycle), report.Rate(raw)))
 	}
 	if len(rows) == 0 {
 		return
 	}
-	q("### advisory with combined grants at few clients per session\n\n")
+	q("### advisory with combined grants at few clients\n\n")
 	for _, r := range rows {
 		q("%s\n\n", r)
 	}
-	q("Cause: a grant's token must be flushed before the caller sees it (a token not flushed could be handed out again after a crash), so every turn that grants waits for the disk, and with few callers per session the turns carry few grants. The bound grows with the callers per session (the 64-client rows of scenario 10), and with a faster flush or a server on its own cores (here the clients, the benchmark and PostgreSQL share 2 cores, and an fdatasync of this disk takes about 90 µs alone: `pg_test_fsync`). More sessions do not help: with one session per client every grant is its own flush (the MaxSessions = clients rows). See results/advisory-combine.md for the WAL flushes per 1,000 grants and per second of each arm.\n\n")
+	q("Cause: a grant's token must be flushed before the caller sees it (a token not flushed could be handed out again after a crash), so every cycle waits for the disk at least once, and raw lock/unlock never does. Combining shares that wait: the more clients, the more grants per flush (the 64-client rows of scenario 10 pass raw lock/unlock), and a faster flush or a server on its own cores would shorten the cycle (here the clients, the benchmark and PostgreSQL share 2 cores). More sessions do not help: with one session per client every grant is its own flush (the MaxSessions = clients rows). See results/advisory-combine.md for the WAL flushes per 1,000 grants and per second of each arm.\n\n")
 }
 
 // combineMedian is the median over rounds of f for arm at clients.
@@ -237,7 +238,7 @@ func writeAdvisoryCombine(cfg *config, m machineInfo, loadStart, loadEnd string,
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	p("# Advisory session locks: combined grants (issue 18)\n\n")
-	p("Uncontended TryAcquire + Release cycles, every client on its own name, measured in one run: raw `pg_try_advisory_lock`/`pg_advisory_unlock` on a pool of one connection per client (raw-advisory, no token, no WAL); the same with pgfence's durable token draw in the lock statement (raw-advisory-token, one transaction id and one WAL flush per grant); pgfence's `advisory.Locker` (the lock requests queued on a session while it is busy run in one statement, its queued unlocks in another, the two pipelined in one round trip and one transaction: one transaction id and one WAL flush for all the tokens of a turn), with the default `MaxSessions` (4) and with `MaxSessions` = clients (one session per client, so that nothing queues, as scenario 1's pgfence-advisory: one statement, one transaction id per grant, as every grant cost before combining). Arms run one after another, in reverse order every other round; figures are medians over %d round(s) of %v (+%v warm-up). Transaction ids are counted from `pg_current_snapshot()`'s xmax before and after each point and divided by the point's grants (warm-up included in both); WAL flushes are `pg_stat_wal.wal_sync` over the point (read %v after its connections closed, as backends report at exit), per 1,000 grants and per second of the point: a durable grant needs one, and one flush covers every commit written before it, so flushes per second show how close an arm runs to what the disk allows.\n\n",
+	p("Uncontended TryAcquire + Release cycles, every client on its own name, measured in one run: raw `pg_try_advisory_lock`/`pg_advisory_unlock` on a pool of one connection per client (raw-advisory, no token, no WAL); the same with pgfence's durable token draw in the lock statement (raw-advisory-token, one transaction id and one WAL flush per grant); pgfence's `advisory.Locker` (a session's turn runs the unlocks queued while it was busy in one statement, then its lock requests, with those made meanwhile, in another: one transaction id and one WAL flush for all the tokens of a turn; new keys fill the oldest session up to 32 acquisitions in flight before another opens), with the default `MaxSessions` (4) and with `MaxSessions` = clients (one session per client, so that nothing queues, as scenario 1's pgfence-advisory: one statement, one transaction id per grant, as every grant cost before combining). Arms run one after another, in reverse order every other round; figures are medians over %d round(s) of %v (+%v warm-up). Transaction ids are counted from `pg_current_snapshot()`'s xmax before and after each point and divided by the point's grants (warm-up included in both); WAL flushes are `pg_stat_wal.wal_sync` over the point (read %v after its connections closed, as backends report at exit), per 1,000 grants and per second of the point: a durable grant needs one, and one flush covers every commit written before it, so flushes per second show how close an arm runs to what the disk allows.\n\n",
 		cfg.Rounds, cfg.Duration, cfg.Warmup, statsSettle)
 	p("Machine: %s, %d cores; load average %s at the start of this scenario, %s at its end (the last column gives it after each point); PostgreSQL %s, fsync=%s, synchronous_commit=%s. The benchmark, its clients and PostgreSQL share these cores, and other work ran on the machine.\n\n",
 		m.CPU, m.Cores, loadStart, loadEnd, m.Postgres["server_version"], m.Postgres["fsync"], m.Postgres["synchronous_commit"])

@@ -98,7 +98,9 @@
 // to another, so a Locker with fewer concurrent callers than that uses one
 // connection: the callers of one session share its statements and WAL
 // flushes (below), which several sessions would each make for themselves.
-// The sessions never go back to a pool; one that holds no lock for
+// The price is that the loss of that session (see Loss detection) ends
+// every lock of those callers at once, not a share of them; each holder is
+// told, as for any loss. The sessions never go back to a pool; one that holds no lock for
 // [Config.SessionIdleTimeout] is closed, and [Locker.Close] closes the
 // rest.
 //

@@ -162,16 +162,13 @@ func (s *session) checkPID(pid int32) error {
 // only for callers beyond that, up to MaxSessions.
 const sessionFill = 32
 
-// pickSessionLocked chooses the session for a new key: the oldest live
-// one with fewer than k.fill (sessionFill) acquisitions in flight, else a
+// pickSessionLocked chooses the session for a new key: the oldest one
+// with fewer than k.fill (sessionFill) acquisitions in flight, else a
 // new one while fewer than MaxSessions exist, else the one with the
 // fewest in flight. It returns open = true when the caller must open it.
 // The caller holds k.mu.
 func (k *Locker) pickSessionLocked() (s *session, open bool) {
-	for _, c := range k.sessions {
-		if c.dead {
-			continue
-		}
+	for _, c := range k.sessions { // live or opening, oldest first
 		if c.inflight < k.fill {
 			return c, false
 		}

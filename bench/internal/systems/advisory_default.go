@@ -19,7 +19,7 @@ import (
 var AdvisoryDefault = harness.Spec{
 	Name: "pgfence-advisory-default",
 	Kind: harness.Pgfence,
-	Note: fmt.Sprintf("advisory.Locker (session locks) with the default MaxSessions (%d) whatever the client count: the lock requests queued on a busy session run in one statement (pg_try_advisory_lock + durable tokens), its queued unlocks in another, both in one round trip and one transaction; waiting Acquire as pgfence-advisory", advisory.DefaultMaxSessions),
+	Note: fmt.Sprintf("advisory.Locker (session locks) with the default MaxSessions (%d) whatever the client count: a session's turn runs its queued unlocks in one statement, then its lock requests, with those made meanwhile, in another (pg_try_advisory_lock + durable tokens, one transaction); new keys fill the oldest session up to 32 acquisitions in flight before another opens; waiting Acquire as pgfence-advisory", advisory.DefaultMaxSessions),
 	Open: func(ctx context.Context, env *harness.Env, clients int) (harness.System, error) {
 		withSessions := func(n int) newLocker {
 			return func(ctx context.Context, pool *pgxpool.Pool) (pgfence.Locker, error) {

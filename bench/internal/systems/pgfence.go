@@ -185,7 +185,7 @@ func (s *leasetableSystem) FillLive(ctx context.Context, n int) error {
 var Advisory = harness.Spec{
 	Name: "pgfence-advisory",
 	Kind: harness.Pgfence,
-	Note: "advisory.Locker (session locks) with MaxSessions = clients, so it uses as many connections as raw-advisory; TryAcquire = pg_try_advisory_lock + a durable pgfence_next_token() in one statement, Release = pg_advisory_unlock (2 statements); waiting Acquire, refused by another session, registers on its Locker's LISTEN connection and is woken by NOTIFY from the release (sent only when someone waits; polls, 5ms doubling to 200ms, only back it up), one single-session Locker per waiter",
+	Note: "advisory.Locker (session locks) with MaxSessions = clients, so it may use as many connections as raw-advisory, though new keys fill its oldest session up to 32 acquisitions in flight before another opens (below 32 clients: one session); TryAcquire = pg_try_advisory_lock + a durable pgfence_next_token() in one statement, Release = pg_advisory_unlock (2 statements); waiting Acquire, refused by another session, registers on its Locker's LISTEN connection and is woken by NOTIFY from the release (sent only when someone waits; polls, 5ms doubling to 200ms, only back it up), one single-session Locker per waiter",
 	Open: func(ctx context.Context, env *harness.Env, clients int) (harness.System, error) {
 		// The Locker dials its own sessions; its pool only checks the
 		// install in New.

@@ -156,15 +156,13 @@ func (k *Locker) runBatch(ctx context.Context, s *session, own *request, batch [
 		}
 		if own.unlock != nil {
 			s.requeue(grants)
-			if k.onBatch != nil {
-				k.onBatch(0, len(unlocks))
+			grants = nil
+		} else {
+			// Let the callers just answered queue their next requests.
+			s.gather()
+			if !k.noRecollect {
+				grants = append(grants, s.takeGrants()...)
 			}
-			return
-		}
-		// Let the callers just answered queue their next requests.
-		s.gather()
-		if !k.noRecollect {
-			grants = append(grants, s.takeGrants()...)
 		}
 	}
 	if k.onBatch != nil {
@@ -185,7 +183,7 @@ func (s *session) requeue(grants []*request) {
 		return
 	}
 	s.qmu.Lock()
-	s.pending = append(slices.Clip(grants), s.pending...)
+	s.pending = append(grants, s.pending...)
 	s.qmu.Unlock()
 }
 

@@ -557,21 +557,21 @@ func waitForTurn(t *testing.T, test string, n int) {
 // the default fill: the same third acquire queues on the first session.
 func TestSessionsFillBeforeOpening(t *testing.T) {
 	t.Parallel()
-	for _, fill := range []int{2, 0} {
+	for _, lowFill := range []bool{true, false} {
 		name := "fill 2"
-		if fill == 0 {
+		if !lowFill {
 			name = "control: default fill"
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			db := pgtest.NewDB(t)
-			app := "pgfence-fill-" + strconv.Itoa(fill)
+			app := "pgfence-fill-" + strconv.FormatBool(lowFill)
 			cfg := fastConfig(app)
 			cfg.MaxSessions = 3
 			k := newLocker(t, db.Pool, cfg)
-			if fill > 0 {
-				advisory.SetSessionFill(k, fill)
+			if lowFill {
+				advisory.SetSessionFill(k, 2)
 			}
 			warm, err := k.TryAcquireKey(ctx, advisory.ID(1), nil) // opens the first session
 			require.NoError(t, err)
@@ -588,7 +588,7 @@ func TestSessionsFillBeforeOpening(t *testing.T) {
 				third <- batchResult{l, err}
 			}()
 			var r3 batchResult
-			if fill > 0 {
+			if lowFill {
 				r3 = <-third // its own session, not held
 				require.NoError(t, r3.err)
 				require.Equal(t, 2, advisory.Sessions(k), "the third opened a second session")
@@ -599,7 +599,7 @@ func TestSessionsFillBeforeOpening(t *testing.T) {
 				require.Equal(t, 1, advisory.Sessions(k))
 			}
 			giveBack()
-			if fill == 0 {
+			if !lowFill {
 				r3 = <-third
 				require.NoError(t, r3.err)
 			}

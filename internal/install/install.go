@@ -13,8 +13,10 @@ import (
 	"github.com/pgfence/pgfence"
 )
 
-// Version is the schema version (pgfence_schema_version()) this code needs:
-// the number of the newest migration.
+// Version is the oldest schema version (pgfence_schema_version()) this code
+// works with: 6, the migration that makes every token draw durable.
+// Migration 000007 changes only how fast pgfence_acquire takes one lease,
+// not what it returns, so the code does not require it.
 const Version = 6
 
 // maxIdentLen is PostgreSQL's identifier limit (NAMEDATALEN-1 bytes).

@@ -61,6 +61,9 @@ type herdPoint struct {
 	Errors     int64
 	FirstErr   string
 	Load       string
+	// Stages cuts the hand-overs at their statements (herd_stages.go);
+	// traced at one name with one waiter only.
+	Stages herdStages
 }
 
 // per divides a count by the point's hand-overs of the whole run.
@@ -87,6 +90,9 @@ type herdMerge struct {
 	Free int
 	// Holds counts every hold.
 	Holds int
+	// pairs are the sampled hand-overs: release start and the next
+	// holder's Acquire return (UnixNano).
+	pairs [][2]int64
 }
 
 // mergeHolds orders the holds of each name by when they were acquired and
@@ -133,6 +139,7 @@ func mergeHolds(holds []herdHold, measureFrom, end int64) herdMerge {
 				m.All++
 				if lastRel >= measureFrom && lastRel <= end {
 					samples = append(samples, time.Duration(h.Acq-lastRel))
+					m.pairs = append(m.pairs, [2]int64{lastRel, h.Acq})
 				}
 			}
 			lastRel, lastToken = max(lastRel, h.Rel), max(lastToken, h.Token)
@@ -334,7 +341,8 @@ func (r *runner) herdPoint(ctx context.Context, dir string, cpu *serverCPU, idx 
 	}()
 	for i := range p.Processes {
 		job := herdJob{Strategy: strategy, URL: r.env.AppURL(), Lockers: lockersPer, Prefix: prefix, Names: names,
-			Counters: counters, Process: i, Procs: p.Processes, Roles: roles[i], Hold: c.HoldShort, Run: run, Hard: hard.UnixNano()}
+			Counters: counters, Process: i, Procs: p.Processes, Roles: roles[i], Hold: c.HoldShort, Run: run, Hard: hard.UnixNano(),
+			Trace: names == 1 && waiters == 1}
 		ch, err := startHerdChild(exe, &job)
 		if err != nil {
 			return fail(fmt.Errorf("start worker %d: %w", i, err))
@@ -370,6 +378,7 @@ func (r *runner) herdPoint(ctx context.Context, dir string, cpu *serverCPU, idx 
 		})
 	})
 	var holds []herdHold
+	var stmts []herdStmt
 	for i, ch := range children {
 		select {
 		case m, ok := <-ch.lines:
@@ -378,6 +387,7 @@ func (r *runner) herdPoint(ctx context.Context, dir string, cpu *serverCPU, idx 
 				return fail(fmt.Errorf("worker %d: no result: %s%s", i, m.Error, ch.stderr.tail()))
 			}
 			holds = append(holds, m.Holds...)
+			stmts = append(stmts, m.Stmts...)
 			p.Errors += m.Errors
 			if m.FirstErr != "" && p.FirstErr == "" {
 				p.FirstErr = m.FirstErr
@@ -418,6 +428,9 @@ func (r *runner) herdPoint(ctx context.Context, dir string, cpu *serverCPU, idx 
 		return fail(err)
 	}
 	p.herdMerge = mergeHolds(holds, goAt.Add(c.Warmup).UnixNano(), goAt.Add(run).UnixNano())
+	if len(stmts) > 0 {
+		p.Stages = splitHandovers(p.pairs, stmts)
+	}
 	p.Notifies, p.Listeners, p.Statements, p.Load = notifies.Load(), listeners.Load(), x1-x0, loadAvg()
 	return p
 }
@@ -607,6 +620,16 @@ func writeHerd(cfg *config, m machineInfo, loadStart, loadEnd string, cpu *serve
 			p("## %s, %s\n\n%s\n", s, where, t.Markdown())
 		}
 	}
+	st := &report.Table{Header: append([]string{"strategy", "mode"}, stagesHeader...), TextColumns: 2}
+	for i := range pts {
+		if pt := &pts[i]; pt.Names == 1 && pt.Waiters == 1 && pt.Stages.N > 0 {
+			st.Rows = append(st.Rows, append([]string{pt.Strategy, herdModeText(pt.Mode)}, stagesRow(pt.Stages, pt.Latency)...))
+		}
+	}
+	if len(st.Rows) > 0 {
+		p("## Where a one-waiter hand-over goes\n\n")
+		p("At one waiter the workers trace their Lockers' lock and unlock statements (a pgx tracer: wall-clock times before each statement is sent and after its answer is read) and each hand-over is cut at them: **before**, from the holder's `Release` call to its release statement being sent; the **release statement**'s round trip (its commit sends the NOTIFY without waiting for a WAL flush); **wake**, from the release's answer to the waiter's acquire statement being sent (the NOTIFY delivered to the waiter's LISTEN connection and the waiter woken; negative when the waiter sent it before the holder had read its own answer); the **acquire statement**'s round trip (its token's commit waits for a WAL flush); **after**, from its answer to `Acquire` returning. Each cell is the median in µs, the mean in brackets; the means add up to the mean hand-over, the medians need not. Only hand-overs whose two statements were found are cut (column cut). Tracing adds two clock reads per statement. Every NOTIFY wakes each LISTEN connection of the database, the benchmark's own (which counts the notifications) included, and the releasing session's commit signals each of them; the release statement's round trip includes that.\n\n%s\n", st.Markdown())
+	}
 	t := &report.Table{Header: append([]string{"strategy", "names", "hand-overs / s", "names ÷ (hand-overs / s)"}, header...)}
 	for i := range pts {
 		if pt := &pts[i]; pt.Names > 1 {
@@ -662,14 +685,14 @@ func herdMiss(q func(string, ...any), pts []herdPoint, ts []target, hold time.Du
 			if p == nil || p.Latency.N == 0 {
 				continue
 			}
-			lines = append(lines, fmt.Sprintf("- %s, %s: p50 %s, p99 %s over %d hand-overs; per hand-over %.1f statements, %s µs of server CPU and %s µs of client CPU.",
+			lines = append(lines, fmt.Sprintf("- %s, %s: p50 %s, p99 %s over %d hand-overs; per hand-over %.1f statements, %s µs of server CPU and %s µs of client CPU.%s",
 				s, herdModeText(mode), report.Duration(p.Latency.P50), report.Duration(p.Latency.P99), p.Latency.N,
-				p.per(float64(p.Statements)), herdCPUCell(p, p.ServerCPU, p.ServerOK), herdCPUCell(p, p.ClientCPU, true)))
+				p.per(float64(p.Statements)), herdCPUCell(p, p.ServerCPU, p.ServerOK), herdCPUCell(p, p.ClientCPU, true), stagesText(p)))
 		}
 	}
 	if len(lines) == 0 {
 		return
 	}
 	q("### hand-over at one waiter (scenario 11)\n\n%s\n\n", strings.Join(lines, "\n"))
-	q("With one waiter the hand-overs run one after another, each a chain through the server: the holder's release (one round trip; its commit does not wait for a WAL flush), the NOTIFY's delivery to the waiter's LISTEN connection, and the waiter's acquire, whose durable token waits for a WAL flush. No step waits for a poll or for another waiter, and the statements per hand-over are the few the chain needs, so the latency is the round trips, the flush and the CPU they take on the %d cores that the workers and PostgreSQL share here: compare the server CPU per hand-over across runs on different machines, which moves with the p50. On a server with cores of its own the chain loses the clients' share of that CPU, and a faster flush (NVMe with power-loss protection) shortens the acquire's commit.\n\n", cores)
+	q("With one waiter the hand-overs run one after another, each a chain through the server: the holder's release (one round trip; its commit does not wait for a WAL flush), the NOTIFY's delivery to the waiter's LISTEN connection, and the waiter's acquire, whose durable token waits for a WAL flush. No step waits for a poll or for another waiter, and the statements per hand-over are the few the chain needs; the cut at the statements (in each line above, and in herd.md) shows the two round trips, the release's and the acquire's, taking nearly all of a hand-over and pgfence's own code before, between and after them a small part. So the latency is the round trips, the flush and the CPU they take on the %d cores that the workers and PostgreSQL share here (a NOTIFY commit also signals every LISTEN connection of the database, and waking those processes takes the same cores): compare the server CPU per hand-over across runs on different machines, which moves with the p50. On a server with cores of its own the chain loses the clients' share of that CPU, and a faster flush (NVMe with power-loss protection) shortens the acquire's commit.\n\n", cores)
 }

@@ -52,6 +52,9 @@ type herdJob struct {
 	Run   time.Duration   `json:"run"`      // from "go" until the goroutines stop queueing
 	Hard  int64           `json:"deadline"` // UnixNano: the worker exits by then
 	Opts  *herdLockerOpts `json:"opts,omitempty"`
+	// Trace asks for the lock and unlock statements' times
+	// (herd_stages.go).
+	Trace bool `json:"trace,omitempty"`
 }
 
 // herdLockerOpts are Config fields a job may set; zero values keep the
@@ -98,6 +101,7 @@ type herdWorkerResult struct {
 	Ready    bool       `json:"ready,omitempty"`
 	Error    string     `json:"error,omitempty"` // the worker could not run
 	Holds    []herdHold `json:"holds,omitempty"`
+	Stmts    []herdStmt `json:"stmts,omitempty"` // with herdJob.Trace
 	Errors   int64      `json:"errors"`
 	FirstErr string     `json:"first_err,omitempty"`
 	// CPU of the whole process from "go" until its run ended (getrusage).
@@ -158,6 +162,7 @@ type herdWorker struct {
 	pools    []*pgxpool.Pool
 	lockers  []pgfence.Locker
 	counters *herdCounters
+	tracer   *stmtTracer // with herdJob.Trace
 }
 
 func openHerdWorker(ctx context.Context, job *herdJob) (*herdWorker, error) {
@@ -166,12 +171,15 @@ func openHerdWorker(ctx context.Context, job *herdJob) (*herdWorker, error) {
 		w.close()
 		return nil, err
 	}
+	if job.Trace {
+		w.tracer = &stmtTracer{}
+	}
 	var err error
 	if w.counters, err = mapHerdCounters(job.Counters, job.Names, job.Procs, job.Process); err != nil {
 		return fail(err)
 	}
 	for i := range job.Lockers {
-		pool, k, err := openHerdLocker(ctx, job)
+		pool, k, err := openHerdLocker(ctx, job, w.tracer)
 		if err != nil {
 			return fail(fmt.Errorf("Locker %d: %w", i, err))
 		}
@@ -190,11 +198,15 @@ func openHerdWorker(ctx context.Context, job *herdJob) (*herdWorker, error) {
 }
 
 // openHerdLocker opens a pool and a Locker of the job's strategy with the
-// default Config, on that pool.
-func openHerdLocker(ctx context.Context, job *herdJob) (*pgxpool.Pool, pgfence.Locker, error) {
+// default Config, on that pool; tracer, when not nil, traces the pool's
+// connections and the advisory Locker's sessions.
+func openHerdLocker(ctx context.Context, job *herdJob, tracer *stmtTracer) (*pgxpool.Pool, pgfence.Locker, error) {
 	pcfg, err := pgxpool.ParseConfig(job.URL)
 	if err != nil {
 		return nil, nil, err
+	}
+	if tracer != nil {
+		pcfg.ConnConfig.Tracer = tracer
 	}
 	switch job.Strategy {
 	case "leasetable":
@@ -311,5 +323,6 @@ func (w *herdWorker) run(ctx context.Context, job *herdJob) herdWorkerResult {
 	wg.Wait()
 	u1, s1 := processCPU()
 	res.UserCPU, res.SysCPU = u1-u0, s1-s0
+	res.Stmts = w.tracer.take()
 	return res
 }

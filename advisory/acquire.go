@@ -119,18 +119,24 @@ func (k *Locker) Acquire(ctx context.Context, name string, opts *AcquireOpts) (p
 // [Locker.Do]) it returns at once with an error matching
 // pgfence.ErrAlreadyHeld.
 //
-// It waits by retrying pg_try_advisory_lock on the Locker's sessions,
-// pausing 5ms at first and doubling up to Config.MaxPollInterval, and at
-// once when a holder in this Locker unlocks. When another session holds the
-// key it also registers on the Locker's LISTEN connection, so that the
-// Unlock, in any process, wakes it with NOTIFY (see Waiting in the package
-// documentation; Config.DisableListen turns this off). It never blocks a session in
-// pg_advisory_lock, so cancelling a wait cannot close a session holding
-// other locks. The waiting calls of one Locker are served about in the
-// order they were first refused: only the first of them retries and is woken,
-// the others wait in-process behind it, so a release wakes one call per
-// Locker however many wait. Across Lockers no order holds, and a client
-// blocked in pg_advisory_lock elsewhere may be granted the lock first.
+// When another session holds the key, it waits in the server: it parks on
+// a session of the Locker that holds no lock (opening one if MaxSessions
+// allows, and leaving at least one session to other keys) and blocks there
+// in pg_advisory_lock, so the holder's Unlock, in any process, hands the
+// lock over at once, and the parked waits of all Lockers are served in the
+// order they parked. When no session can be parked (MaxSessions 1, or
+// MaxSessions-1 of them parked already), and for shared locks, it waits by
+// retrying pg_try_advisory_lock on the Locker's sessions, pausing 5ms at
+// first and doubling up to Config.MaxPollInterval, and registers on the
+// Locker's LISTEN connection so that the Unlock wakes it with NOTIFY (see
+// Waiting in the package documentation; Config.DisableListen turns this
+// off). A parked session holds nothing else, and a cancelled wait is ended
+// with a cancel request, so cancelling a wait never closes a session
+// holding other locks. When a holder in this Locker unlocks, the next
+// waiting call of the Locker tries at once. The waiting calls of one
+// Locker are served about in the order they were first refused: only the
+// first of them parks or retries and is woken, the others wait in-process
+// behind it, so a release wakes one call per Locker however many wait.
 //
 // Transient database errors (see pgfence.ErrUnavailable) are retried, on a
 // new session, with capped, jittered backoff (25ms doubling up to 500ms)
@@ -188,6 +194,10 @@ func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpt
 	// round waits (for a wake-up or its pause) without asking again, so a
 	// refusal is not repeated once per local waiter.
 	skip := false
+	// parkNext makes the next round wait in the server (park.go), after
+	// a refusal by another session; parkFailed records that it could not
+	// park, so that the round waits as before instead.
+	parkNext, parkFailed := false, false
 	defer func() {
 		if ln != nil {
 			k.leaveLine(key.id, ln, head)
@@ -213,7 +223,17 @@ func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpt
 		if skip {
 			skip, err = false, pgfence.ErrNotAcquired
 		} else {
-			l, local, asked, err = k.tryAcquire(ctx, values, key, o.Shared)
+			parked := false
+			if parkNext {
+				// Wait in the server (park.go); when no session can be
+				// parked, try once and wait as before.
+				parkNext = false
+				l, parked, err = k.park(ctx, values, key)
+				asked, parkFailed = parked, !parked
+			}
+			if !parked {
+				l, local, asked, err = k.tryAcquire(ctx, values, key, o.Shared)
+			}
 		}
 		if asked {
 			n++
@@ -273,6 +293,12 @@ func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpt
 				continue
 			}
 		}
+		if local == nil && !o.Shared && !parkFailed && k.canPark(key.id) {
+			// Held by another session: wait for it in the server.
+			parkNext = true
+			continue
+		}
+		parkFailed = false
 		if local == nil {
 			// Held by another session: ask to be woken. Until the
 			// interest lock is held (armed), an Unlock would not

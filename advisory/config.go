@@ -20,8 +20,11 @@ const (
 	// when 32 acquisitions are in flight on every open one: a busy Locker
 	// is faster on few sessions, each combining many grants per flush,
 	// than on many, each waiting for flushes of its own
-	// (bench/results, scenarios 10 and 12, has the figures). Set
-	// MaxSessions to 1 where connections are scarce.
+	// (bench/results, scenarios 10 and 12, has the figures). A waiting
+	// Acquire may also park on an idle session, or open one, to wait in
+	// the server (see Waiting in the package documentation); at most
+	// MaxSessions-1 are parked. Set MaxSessions to 1 where connections are
+	// scarce (nothing parks then).
 	DefaultMaxSessions = 4
 	// DefaultSessionCheckInterval is the default interval between two
 	// liveness checks of an idle lock session.
@@ -73,8 +76,10 @@ type Config struct {
 	// MaxSessions bounds the database sessions (connections) the Locker
 	// opens to hold session locks; every lock shares one of them. Sessions
 	// are opened on demand, when every open one has 32 acquisitions in
-	// flight (see Sessions in the package documentation), and are dialed
-	// with the pool's connection settings but are not part of the pool.
+	// flight (see Sessions in the package documentation) or for a waiting
+	// Acquire to park on (see Waiting; at most MaxSessions-1 sessions are
+	// parked), and are dialed with the pool's connection settings but are
+	// not part of the pool.
 	// Default [DefaultMaxSessions].
 	MaxSessions int
 

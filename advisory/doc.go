@@ -168,22 +168,38 @@
 // context, and a closed session silently drops every lock on it. So the
 // Locker never runs statements on a lock session with a caller's context:
 // ctx bounds only the waits for a session (and a [Locker.Acquire]'s polling),
-// and each statement is bounded by [Config.QueryTimeout]; a statement that
-// fails or times out fails its whole session, as described above.
+// and each statement is bounded by [Config.QueryTimeout] (a parked wait's,
+// below, by SessionCheckInterval + QueryTimeout); a statement that fails or
+// times out fails its whole session, as described above.
 //
-// [Locker.Acquire] waits by polling pg_try_advisory_lock on the shared sessions
-// (with exponential backoff up to [Config.MaxPollInterval], and at once
-// when a holder in the same Locker unlocks, or when woken as described in
-// Waiting), never by blocking a session in pg_advisory_lock. When its
-// context ends just as the lock is granted, it releases the lock before
-// returning the error: an acquire that returns an error leaves nothing
-// held. Across Lockers polling is not fair: waiters of different Lockers
-// are served in no particular order (within one Locker, about in the order
-// they began to wait: see Waiting).
+// A [Locker.Acquire] that waits in the server (parked, see Waiting) blocks
+// in pg_advisory_lock on a session that holds no other lock; when its
+// context ends, the Locker ends that statement with a cancel request
+// (pg_cancel_backend's protocol message), which keeps the session, and
+// releases the lock if the grant came first. When its context ends just
+// as the lock is granted, any Acquire releases the lock before returning
+// the error: an acquire that returns an error leaves nothing held.
 //
 // # Waiting
 //
-// A [Locker.Acquire] whose key is held by another session retries after 5ms,
+// A [Locker.Acquire] whose key is held by another session waits in the
+// server when it can: it parks on a session of its Locker that holds no
+// lock and has nothing in flight (opening one when none is idle and
+// [Config.MaxSessions] allows) and runs pg_advisory_lock there, then draws
+// the token in the same statement. The server queues the parked sessions
+// of every Locker in the order they came and grants the lock to the first
+// at the holder's unlock, so a hand-over costs the unlock and the waiter's
+// commit: no notification, no process woken to ask again. A parked
+// session takes no other work, and at most MaxSessions-1 sessions of a
+// Locker are parked at once, so other keys always keep a session; with
+// MaxSessions 1 nothing parks. Each parked statement sets lock_timeout to
+// [Config.SessionCheckInterval] and is sent again when it runs out, so a
+// parked session answers that often and a dead one is noticed as an idle
+// session would be. A session the server ends while parked is replaced,
+// and the wait goes on (a transient error). Shared locks never park.
+//
+// Otherwise (no session to park on, a shared lock, or a key held by
+// another caller of the same Locker), a waiting Acquire retries after 5ms,
 // then after pauses that double up to [Config.MaxPollInterval] (200ms by
 // default), with jitter, and asks to be woken at once: the Locker opens one
 // more connection of its own, the LISTEN connection (application_name
@@ -202,10 +218,10 @@
 // lock); they pay one more lock-table operation inside the server.
 //
 // Waiting stays flat as waiters grow: the calls of one Locker waiting for a
-// key stand in a line, and only the call at its head polls, listens and
-// asks the server; the others wait in-process, and each takes the head in
-// turn when the one before it returns (with the key, or at its WaitTimeout
-// or ctx). The line registers once for wake-ups, a refusal by the server
+// key stand in a line, and only the call at its head parks, or polls,
+// listens and asks the server; the others wait in-process, and each takes
+// the head in turn when the one before it returns (with the key, or at its
+// WaitTimeout or ctx). The line registers once for wake-ups, a refusal by the server
 // is not repeated by each call, and a release, in this Locker or another,
 // wakes one call per waiting Locker, whether ten or a thousand calls wait.
 //

@@ -52,3 +52,8 @@ func SetNoLine(k *Locker) { k.lines = waitline.New[int64](true) }
 // SetOnRefused sets a function run each time the server refuses an attempt
 // of one of k's acquires (another session holds the key).
 func SetOnRefused(k *Locker, f func()) { k.onRefused = f }
+
+// SetNoPark keeps k's waiting Acquire calls from parking on a session
+// (park.go): they poll and listen for wake-ups instead, as they do when no
+// session can be parked. The tests of that path use it.
+func SetNoPark(k *Locker) { k.noPark = true }

@@ -60,6 +60,9 @@ type Locker struct {
 	// turn (batch.go).
 	afterUnlocks func()
 	noRecollect  bool
+	// noPark, a test hook, keeps waiting Acquire calls from parking on a
+	// session (park.go): they poll and listen instead.
+	noPark bool
 
 	// Counters of Stats.
 	waiting                               atomic.Int64
@@ -148,6 +151,7 @@ func (k *Locker) Schema() string { return k.cfg.Schema }
 type statements struct {
 	tryLock, tryLockShared, tryLockBatch                     string
 	tryLockXact, tryLockXactShared, lockXact, lockXactShared string
+	parkLock                                                 string
 }
 
 // newStatements fills the quoted schema into the statement templates.
@@ -161,6 +165,7 @@ func newStatements(schema string) statements {
 		tryLockXactShared: f(tryLockXactSharedSQL),
 		lockXact:          f(lockXactSQL),
 		lockXactShared:    f(lockXactSharedSQL),
+		parkLock:          f(parkLockSQL),
 	}
 }
 

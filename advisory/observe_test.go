@@ -248,6 +248,7 @@ func TestListenEvents(t *testing.T) {
 	cfg := fastConfig("pgfence-listen-events")
 	cfg.Observer = rec
 	l := newLocker(t, db.Pool, cfg)
+	advisory.SetNoPark(l) // it waits through the LISTEN connection
 	other := newLocker(t, db.NewPool(t, nil), nil)
 	key := advisory.Name("listened")
 

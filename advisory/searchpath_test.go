@@ -206,6 +206,10 @@ func testHostileSearchPath(t *testing.T, searchPath string, operatorsWin bool) {
 	advisory.SetNotifyAfterHeld(holder, 0)
 	waiter := newLocker(t, appPool, &advisory.Config{ApplicationName: "hostile-waiter"})
 	advisory.SetNotifyAfterHeld(waiter, time.Hour)
+	// Both wait through the LISTEN connection here (interest locks); the
+	// parked wait's statement is checked at the end.
+	advisory.SetNoPark(holder)
+	advisory.SetNoPark(waiter)
 
 	var tokens []int64
 	key := advisory.Name("hostile")
@@ -275,6 +279,22 @@ func testHostileSearchPath(t *testing.T, searchPath string, operatorsWin bool) {
 	_, err = holder.AcquireTx(ctx, tx, advisory.ID(10), &advisory.AcquireOpts{WaitTimeout: 50 * time.Millisecond})
 	requireWaitTimedOut(t, err, "AcquireTx of a busy key")
 	require.NoError(t, tx.Commit(ctx))
+
+	// A parked wait (parkLockSQL): one that runs out of its WaitTimeout
+	// (cancelled in the server), then one granted at the holder's Release.
+	parker := newLocker(t, appPool, &advisory.Config{ApplicationName: "hostile-parker"})
+	held, err := waiter.TryAcquireKey(ctx, advisory.ID(11), nil)
+	require.NoError(t, err)
+	tokens = append(tokens, held.Token())
+	_, err = parker.AcquireKey(ctx, advisory.ID(11), &advisory.AcquireOpts{WaitTimeout: 200 * time.Millisecond})
+	requireWaitTimedOut(t, err, "a parked AcquireKey of a busy key")
+	res = lockAsync(ctx, parker, advisory.ID(11), nil)
+	waitParked(t, db.Pool, "hostile-parker", 1)
+	require.NoError(t, held.Release(ctx))
+	r = result(t, res)
+	require.NoError(t, r.err)
+	tokens = append(tokens, r.lk.Token())
+	require.NoError(t, r.lk.Release(ctx))
 
 	// Close with a lock held (pg_advisory_unlock_all).
 	require.NoError(t, busy.Err())

@@ -91,6 +91,7 @@ type session struct {
 
 	// Guarded by Locker.mu.
 	dead     bool
+	parked   bool // a waiting Acquire runs pg_advisory_lock on it (park.go)
 	locks    map[*Lease]struct{}
 	inflight int // acquisitions routed to the session, not yet finished
 
@@ -169,6 +170,9 @@ const sessionFill = 32
 // The caller holds k.mu.
 func (k *Locker) pickSessionLocked() (s *session, open bool) {
 	for _, c := range k.sessions { // live or opening, oldest first
+		if c.parked {
+			continue // waiting in pg_advisory_lock for one key (park.go)
+		}
 		if c.inflight < k.fill {
 			return c, false
 		}
@@ -179,8 +183,14 @@ func (k *Locker) pickSessionLocked() (s *session, open bool) {
 	if s != nil && len(k.sessions) >= k.cfg.MaxSessions {
 		return s, false
 	}
+	return k.newSessionLocked(), true
+}
+
+// newSessionLocked adds a session to open to k.sessions. The caller holds
+// k.mu and opens it.
+func (k *Locker) newSessionLocked() *session {
 	k.nextSessionID++
-	s = &session{
+	s := &session{
 		id:    k.nextSessionID,
 		sem:   make(chan struct{}, 1),
 		ready: make(chan struct{}),
@@ -188,7 +198,7 @@ func (k *Locker) pickSessionLocked() (s *session, open bool) {
 		locks: make(map[*Lease]struct{}),
 	}
 	k.sessions = append(k.sessions, s)
-	return s, true
+	return s
 }
 
 // openSession dials s and starts its watchdog, or records why it failed.

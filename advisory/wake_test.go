@@ -40,6 +40,7 @@ func newWaiter(t *testing.T, db *pgtest.DB, appName string, disableListen bool) 
 	t.Helper()
 	l := newLocker(t, db.NewPool(t, nil), wakeConfig(appName, disableListen))
 	advisory.SetFirstPause(l, wakeFirstPause)
+	advisory.SetNoPark(l) // these tests wait by polling and wake-ups
 	return l
 }
 
@@ -336,6 +337,7 @@ func TestWakeListenConnectionIdleClosed(t *testing.T) {
 	cfg.SessionIdleTimeout = 200 * time.Millisecond
 	waiter := newLocker(t, db.NewPool(t, nil), cfg)
 	advisory.SetFirstPause(waiter, wakeFirstPause)
+	advisory.SetNoPark(waiter)
 	key := advisory.Name("wake:idle")
 
 	for range 2 {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -32,10 +31,12 @@ import (
 // parked for has a keyState like any acquisition in flight, so other calls
 // of the Locker for it wait in-process as they would for a holder.
 //
-// Each wait statement sets lock_timeout to SessionCheckInterval: a wait
-// that times out (and holds nothing) is run again, so a parked session
-// answers at least that often and a dead connection is noticed like an
-// idle session's. When the caller's ctx ends, or the Locker closes, the
+// Each wait statement sets lock_timeout to SessionCheckInterval, or half of
+// the server's deadlock_timeout if that is shorter (see parkLockSQL): a
+// wait that times out (and holds nothing) is run again, so a parked
+// session answers at least that often and a dead connection is noticed
+// like an idle session's, and no parked wait runs the server's deadlock
+// check. When the caller's ctx ends, or the Locker closes, the
 // statement is cancelled with a cancel request, which keeps the session;
 // the lock, if the grant came first, is released on the spot. A session
 // whose state cannot be told afterwards (the statement failed at the
@@ -43,11 +44,22 @@ import (
 // whose sending failed may still reach a later statement) is closed,
 // which releases whatever it held: it held nothing handed out.
 
-// parkLockSQL sets lock_timeout ($2) for the statement's transaction, then
-// waits in pg_advisory_lock for the session-level exclusive lock on $1,
-// and draws a fencing token from the schema %[1]s once granted. It returns
-// the token and the backend's pid.
-const parkLockSQL = `WITH t AS MATERIALIZED (SELECT pg_catalog.set_config('lock_timeout', $2, true)), ` +
+// parkLockSQL sets lock_timeout for the statement's transaction to $2
+// milliseconds or half of deadlock_timeout, whichever is shorter (at least
+// 10ms; GREATEST and LEAST are SQL syntax, not functions), then waits in pg_advisory_lock for the session-level exclusive
+// lock on $1, and draws a fencing token from the schema %[1]s once
+// granted. It returns the token and the backend's pid.
+//
+// A lock wait that reaches deadlock_timeout (1s by default) runs the
+// server's deadlock check, which holds every partition of the lock table
+// while it looks: with many parked waits each second, every lock and
+// unlock of the database stalls behind them (bench scenario 11 with 1,000
+// names showed hand-overs falling to a fifth). A parked wait therefore
+// never lasts that long: it ends at lock_timeout and is sent again.
+const parkLockSQL = `WITH t AS MATERIALIZED (SELECT pg_catalog.set_config('lock_timeout', ` +
+	`GREATEST(10, LEAST($2::pg_catalog.int8, (pg_catalog.date_part('epoch', ` +
+	`pg_catalog.current_setting('deadlock_timeout')::pg_catalog.interval) OPERATOR(pg_catalog.*) 500)::pg_catalog.int8))::pg_catalog.text ` +
+	`OPERATOR(pg_catalog.||) 'ms', true)), ` +
 	`l AS MATERIALIZED (SELECT pg_catalog.pg_advisory_lock($1::pg_catalog.int8) FROM t) ` +
 	`SELECT %[1]s.pgfence_next_token(), pg_catalog.pg_backend_pid() FROM l`
 
@@ -236,7 +248,7 @@ func (k *Locker) parkOnce(ctx context.Context, s *session, key Key) (int64, erro
 	stopCtx := context.AfterFunc(ctx, cancel)
 	stopClose := context.AfterFunc(k.closeCtx, cancel)
 	var token, pid int64
-	err := s.conn.QueryRow(qctx, k.sql.parkLock, key.id, strconv.FormatInt(wait.Milliseconds(), 10)+"ms").Scan(&token, &pid)
+	err := s.conn.QueryRow(qctx, k.sql.parkLock, key.id, wait.Milliseconds()).Scan(&token, &pid)
 	// A cancel under way is waited for: once the server has taken it
 	// (CancelRequest returns when the server closes the cancel
 	// connection, after signalling the backend), the backend, which has

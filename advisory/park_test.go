@@ -133,8 +133,11 @@ func TestParkedWaitCancelled(t *testing.T) {
 	db := pgtest.NewDB(t)
 	holder := newLocker(t, db.Pool, nil)
 	app := "park-cancel"
-	// Parked statements run for SessionCheckInterval (their lock_timeout)
-	// unless cancelled: a minute, more than result waits.
+	// Parked statements run for SessionCheckInterval or half of
+	// deadlock_timeout (their lock_timeout) unless cancelled: a minute
+	// here, more than result waits.
+	_, err := db.Pool.Exec(ctx, `DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET deadlock_timeout = ''5min''', current_database()); END $$`)
+	require.NoError(t, err)
 	waiter := newLocker(t, db.NewPool(t, nil), &advisory.Config{ApplicationName: app,
 		SessionCheckInterval: time.Minute, TCPUserTimeout: 5 * time.Minute, TCPKeepalivesIdle: 3 * time.Minute})
 	key := advisory.Name("park:cancel")

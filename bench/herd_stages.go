@@ -27,9 +27,11 @@ import (
 //	wake     its answer → the waiter's acquire statement sent (NOTIFY
 //	         delivered to the waiter's LISTEN connection, the waiter woken;
 //	         negative when the waiter sent it before the holder read its
-//	         answer)
+//	         answer); zero for a parked advisory wait, whose statement was
+//	         sent before the release
 //	acquire  the acquire statement's round trip (its token waits for a WAL
-//	         flush)
+//	         flush); for a parked wait, from the release's answer (or the
+//	         wait's, if earlier) to the wait's answer
 //	after    its answer → Acquire returns
 //
 // The five parts of one hand-over add up to it. Only statements that
@@ -38,7 +40,7 @@ import (
 
 // Kinds of traced statements.
 const (
-	herdStmtAcquire = 1 // leasetable's pgfence_acquire, advisory's pg_try_advisory_lock
+	herdStmtAcquire = 1 // leasetable's pgfence_acquire, advisory's pg_try_advisory_lock or parked pg_advisory_lock
 	herdStmtRelease = 2 // leasetable's pgfence_release, advisory's pg_advisory_unlock
 )
 
@@ -47,7 +49,8 @@ const (
 // connection, pings).
 func herdStmtKind(sql string) int {
 	switch {
-	case strings.Contains(sql, "pgfence_acquire("), strings.Contains(sql, "pg_try_advisory_lock("):
+	case strings.Contains(sql, "pgfence_acquire("), strings.Contains(sql, "pg_try_advisory_lock("),
+		strings.Contains(sql, "pg_advisory_lock("):
 		return herdStmtAcquire
 	case strings.Contains(sql, "pgfence_release("), strings.Contains(sql, "pg_advisory_unlock("):
 		return herdStmtRelease
@@ -136,8 +139,10 @@ type herdStages struct {
 // splitHandovers cuts each hand-over (a release start and the next
 // holder's acquire return, UnixNano) at its statements: the first release
 // statement sent at or after the release start, and the last acquire
-// statement that ended at or before the acquire returned, sent after the
-// release start. Hand-overs without both are left out.
+// statement that ended at or before the acquire returned and after the
+// release start. An acquire statement sent before the release (a parked
+// wait) counts from the release statement's answer, or its own if that
+// came first. Hand-overs without both are left out.
 func splitHandovers(pairs [][2]int64, stmts []herdStmt) herdStages {
 	var rel, acq []herdStmt
 	for _, s := range stmts {
@@ -162,13 +167,17 @@ func splitHandovers(pairs [][2]int64, stmts []herdStmt) herdStages {
 			continue
 		}
 		r, a := rel[i], acq[j-1]
-		if r.Start > to || a.Start < from {
+		if r.Start > to || a.End <= from {
 			continue
+		}
+		sent := a.Start
+		if sent < from {
+			sent = min(r.End, a.End) // parked before the release
 		}
 		before = append(before, time.Duration(r.Start-from))
 		release = append(release, time.Duration(r.End-r.Start))
-		wake = append(wake, time.Duration(a.Start-r.End))
-		acquire = append(acquire, time.Duration(a.End-a.Start))
+		wake = append(wake, time.Duration(sent-r.End))
+		acquire = append(acquire, time.Duration(a.End-sent))
 		after = append(after, time.Duration(to-a.End))
 	}
 	return herdStages{N: len(release), Before: stats.Summarize(before), Release: stats.Summarize(release),

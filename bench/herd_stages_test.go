@@ -47,6 +47,9 @@ func TestSplitHandovers(t *testing.T) {
 	// Hand-over 3 (5000 to 6000) has no statement of its own.
 	st := splitHandovers([][2]int64{{1000 * us, 2000 * us}, {3000 * us, 4000 * us}, {5000 * us, 6000 * us}}, stmts)
 	require.Equal(t, 2, st.N)
+	// A refused acquire that ended before the release started is no
+	// hand-over's: hand-over 2's statement is the grant.
+	require.Equal(t, time.Duration(650*time.Microsecond), st.Acquire.Max)
 	require.Equal(t, []time.Duration{10 * time.Microsecond, 100 * time.Microsecond}, []time.Duration{st.Before.Min, st.Before.Max})
 	require.Equal(t, []time.Duration{100 * time.Microsecond, 290 * time.Microsecond}, []time.Duration{st.Release.Min, st.Release.Max})
 	require.Equal(t, []time.Duration{-50 * time.Microsecond, 100 * time.Microsecond}, []time.Duration{st.Wake.Min, st.Wake.Max})
@@ -56,6 +59,16 @@ func TestSplitHandovers(t *testing.T) {
 	require.Equal(t, time.Millisecond, st.Before.Mean+st.Release.Mean+st.Wake.Mean+st.Acquire.Mean+st.After.Mean)
 
 	require.Zero(t, splitHandovers([][2]int64{{1000 * us, 2000 * us}}, nil).N)
+
+	// A parked wait, sent at 500, before the release (1000-1200), answered
+	// at 1700: wake 0, acquire 500 (from the release's answer).
+	parked := splitHandovers([][2]int64{{1000 * us, 1800 * us}}, []herdStmt{
+		{herdStmtAcquire, 500 * us, 1700 * us},
+		{herdStmtRelease, 1000 * us, 1200 * us},
+	})
+	require.Equal(t, 1, parked.N)
+	require.Equal(t, []time.Duration{0, 200 * time.Microsecond, 0, 500 * time.Microsecond, 100 * time.Microsecond},
+		[]time.Duration{parked.Before.P50, parked.Release.P50, parked.Wake.P50, parked.Acquire.P50, parked.After.P50})
 
 	b, err := json.Marshal([]herdStmt{{herdStmtAcquire, 1, 2}})
 	require.NoError(t, err)

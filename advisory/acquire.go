@@ -438,26 +438,10 @@ func (k *Locker) tryAcquire(ctx, values context.Context, key Key, shared bool) (
 		k.dropKeyRefLocked(id)
 		k.mu.Unlock()
 	}
-	if open {
-		// Dial in the background, so that this caller can leave when ctx
-		// ends (a dial to a host that does not answer lasts QueryTimeout)
-		// while the acquires routed to the session wait on.
-		asked = true
-		k.wg.Add(1)
-		go func() {
-			defer k.wg.Done()
-			k.openSession(ctx, s)
-		}()
-	}
-	select {
-	case <-s.ready:
-	case <-ctx.Done():
+	asked = open
+	if err := k.sessionReady(ctx, s, open); err != nil {
 		abandon(false)
-		return nil, nil, asked, ctx.Err()
-	}
-	if s.openErr != nil {
-		abandon(false)
-		return nil, nil, asked, s.openErr
+		return nil, nil, asked, err
 	}
 	// Wait for the session's turn, or for a caller holding it to run this
 	// request along with its own (batch.go).
@@ -470,25 +454,51 @@ func (k *Locker) tryAcquire(ctx, values context.Context, key Key, shared bool) (
 		abandon(errors.Is(err, pgfence.ErrNotAcquired))
 		return nil, nil, true, err
 	}
-	if ctx.Err() != nil {
-		// Granted as ctx ended: the caller will not use it.
-		_ = l.Release(ctx)
-		return nil, nil, true, ctx.Err()
+	l, err = k.handOut(ctx, key, l)
+	return l, nil, true, err
+}
+
+// sessionReady waits until s is open, dialing it first when open is true
+// (the caller reserved a new session). The dial runs in the background, so
+// that the caller can leave when ctx ends (a dial to a host that does not
+// answer lasts QueryTimeout) while the others routed to the session wait
+// on. It returns ctx's error, or why the session could not be opened.
+func (k *Locker) sessionReady(ctx context.Context, s *session, open bool) error {
+	if open {
+		k.wg.Add(1)
+		go func() {
+			defer k.wg.Done()
+			k.openSession(ctx, s)
+		}()
 	}
+	select {
+	case <-s.ready:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return s.openErr
+}
+
+// handOut returns l, just granted for key, to the acquire's caller: it
+// releases l when ctx has ended (the caller will not use it), and hands it
+// out only while it is held, since its session may have failed since the
+// statement answered (the watchdog, or a statement of another caller).
+// The caller does not hold l's session.
+func (k *Locker) handOut(ctx context.Context, key Key, l *Lease) (*Lease, error) {
 	if k.afterGrant != nil {
 		k.afterGrant(l)
 	}
-	// Hand the lock out only while it is held: its session may have
-	// failed since the statement answered (the watchdog, or a statement
-	// of another caller, between our turn on the session and now).
+	if ctx.Err() != nil {
+		_ = l.Release(ctx)
+		return nil, ctx.Err()
+	}
 	k.mu.Lock()
+	defer k.mu.Unlock()
 	if l.state == stateLost {
-		k.mu.Unlock()
-		return nil, nil, true, fmt.Errorf("pgfence: advisory: lock %v: %w: %w", key, errLostAtGrant, context.Cause(l.ctx))
+		return nil, fmt.Errorf("pgfence: advisory: lock %v: %w: %w", key, errLostAtGrant, context.Cause(l.ctx))
 	}
 	l.out = true
-	k.mu.Unlock()
-	return l, nil, true, nil
+	return l, nil
 }
 
 // keyState is the in-process state of one key: who holds (or is acquiring)

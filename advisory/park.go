@@ -46,9 +46,10 @@ import (
 
 // parkLockSQL sets lock_timeout for the statement's transaction to $2
 // milliseconds or half of deadlock_timeout, whichever is shorter (at least
-// 10ms; GREATEST and LEAST are SQL syntax, not functions), then waits in pg_advisory_lock for the session-level exclusive
-// lock on $1, and draws a fencing token from the schema %[1]s once
-// granted. It returns the token and the backend's pid.
+// 10ms; GREATEST and LEAST are SQL syntax, not functions), then waits in
+// pg_advisory_lock for the session-level exclusive lock on $1, and draws a
+// fencing token from the schema %[1]s once granted. It returns the token
+// and the backend's pid.
 //
 // A lock wait that reaches deadlock_timeout (1s by default) runs the
 // server's deadlock check, which holds every partition of the lock table
@@ -140,22 +141,9 @@ func (k *Locker) park(ctx, values context.Context, key Key) (l *Lease, parked bo
 		k.dropKeyRefLocked(id)
 		k.mu.Unlock()
 	}
-	if open {
-		k.wg.Add(1)
-		go func() {
-			defer k.wg.Done()
-			k.openSession(ctx, s)
-		}()
-	}
-	select {
-	case <-s.ready:
-	case <-ctx.Done():
+	if err := k.sessionReady(ctx, s, open); err != nil {
 		unpark()
-		return nil, true, ctx.Err()
-	}
-	if s.openErr != nil {
-		unpark()
-		return nil, true, s.openErr
+		return nil, true, err
 	}
 	select {
 	case s.sem <- struct{}{}:
@@ -173,22 +161,8 @@ func (k *Locker) park(ctx, values context.Context, key Key) (l *Lease, parked bo
 			// The session's turn is given back before the lock is handed
 			// out (or released: Release queues on the session too).
 			<-s.sem
-			if k.afterGrant != nil {
-				k.afterGrant(l)
-			}
-			k.mu.Lock()
-			if l.state == stateLost {
-				k.mu.Unlock()
-				return nil, true, fmt.Errorf("pgfence: advisory: lock %v: %w: %w", key, errLostAtGrant, context.Cause(l.ctx))
-			}
-			l.out = true
-			k.mu.Unlock()
-			if ctx.Err() != nil {
-				// Granted as ctx ended: the caller will not use it.
-				_ = l.Release(ctx)
-				return nil, true, ctx.Err()
-			}
-			return l, true, nil
+			l, err = k.handOut(ctx, key, l)
+			return l, true, err
 		}
 		if errors.Is(err, errParkTimeout) && ctx.Err() == nil && k.closeCtx.Err() == nil {
 			continue
@@ -289,16 +263,16 @@ func (k *Locker) parkOnce(ctx context.Context, s *session, key Key) (int64, erro
 	}
 	// The server reported an error. Session locks survive the rollback of
 	// the statement that took them: release the lock if the grant came
-	// before the error (the token draw failed, or was cancelled). The
-	// session holds nothing else, so the unlock tells.
-	var held bool
-	if uerr := s.queryKey(ctx, k, unlockSQL, key.id, &held); uerr != nil {
+	// before the error (the token draw failed, or was cancelled); the
+	// session holds nothing else, so that is decidable.
+	if uerr := k.undoFailedLock(ctx, s, key, false); uerr != nil {
 		k.failSession(ctx, s, uerr, nil)
 		return 0, fmt.Errorf("pgfence: advisory: lock %v: session failed: %w", key, uerr)
 	}
-	if !held && (pgErr.Code == lockNotAvailable || pgErr.Code == queryCanceled) {
-		// lock_timeout, the cancel, or a statement_timeout of the role
-		// or database shorter than lock_timeout: nothing is held.
+	if pgErr.Code == lockNotAvailable || pgErr.Code == queryCanceled {
+		// lock_timeout (on the lock, or on the token draw after it), the
+		// cancel, or a statement_timeout of the role or database shorter
+		// than lock_timeout: nothing is held now; wait again.
 		return 0, errParkTimeout
 	}
 	return 0, fmt.Errorf("pgfence: advisory: lock %v: %w", key, err)
@@ -313,12 +287,5 @@ func (k *Locker) closeParked(ctx context.Context, s *session) {
 		k.mu.Unlock()
 		return
 	}
-	s.dead = true
-	k.removeSessionLocked(s)
-	close(s.stop)
-	k.mu.Unlock()
-	k.log.DebugContext(ctx, "pgfence: advisory: parked session closed after a cancelled wait", "session", s.id, "pid", s.pid)
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.cfg.QueryTimeout)
-	defer cancel()
-	_ = s.conn.Close(cctx)
+	k.closeEmptyLocked(ctx, s, "pgfence: advisory: parked session closed: a cancel request to it may still arrive")
 }

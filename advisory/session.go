@@ -398,15 +398,24 @@ func (k *Locker) retireIfIdle(s *session, idleSince *time.Time) bool {
 		return false
 	}
 	// No lock and nothing in flight: no caller can be routed here any more.
+	k.closeEmptyLocked(context.Background(), s, "pgfence: advisory: idle lock session closed")
+	return true
+}
+
+// closeEmptyLocked closes s, which holds no lock handed out (so nobody is
+// told): it leaves the Locker's sessions, its watchdog stops, and the
+// connection is closed, which releases whatever the server still holds
+// for it; msg is logged at Debug. The caller holds k.mu, which it
+// releases, and s.sem.
+func (k *Locker) closeEmptyLocked(ctx context.Context, s *session, msg string) {
 	s.dead = true
 	k.removeSessionLocked(s)
 	close(s.stop)
 	k.mu.Unlock()
-	k.log.DebugContext(context.Background(), "pgfence: advisory: idle lock session closed", "session", s.id, "pid", s.pid)
-	ctx, cancel := context.WithTimeout(context.Background(), k.cfg.QueryTimeout)
+	k.log.DebugContext(ctx, msg, "session", s.id, "pid", s.pid)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.cfg.QueryTimeout)
 	defer cancel()
-	_ = s.conn.Close(ctx)
-	return true
+	_ = s.conn.Close(cctx)
 }
 
 // failSession marks s dead: every lock on it is lost (its context is

@@ -124,7 +124,9 @@ func (k *Locker) Acquire(ctx context.Context, name string, opts *AcquireOpts) (p
 // allows, and leaving at least one session to other keys) and blocks there
 // in pg_advisory_lock, so the holder's Unlock, in any process, hands the
 // lock over at once, and the parked waits of all Lockers are served in the
-// order they parked. When no session can be parked (MaxSessions 1, or
+// order their wait statements began (a statement is sent again every
+// SessionCheckInterval, or half of the server's deadlock_timeout, and
+// then joins the back of the line: no FIFO order is promised). When no session can be parked (MaxSessions 1, or
 // MaxSessions-1 of them parked already), and for shared locks, it waits by
 // retrying pg_try_advisory_lock on the Locker's sessions, pausing 5ms at
 // first and doubling up to Config.MaxPollInterval, and registers on the

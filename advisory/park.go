@@ -18,11 +18,12 @@ import (
 // the key's line (acquire.go) parks on a session of the Locker that holds
 // no lock and has nothing in flight, opening one when none is idle and
 // MaxSessions allows, and runs pg_advisory_lock on it. The server queues
-// the parked sessions of every Locker on the key in the order they came
-// and, when the holder unlocks, grants the lock to the first of them,
-// whose statement then draws the token: a hand-over costs the holder's
-// unlock and the waiter's commit, with no notification, no wake-up of a
-// process and no second round trip in between.
+// the parked sessions of every Locker on the key in the order their
+// statements began (a statement sent again, below, joins the back) and,
+// when the holder unlocks, grants the lock to the first of them, whose
+// statement then draws the token: a hand-over costs the holder's unlock
+// and the waiter's commit, with no notification, no wake-up of a process
+// and no second round trip in between.
 //
 // A parked session takes no other work: new keys are routed to the other
 // sessions (pickSessionLocked), and at most MaxSessions-1 sessions are

@@ -94,11 +94,17 @@ func TestParkedHandOver(t *testing.T) {
 }
 
 // TestParkedWaitsEndInOrder: Lockers parked on one key are granted it in
-// the order they parked, one Release each.
+// the order their wait statements began, one Release each. The statements
+// are not sent again here (their lock_timeout, SessionCheckInterval or
+// half of deadlock_timeout, is raised to a minute): a statement sent again
+// joins the back of the server's line, so with the defaults the order
+// holds only within half a second (TestParkedWaitSentAgainLosesItsPlace).
 func TestParkedWaitsEndInOrder(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
+	_, err := db.Pool.Exec(ctx, `DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET deadlock_timeout = ''5min''', current_database()); END $$`)
+	require.NoError(t, err)
 	holder := newLocker(t, db.Pool, nil)
 	key := advisory.Name("park:order")
 	lk, err := holder.TryAcquireKey(ctx, key, nil)
@@ -107,7 +113,8 @@ func TestParkedWaitsEndInOrder(t *testing.T) {
 	results := make([]<-chan lockResult, n)
 	for i := range results {
 		app := "park-order-" + strconv.Itoa(i)
-		w := newLocker(t, db.NewPool(t, nil), &advisory.Config{ApplicationName: app})
+		w := newLocker(t, db.NewPool(t, nil), &advisory.Config{ApplicationName: app,
+			SessionCheckInterval: time.Minute, TCPUserTimeout: 5 * time.Minute, TCPKeepalivesIdle: 3 * time.Minute})
 		results[i] = lockAsync(ctx, w, key, nil)
 		waitParked(t, db.Pool, app, 1)
 	}
@@ -204,6 +211,77 @@ func TestParkedWaitRunsAgain(t *testing.T) {
 	r := result(t, res)
 	require.NoError(t, r.err)
 	require.NoError(t, r.lk.Release(ctx))
+}
+
+// TestParkedWaitSentAgainLosesItsPlace: a parked wait statement that its
+// lock_timeout ends is sent again and joins the back of the server's line,
+// so a Locker that parked later, and waits on, is granted the key first:
+// parked waits are not served in FIFO order across Lockers. Negative
+// control: when the first wait is not sent again, it is granted first.
+func TestParkedWaitSentAgainLosesItsPlace(t *testing.T) {
+	t.Parallel()
+	for _, again := range []bool{true, false} {
+		name := "sent again"
+		if !again {
+			name = "control: not sent again"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := pgtest.NewDB(t)
+			_, err := db.Pool.Exec(ctx, `DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET deadlock_timeout = ''5min''', current_database()); END $$`)
+			require.NoError(t, err)
+			holder := newLocker(t, db.Pool, nil)
+			key := advisory.Name("park:place")
+			lk, err := holder.TryAcquireKey(ctx, key, nil)
+			require.NoError(t, err)
+
+			long := &advisory.Config{SessionCheckInterval: time.Minute, TCPUserTimeout: 5 * time.Minute, TCPKeepalivesIdle: 3 * time.Minute}
+			first := *long
+			if again {
+				first.SessionCheckInterval = 50 * time.Millisecond
+			}
+			first.ApplicationName = "park-place-first"
+			var firstWaits atomic.Int64
+			a := newLocker(t, db.NewPool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = countParks{&firstWaits} }), &first)
+			resA := lockAsync(ctx, a, key, nil)
+			waitParked(t, db.Pool, first.ApplicationName, 1)
+
+			second := *long
+			second.ApplicationName = "park-place-second"
+			b := newLocker(t, db.NewPool(t, nil), &second)
+			resB := lockAsync(ctx, b, key, nil)
+			waitParked(t, db.Pool, second.ApplicationName, 1)
+			if again {
+				// A's statement was sent again after B's began waiting.
+				sent := firstWaits.Load()
+				require.Eventually(t, func() bool { return firstWaits.Load() >= sent+2 }, 20*time.Second, 5*time.Millisecond)
+			} else {
+				require.Equal(t, int64(1), firstWaits.Load())
+			}
+
+			require.NoError(t, lk.Release(ctx))
+			var winner, other lockResult
+			var otherCh <-chan lockResult
+			select {
+			case winner = <-resA:
+				require.False(t, again, "the wait sent again was granted first")
+				otherCh = resB
+			case winner = <-resB:
+				require.True(t, again, "the first wait, never sent again, was overtaken")
+				otherCh = resA
+			case <-time.After(30 * time.Second):
+				t.Fatal("no wait was granted")
+			}
+			require.NoError(t, winner.err)
+			require.Greater(t, winner.lk.Token(), lk.Token())
+			require.NoError(t, winner.lk.Release(ctx))
+			other = result(t, otherCh)
+			require.NoError(t, other.err)
+			require.Greater(t, other.lk.Token(), winner.lk.Token())
+			require.NoError(t, other.lk.Release(ctx))
+		})
+	}
 }
 
 // countParks counts the parked wait statements sent.

@@ -274,7 +274,8 @@ type Stats struct {
 	// held at the time).
 	RenewalFailures uint64
 	// Listening reports whether the LISTEN connection is listening now
-	// (false with DisableListen).
+	// (false with DisableListen). A lease table Locker's connection listens
+	// only while one of its calls waits, and a second after.
 	Listening bool
 	// EventsDropped counts background events not delivered because the
 	// Observer was too slow.

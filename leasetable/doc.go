@@ -86,6 +86,13 @@
 // never taken from or returned to the pool), shared by all its waiters;
 // releases send pg_notify on [NotifyChannel] with the lease name in the same
 // statement, so a waiter wakes within milliseconds of the release's commit.
+// The connection is subscribed (LISTEN) only while a call waits after a
+// refusal, and for a second after the last one stopped, then unsubscribed
+// (UNLISTEN): PostgreSQL signals every listening session of the database
+// at each NOTIFY's commit, so a Locker that listened while idle would slow
+// every release of every other Locker. A waiter whose refusal came before
+// the subscription tries again once it is in place, as a release committed
+// in between was announced to no one here.
 // An AtLeast release notifies too: the waiter retries, learns the expiry
 // acquired_at + AtLeast, and takes the lease then. Waiters of the Locker
 // that released are woken directly, without LISTEN (also with

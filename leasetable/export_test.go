@@ -25,5 +25,15 @@ func SetNoLine(k *Locker) { k.lines = waitline.New[string](true) }
 // advisory.SetOnRound does. Call it before using k.
 func SetOnRound(k *Locker, f func()) { k.onRound = f }
 
+// SetOnListen sets a function run when one of k's waiting Acquire calls
+// first waits for notifications, before it has the LISTEN connection
+// subscribe. Call it before using k.
+func SetOnListen(k *Locker, f func()) { k.onListen = f }
+
+// SetNoListenWake keeps k's LISTEN connection from waking the waiters when
+// it connects or subscribes, for a negative control. Call it before using
+// k.
+func SetNoListenWake(k *Locker) { k.noListenWake = true }
+
 // Waiters returns the number of k's Acquire calls in name's line.
 func Waiters(k *Locker, name string) int { return k.lines.Members(name) }

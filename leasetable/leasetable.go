@@ -25,18 +25,20 @@ import (
 // through a pool. It is safe for concurrent use. Create it with [New] and
 // stop it with [Locker.Close]. It satisfies [pgfence.Locker].
 type Locker struct {
-	pool       *pgxpool.Pool
-	cfg        Config          // resolved: defaults filled in
-	sql        statements      // the SQL, with the schema filled in
-	closeCtx   context.Context // cancelled by Close
-	closeFunc  context.CancelFunc
-	background sync.WaitGroup  // watchdog, listener and release-retry goroutines
-	backoff    retry.Backoff   // spaces retries after transient errors
-	noRetry    bool            // tests: transient errors are not retried
-	keepStale  bool            // tests: connections to a read-only server are kept
-	noShare    bool            // tests: waiters do not share attempts (see try)
-	onRound    func()          // tests: runs each time a waiting Acquire goes round its loop again
-	ev         *events.Emitter // nil without Config.Observer
+	pool         *pgxpool.Pool
+	cfg          Config          // resolved: defaults filled in
+	sql          statements      // the SQL, with the schema filled in
+	closeCtx     context.Context // cancelled by Close
+	closeFunc    context.CancelFunc
+	background   sync.WaitGroup  // watchdog, listener and release-retry goroutines
+	backoff      retry.Backoff   // spaces retries after transient errors
+	noRetry      bool            // tests: transient errors are not retried
+	keepStale    bool            // tests: connections to a read-only server are kept
+	noShare      bool            // tests: waiters do not share attempts (see try)
+	onRound      func()          // tests: runs each time a waiting Acquire goes round its loop again
+	onListen     func()          // tests: runs when a waiter first waits for notifications (listenFor)
+	noListenWake bool            // tests: the LISTEN connection's subscribing wakes no waiter
+	ev           *events.Emitter // nil without Config.Observer
 
 	// Stats counters.
 	waiting                                                   atomic.Int64
@@ -51,6 +53,8 @@ type Locker struct {
 	listener        *notifier.Notifier // the LISTEN loop, once started
 	waiters         map[string]map[*waiter]struct{}
 	waiterSeq       uint64              // the seq of the last waiter added
+	listenWants     int                 // waiters that wait for notifications (see wantListen)
+	listenIdleSince time.Time           // when listenWants last fell to 0
 	attempts        map[string]*attempt // attempts in flight, by name (see try)
 	// lines queues the waiting Acquire calls by name: only the head of a
 	// name's line retries and is woken (see acquire).
@@ -63,8 +67,9 @@ type Locker struct {
 var _ pgfence.Locker = (*Locker)(nil)
 
 type waiter struct {
-	ch  chan struct{} // buffered(1)
-	seq uint64        // order of registration (Locker.waiterSeq)
+	ch      chan struct{} // buffered(1)
+	seq     uint64        // order of registration (Locker.waiterSeq)
+	listens bool          // it waits for notifications (counted in Locker.listenWants)
 }
 
 func (w *waiter) wake() {
@@ -326,8 +331,9 @@ func (k *Locker) tryAcquire(ctx context.Context, name string, t leaseTiming, _ *
 // lease is due to expire (plus a little jitter). Each attempt is the same
 // single statement as [Locker.TryAcquire]. The calls of one Locker waiting
 // for a lease are served about in the order they began to wait; across
-// Lockers no order holds. The first wait opens the Locker's LISTEN
-// connection, which stays open until [Locker.Close].
+// Lockers no order holds. The first Acquire opens the Locker's LISTEN
+// connection, which stays open until [Locker.Close] but listens only while
+// a call waits (and a second after).
 //
 // When ctx ends first, Acquire returns an error wrapping ctx's cause; when
 // opts.WaitTimeout elapses first, an error matching [pgfence.ErrNotAcquired]
@@ -434,6 +440,7 @@ func (k *Locker) acquire(ctx context.Context, name string, t leaseTiming, opts *
 		if unavailable == nil {
 			k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: waiting for lease", "lease", name, "retry_in", retryIn)
 		}
+		k.listenFor(w)
 		timer.Reset(retryIn)
 		select {
 		case <-w.ch:

@@ -472,7 +472,7 @@ func TestListenerReconnectsAndWaitersFallBack(t *testing.T) {
 	back := logs.next("LISTEN connection ready")
 	var killed int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-		WHERE datname = current_database() AND query LIKE 'LISTEN%'`).Scan(&killed))
+		WHERE datname = current_database() AND (query LIKE 'LISTEN%' OR query LIKE 'UNLISTEN%')`).Scan(&killed))
 	require.Equal(t, 1, killed)
 	waitFor(t, failed, "the listener to notice")
 	waitFor(t, back, "the listener to reconnect")
@@ -516,7 +516,7 @@ func TestListenHealthCheckKeepsAHealthyConnection(t *testing.T) {
 	// Each check is a statement on the LISTEN session: watch its start time
 	// advance on the server, on the same backend.
 	const listenerSQL = `SELECT pid, query_start FROM pg_stat_activity
-		WHERE datname = current_database() AND query LIKE 'LISTEN%'`
+		WHERE datname = current_database() AND (query LIKE 'LISTEN%' OR query LIKE 'UNLISTEN%')`
 	var pid int32
 	var last time.Time
 	require.NoError(t, db.Pool.QueryRow(ctx, listenerSQL).Scan(&pid, &last))

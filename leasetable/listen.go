@@ -9,7 +9,8 @@ import (
 )
 
 // addWaiter registers a waiter for name's release notifications, starting
-// the Locker's LISTEN connection on first use.
+// the Locker's LISTEN connection on first use. The connection listens only
+// while a waiter of the Locker waits for notifications (see listenFor).
 func (k *Locker) addWaiter(name string) (*waiter, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -33,11 +34,12 @@ func (k *Locker) addWaiter(name string) (*waiter, error) {
 			Logger:        k.cfg.Logger,
 			LogPrefix:     "pgfence: leasetable",
 			Notify:        k.notify,
-			Listening:     k.wakeAll,
+			Listening:     k.listening,
 			Probe:         k.probeListen,
 			ProbeTimeout:  probeTimeout(k.cfg.ListenCheckInterval),
 			Lost:          k.listenLost,
 			Restored:      k.listenRestored,
+			Wanted:        k.wantListen,
 		}, &k.background)
 	}
 	return w, nil
@@ -66,11 +68,68 @@ func (k *Locker) removeWaiter(name string, w *waiter) {
 	if len(set) == 0 {
 		delete(k.waiters, name)
 	}
+	if w.listens {
+		k.listenWants--
+		if k.listenWants == 0 && k.listener != nil {
+			k.listenIdleSince = time.Now()
+			time.AfterFunc(listenLinger, k.listener.Kick) // unsubscribe, unless a waiter came back
+		}
+	}
 }
 
-// wakeAll wakes every waiter, so each retries at once: it runs when the
-// LISTEN connection is (again) listening, as a release may have been missed
-// meanwhile.
+// listenLinger is how long the LISTEN connection stays subscribed after the
+// last waiter for notifications left: a Locker that waits again within it
+// (a busy one waits every few milliseconds) keeps listening rather than
+// paying a LISTEN, an UNLISTEN and a retry of its waiter each time, while
+// a Locker that no longer waits stops being signalled within a second.
+const listenLinger = time.Second
+
+// listenFor marks w, a waiter about to block until a release (it was
+// refused), as one that waits for notifications: the first such waiter of
+// the Locker has the LISTEN connection subscribe, and once it has, every
+// waiter is woken to try again (the notifier's Listening hook, wakeAll),
+// as a release committed before then was not announced. Waiters whose
+// first attempt succeeds never make the connection listen.
+func (k *Locker) listenFor(w *waiter) {
+	if k.onListen != nil && !w.listens {
+		k.onListen()
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if w.listens {
+		return
+	}
+	w.listens = true
+	k.listenWants++
+	if k.listenWants == 1 && k.listener != nil {
+		k.listener.Kick() // subscribe
+	}
+}
+
+// wantListen is the notifier's Wanted hook: the LISTEN connection is
+// subscribed only while a call of the Locker waits for a release (see
+// listenFor), and for listenLinger after the last one left. A session that listens
+// is signalled, and its backend woken, by every NOTIFY committed in the
+// database (PostgreSQL signals each listening backend, whatever the
+// channel), and each signal makes the NOTIFY's commit take longer: an idle
+// Locker that kept listening would slow every release of every Locker on
+// the database, and take a share of the server's CPU, for nothing.
+func (k *Locker) wantListen() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.listenWants > 0 || time.Since(k.listenIdleSince) < listenLinger
+}
+
+// listening is the notifier's Listening hook: the LISTEN connection
+// listens (again), having connected or subscribed, so every waiter tries
+// again (wakeAll), as a release may have been missed meanwhile.
+func (k *Locker) listening() {
+	if !k.noListenWake {
+		k.wakeAll()
+	}
+}
+
+// wakeAll wakes every waiter, so each retries at once.
 func (k *Locker) wakeAll() {
 	k.mu.Lock()
 	defer k.mu.Unlock()

@@ -106,6 +106,20 @@ func (w *logWatch) warnings() string {
 	return w.warned.String()
 }
 
+// waitListening waits until the one call of k that waits has its LISTEN
+// connection subscribed and has tried again since (the notifier wakes the
+// Locker's waiters once it subscribes, as a release before then was not
+// announced): from then on only a notification, or the holder's expiry,
+// wakes it. The connection must not be subscribed when the call starts.
+// logs is k's logger, and before is logs.count("waiting for lease") from
+// before the call started.
+func waitListening(t *testing.T, k *leasetable.Locker, logs *logWatch, before int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		return k.Stats().Listening && logs.count("waiting for lease")-before >= 2
+	}, 30*time.Second, 2*time.Millisecond, "the waiter to listen and try again")
+}
+
 // waitFor waits for ch, failing the test after a generous bound.
 func waitFor(t *testing.T, ch <-chan struct{}, what string) {
 	t.Helper()

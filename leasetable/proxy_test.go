@@ -297,9 +297,12 @@ func (s *listenStall) handOver(t *testing.T) (pgfence.Lease, error) {
 	require.NoError(t, r.err, "the probe lease is handed over through the proxy")
 	require.NoError(t, r.l.Release(ctx))
 
-	waiting = s.logs.next("waiting for lease")
+	// The connection unsubscribes a second after the wait; the next wait
+	// subscribes it again, through the proxy, and then tries again.
+	require.Eventually(t, func() bool { return !s.waiter.Stats().Listening }, 30*time.Second, 5*time.Millisecond)
+	before := s.logs.count("waiting for lease")
 	got = acquireAsync(s.waiter, "contended", 5*time.Second)
-	waitFor(t, waiting, "the waiter to wait")
+	waitListening(t, s.waiter, s.logs, before)
 	s.proxy.stallOpen()
 	require.NoError(t, contended.Release(ctx))
 	r = <-got

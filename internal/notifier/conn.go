@@ -52,19 +52,24 @@ func open(ctx context.Context, cc *pgx.ConnConfig, channel string) (*pgx.Conn, e
 	if err != nil {
 		return nil, err
 	}
-	if err := check(ctx, conn, channel); err != nil {
+	if err := setListen(ctx, conn, channel, true); err != nil {
 		closeConn(conn)
 		return nil, err
 	}
 	return conn, nil
 }
 
-// check runs LISTEN channel on conn. On a session that already listens it
-// changes nothing, so it is also the health check of an idle LISTEN
-// connection: a plain round trip, after which the session still shows
-// LISTEN in pg_stat_activity.
-func check(ctx context.Context, conn *pgx.Conn, channel string) error {
-	_, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize())
+// setListen runs LISTEN channel on conn, or UNLISTEN channel when listen
+// is false. On a session already in that state it changes nothing, so it
+// is also the health check of an idle connection: a plain round trip,
+// after which a listening session still shows LISTEN in
+// pg_stat_activity.
+func setListen(ctx context.Context, conn *pgx.Conn, channel string, listen bool) error {
+	verb := "LISTEN "
+	if !listen {
+		verb = "UNLISTEN "
+	}
+	_, err := conn.Exec(ctx, verb+pgx.Identifier{channel}.Sanitize())
 	return err
 }
 

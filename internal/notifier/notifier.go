@@ -109,13 +109,26 @@ type Config struct {
 	// that it stopped.
 	Idle      func(connDown bool) bool
 	IdleCheck time.Duration
+
+	// Wanted, when set, tells whether the owner wants notifications now.
+	// The connection then stays open but is subscribed to Channel only
+	// while Wanted returns true, and unsubscribed (UNLISTEN) otherwise: a
+	// session that listens is signalled, and woken, by every NOTIFY
+	// committed in its database, so an owner with nothing waiting should
+	// not listen. Wanted is asked at each turn of the loop; the owner
+	// calls Kick after its answer may have changed. Listening is called
+	// each time the connection subscribes, so the owner wakes its waiters
+	// (a notification sent before then was missed), and Listening()
+	// reports whether it is subscribed. The health check of an
+	// unsubscribed connection runs UNLISTEN, which changes nothing.
+	Wanted func() bool
 }
 
 // Notifier is a running LISTEN loop. Create it with Start.
 type Notifier struct {
 	cfg       Config
 	done      chan struct{}
-	listening atomic.Bool // a connection is listening now
+	listening atomic.Bool // a connection is listening (subscribed) now
 
 	mu        sync.Mutex
 	dirty     bool               // Kick was called since the last Apply
@@ -153,8 +166,8 @@ func Start(ctx context.Context, cfg Config, wg *sync.WaitGroup) *Notifier {
 // Done is closed when the loop has stopped.
 func (n *Notifier) Done() <-chan struct{} { return n.done }
 
-// Listening reports whether a connection is listening now. It is safe on
-// a nil *Notifier (false).
+// Listening reports whether a connection is listening now (subscribed,
+// with Config.Wanted). It is safe on a nil *Notifier (false).
 func (n *Notifier) Listening() bool { return n != nil && n.listening.Load() }
 
 // Kick asks the loop to run Apply soon, interrupting its wait.
@@ -342,6 +355,7 @@ func (n *Notifier) once(ctx context.Context, down *downState) (listening bool, e
 	n.cfg.Logger.DebugContext(ctx, n.cfg.LogPrefix+": LISTEN connection ready", "channel", n.cfg.Channel)
 	var retryAt time.Time
 	first := true
+	subscribed := true // open ran LISTEN
 	lastHeard := time.Now()
 	for {
 		n.mu.Lock()
@@ -360,13 +374,28 @@ func (n *Notifier) once(ctx context.Context, down *downState) (listening bool, e
 				retryAt = time.Now().Add(retryIn)
 			}
 		}
+		subscribe := false // the connection subscribed in this turn
+		if n.cfg.Wanted != nil {
+			if want := n.cfg.Wanted(); want != subscribed {
+				sctx, cancel := context.WithTimeout(ctx, n.stmtTimeout())
+				err := setListen(sctx, conn, n.cfg.Channel, want)
+				cancel()
+				if err != nil {
+					return !first, err
+				}
+				subscribed, subscribe = want, want
+				n.listening.Store(want)
+				lastHeard = time.Now()
+			}
+		}
 		if first {
 			first = false
-			n.listening.Store(true)
+			n.listening.Store(subscribed)
 			down.restored(n)
-			if n.cfg.Listening != nil {
-				n.cfg.Listening()
-			}
+			subscribe = subscribed
+		}
+		if subscribe && n.cfg.Listening != nil {
+			n.cfg.Listening()
 		}
 		msg, err := n.wait(ctx, conn, retryAt)
 		switch {
@@ -403,7 +432,7 @@ func (n *Notifier) once(ctx context.Context, down *downState) (listening bool, e
 		// fatal) in a goroutine of its own, which the deferred closeConn
 		// waits for.
 		cctx, cancel := context.WithTimeout(ctx, timeout)
-		err = check(cctx, conn, n.cfg.Channel)
+		err = setListen(cctx, conn, n.cfg.Channel, subscribed)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -417,6 +446,15 @@ func (n *Notifier) once(ctx context.Context, down *downState) (listening bool, e
 				n.cfg.CheckInterval, timeout, err)
 		}
 	}
+}
+
+// stmtTimeout bounds a LISTEN or UNLISTEN that Wanted asks for: the
+// health check's timeout, or DefaultSuspectTimeout when the check is off.
+func (n *Notifier) stmtTimeout() time.Duration {
+	if n.cfg.CheckTimeout > 0 {
+		return n.cfg.CheckTimeout
+	}
+	return DefaultSuspectTimeout
 }
 
 // wait waits for the next notification. It returns (nil, nil) when the

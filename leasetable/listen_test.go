@@ -1,0 +1,125 @@
+package leasetable_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/leasetable"
+)
+
+// listenerQueries returns the last statement of the LISTEN connections of the
+// database: "LISTEN ..." while subscribed, "UNLISTEN ..." after.
+func listenerQueries(t *testing.T, db *pgtest.DB) []string {
+	t.Helper()
+	rows, err := db.Pool.Query(context.Background(), `SELECT query FROM pg_stat_activity
+		WHERE datname = current_database() AND (query LIKE 'LISTEN %' OR query LIKE 'UNLISTEN %') ORDER BY pid`)
+	require.NoError(t, err)
+	defer rows.Close()
+	var qs []string
+	for rows.Next() {
+		var q string
+		require.NoError(t, rows.Scan(&q))
+		qs = append(qs, q)
+	}
+	require.NoError(t, rows.Err())
+	return qs
+}
+
+// TestListenOnlyWhileWaiting: a Locker's LISTEN connection is subscribed
+// only while one of its calls waits for a release, and for about a second
+// after (listenLinger); a Locker with nothing waiting is not signalled by
+// the releases of the database. Control: while a call waits, it stays
+// subscribed past that second.
+func TestListenOnlyWhileWaiting(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	waiter := newLocker(t, db.NewPool(t, nil), nil)
+	holder := newLocker(t, db.Pool, &leasetable.Config{TTL: time.Minute})
+
+	// An Acquire that is granted at once opens the connection, which does
+	// not stay subscribed.
+	warm, err := waiter.Acquire(ctx, "warm", nil)
+	require.NoError(t, err)
+	require.NoError(t, warm.Release(ctx))
+	require.Eventually(t, func() bool {
+		qs := listenerQueries(t, db)
+		return len(qs) == 1 && qs[0] == `UNLISTEN "pgfence_lease_released"` && !waiter.Stats().Listening
+	}, 30*time.Second, 10*time.Millisecond, "the idle Locker unsubscribed")
+
+	// A waiting call subscribes it, for as long as it waits (the control:
+	// past the linger).
+	l, err := holder.TryAcquire(ctx, "x", nil)
+	require.NoError(t, err)
+	got := acquireAsync(waiter, "x", 30*time.Second)
+	require.Eventually(t, func() bool { return waiter.Stats().Listening }, 30*time.Second, 5*time.Millisecond)
+	time.Sleep(1500 * time.Millisecond)
+	require.True(t, waiter.Stats().Listening, "subscribed while a call waits")
+	require.Equal(t, []string{`LISTEN "pgfence_lease_released"`}, listenerQueries(t, db))
+	require.NoError(t, l.Release(ctx))
+	r := <-got
+	require.NoError(t, r.err)
+	require.NoError(t, r.l.Release(ctx))
+
+	// Once no call waits, it unsubscribes again.
+	require.Eventually(t, func() bool { return !waiter.Stats().Listening }, 30*time.Second, 10*time.Millisecond)
+	require.Equal(t, []string{`UNLISTEN "pgfence_lease_released"`}, listenerQueries(t, db))
+}
+
+// TestReleaseBeforeSubscribingIsNotMissed: a release committed after a
+// waiter's refused attempt but before its Locker's LISTEN connection
+// subscribed is announced to nobody there; the subscription wakes the
+// waiter, which tries again and takes the lease at once, not at the
+// holder's expiry. Negative control: when subscribing wakes nobody, the
+// waiter sleeps until its WaitTimeout.
+func TestReleaseBeforeSubscribingIsNotMissed(t *testing.T) {
+	t.Parallel()
+	for _, wake := range []bool{true, false} {
+		name := "woken"
+		if !wake {
+			name = "control: not woken"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := pgtest.NewDB(t)
+			waiter := newLocker(t, db.NewPool(t, nil), nil)
+			holder := newLocker(t, db.Pool, &leasetable.Config{TTL: time.Minute})
+			if !wake {
+				leasetable.SetNoListenWake(waiter)
+			}
+			// The LISTEN connection is open, and unsubscribed, before the
+			// wait.
+			warm, err := waiter.Acquire(ctx, "warm", nil)
+			require.NoError(t, err)
+			require.NoError(t, warm.Release(ctx))
+			require.Eventually(t, func() bool {
+				qs := listenerQueries(t, db)
+				return len(qs) == 1 && qs[0] == `UNLISTEN "pgfence_lease_released"`
+			}, 30*time.Second, 10*time.Millisecond)
+
+			l, err := holder.TryAcquire(ctx, "x", nil)
+			require.NoError(t, err)
+			var once sync.Once
+			leasetable.SetOnListen(waiter, func() {
+				once.Do(func() { require.NoError(t, l.Release(ctx)) })
+			})
+			start := time.Now()
+			r := <-acquireAsync(waiter, "x", 3*time.Second)
+			if wake {
+				require.NoError(t, r.err)
+				require.Greater(t, r.l.Token(), l.Token())
+				require.NoError(t, r.l.Release(ctx))
+				return
+			}
+			require.ErrorIs(t, r.err, pgfence.ErrNotAcquired, "the release was missed")
+			require.GreaterOrEqual(t, time.Since(start), 3*time.Second)
+		})
+	}
+}

@@ -241,7 +241,14 @@ func (r *runner) herdScenario(ctx context.Context) error {
 			herdCPUCell(&p, p.ServerCPU, p.ServerOK), herdCPUCell(&p, p.ClientCPU, true), p.Errors, p.Load)
 		r.res.Herd = append(r.res.Herd, p)
 	}
-	return writeHerd(c, r.res.Machine, loadStart, loadAvg(), cpu, r.res.Herd)
+	raw := rawNotifyChain(ctx, r.env.DatabaseURL, c.HoldShort, c.Warmup, c.Duration)
+	r.res.HerdRaw = &raw
+	if raw.Err != "" {
+		r.note("11 raw NOTIFY chain: %s", raw.Err)
+	}
+	fmt.Printf("  [11] raw NOTIFY chain (one process) hand-overs=%-6d p50=%-9s p99=%-9s acquire stmts/ho=%.2f load %s\n",
+		raw.Latency.N, report.Duration(raw.Latency.P50), report.Duration(raw.Latency.P99), raw.perHandover(), loadAvg())
+	return writeHerd(c, r.res.Machine, loadStart, loadAvg(), cpu, r.res.Herd, r.res.HerdRaw)
 }
 
 // herdHardBound is how long a point may take at most, from the start of
@@ -568,7 +575,7 @@ func herdModeText(mode string) string {
 }
 
 // writeHerd writes results/herd.md.
-func writeHerd(cfg *config, m machineInfo, loadStart, loadEnd string, cpu *serverCPU, pts []herdPoint) error {
+func writeHerd(cfg *config, m machineInfo, loadStart, loadEnd string, cpu *serverCPU, pts []herdPoint, raw *rawChainResult) error {
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	p("# Many waiters: hand-over across processes and within one\n\n")
@@ -630,6 +637,22 @@ func writeHerd(cfg *config, m machineInfo, loadStart, loadEnd string, cpu *serve
 		p("## Where a one-waiter hand-over goes\n\n")
 		p("At one waiter the workers trace their Lockers' lock and unlock statements (a pgx tracer: wall-clock times before each statement is sent and after its answer is read) and each hand-over is cut at them: **before**, from the holder's `Release` call to its release statement being sent; the **release statement**'s round trip (its commit sends the NOTIFY without waiting for a WAL flush); **wake**, from the release's answer to the waiter's acquire statement being sent (the NOTIFY delivered to the waiter's LISTEN connection and the waiter woken; negative when the waiter sent it before the holder had read its own answer; zero for an advisory wait parked in the server, whose statement was sent before the release); the **acquire statement**'s round trip (its token's commit waits for a WAL flush; for a parked wait, from the release's answer to the wait's); **after**, from its answer to `Acquire` returning. Each cell is the median in µs, the mean in brackets; the means add up to the mean hand-over, the medians need not. Only hand-overs whose two statements were found are cut (column cut). Tracing adds two clock reads per statement. Every NOTIFY wakes each LISTEN connection of the database, the benchmark's own (which counts the notifications) included, and the releasing session's commit signals each of them; the release statement's round trip includes that.\n\n%s\n", st.Markdown())
 	}
+	if raw.ok() {
+		rt := &report.Table{Header: []string{"hand-over, one waiter, hold " + report.Duration(cfg.HoldShort), "hand-overs", "p50", "p99", "p50 ÷ raw chain", "p99 ÷ raw chain"}, TextColumns: 1}
+		rt.Rows = append(rt.Rows, []string{"raw NOTIFY chain, two goroutines of one process", report.Thousands(int64(raw.Latency.N)),
+			report.Duration(raw.Latency.P50), report.Duration(raw.Latency.P99), "1.00x", "1.00x"})
+		for _, mode := range []string{herdProcesses, herdInProcess} {
+			if pt := herdFind(pts, "leasetable", mode, 1); pt != nil && pt.Latency.N > 0 {
+				rt.Rows = append(rt.Rows, []string{"leasetable, " + herdModeText(mode), report.Thousands(int64(pt.Latency.N)),
+					report.Duration(pt.Latency.P50), report.Duration(pt.Latency.P99),
+					report.Ratio(float64(pt.Latency.P50), float64(raw.Latency.P50)),
+					report.Ratio(float64(pt.Latency.P99), float64(raw.Latency.P99))})
+			}
+		}
+		p("## The lease table's hand-over without pgfence\n\n")
+		p("The **raw NOTIFY chain** is the lease table's hand-over protocol with nothing else: two goroutines of the benchmark's process hand one row back and forth, each with a connection for its statements and a LISTEN connection; the acquire is one `UPDATE` of the free row drawing the token from a sequence (its commit waits for the WAL flush), the release one `UPDATE` that frees the row and sends `pg_notify` in the same statement (its commit does not wait for the flush), in plain SQL on a table of the benchmark's (no function, no search_path pinning, no renewal, no pgfence code in the client), and a refused acquire waits for the notification. One more session listens, as the benchmark's counting connection does in the pgfence points. It is timed like them (from the holder starting its release to the waiter's acquire returning, after %s holds, the holder releasing once the waiter has queued), for %s after %s warm-up, after the pgfence points; %.2f acquire statements per hand-over. What it takes on this machine bounds what any lease table woken by NOTIFY can do here.\n\n%s\n",
+			report.Duration(cfg.HoldShort), cfg.Duration, cfg.Warmup, raw.perHandover(), rt.Markdown())
+	}
 	t := &report.Table{Header: append([]string{"strategy", "names", "hand-overs / s", "names ÷ (hand-overs / s)"}, header...)}
 	for i := range pts {
 		if pt := &pts[i]; pt.Names > 1 {
@@ -650,7 +673,7 @@ func writeHerd(cfg *config, m machineInfo, loadStart, loadEnd string, cpu *serve
 		tt.Rows = append(tt.Rows, []string{tg.What, tg.Goal, tg.Measured, tg.Met})
 	}
 	p("%s\n", tt.Markdown())
-	herdMiss(p, pts, herdTargets(pts, cfg.HoldShort), cfg.HoldShort, m.Cores)
+	herdMiss(p, pts, raw, herdTargets(pts, cfg.HoldShort), cfg.HoldShort, m.Cores)
 	var errs []string
 	for _, pt := range pts {
 		if pt.FirstErr != "" {
@@ -674,7 +697,7 @@ func writeHerd(cfg *config, m machineInfo, loadStart, loadEnd string, cpu *serve
 // herdMiss explains the missed one-waiter hand-over targets of ts with the
 // run's figures: what one hand-over cost, and what bounds it. It writes
 // nothing when none of them was missed.
-func herdMiss(q func(string, ...any), pts []herdPoint, ts []target, hold time.Duration, cores int) {
+func herdMiss(q func(string, ...any), pts []herdPoint, raw *rawChainResult, ts []target, hold time.Duration, cores int) {
 	var lines []string
 	for _, s := range herdStrategies {
 		for _, mode := range []string{herdProcesses, herdInProcess} {
@@ -685,9 +708,14 @@ func herdMiss(q func(string, ...any), pts []herdPoint, ts []target, hold time.Du
 			if p == nil || p.Latency.N == 0 {
 				continue
 			}
-			lines = append(lines, fmt.Sprintf("- %s, %s: p50 %s, p99 %s over %d hand-overs; per hand-over %.1f statements, %s µs of server CPU and %s µs of client CPU.%s",
+			line := fmt.Sprintf("- %s, %s: p50 %s, p99 %s over %d hand-overs; per hand-over %.1f statements, %s µs of server CPU and %s µs of client CPU.%s",
 				s, herdModeText(mode), report.Duration(p.Latency.P50), report.Duration(p.Latency.P99), p.Latency.N,
-				p.per(float64(p.Statements)), herdCPUCell(p, p.ServerCPU, p.ServerOK), herdCPUCell(p, p.ClientCPU, true), stagesText(p)))
+				p.per(float64(p.Statements)), herdCPUCell(p, p.ServerCPU, p.ServerOK), herdCPUCell(p, p.ClientCPU, true), stagesText(p))
+			if s == "leasetable" && raw.ok() {
+				line += fmt.Sprintf(" The raw NOTIFY chain (the same protocol in plain SQL, no pgfence; herd.md) ran in this run at p50 %s, p99 %s: leasetable is %s of it at p50.",
+					report.Duration(raw.Latency.P50), report.Duration(raw.Latency.P99), report.Ratio(float64(p.Latency.P50), float64(raw.Latency.P50)))
+			}
+			lines = append(lines, line)
 		}
 	}
 	if len(lines) == 0 {

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence/bench/internal/stats"
 )
 
 // TestMain lets the test binary serve as scenario 11's worker, as the
@@ -276,7 +278,8 @@ func TestHerdTargetsAndReport(t *testing.T) {
 	pts[0].ServerOK = false
 
 	require.Empty(t, herdTargets(nil, cfg.HoldShort))
-	require.NoError(t, writeHerd(cfg, machineInfo{Cores: 2}, "1", "2", &serverCPU{why: "remote"}, pts))
+	raw := &rawChainResult{Latency: stats.Summary{N: 3, P50: 600 * time.Microsecond, P99: 3 * time.Millisecond}, Attempts: 6}
+	require.NoError(t, writeHerd(cfg, machineInfo{Cores: 2}, "1", "2", &serverCPU{why: "remote"}, pts, raw))
 	b, err := os.ReadFile(filepath.Join(cfg.Out, "herd.md"))
 	require.NoError(t, err)
 	md := string(b)
@@ -299,6 +302,14 @@ func TestHerdTargetsAndReport(t *testing.T) {
 		"- advisory, Lockers in separate processes: p50 3.50 ms, p99 5.00 ms over 3 hand-overs; per hand-over 3.5 statements, 300 µs of server CPU and 500 µs of client CPU.",
 		"- leasetable, Lockers in one process: p50 0.900 ms, p99 6.00 ms over 3 hand-overs;",
 		"on the 2 cores that the workers and PostgreSQL share",
+		// The raw NOTIFY chain, side by side with the lease table, and in
+		// the lease table's miss.
+		"## The lease table's hand-over without pgfence",
+		"2.00 acquire statements per hand-over",
+		"| raw NOTIFY chain, two goroutines of one process | 3 | 0.600 ms | 3.00 ms | 1.00x | 1.00x |",
+		"| leasetable, Lockers in one process | 3 | 0.900 ms | 6.00 ms | 1.50x | 2.00x |",
+		"| leasetable, Lockers in separate processes | 3 | 0.800 ms | 4.00 ms | 1.33x | 1.33x |",
+		"ran in this run at p50 0.600 ms, p99 3.00 ms: leasetable is 1.50x of it at p50.",
 	} {
 		require.Contains(t, md, want)
 	}

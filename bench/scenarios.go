@@ -33,6 +33,7 @@ type results struct {
 	ClientScale   *clientScaleResult // scenario 12
 	Combine       []combinePoint     // scenario 10
 	Herd          []herdPoint        // scenario 11
+	HerdRaw       *rawChainResult    // scenario 11's raw NOTIFY chain
 	WaitEvents    []waitSample       // scenario 1 at profileClients, last round
 	WriteWaits    []waitSample       // scenario 4, last round
 	Notes         []string

@@ -246,8 +246,9 @@ func (r *runner) herdScenario(ctx context.Context) error {
 	if raw.Err != "" {
 		r.note("11 raw NOTIFY chain: %s", raw.Err)
 	}
-	fmt.Printf("  [11] raw NOTIFY chain (one process) hand-overs=%-6d p50=%-9s p99=%-9s acquire stmts/ho=%.2f load %s\n",
-		raw.Latency.N, report.Duration(raw.Latency.P50), report.Duration(raw.Latency.P99), raw.perHandover(), loadAvg())
+	fmt.Printf("  [11] raw NOTIFY chain (one process) hand-overs=%-6d p50=%-9s p99=%-9s release stmt p50=%s acquire stmt p50=%s acquire stmts/ho=%.2f load %s\n",
+		raw.Latency.N, report.Duration(raw.Latency.P50), report.Duration(raw.Latency.P99),
+		report.Duration(raw.Release.P50), report.Duration(raw.Acquire.P50), raw.perHandover(), loadAvg())
 	return writeHerd(c, r.res.Machine, loadStart, loadAvg(), cpu, r.res.Herd, r.res.HerdRaw)
 }
 
@@ -638,13 +639,19 @@ func writeHerd(cfg *config, m machineInfo, loadStart, loadEnd string, cpu *serve
 		p("At one waiter the workers trace their Lockers' lock and unlock statements (a pgx tracer: wall-clock times before each statement is sent and after its answer is read) and each hand-over is cut at them: **before**, from the holder's `Release` call to its release statement being sent; the **release statement**'s round trip (its commit sends the NOTIFY without waiting for a WAL flush); **wake**, from the release's answer to the waiter's acquire statement being sent (the NOTIFY delivered to the waiter's LISTEN connection and the waiter woken; negative when the waiter sent it before the holder had read its own answer; zero for an advisory wait parked in the server, whose statement was sent before the release); the **acquire statement**'s round trip (its token's commit waits for a WAL flush; for a parked wait, from the release's answer to the wait's); **after**, from its answer to `Acquire` returning. Each cell is the median in µs, the mean in brackets; the means add up to the mean hand-over, the medians need not. Only hand-overs whose two statements were found are cut (column cut). Tracing adds two clock reads per statement. Every NOTIFY wakes each LISTEN connection of the database, the benchmark's own (which counts the notifications) included, and the releasing session's commit signals each of them; the release statement's round trip includes that.\n\n%s\n", st.Markdown())
 	}
 	if raw.ok() {
-		rt := &report.Table{Header: []string{"hand-over, one waiter, hold " + report.Duration(cfg.HoldShort), "hand-overs", "p50", "p99", "p50 ÷ raw chain", "p99 ÷ raw chain"}, TextColumns: 1}
+		rt := &report.Table{Header: []string{"hand-over, one waiter, hold " + report.Duration(cfg.HoldShort), "hand-overs", "p50", "p99",
+			"release statement p50", "acquire statement p50", "p50 ÷ raw chain", "p99 ÷ raw chain"}, TextColumns: 1}
 		rt.Rows = append(rt.Rows, []string{"raw NOTIFY chain, two goroutines of one process", report.Thousands(int64(raw.Latency.N)),
-			report.Duration(raw.Latency.P50), report.Duration(raw.Latency.P99), "1.00x", "1.00x"})
+			report.Duration(raw.Latency.P50), report.Duration(raw.Latency.P99),
+			report.Duration(raw.Release.P50), report.Duration(raw.Acquire.P50), "1.00x", "1.00x"})
 		for _, mode := range []string{herdProcesses, herdInProcess} {
 			if pt := herdFind(pts, "leasetable", mode, 1); pt != nil && pt.Latency.N > 0 {
+				rel, acq := "n/a", "n/a"
+				if pt.Stages.N > 0 {
+					rel, acq = report.Duration(pt.Stages.Release.P50), report.Duration(pt.Stages.Acquire.P50)
+				}
 				rt.Rows = append(rt.Rows, []string{"leasetable, " + herdModeText(mode), report.Thousands(int64(pt.Latency.N)),
-					report.Duration(pt.Latency.P50), report.Duration(pt.Latency.P99),
+					report.Duration(pt.Latency.P50), report.Duration(pt.Latency.P99), rel, acq,
 					report.Ratio(float64(pt.Latency.P50), float64(raw.Latency.P50)),
 					report.Ratio(float64(pt.Latency.P99), float64(raw.Latency.P99))})
 			}

@@ -43,7 +43,9 @@ SELECT pg_notify('bench_raw_chain', $1), set_config('synchronous_commit', 'off',
 // rawChainResult is the raw NOTIFY chain's measurement.
 type rawChainResult struct {
 	Latency  stats.Summary
-	Attempts int64 // acquire statements over the measured hand-overs' run (refused ones included)
+	Release  stats.Summary // the release statement's round trip, in measured hand-overs
+	Acquire  stats.Summary // the granting acquire statement's round trip, in measured hand-overs
+	Attempts int64         // acquire statements over the measured hand-overs' run (refused ones included)
 	Err      string
 }
 
@@ -90,6 +92,8 @@ func rawNotifyChain(ctx context.Context, url string, hold, warmup, duration time
 		attempts   atomic.Int64
 		mu         sync.Mutex
 		samples    []time.Duration
+		releases   []time.Duration
+		acquires   []time.Duration
 		firstErr   error
 		wg         sync.WaitGroup
 	)
@@ -110,7 +114,9 @@ func rawNotifyChain(ctx context.Context, url string, hold, warmup, duration time
 			for runCtx.Err() == nil {
 				queued[i].Store(true)
 				var fence int64
+				var sent time.Time
 				for {
+					sent = time.Now()
 					err := pl.work.QueryRow(runCtx, rawChainAcquire, me).Scan(&fence)
 					if time.Now().After(measureFrom) {
 						attempts.Add(1)
@@ -151,6 +157,7 @@ func rawNotifyChain(ctx context.Context, url string, hold, warmup, duration time
 				if at := releasedAt.Swap(0); at != 0 && now.After(measureFrom) {
 					mu.Lock()
 					samples = append(samples, now.Sub(time.Unix(0, at)))
+					acquires = append(acquires, now.Sub(sent))
 					mu.Unlock()
 				}
 				// Hold, then wait for the other to queue again.
@@ -158,10 +165,16 @@ func rawNotifyChain(ctx context.Context, url string, hold, warmup, duration time
 				for !queued[other].Load() && runCtx.Err() == nil {
 					time.Sleep(20 * time.Microsecond)
 				}
-				releasedAt.Store(time.Now().UnixNano())
+				start := time.Now()
+				releasedAt.Store(start.UnixNano())
 				if _, err := pl.work.Exec(context.WithoutCancel(runCtx), rawChainRelease, me, fence); err != nil {
 					fail(err)
 					return
+				}
+				if start.After(measureFrom) {
+					mu.Lock()
+					releases = append(releases, time.Since(start))
+					mu.Unlock()
 				}
 				// Queue again once the other took the lease.
 				for takes.Load() == n && runCtx.Err() == nil {
@@ -175,6 +188,7 @@ func rawNotifyChain(ctx context.Context, url string, hold, warmup, duration time
 		res.Err = firstErr.Error()
 	}
 	res.Latency = stats.Summarize(samples)
+	res.Release, res.Acquire = stats.Summarize(releases), stats.Summarize(acquires)
 	res.Attempts = attempts.Load()
 	return res
 }

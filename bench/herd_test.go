@@ -278,7 +278,8 @@ func TestHerdTargetsAndReport(t *testing.T) {
 	pts[0].ServerOK = false
 
 	require.Empty(t, herdTargets(nil, cfg.HoldShort))
-	raw := &rawChainResult{Latency: stats.Summary{N: 3, P50: 600 * time.Microsecond, P99: 3 * time.Millisecond}, Attempts: 6}
+	raw := &rawChainResult{Latency: stats.Summary{N: 3, P50: 600 * time.Microsecond, P99: 3 * time.Millisecond}, Attempts: 6,
+		Release: stats.Summary{N: 3, P50: 200 * time.Microsecond}, Acquire: stats.Summary{N: 3, P50: 350 * time.Microsecond}}
 	require.NoError(t, writeHerd(cfg, machineInfo{Cores: 2}, "1", "2", &serverCPU{why: "remote"}, pts, raw))
 	b, err := os.ReadFile(filepath.Join(cfg.Out, "herd.md"))
 	require.NoError(t, err)
@@ -306,9 +307,9 @@ func TestHerdTargetsAndReport(t *testing.T) {
 		// the lease table's miss.
 		"## The lease table's hand-over without pgfence",
 		"2.00 acquire statements per hand-over",
-		"| raw NOTIFY chain, two goroutines of one process | 3 | 0.600 ms | 3.00 ms | 1.00x | 1.00x |",
-		"| leasetable, Lockers in one process | 3 | 0.900 ms | 6.00 ms | 1.50x | 2.00x |",
-		"| leasetable, Lockers in separate processes | 3 | 0.800 ms | 4.00 ms | 1.33x | 1.33x |",
+		"| raw NOTIFY chain, two goroutines of one process | 3 | 0.600 ms | 3.00 ms | 0.200 ms | 0.350 ms | 1.00x | 1.00x |",
+		"| leasetable, Lockers in one process | 3 | 0.900 ms | 6.00 ms | n/a | n/a | 1.50x | 2.00x |",
+		"| leasetable, Lockers in separate processes | 3 | 0.800 ms | 4.00 ms | n/a | n/a | 1.33x | 1.33x |",
 		"ran in this run at p50 0.600 ms, p99 3.00 ms: leasetable is 1.50x of it at p50.",
 	} {
 		require.Contains(t, md, want)

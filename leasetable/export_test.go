@@ -35,5 +35,21 @@ func SetOnListen(k *Locker, f func()) { k.onListen = f }
 // k.
 func SetNoListenWake(k *Locker) { k.noListenWake = true }
 
+// KickListen has k's LISTEN connection, once started, ask again whether to
+// listen (as a waiter's arrival or the linger's end does).
+func KickListen(k *Locker) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.listener.Kick()
+}
+
+// ListenAsked returns how many times k's LISTEN connection asked whether
+// to listen, and the last answer.
+func ListenAsked(k *Locker) (int64, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.listenAsked, k.listenAnswer
+}
+
 // Waiters returns the number of k's Acquire calls in name's line.
 func Waiters(k *Locker, name string) int { return k.lines.Members(name) }

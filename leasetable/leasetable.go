@@ -55,6 +55,9 @@ type Locker struct {
 	waiterSeq       uint64              // the seq of the last waiter added
 	listenWants     int                 // waiters that wait for notifications (see wantListen)
 	listenIdleSince time.Time           // when listenWants last fell to 0
+	listenAnswer    bool                // wantListen's last answer to the notifier
+	listenAsked     int64               // wantListen's answers so far (tests)
+	lingerTimer     *time.Timer         // asks the notifier again once listenLinger has passed
 	attempts        map[string]*attempt // attempts in flight, by name (see try)
 	// lines queues the waiting Acquire calls by name: only the head of a
 	// name's line retries and is woken (see acquire).
@@ -160,6 +163,9 @@ func (k *Locker) Close() {
 		return
 	}
 	k.closed = true
+	if k.lingerTimer != nil {
+		k.lingerTimer.Stop()
+	}
 	held := make([]*Lease, 0, len(k.leases))
 	for l := range k.leases {
 		held = append(held, l)

@@ -71,8 +71,16 @@ func (k *Locker) removeWaiter(name string, w *waiter) {
 	if w.listens {
 		k.listenWants--
 		if k.listenWants == 0 && k.listener != nil {
+			// Unsubscribe once the linger has passed, unless a waiter
+			// came back: one timer per Locker, pushed back by each
+			// waiter that leaves.
 			k.listenIdleSince = time.Now()
-			time.AfterFunc(listenLinger, k.listener.Kick) // unsubscribe, unless a waiter came back
+			if k.lingerTimer == nil {
+				n := k.listener
+				k.lingerTimer = time.AfterFunc(listenLinger, n.Kick)
+			} else {
+				k.lingerTimer.Reset(listenLinger)
+			}
 		}
 	}
 }
@@ -89,7 +97,10 @@ const listenLinger = time.Second
 // the Locker has the LISTEN connection subscribe, and once it has, every
 // waiter is woken to try again (the notifier's Listening hook, wakeAll),
 // as a release committed before then was not announced. Waiters whose
-// first attempt succeeds never make the connection listen.
+// first attempt succeeds never make the connection listen. When the
+// notifier's last answer from wantListen was yes, it is subscribed (or
+// subscribing) and will not unsubscribe without asking again, which now
+// answers yes: no Kick, so a busy Locker's waits do not interrupt it.
 func (k *Locker) listenFor(w *waiter) {
 	if k.onListen != nil && !w.listens {
 		k.onListen()
@@ -101,23 +112,26 @@ func (k *Locker) listenFor(w *waiter) {
 	}
 	w.listens = true
 	k.listenWants++
-	if k.listenWants == 1 && k.listener != nil {
+	if k.listenWants == 1 && k.listener != nil && !k.listenAnswer {
 		k.listener.Kick() // subscribe
 	}
 }
 
 // wantListen is the notifier's Wanted hook: the LISTEN connection is
 // subscribed only while a call of the Locker waits for a release (see
-// listenFor), and for listenLinger after the last one left. A session that listens
-// is signalled, and its backend woken, by every NOTIFY committed in the
-// database (PostgreSQL signals each listening backend, whatever the
-// channel), and each signal makes the NOTIFY's commit take longer: an idle
-// Locker that kept listening would slow every release of every Locker on
-// the database, and take a share of the server's CPU, for nothing.
+// listenFor), and for listenLinger after the last one left. A session
+// that listens is signalled, and its backend woken, by every NOTIFY
+// committed in the database (PostgreSQL signals each listening backend,
+// whatever the channel), and each signal makes the NOTIFY's commit take
+// longer: an idle Locker that kept listening would slow every release of
+// every Locker on the database, and take a share of the server's CPU, for
+// nothing. The answer is recorded for listenFor.
 func (k *Locker) wantListen() bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return k.listenWants > 0 || time.Since(k.listenIdleSince) < listenLinger
+	k.listenAnswer = k.listenWants > 0 || time.Since(k.listenIdleSince) < listenLinger
+	k.listenAsked++
+	return k.listenAnswer
 }
 
 // listening is the notifier's Listening hook: the LISTEN connection

@@ -126,8 +126,9 @@ func (k *Locker) Acquire(ctx context.Context, name string, opts *AcquireOpts) (p
 // lock over at once, and the parked waits of all Lockers are served in the
 // order their wait statements began (a statement is sent again every
 // SessionCheckInterval, or half of the server's deadlock_timeout, and
-// then joins the back of the line: no FIFO order is promised). When no session can be parked (MaxSessions 1, or
-// MaxSessions-1 of them parked already), and for shared locks, it waits by
+// then joins the back of the line: no FIFO order is promised). When no
+// session can be parked (MaxSessions 1, or MaxSessions-1 of them parked
+// already), and for shared locks, it waits by
 // retrying pg_try_advisory_lock on the Locker's sessions, pausing 5ms at
 // first and doubling up to Config.MaxPollInterval, and registers on the
 // Locker's LISTEN connection so that the Unlock wakes it with NOTIFY (see

@@ -188,16 +188,17 @@
 // [Config.MaxSessions] allows) and runs pg_advisory_lock there, then draws
 // the token in the same statement. The server queues the parked sessions
 // of every Locker in the order their statements began and grants the lock
-// to the first at the holder's unlock, so a hand-over costs the unlock and the waiter's
-// commit: no notification, no process woken to ask again. A parked
-// session takes no other work, and at most MaxSessions-1 sessions of a
-// Locker are parked at once, so other keys always keep a session; with
-// MaxSessions 1 nothing parks. Each parked statement sets lock_timeout to
+// to the first at the holder's unlock, so a hand-over costs the unlock and
+// the waiter's commit: no notification, no process woken to ask again. A
+// parked session takes no other work, and at most MaxSessions-1 sessions
+// of a Locker are parked at once, so other keys always keep a session;
+// with MaxSessions 1 nothing parks. Each parked statement sets lock_timeout to
 // [Config.SessionCheckInterval] (or half of the server's deadlock_timeout,
 // if shorter) and is sent again when it runs out, so a parked session
 // answers that often and a dead one is noticed as an idle session would
-// be; a statement sent again joins the back of the server's line. A session the server ends while parked is replaced,
-// and the wait goes on (a transient error). Shared locks never park.
+// be; a statement sent again joins the back of the server's line. A
+// session the server ends while parked is replaced, and the wait goes on
+// (a transient error). Shared locks never park.
 //
 // Otherwise (no session to park on, a shared lock, or a key held by
 // another caller of the same Locker), a waiting Acquire retries after 5ms,

@@ -37,6 +37,26 @@ func waitParked(t testing.TB, pool *pgxpool.Pool, app string, n int) {
 		"%d parked backends of %s", n, app)
 }
 
+// unhurriedParks raises deadlock_timeout to 5 minutes for the sessions
+// that open on db from now on, so that with unhurriedParkConfig their
+// parked wait statements last a minute (their lock_timeout is the shorter
+// of SessionCheckInterval and half of deadlock_timeout): none is sent
+// again, or ends, within a test unless cancelled.
+func unhurriedParks(t testing.TB, db *pgtest.DB) {
+	t.Helper()
+	_, err := db.Pool.Exec(context.Background(),
+		`DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET deadlock_timeout = ''5min''', current_database()); END $$`)
+	require.NoError(t, err)
+}
+
+// unhurriedParkConfig is a Config with application_name app whose parked
+// waits last a minute on a database prepared by unhurriedParks (its TCP
+// settings satisfy Config's check against SessionCheckInterval).
+func unhurriedParkConfig(app string) *advisory.Config {
+	return &advisory.Config{ApplicationName: app,
+		SessionCheckInterval: time.Minute, TCPUserTimeout: 5 * time.Minute, TCPKeepalivesIdle: 3 * time.Minute}
+}
+
 // sessionPIDs returns the backend pids of the sessions with
 // application_name app.
 func sessionPIDs(t testing.TB, pool *pgxpool.Pool, app string) []int32 {
@@ -103,8 +123,7 @@ func TestParkedWaitsEndInOrder(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
-	_, err := db.Pool.Exec(ctx, `DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET deadlock_timeout = ''5min''', current_database()); END $$`)
-	require.NoError(t, err)
+	unhurriedParks(t, db)
 	holder := newLocker(t, db.Pool, nil)
 	key := advisory.Name("park:order")
 	lk, err := holder.TryAcquireKey(ctx, key, nil)
@@ -113,8 +132,7 @@ func TestParkedWaitsEndInOrder(t *testing.T) {
 	results := make([]<-chan lockResult, n)
 	for i := range results {
 		app := "park-order-" + strconv.Itoa(i)
-		w := newLocker(t, db.NewPool(t, nil), &advisory.Config{ApplicationName: app,
-			SessionCheckInterval: time.Minute, TCPUserTimeout: 5 * time.Minute, TCPKeepalivesIdle: 3 * time.Minute})
+		w := newLocker(t, db.NewPool(t, nil), unhurriedParkConfig(app))
 		results[i] = lockAsync(ctx, w, key, nil)
 		waitParked(t, db.Pool, app, 1)
 	}
@@ -140,13 +158,10 @@ func TestParkedWaitCancelled(t *testing.T) {
 	db := pgtest.NewDB(t)
 	holder := newLocker(t, db.Pool, nil)
 	app := "park-cancel"
-	// Parked statements run for SessionCheckInterval or half of
-	// deadlock_timeout (their lock_timeout) unless cancelled: a minute
-	// here, more than result waits.
-	_, err := db.Pool.Exec(ctx, `DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET deadlock_timeout = ''5min''', current_database()); END $$`)
-	require.NoError(t, err)
-	waiter := newLocker(t, db.NewPool(t, nil), &advisory.Config{ApplicationName: app,
-		SessionCheckInterval: time.Minute, TCPUserTimeout: 5 * time.Minute, TCPKeepalivesIdle: 3 * time.Minute})
+	// Parked statements run for a minute here unless cancelled, more than
+	// result waits.
+	unhurriedParks(t, db)
+	waiter := newLocker(t, db.NewPool(t, nil), unhurriedParkConfig(app))
 	key := advisory.Name("park:cancel")
 	lk, err := holder.TryAcquireKey(ctx, key, nil)
 	require.NoError(t, err)
@@ -229,27 +244,23 @@ func TestParkedWaitSentAgainLosesItsPlace(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			db := pgtest.NewDB(t)
-			_, err := db.Pool.Exec(ctx, `DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET deadlock_timeout = ''5min''', current_database()); END $$`)
-			require.NoError(t, err)
+			unhurriedParks(t, db)
 			holder := newLocker(t, db.Pool, nil)
 			key := advisory.Name("park:place")
 			lk, err := holder.TryAcquireKey(ctx, key, nil)
 			require.NoError(t, err)
 
-			long := &advisory.Config{SessionCheckInterval: time.Minute, TCPUserTimeout: 5 * time.Minute, TCPKeepalivesIdle: 3 * time.Minute}
-			first := *long
+			first := unhurriedParkConfig("park-place-first")
 			if again {
 				first.SessionCheckInterval = 50 * time.Millisecond
 			}
-			first.ApplicationName = "park-place-first"
 			var firstWaits atomic.Int64
-			a := newLocker(t, db.NewPool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = countParks{&firstWaits} }), &first)
+			a := newLocker(t, db.NewPool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = countParks{&firstWaits} }), first)
 			resA := lockAsync(ctx, a, key, nil)
 			waitParked(t, db.Pool, first.ApplicationName, 1)
 
-			second := *long
-			second.ApplicationName = "park-place-second"
-			b := newLocker(t, db.NewPool(t, nil), &second)
+			second := unhurriedParkConfig("park-place-second")
+			b := newLocker(t, db.NewPool(t, nil), second)
 			resB := lockAsync(ctx, b, key, nil)
 			waitParked(t, db.Pool, second.ApplicationName, 1)
 			if again {

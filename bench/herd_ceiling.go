@@ -86,9 +86,8 @@ func rawNotifyChain(ctx context.Context, url string, hold, warmup, duration time
 	defer stop()
 	measureFrom := time.Now().Add(warmup)
 	var (
-		releasedAt atomic.Int64   // unix ns the holder started its release; 0: not measured
-		takes      atomic.Int64   // acquisitions so far
-		queued     [2]atomic.Bool // the player waits in its acquire
+		releasedAt atomic.Int64 // unix ns the holder started its release; 0: not measured
+		turns      = newChainTurns(runCtx)
 		attempts   atomic.Int64
 		mu         sync.Mutex
 		samples    []time.Duration
@@ -112,7 +111,7 @@ func rawNotifyChain(ctx context.Context, url string, hold, warmup, duration time
 			me, other := fmt.Sprintf("raw-%d", i), 1-i
 			pl := players[i]
 			for runCtx.Err() == nil {
-				queued[i].Store(true)
+				turns.queue(i)
 				var fence int64
 				var sent time.Time
 				for {
@@ -152,8 +151,7 @@ func rawNotifyChain(ctx context.Context, url string, hold, warmup, duration time
 					}
 				}
 				now := time.Now()
-				queued[i].Store(false)
-				n := takes.Add(1)
+				n := turns.take(i)
 				if at := releasedAt.Swap(0); at != 0 && now.After(measureFrom) {
 					mu.Lock()
 					samples = append(samples, now.Sub(time.Unix(0, at)))
@@ -162,9 +160,7 @@ func rawNotifyChain(ctx context.Context, url string, hold, warmup, duration time
 				}
 				// Hold, then wait for the other to queue again.
 				time.Sleep(hold)
-				for !queued[other].Load() && runCtx.Err() == nil {
-					time.Sleep(20 * time.Microsecond)
-				}
+				turns.waitQueued(other)
 				start := time.Now()
 				releasedAt.Store(start.UnixNano())
 				if _, err := pl.work.Exec(context.WithoutCancel(runCtx), rawChainRelease, me, fence); err != nil {
@@ -177,9 +173,7 @@ func rawNotifyChain(ctx context.Context, url string, hold, warmup, duration time
 					mu.Unlock()
 				}
 				// Queue again once the other took the lease.
-				for takes.Load() == n && runCtx.Err() == nil {
-					time.Sleep(20 * time.Microsecond)
-				}
+				turns.waitTaken(n)
 			}
 		}()
 	}
@@ -191,6 +185,65 @@ func rawNotifyChain(ctx context.Context, url string, hold, warmup, duration time
 	res.Release, res.Acquire = stats.Summarize(releases), stats.Summarize(acquires)
 	res.Attempts = attempts.Load()
 	return res
+}
+
+// chainTurns is what the raw chain's two players tell each other: who
+// waits in its acquire, and how many acquisitions there were. Waits sleep
+// on a condition variable (no polling, which would take CPU from the chain
+// it times) and end when ctx does.
+type chainTurns struct {
+	ctx    context.Context
+	mu     sync.Mutex
+	cond   *sync.Cond
+	takes  int64
+	queued [2]bool
+}
+
+func newChainTurns(ctx context.Context) *chainTurns {
+	t := &chainTurns{ctx: ctx}
+	t.cond = sync.NewCond(&t.mu)
+	context.AfterFunc(ctx, func() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		t.cond.Broadcast()
+	})
+	return t
+}
+
+// queue records that player i waits in its acquire.
+func (t *chainTurns) queue(i int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.queued[i] = true
+	t.cond.Broadcast()
+}
+
+// take records player i's acquisition and returns the acquisitions so far.
+func (t *chainTurns) take(i int) int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.queued[i] = false
+	t.takes++
+	t.cond.Broadcast()
+	return t.takes
+}
+
+// waitQueued waits until player i waits in its acquire.
+func (t *chainTurns) waitQueued(i int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for !t.queued[i] && t.ctx.Err() == nil {
+		t.cond.Wait()
+	}
+}
+
+// waitTaken waits until there were more than n acquisitions.
+func (t *chainTurns) waitTaken(n int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for t.takes == n && t.ctx.Err() == nil {
+		t.cond.Wait()
+	}
 }
 
 // rawChainListener connects to url and listens on the raw chain's channel.

@@ -54,14 +54,18 @@
 // twice. A random identifier such as a UUID could not be ordered this way.
 //
 // Tokens are drawn inside pgfence's SECURITY DEFINER functions, which make
-// the drawing transaction commit durably: they raise synchronous_commit to
-// on for that transaction (never lowering a stricter setting such as
-// remote_apply) and write a WAL record of their own, since PostgreSQL
-// waits for the flush at commit only when the transaction wrote WAL, and
-// nextval writes it only once per 32 values (migration 000006). So a token
-// that a caller has seen is never reissued after a server crash or a
-// failover to a synchronous standby, even on a server that runs with
-// synchronous_commit=off. The
+// each token durable by the time the drawing transaction's commit returns:
+// they raise synchronous_commit to on for that transaction (never lowering
+// a stricter setting such as remote_apply) and, since PostgreSQL waits for
+// the flush at commit only when the transaction wrote WAL, and nextval
+// writes a record only once per 32 values (possibly in another
+// transaction, not yet flushed), they write a WAL record of their own
+// whenever the WAL that covers the token is not flushed yet, and always
+// where synchronous standbys are named (migrations 000006 and 000008). A
+// draw whose covering WAL is on disk already writes nothing and waits for
+// nothing. So a token that a caller has seen is never reissued after a
+// server crash or a failover to a synchronous standby, even on a server
+// that runs with synchronous_commit=off. The
 // sequence must count by one with no cache and no cycle; the migrations set
 // it so, the token functions refuse to draw otherwise, and every Locker's
 // New checks it.

@@ -25,7 +25,9 @@ import (
 // never waits for the WAL flush of other callers' grants; then the lock
 // requests in another (tryLockBatchSQL), together with those queued while
 // the unlocks ran (a caller just released often asks again at once): one
-// round trip, one transaction id and one WAL flush for all their tokens.
+// round trip, and at most one transaction id and one WAL flush, for all
+// their tokens (a draw writes WAL only when the WAL covering its token is
+// not flushed yet: migration 000008).
 // The others find their answer ready (done closed) when the turn comes
 // back, or while they wait for it. A request alone of its kind runs the
 // single-key statement (tryLockSQL, unlockSQL and friends), exactly as

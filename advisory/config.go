@@ -15,12 +15,12 @@ const (
 	// Locker may open to hold its session locks (any number of locks fit
 	// on one session). A session runs one statement at a time, and the
 	// lock requests (and unlocks) that queue on it meanwhile are combined
-	// into the next one, which waits for one WAL flush for all their
-	// tokens. So a Locker fills one session first and opens another only
-	// when 32 acquisitions are in flight on every open one: a busy Locker
-	// is faster on few sessions, each combining many grants per flush,
-	// than on many, each waiting for flushes of its own
-	// (bench/results, scenarios 10 and 12, has the figures). A waiting
+	// into the next one: one round trip, and at most one WAL flush, for
+	// all their tokens. So a Locker fills one session first and opens
+	// another only when 32 acquisitions are in flight on every open one:
+	// a busy Locker is faster on few sessions, each combining many grants
+	// per statement, than on many, each waiting for statements and flushes
+	// of its own (bench/results, scenarios 10 and 12, has the figures). A waiting
 	// Acquire may also park on an idle session, or open one, to wait in
 	// the server (see Waiting in the package documentation); at most
 	// MaxSessions-1 are parked. Set MaxSessions to 1 where connections are

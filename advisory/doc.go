@@ -84,8 +84,10 @@
 //
 // So a holder's token is larger than the token of every holder of the same
 // key before it (whose lock ended before this grant), through any Locker,
-// transaction or lease. The draw makes the statement's commit wait for its
-// WAL to be flushed, so no token is handed out twice after a server crash.
+// transaction or lease. The draw makes the statement's commit wait for the
+// WAL flush that makes the token durable (unless that WAL is flushed
+// already; see the root package's documentation), so no token is handed
+// out twice after a server crash.
 // Shared holders each get their own token. Use the token with package fence
 // so that protected rows reject writes from a holder whose lock was lost.
 //
@@ -112,8 +114,10 @@
 //
 // Calls that meet on one session share its round trips: the unlocks queued
 // while the session is busy are answered by one statement, and then the
-// lock requests, with those made meanwhile, by another (one transaction id
-// and one WAL flush for all their tokens). A Release returns once its
+// lock requests, with those made meanwhile, by another (at most one
+// transaction id and one WAL flush for all their tokens, and usually none:
+// a draw waits for the disk only when the WAL that covers its token is not
+// flushed yet, about once per 32 tokens). A Release returns once its
 // unlock ran, without waiting for the flush of the grants after it. Each
 // caller gets the outcome it would get alone; when the combined statement
 // fails on a live session, each request is run again alone, and when the

@@ -49,7 +49,8 @@ const lockNotAvailable = "55P03"
 // error matching pgfence.ErrNotAcquired and tx is unchanged. Locks of one
 // transaction are re-entrant: taking the same key twice in tx succeeds
 // (with a new token). The token is drawn in the same statement, after the
-// grant; drawing it makes tx's commit wait for its WAL to be flushed.
+// grant; drawing it makes tx's commit wait for the WAL flush that makes the
+// token durable, where that WAL is not flushed already.
 //
 // The token is durable only once tx commits. If tx rolls back, or the
 // server crashes before the commit, the same token may be drawn again by a

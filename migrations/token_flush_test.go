@@ -1,7 +1,12 @@
 package migrations_test
 
 import (
+	"context"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/stretchr/testify/require"
 
@@ -9,54 +14,170 @@ import (
 	"github.com/pgfence/pgfence/migrations"
 )
 
-// TestTokenDrawCommitsDurably: every transaction that draws a token with
-// pgfence_next_token() and writes nothing else commits with a WAL flush,
-// also the draws nextval() serves from the 32 values it logged ahead
-// without a WAL record of their own (000006). The count is the server's
-// WAL flushes (pg_stat_wal.wal_sync) over draws in autocommit, on a cluster
-// of the test's own so that nothing else flushes. The negative control is
-// the draw as 000003 made it (a transaction id and synchronous_commit on,
-// but no WAL record of its own): most of its commits do not flush.
-func TestTokenDrawCommitsDurably(t *testing.T) {
+// flushCounter counts the WAL flushes (pg_stat_wal.wal_sync) of a server
+// over draws made on conn in autocommit, each token checked to be greater
+// than the one before.
+type flushCounter struct {
+	t    *testing.T
+	ctx  context.Context
+	conn *pgx.Conn
+}
+
+// flushes runs draw n times and returns the WAL flushes the server made
+// meanwhile.
+func (f flushCounter) flushes(draw string, n int) int64 {
+	t := f.t
+	t.Helper()
+	read := func() int64 {
+		t.Helper()
+		_, err := f.conn.Exec(f.ctx, "SELECT pg_catalog.pg_stat_force_next_flush()")
+		require.NoError(t, err)
+		var v int64
+		require.NoError(t, f.conn.QueryRow(f.ctx, "SELECT wal_sync FROM pg_catalog.pg_stat_wal").Scan(&v))
+		return v
+	}
+	before := read()
+	var last int64
+	for range n {
+		var token int64
+		require.NoError(t, f.conn.QueryRow(f.ctx, draw).Scan(&token))
+		require.Greater(t, token, last)
+		last = token
+	}
+	return read() - before
+}
+
+// bareDraw draws a token without pgfence_next_token()'s care for
+// durability: what a draw that never writes WAL of its own commits.
+const bareDraw = "SELECT pg_catalog.nextval('pgfence.pgfence_leases_fence_seq')"
+
+// TestTokenSurvivesCrashWhenCoveredByUnflushedWAL: a token handed out by a
+// committed draw is never handed out again after a crash, also when the
+// WAL record that covers it belongs to another transaction, still open and
+// not flushed (000006, 000008). Transaction A draws right after a
+// checkpoint, so that nextval() writes a record logging 32 values ahead,
+// and stays open; B draws the next value, which that record covers, and
+// commits; the server then crashes (immediate shutdown, nothing flushed)
+// and restarts, and the next draw must be greater than B's. The WAL writer
+// sleeps 10s, so only B's commit can flush A's record. The negative control
+// is B drawing with a bare nextval(): after the crash the sequence is back
+// where the checkpoint left it and hands out B's token again.
+func TestTokenSurvivesCrashWhenCoveredByUnflushedWAL(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	c, srv := pgtest.NewCluster(t, &pgtest.ClusterOptions{Settings: map[string]string{
+		"fsync": "on", "synchronous_commit": "on", "wal_writer_delay": "10s", "autovacuum": "off",
+	}})
+	db := srv.NewDB(t)
+
+	// crashAfter returns B's token and the first token drawn after the
+	// crash.
+	crashAfter := func(draw string) (committed, next int64) {
+		t.Helper()
+		a, err := pgx.Connect(ctx, db.URL)
+		require.NoError(t, err)
+		b, err := pgx.Connect(ctx, db.URL)
+		require.NoError(t, err)
+		_, err = a.Exec(ctx, "CHECKPOINT")
+		require.NoError(t, err)
+		tx, err := a.Begin(ctx)
+		require.NoError(t, err)
+		var open int64
+		require.NoError(t, tx.QueryRow(ctx, "SELECT pgfence.pgfence_next_token()").Scan(&open))
+		require.NoError(t, b.QueryRow(ctx, draw).Scan(&committed))
+		require.Equal(t, open+1, committed, "B's value is one the record A wrote covers")
+
+		require.NoError(t, c.Crash(syscall.SIGQUIT))
+		_ = a.Close(ctx)
+		_ = b.Close(ctx)
+		require.NoError(t, c.Start(ctx))
+		conn, err := pgx.Connect(ctx, db.URL)
+		require.NoError(t, err)
+		defer conn.Close(ctx)
+		require.NoError(t, conn.QueryRow(ctx, "SELECT pgfence.pgfence_next_token()").Scan(&next))
+		return committed, next
+	}
+
+	committed, next := crashAfter("SELECT pgfence.pgfence_next_token()")
+	t.Logf("pgfence_next_token: committed %d, first after the crash %d", committed, next)
+	require.Greater(t, next, committed, "a committed token was handed out again after a crash")
+
+	committed, next = crashAfter(bareDraw)
+	t.Logf("negative control, a bare nextval: committed %d, first after the crash %d", committed, next)
+	require.LessOrEqual(t, next, committed, "the control must hand a committed token out again")
+}
+
+// TestTokenDrawFlushesOnlyWhenNeeded: draws in autocommit whose covering
+// WAL is already flushed write nothing and do not wait for the disk
+// (000008): about one draw in 32, the one whose nextval() writes the
+// record, flushes. The negative control is the draw of 000006, which
+// flushed on every commit. The count is the server's WAL flushes over the
+// draws, on a cluster of the test's own so that nothing else flushes.
+func TestTokenDrawFlushesOnlyWhenNeeded(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
 	_, srv := pgtest.NewCluster(t, &pgtest.ClusterOptions{Settings: map[string]string{
-		"fsync": "on", "synchronous_commit": "on",
+		"fsync": "on", "synchronous_commit": "on", "autovacuum": "off",
 	}})
-	conn := srv.NewDB(t).Conn(t)
+	db := srv.NewDB(t)
+	f := flushCounter{t: t, ctx: ctx, conn: db.Conn(t)}
 	const draws = 96
 
-	flushes := func(draw string) int64 {
-		t.Helper()
-		var before, after int64
-		read := func(v *int64) {
-			t.Helper()
-			_, err := conn.Exec(ctx, "SELECT pg_catalog.pg_stat_force_next_flush()")
-			require.NoError(t, err)
-			require.NoError(t, conn.QueryRow(ctx, "SELECT wal_sync FROM pg_catalog.pg_stat_wal").Scan(v))
-		}
-		read(&before)
-		var last int64
-		for range draws {
-			var token int64
-			require.NoError(t, conn.QueryRow(ctx, draw).Scan(&token))
-			require.Greater(t, token, last)
-			last = token
-		}
-		read(&after)
-		return after - before
-	}
-
-	got := flushes("SELECT pgfence.pgfence_next_token()")
+	got := f.flushes("SELECT pgfence.pgfence_next_token()", draws)
 	t.Logf("pgfence_next_token: %d WAL flushes for %d draws", got, draws)
+	require.LessOrEqual(t, got, int64(draws/8))
+
+	require.NoError(t, migrations.DownTo(ctx, migrations.Target{URL: db.URL}, nil, 7))
+	old := f.flushes("SELECT pgfence.pgfence_next_token()", draws)
+	t.Logf("negative control, the draw of 000006: %d WAL flushes for %d draws", old, draws)
 	// Each draw's commit flushes; a flush the WAL writer made just
 	// before one of them may spare it, hence the margin.
+	require.GreaterOrEqual(t, old, int64(draws*3/4))
+}
+
+// TestTokenDrawWaitsForSynchronousStandby: where synchronous standbys are
+// named, every draw writes its WAL record, so that its commit waits for
+// them (000008): a flush on the primary alone would not keep the token
+// through a failover. Counted as in TestTokenDrawFlushesOnlyWhenNeeded, on
+// a primary with a synchronous standby. The negative control is the same
+// primary with synchronous_standby_names emptied: the draws flush rarely.
+func TestTokenDrawWaitsForSynchronousStandby(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	c, srv := pgtest.NewCluster(t, &pgtest.ClusterOptions{Settings: map[string]string{
+		"fsync": "on", "synchronous_commit": "on", "autovacuum": "off",
+	}})
+	pgtest.NewStandby(t, c, &pgtest.StandbyOptions{Synchronous: true})
+	db := srv.NewDB(t)
+	conn := db.Conn(t)
+	var names, state string
+	require.NoError(t, conn.QueryRow(ctx, "SELECT current_setting('synchronous_standby_names'), "+
+		"(SELECT sync_state FROM pg_stat_replication)").Scan(&names, &state))
+	require.NotEmpty(t, names)
+	require.Equal(t, "sync", state)
+	f := flushCounter{t: t, ctx: ctx, conn: conn}
+	const draws = 96
+
+	got := f.flushes("SELECT pgfence.pgfence_next_token()", draws)
+	t.Logf("synchronous standby named: %d WAL flushes for %d draws", got, draws)
 	require.GreaterOrEqual(t, got, int64(draws*3/4))
 
-	old := flushes(`SELECT t FROM (SELECT pg_catalog.set_config('synchronous_commit', 'on', true), pg_catalog.pg_current_xact_id(),
-		pg_catalog.nextval('pgfence.pgfence_leases_fence_seq') AS t) d`)
-	t.Logf("negative control, the draw of 000003: %d WAL flushes for %d draws", old, draws)
-	require.Less(t, old, int64(draws/2))
+	// The control: the same server with no synchronous standby named.
+	// Reloaded settings apply to a session between its statements.
+	_, err := conn.Exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = ''")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = conn.Exec(context.Background(), "ALTER SYSTEM RESET synchronous_standby_names")
+	})
+	_, err = conn.Exec(ctx, "SELECT pg_catalog.pg_reload_conf()")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		err := conn.QueryRow(ctx, "SELECT current_setting('synchronous_standby_names')").Scan(&names)
+		return err == nil && names == ""
+	}, 10*time.Second, 10*time.Millisecond)
+	alone := f.flushes("SELECT pgfence.pgfence_next_token()", draws)
+	t.Logf("negative control, no synchronous standby named: %d WAL flushes for %d draws", alone, draws)
+	require.LessOrEqual(t, alone, int64(draws/8))
 }
 
 // TestMigration000006: the flush sequence is installed with its privileges
@@ -87,6 +208,30 @@ func TestMigration000006(t *testing.T) {
 	want := describe(t, at5)
 	require.Equal(t, want, describe(t, reverted))
 	// Negative control: version 6 differs from version 5 in that view.
+	require.NotEqual(t, want, describe(t, db))
+	require.NoError(t, migrations.Up(ctx, migrations.Target{URL: reverted.URL}, nil))
+	require.Equal(t, describe(t, db), describe(t, reverted))
+}
+
+// TestMigration000008: the token function keeps its pinned search_path;
+// reverting 000008 leaves exactly what 000007 left, compared with an
+// install that stopped at version 7, and Up restores version 8.
+func TestMigration000008(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := pgtest.NewDB(t)
+	var config []string
+	require.NoError(t, db.Pool.QueryRow(ctx,
+		`SELECT p.proconfig FROM pg_proc p WHERE p.oid = 'pgfence.pgfence_next_token()'::regprocedure`).Scan(&config))
+	require.Equal(t, []string{"search_path=pg_catalog, pgfence, pg_temp"}, config)
+
+	at7 := emptyDB(t)
+	require.NoError(t, migrations.UpTo(ctx, migrations.Target{URL: at7.URL}, nil, 7))
+	reverted := pgtest.NewDB(t)
+	require.NoError(t, migrations.DownTo(ctx, migrations.Target{URL: reverted.URL}, nil, 7))
+	want := describe(t, at7)
+	require.Equal(t, want, describe(t, reverted))
+	// Negative control: version 8 differs from version 7 in that view.
 	require.NotEqual(t, want, describe(t, db))
 	require.NoError(t, migrations.Up(ctx, migrations.Target{URL: reverted.URL}, nil))
 	require.Equal(t, describe(t, db), describe(t, reverted))

@@ -15,8 +15,9 @@ import (
 
 // Version is the oldest schema version (pgfence_schema_version()) this code
 // works with: 6, the migration that makes every token draw durable.
-// Migration 000007 changes only how fast pgfence_acquire takes one lease,
-// not what it returns, so the code does not require it.
+// Migrations 000007 and 000008 change only how fast pgfence_acquire takes
+// one lease and how often a token draw waits for a WAL flush, not what
+// either returns or guarantees, so the code does not require them.
 const Version = 6
 
 // maxIdentLen is PostgreSQL's identifier limit (NAMEDATALEN-1 bytes).

@@ -59,6 +59,13 @@ CREATE FUNCTION public.current_setting(text) RETURNS text LANGUAGE plpgsql AS
     $$ BEGIN INSERT INTO public.planted_ran VALUES ('current_setting'); RETURN 'on'; END $$;
 CREATE FUNCTION public.pg_current_xact_id() RETURNS xid8 LANGUAGE plpgsql AS
     $$ BEGIN INSERT INTO public.planted_ran VALUES ('pg_current_xact_id'); RETURN '1'; END $$;
+CREATE FUNCTION public.pg_current_wal_flush_lsn() RETURNS pg_lsn LANGUAGE plpgsql AS
+    $$ BEGIN INSERT INTO public.planted_ran VALUES ('pg_current_wal_flush_lsn'); RETURN 'FFFFFFFF/FFFFFFFF'; END $$;
+CREATE FUNCTION public.pg_current_wal_insert_lsn() RETURNS pg_lsn LANGUAGE plpgsql AS
+    $$ BEGIN INSERT INTO public.planted_ran VALUES ('pg_current_wal_insert_lsn'); RETURN '0/0'; END $$;
+CREATE FUNCTION public.planted_lsn_lt(pg_lsn, pg_lsn) RETURNS boolean LANGUAGE plpgsql AS
+    $$ BEGIN INSERT INTO public.planted_ran VALUES ('pg_lsn < pg_lsn'); RETURN false; END $$;
+CREATE OPERATOR public.< (LEFTARG = pg_lsn, RIGHTARG = pg_lsn, FUNCTION = public.planted_lsn_lt);
 CREATE FUNCTION public.pg_notify(text, text) RETURNS void LANGUAGE plpgsql AS
     $$ BEGIN INSERT INTO public.planted_ran VALUES ('pg_notify'); END $$;
 CREATE FUNCTION public.format(text, text) RETURNS text LANGUAGE plpgsql AS

@@ -28,8 +28,9 @@ var scaleClientCounts = []int{1, 2, 4, 8, 16, 32, 64, 128, 256}
 
 // clientScaleSpecs are scenario 12's systems: pgfence's first, then the
 // ceilings their ratios divide by, and raw-advisory-token, the advisory
-// ceiling with pgfence's durable token draw (one WAL flush per grant, as
-// pgfence-advisory's), which tells the server's bound from the library's.
+// ceiling with pgfence's durable token draw (one statement per grant, a
+// WAL flush when the draw wrote one), which tells the server's bound from
+// the library's.
 var clientScaleSpecs = []harness.Spec{
 	systems.Leasetable,
 	systems.Advisory,
@@ -553,7 +554,7 @@ func renderScaleMisses(p func(string, ...any), cs *clientScaleResult) {
 		}
 		switch s {
 		case "pgfence-advisory":
-			fmt.Fprintf(&b, "- **pgfence-advisory** (%s) may open one lock session per client (new keys go to another session once 32 acquisitions are in flight on every open one). At %d clients it ran %s cycles/s (%s raw-advisory-token's figure); raw-advisory-token itself: %s. Wait events at %d clients: pgfence-advisory %s; raw-advisory-token %s. Past 32 acquisitions in flight per session it opens more sessions, up to one per client, each waiting for WAL flushes of its own, where the default stops at 4. The same Locker with the default MaxSessions (pgfence-advisory-default) ran %s cycles/s at %d clients (%s pgfence-advisory), its queued grants combined into one statement and one flush per session turn.\n",
+			fmt.Fprintf(&b, "- **pgfence-advisory** (%s) may open one lock session per client (new keys go to another session once 32 acquisitions are in flight on every open one). At %d clients it ran %s cycles/s (%s raw-advisory-token's figure); raw-advisory-token itself: %s. Wait events at %d clients: pgfence-advisory %s; raw-advisory-token %s. Past 32 acquisitions in flight per session it opens more sessions, up to one per client, each running statements of its own (and a draw on one makes the draws of the others flush until its record is on disk), where the default stops at 4. The same Locker with the default MaxSessions (pgfence-advisory-default) ran %s cycles/s at %d clients (%s pgfence-advisory), its queued grants combined into one statement (and at most one flush) per session turn.\n",
 				fall(s), top, tp(s), ratio(s, "raw-advisory-token"), fall("raw-advisory-token"), top, events(s), events("raw-advisory-token"),
 				tp("pgfence-advisory-default"), top, ratio("pgfence-advisory-default", s))
 		case "pgfence-leasetable":

@@ -203,7 +203,7 @@ var Advisory = harness.Spec{
 var AdvisoryXact = harness.Spec{
 	Name: "pgfence-advisory-xact",
 	Kind: harness.Pgfence,
-	Note: "advisory.Locker.TryAcquireTx in a transaction per cycle: BEGIN, pg_try_advisory_xact_lock + a durable pgfence_next_token() in one statement, COMMIT (3 statements, the COMMIT waits for a WAL flush); waits with AcquireTx",
+	Note: "advisory.Locker.TryAcquireTx in a transaction per cycle: BEGIN, pg_try_advisory_xact_lock + a durable pgfence_next_token() in one statement, COMMIT (3 statements; the COMMIT waits for a WAL flush when the draw wrote one: about once per 32 draws); waits with AcquireTx",
 	Open: func(ctx context.Context, env *harness.Env, clients int) (harness.System, error) {
 		pool, err := openPool(ctx, env.AppURL(), clients)
 		if err != nil {
@@ -256,7 +256,7 @@ func (s *advisoryXactSystem) Close() error { s.k.Close(); s.pool.Close(); return
 var AdvisoryTokenCeiling = harness.Spec{
 	Name: "raw-advisory-token",
 	Kind: harness.Ceiling,
-	Note: "raw-advisory whose lock statement also draws a durable token, as pgfence does: SELECT CASE WHEN pg_try_advisory_lock($1) THEN pgfence.pgfence_next_token() END, then pg_advisory_unlock (2 statements, one WAL flush), as the role pgfence's systems use",
+	Note: "raw-advisory whose lock statement also draws a durable token, as pgfence does: SELECT CASE WHEN pg_try_advisory_lock($1) THEN pgfence.pgfence_next_token() END, then pg_advisory_unlock (2 statements; the lock's commit waits for a WAL flush when the draw wrote one: about once per 32 draws), as the role pgfence's systems use",
 	Open: func(ctx context.Context, env *harness.Env, clients int) (harness.System, error) {
 		pool, err := openPool(ctx, env.AppURL(), clients)
 		if err != nil {

@@ -64,11 +64,11 @@
 // where synchronous standbys are named (migrations 000006 and 000008). A
 // draw whose covering WAL is on disk already writes nothing and waits for
 // nothing (the test is conservative: on a database with steady write
-// traffic most draws find WAL not yet flushed and wait, as before). So a token that a caller has seen is never reissued after a
-// server crash or a failover to a synchronous standby, even on a server
-// that runs with synchronous_commit=off. The
-// sequence must count by one with no cache and no cycle; the migrations set
-// it so, the token functions refuse to draw otherwise, and every Locker's
+// traffic most draws find WAL not yet flushed and wait, as before). So a
+// token that a caller has seen is never reissued after a server crash or a
+// failover to a synchronous standby, even on a server that runs with
+// synchronous_commit=off. The sequence must count by one with no cache and
+// no cycle; the migrations set it so, the token functions refuse to draw otherwise, and every Locker's
 // New checks it.
 //
 // # Shared databases

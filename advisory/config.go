@@ -19,12 +19,12 @@ const (
 	// all their tokens. So a Locker fills one session first and opens
 	// another only when 32 acquisitions are in flight on every open one:
 	// a busy Locker is faster on few sessions, each combining many grants
-	// per statement, than on many, each waiting for statements and flushes
-	// of its own (bench/results, scenarios 10 and 12, has the figures). A waiting
-	// Acquire may also park on an idle session, or open one, to wait in
-	// the server (see Waiting in the package documentation); at most
-	// MaxSessions-1 are parked. Set MaxSessions to 1 where connections are
-	// scarce (nothing parks then).
+	// per statement, than on many, each waiting for statements and
+	// flushes of its own (bench/results, scenarios 10 and 12, has the
+	// figures). A waiting Acquire may also park on an idle session, or
+	// open one, to wait in the server (see Waiting in the package
+	// documentation); at most MaxSessions-1 are parked. Set MaxSessions
+	// to 1 where connections are scarce (nothing parks then).
 	DefaultMaxSessions = 4
 	// DefaultSessionCheckInterval is the default interval between two
 	// liveness checks of an idle lock session.

@@ -68,8 +68,8 @@
 // token that a caller has seen is never reissued after a server crash or a
 // failover to a synchronous standby, even on a server that runs with
 // synchronous_commit=off. The sequence must count by one with no cache and
-// no cycle; the migrations set it so, the token functions refuse to draw otherwise, and every Locker's
-// New checks it.
+// no cycle; the migrations set it so, the token functions refuse to draw
+// otherwise, and every Locker's New checks it.
 //
 // # Shared databases
 //

@@ -6,7 +6,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
-	"github.com/pgfence/pgfence/migrations"
 )
 
 // TestMigration000005: the leader table and its function are installed
@@ -32,15 +31,5 @@ func TestMigration000005(t *testing.T) {
 	require.False(t, publicExec)
 	require.False(t, publicSelect)
 
-	at4 := emptyDB(t)
-	require.NoError(t, migrations.UpTo(ctx, migrations.Target{URL: at4.URL}, nil, 4))
-	reverted := pgtest.NewDB(t)
-	require.NoError(t, migrations.DownTo(ctx, migrations.Target{URL: reverted.URL}, nil, 4))
-	want := describe(t, at4)
-	require.Equal(t, want, describe(t, reverted))
-	// Negative control: version 5 differs from version 4 in that view.
-	require.NotEqual(t, want, describe(t, db))
-	// And up applies again.
-	require.NoError(t, migrations.Up(ctx, migrations.Target{URL: reverted.URL}, nil))
-	require.Equal(t, describe(t, db), describe(t, reverted))
+	requireRevertsTo(t, db, 4)
 }

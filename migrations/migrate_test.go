@@ -500,6 +500,26 @@ func TestDown3RestoresVersion2(t *testing.T) {
 	require.NotEqual(t, want, describe(t, pgtest.NewDB(t)))
 }
 
+// requireRevertsTo checks that migrating a fresh install down to version
+// leaves exactly what an install that stopped at version has (the
+// objects as describe lists them), that the latest install differs from
+// it in that view (the negative control: the migrations after version
+// changed something describe sees), and that Up on the reverted install
+// brings back exactly latest.
+func requireRevertsTo(t *testing.T, latest *pgtest.DB, version uint) {
+	t.Helper()
+	ctx := testCtx(t)
+	stopped := emptyDB(t)
+	require.NoError(t, migrations.UpTo(ctx, migrations.Target{URL: stopped.URL}, nil, version))
+	reverted := pgtest.NewDB(t)
+	require.NoError(t, migrations.DownTo(ctx, migrations.Target{URL: reverted.URL}, nil, version))
+	want := describe(t, stopped)
+	require.Equal(t, want, describe(t, reverted))
+	require.NotEqual(t, want, describe(t, latest), "the latest install differs from version %d", version)
+	require.NoError(t, migrations.Up(ctx, migrations.Target{URL: reverted.URL}, nil))
+	require.Equal(t, describe(t, latest), describe(t, reverted))
+}
+
 // describe lists what matters about each object in schema pgfence.
 func describe(t *testing.T, db *pgtest.DB) []string {
 	t.Helper()

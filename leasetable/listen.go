@@ -70,10 +70,11 @@ func (k *Locker) removeWaiter(name string, w *waiter) {
 	}
 	if w.listens {
 		k.listenWants--
-		if k.listenWants == 0 && k.listener != nil {
+		if k.listenWants == 0 && k.listener != nil && !k.closed {
 			// Unsubscribe once the linger has passed, unless a waiter
 			// came back: one timer per Locker, pushed back by each
-			// waiter that leaves.
+			// waiter that leaves (and stopped by Close, after which no
+			// waiter re-arms it).
 			k.listenIdleSince = time.Now()
 			if k.lingerTimer == nil {
 				n := k.listener

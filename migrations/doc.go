@@ -93,6 +93,9 @@
 //	from migration 4: EXECUTE on pgfence_guard_strict(), pgfence_guard_truncate()
 //	(CREATE TRIGGER) and pgfence_last_token() (called by the strict trigger
 //	as the writing role)
+//	from migration 9: EXECUTE on pgfence_next_tokens(boolean[]) (an advisory
+//	Locker's tokens, all of a combined statement's in one call; migration 9
+//	itself grants it to every role that may execute pgfence_next_token())
 //
 // With Operator, also:
 //

@@ -42,6 +42,7 @@ var appFunctions = []grantedFunction{
 	{3, "pgfence_prune_scan(pg_catalog.text, pg_catalog.int4, pg_catalog.interval)"},
 	{3, "pgfence_prune_delete(pg_catalog.text[], pg_catalog.int8[], pg_catalog.interval)"},
 	{5, "pgfence_leader_proclaim(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text)"},
+	{9, "pgfence_next_tokens(pg_catalog.bool[])"},
 	// Trigger functions: EXECUTE is checked when a trigger is created with
 	// them, and pgfence_last_token is called by the strict trigger as the
 	// writing role.
@@ -62,8 +63,9 @@ const operatorFunction = "pgfence_force_release(pg_catalog.text, pg_catalog.text
 //   - USAGE on the schema;
 //   - SELECT on pgfence_leases (listing leases) and pgfence_leaders
 //     (reading who leads an election);
-//   - EXECUTE on pgfence_next_token, pgfence_schema_version, pgfence_acquire,
-//     pgfence_release, pgfence_renew, pgfence_lease_held, pgfence_prune_scan,
+//   - EXECUTE on pgfence_next_token, pgfence_next_tokens,
+//     pgfence_schema_version, pgfence_acquire, pgfence_release,
+//     pgfence_renew, pgfence_lease_held, pgfence_prune_scan,
 //     pgfence_prune_delete, pgfence_leader_proclaim and the trigger
 //     functions;
 //   - with Operator: EXECUTE on pgfence_force_release and SELECT on

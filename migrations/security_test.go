@@ -72,6 +72,10 @@ CREATE FUNCTION public.format(text, text) RETURNS text LANGUAGE plpgsql AS
     $$ BEGIN INSERT INTO public.planted_ran VALUES ('format(text,text)'); RETURN ''; END $$;
 CREATE FUNCTION public.unnest(bigint[]) RETURNS SETOF bigint LANGUAGE plpgsql AS
     $$ BEGIN INSERT INTO public.planted_ran VALUES ('unnest(bigint[])'); RETURN NEXT 1; END $$;
+CREATE FUNCTION public.unnest(boolean[]) RETURNS SETOF boolean LANGUAGE plpgsql AS
+    $$ BEGIN INSERT INTO public.planted_ran VALUES ('unnest(boolean[])'); RETURN NEXT true; END $$;
+CREATE FUNCTION public.cardinality(boolean[]) RETURNS integer LANGUAGE plpgsql AS
+    $$ BEGIN INSERT INTO public.planted_ran VALUES ('cardinality(boolean[])'); RETURN 0; END $$;
 CREATE FUNCTION public.unnest(text[]) RETURNS SETOF text LANGUAGE plpgsql AS
     $$ BEGIN INSERT INTO public.planted_ran VALUES ('unnest(text[])'); RETURN NEXT 'x'; END $$;
 CREATE FUNCTION public.to_jsonb(anyelement) RETURNS jsonb LANGUAGE plpgsql AS
@@ -159,6 +163,17 @@ func TestHostileSearchPath(t *testing.T) {
 	}
 
 	next()
+	// Several tokens in one call (000009): one per true position, in
+	// order, NULL elsewhere.
+	var batch []*int64
+	require.NoError(t, c.QueryRow(ctx, "SELECT pgfence.pgfence_next_tokens('{t,f,t}')").Scan(&batch))
+	require.Len(t, batch, 3)
+	require.Nil(t, batch[1])
+	require.NotNil(t, batch[0])
+	require.NotNil(t, batch[2])
+	require.Greater(t, *batch[0], last)
+	require.Greater(t, *batch[2], *batch[0])
+	last = *batch[2]
 	got := acquire("app-1", "a", "b")
 	require.True(t, got["a"].acquired)
 	require.True(t, got["b"].acquired)
@@ -254,6 +269,7 @@ func TestHostileSearchPath(t *testing.T) {
 	for _, stmt := range []string{
 		"SELECT nextval('pgfence_leases_fence_seq')",
 		"SELECT unnest('{5}'::bigint[])",
+		"SELECT cardinality('{t}'::boolean[])",
 		"SELECT 2::bigint * interval '1 second'",
 	} {
 		_, err = c.Exec(ctx, stmt)
@@ -262,6 +278,7 @@ func TestHostileSearchPath(t *testing.T) {
 	ran := planted(t, c)
 	require.Contains(t, ran, "nextval(text)")
 	require.Contains(t, ran, "unnest(bigint[])")
+	require.Contains(t, ran, "cardinality(boolean[])")
 	require.Contains(t, ran, "bigint * interval")
 }
 
@@ -357,6 +374,9 @@ func TestNextTokenRefusesSequenceSettings(t *testing.T) {
 			exec(t, db, "ALTER SEQUENCE pgfence.pgfence_leases_fence_seq "+alter)
 			err := db.Pool.QueryRow(ctx, "SELECT pgfence.pgfence_next_token()").Scan(&tok)
 			requireSQLState(t, err, "PF002")
+			var toks []*int64
+			err = db.Pool.QueryRow(ctx, "SELECT pgfence.pgfence_next_tokens('{t}')").Scan(&toks)
+			requireSQLState(t, err, "PF002")
 			// Acquiring draws through it too.
 			_, err = db.Pool.Exec(ctx, "SELECT * FROM pgfence.pgfence_acquire('{x}', 'o', '{60000000}')")
 			requireSQLState(t, err, "PF002")
@@ -384,6 +404,16 @@ func TestNextTokenOnlyRaisesSynchronousCommit(t *testing.T) {
 		var got string
 		require.NoError(t, tx.QueryRow(ctx, "SELECT current_setting('synchronous_commit')").Scan(&got))
 		require.Equal(t, want, got, "after %s", set)
+		require.NoError(t, tx.Commit(ctx))
+
+		tx, err = db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, "SET LOCAL synchronous_commit = "+set)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, "SELECT pgfence.pgfence_next_tokens('{t,t}')")
+		require.NoError(t, err)
+		require.NoError(t, tx.QueryRow(ctx, "SELECT current_setting('synchronous_commit')").Scan(&got))
+		require.Equal(t, want, got, "pgfence_next_tokens, after %s", set)
 		require.NoError(t, tx.Commit(ctx))
 	}
 }

@@ -23,11 +23,12 @@ import (
 // queued at that moment, in two phases: the unlocks in one statement
 // (unlockBatchSQL), answered as soon as it returns, so that a Release
 // never waits for the WAL flush of other callers' grants; then the lock
-// requests in another (tryLockBatchSQL), together with those queued while
+// requests in another (tryLockTokensSQL), together with those queued while
 // the unlocks ran (a caller just released often asks again at once): one
-// round trip, and at most one transaction id and one WAL flush, for all
-// their tokens (a draw writes WAL only when the WAL covering its token is
-// not flushed yet: migration 000008).
+// round trip, one call drawing all their tokens (migration 000009), and
+// at most one transaction id and one WAL flush for them (a draw writes WAL
+// only when the WAL covering its tokens is not flushed yet: migration
+// 000008).
 // The others find their answer ready (done closed) when the turn comes
 // back, or while they wait for it. A request alone of its kind runs the
 // single-key statement (tryLockSQL, unlockSQL and friends), exactly as
@@ -49,10 +50,25 @@ import (
 // fencing token from the schema %[1]s (NULL when not granted). Every token
 // is drawn in the statement's one transaction: one transaction id, one
 // durable commit. It returns the key's position in $1 (from 1), the token
-// and the backend's pid.
+// and the backend's pid. It serves schemas before migration 000009, or a
+// role not granted pgfence_next_tokens; tryLockTokensSQL replaces it.
 const tryLockBatchSQL = `SELECT r.i, CASE WHEN CASE WHEN r.sh THEN pg_catalog.pg_try_advisory_lock_shared(r.k) ` +
 	`ELSE pg_catalog.pg_try_advisory_lock(r.k) END THEN %[1]s.pgfence_next_token() END, pg_catalog.pg_backend_pid() ` +
 	`FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.int8[]), pg_catalog.unnest($2::pg_catalog.bool[])) WITH ORDINALITY AS r(k, sh, i)`
+
+// tryLockTokensSQL is tryLockBatchSQL with one call drawing every token
+// (pgfence_next_tokens, migration 000009): it tries every lock first,
+// collecting whether each was granted in the order of $1, then draws a
+// token for each granted one, in that order, after all the attempts (so
+// each token is drawn after its lock was granted, as in tryLockBatchSQL).
+// The sequence's checks, the WAL test and the SECURITY DEFINER entry are
+// paid once per statement instead of once per token. Same parameters and
+// rows as tryLockBatchSQL.
+const tryLockTokensSQL = `WITH g AS MATERIALIZED (SELECT pg_catalog.array_agg(CASE WHEN r.sh ` +
+	`THEN pg_catalog.pg_try_advisory_lock_shared(r.k) ELSE pg_catalog.pg_try_advisory_lock(r.k) END ORDER BY r.i) AS granted ` +
+	`FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.int8[]), pg_catalog.unnest($2::pg_catalog.bool[])) WITH ORDINALITY AS r(k, sh, i)) ` +
+	`SELECT t.i, t.token, pg_catalog.pg_backend_pid() ` +
+	`FROM g, pg_catalog.unnest(%[1]s.pgfence_next_tokens(g.granted)) WITH ORDINALITY AS t(token, i)`
 
 // request is one acquire's lock request, or one Release's unlock, queued
 // on a session.
@@ -332,7 +348,7 @@ func (k *Locker) unlockBatch(ctx context.Context, s *session, live []*request) {
 	}
 }
 
-// queryBatch runs tryLockBatchSQL for batch on s, bounded by QueryTimeout
+// queryBatch runs the combined lock statement (k.sql.tryLockBatch) for batch on s, bounded by QueryTimeout
 // and not cancelled with ctx (as queryKey), and returns each request's
 // token (nil when not granted), in batch's order. The caller holds s.sem.
 func (s *session) queryBatch(ctx context.Context, k *Locker, batch []*request) ([]*int64, error) {
@@ -450,7 +466,7 @@ func (s *session) queryUnlocks(ctx context.Context, k *Locker, batch []*request)
 	return ok, scanPositions(s, rows, ok)
 }
 
-// lockArgs returns the parameters of tryLockBatchSQL for batch.
+// lockArgs returns the parameters of the combined lock statement for batch.
 func lockArgs(batch []*request) (keys []int64, shared []bool) {
 	keys, shared = make([]int64, len(batch)), make([]bool, len(batch))
 	for i, r := range batch {

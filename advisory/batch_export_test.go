@@ -1,5 +1,7 @@
 package advisory
 
+import "strings"
+
 // HoldTurn takes the turn of k's only session, which must be open, so that
 // the lock requests routed to it queue up until the returned function gives
 // the turn back; they then run in one statement.
@@ -58,3 +60,7 @@ func Sessions(k *Locker) int {
 	defer k.mu.Unlock()
 	return len(k.sessions)
 }
+
+// TokenBatch reports whether k's combined lock statement draws its tokens
+// with one pgfence_next_tokens call (migration 000009).
+func TokenBatch(k *Locker) bool { return strings.Contains(k.sql.tryLockBatch, ".pgfence_next_tokens(") }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence"
@@ -610,4 +611,84 @@ func TestSessionsFillBeforeOpening(t *testing.T) {
 			require.Zero(t, heldAdvisoryLocks(t, db.Pool))
 		})
 	}
+}
+
+// TestCombinedGrantsWithoutTokenBatch: a Locker on a schema without
+// pgfence_next_tokens (before migration 000009), or whose role may not
+// execute it, combines its grants with the statement that draws a token per
+// grant, and each request gets its own, growing token as with the one-call
+// draw. The control is the Locker on the schema as installed, which draws
+// them in one call.
+func TestCombinedGrantsWithoutTokenBatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name, setup string
+		batch       bool
+	}{
+		{"as installed", "", true},
+		{"schema 8", "DROP FUNCTION pgfence.pgfence_next_tokens(boolean[])", false},
+		{"role not granted", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.NewDB(t)
+			pool := db.Pool
+			if tc.setup != "" {
+				_, err := db.Pool.Exec(ctx, tc.setup)
+				require.NoError(t, err)
+			}
+			if tc.name == "role not granted" {
+				pool = oneTokenRole(t, db)
+			}
+			cfg := fastConfig("pgfence-batch-" + strings.ReplaceAll(tc.name, " ", "-"))
+			cfg.MaxSessions = 1
+			k := newLocker(t, pool, cfg)
+			require.Equal(t, tc.batch, advisory.TokenBatch(k))
+			first, err := k.TryAcquireKey(ctx, advisory.ID(41), nil) // opens the session
+			require.NoError(t, err)
+
+			giveBack := advisory.HoldTurn(k)
+			b := &batchSetup{db: db, k: k}
+			outs := []<-chan batchResult{
+				b.queue(t, advisory.ID(42), false), b.queue(t, advisory.ID(43), true), b.queue(t, advisory.ID(44), false),
+			}
+			giveBack()
+			last := first.Token()
+			for _, o := range outs {
+				r := <-o
+				require.NoError(t, r.err)
+				require.Greater(t, r.l.Token(), last, "tokens grow in the order of the requests")
+				last = r.l.Token()
+				require.NoError(t, r.l.Release(ctx))
+			}
+			require.NoError(t, first.Release(ctx))
+		})
+	}
+}
+
+// oneTokenRole returns a pool on db as a role of its own granted what an
+// advisory Locker needs before migration 000009 (tokens one at a time),
+// and not pgfence_next_tokens.
+func oneTokenRole(t *testing.T, db *pgtest.DB) *pgxpool.Pool {
+	t.Helper()
+	ctx := context.Background()
+	role := "onetoken_" + db.Name[len(db.Name)-8:]
+	for _, stmt := range []string{
+		"CREATE ROLE " + role + " LOGIN",
+		"GRANT USAGE ON SCHEMA pgfence TO " + role,
+		"GRANT EXECUTE ON FUNCTION pgfence.pgfence_next_token(), pgfence.pgfence_schema_version() TO " + role,
+	} {
+		_, err := db.Pool.Exec(ctx, stmt)
+		require.NoError(t, err)
+	}
+	t.Cleanup(func() {
+		// Runs before the database is dropped and after the role's pool
+		// (registered later) is closed.
+		for _, stmt := range []string{"DROP OWNED BY " + role, "DROP ROLE " + role} {
+			_, err := db.Pool.Exec(context.Background(), stmt)
+			require.NoError(t, err)
+		}
+	})
+	return db.NewPool(t, func(c *pgxpool.Config) { c.ConnConfig.User = role })
 }

@@ -113,7 +113,8 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 		return nil, err
 	}
 	c.Schema = schema
-	if err := install.Check(ctx, pool, schema, quoted); err != nil {
+	inst, err := install.Check(ctx, pool, schema, quoted)
+	if err != nil {
 		return nil, fmt.Errorf("pgfence: advisory: %w", err)
 	}
 	cc := pool.Config().ConnConfig.Copy()
@@ -126,7 +127,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 	closeCtx, closeStop := context.WithCancel(context.Background())
 	return &Locker{
 		cfg:          c,
-		sql:          newStatements(quoted),
+		sql:          newStatements(quoted, inst.TokenBatch),
 		log:          c.Logger,
 		connConfig:   cc,
 		listenConfig: lc,
@@ -155,12 +156,19 @@ type statements struct {
 }
 
 // newStatements fills the quoted schema into the statement templates.
-func newStatements(schema string) statements {
+// tokenBatch chooses the combined lock statement that draws its tokens with
+// one pgfence_next_tokens call (tryLockTokensSQL, migration 000009) over
+// the one that calls pgfence_next_token per lock granted (tryLockBatchSQL).
+func newStatements(schema string, tokenBatch bool) statements {
 	f := func(tmpl string) string { return fmt.Sprintf(tmpl, schema) }
+	batch := tryLockBatchSQL
+	if tokenBatch {
+		batch = tryLockTokensSQL
+	}
 	return statements{
 		tryLock:           f(tryLockSQL),
 		tryLockShared:     f(tryLockSharedSQL),
-		tryLockBatch:      f(tryLockBatchSQL),
+		tryLockBatch:      f(batch),
 		tryLockXact:       f(tryLockXactSQL),
 		tryLockXactShared: f(tryLockXactSharedSQL),
 		lockXact:          f(lockXactSQL),

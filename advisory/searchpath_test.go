@@ -58,6 +58,11 @@ var plantedFuncs = []plantedFunc{
 	{"set_config", "a text, b text, c boolean", "a, b, c", "text", "pg_catalog.set_config"},
 	{"current_setting", "a text", "a", "text", "pg_catalog.current_setting"},
 	{"pgfence_next_token", "", "", "bigint", "pgfence.pgfence_next_token"},
+	{"pgfence_next_tokens", "a boolean[]", "a", "bigint[]", "pgfence.pgfence_next_tokens"},
+	// boolean[] is an exact match where pg_catalog.unnest takes anyarray.
+	{"unnest", "a boolean[]", "a", "SETOF boolean", "pg_catalog.unnest"},
+	// The transition function of the array_agg(boolean) aggregate below.
+	{"attacker_append", "a boolean[], b boolean", "a, b", "boolean[]", "pg_catalog.array_append"},
 	// Functions behind the operators below.
 	{"attacker_xor", "a bigint, b bigint", "a, b", "bigint", "pg_catalog.int8xor"},
 	{"attacker_shr", "a bigint, b integer", "a, b", "bigint", "pg_catalog.int8shr"},
@@ -111,8 +116,12 @@ func plantSQL() []string {
 		stmts = append(stmts, fmt.Sprintf(`CREATE OPERATOR public.%s (LEFTARG = %s, RIGHTARG = %s, FUNCTION = public.%s)`,
 			o.op, o.left, o.right, o.fn))
 	}
-	// count(*) has no better match, but wins when public comes first.
-	return append(stmts, `CREATE AGGREGATE public.count(*) (SFUNC = public.attacker_count, STYPE = bigint, INITCOND = '0')`)
+	// count(*) has no better match, but wins when public comes first;
+	// array_agg(boolean) is an exact match where pg_catalog.array_agg
+	// takes anynonarray, and wins wherever public is on the path.
+	return append(stmts,
+		`CREATE AGGREGATE public.count(*) (SFUNC = public.attacker_count, STYPE = bigint, INITCOND = '0')`,
+		`CREATE AGGREGATE public.array_agg(boolean) (SFUNC = public.attacker_append, STYPE = boolean[], INITCOND = '{}')`)
 }
 
 // attackerRan returns what the planted functions recorded.
@@ -179,7 +188,7 @@ func testHostileSearchPath(t *testing.T, searchPath string, operatorsWin bool) {
 		"GRANT CREATE ON SCHEMA public TO " + attacker,
 		"GRANT USAGE ON SCHEMA pgfence TO " + app,
 		"GRANT SELECT ON pgfence.pgfence_leases TO " + app,
-		"GRANT EXECUTE ON FUNCTION pgfence.pgfence_next_token(), pgfence.pgfence_schema_version() TO " + app,
+		"GRANT EXECUTE ON FUNCTION pgfence.pgfence_next_token(), pgfence.pgfence_next_tokens(boolean[]), pgfence.pgfence_schema_version() TO " + app,
 	} {
 		_, err := db.Pool.Exec(ctx, stmt)
 		require.NoError(t, err)
@@ -251,6 +260,34 @@ func testHostileSearchPath(t *testing.T, searchPath string, operatorsWin bool) {
 	tokens = append(tokens, lk.Token())
 	require.NoError(t, lk.Release(ctx))
 
+	// The combined statements: three lock requests queued on the
+	// holder's session while the test holds its turn (tryLockTokensSQL),
+	// then their three releases (unlockBatchSQL).
+	require.True(t, advisory.TokenBatch(holder))
+	giveBack := advisory.HoldTurn(holder)
+	bs := &batchSetup{db: db, k: holder}
+	outs := []<-chan batchResult{
+		bs.queue(t, advisory.ID(21), false), bs.queue(t, advisory.ID(22), true), bs.queue(t, advisory.ID(23), false),
+	}
+	giveBack()
+	var combined []*advisory.Lease
+	for _, o := range outs {
+		r := <-o
+		require.NoError(t, r.err)
+		tokens = append(tokens, r.l.Token())
+		combined = append(combined, r.l)
+	}
+	giveBack = advisory.HoldTurn(holder)
+	released := make(chan error, len(combined))
+	for _, l := range combined {
+		go func() { released <- l.Release(ctx) }()
+	}
+	require.Eventually(t, func() bool { return advisory.Pending(holder) == len(combined) }, 10*time.Second, time.Millisecond)
+	giveBack()
+	for range combined {
+		require.NoError(t, <-released)
+	}
+
 	// Transaction locks, including a wait that runs out of its
 	// WaitTimeout (the savepoint and lock_timeout path).
 	busy, err := waiter.TryAcquireKey(ctx, advisory.ID(10), nil)
@@ -315,13 +352,17 @@ func testHostileSearchPath(t *testing.T, searchPath string, operatorsWin bool) {
 	require.Empty(t, attackerRan(t, db.Pool), "no planted function or operator ran")
 
 	// Negative controls: the same pool's unqualified SQL runs the planted
-	// unnest; with public before pg_catalog, the planted operators too.
+	// unnest and array_agg; with public before pg_catalog, the planted
+	// operators too.
 	rows, err := appPool.Query(ctx, "SELECT unnest($1::bigint[])", []int64{1, 2})
 	require.NoError(t, err)
 	got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)
 	require.Equal(t, []int64{1, 2}, got)
-	want := []string{"unnest(a bigint[])"}
+	var agg []bool
+	require.NoError(t, appPool.QueryRow(ctx, "SELECT array_agg(b) FROM (VALUES (true), (false)) AS v(b)").Scan(&agg))
+	require.Equal(t, []bool{true, false}, agg)
+	want := []string{"attacker_append(a boolean[], b boolean)", "attacker_append(a boolean[], b boolean)", "unnest(a bigint[])"}
 	if operatorsWin {
 		var x int64
 		require.NoError(t, appPool.QueryRow(ctx, "SELECT $1::bigint # 1::bigint", int64(3)).Scan(&x))

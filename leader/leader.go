@@ -220,7 +220,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Elector, error)
 	if err != nil {
 		return nil, err
 	}
-	if err := install.Check(ctx, pool, schema, quoted); err != nil {
+	if _, err := install.Check(ctx, pool, schema, quoted); err != nil {
 		return nil, fmt.Errorf("pgfence: leader: %w", err)
 	}
 	if r.ListenConnConfig == nil && !r.DisableListen {

@@ -109,7 +109,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 		return nil, err
 	}
 	resolved.Schema = schema
-	if err := install.Check(ctx, pool, schema, quoted); err != nil {
+	if _, err := install.Check(ctx, pool, schema, quoted); err != nil {
 		return nil, fmt.Errorf("pgfence: leasetable: %w", err)
 	}
 	if resolved.ListenConnConfig == nil && !resolved.DisableListen {

@@ -17,8 +17,19 @@ import (
 // works with: 6, the migration that makes every token draw durable.
 // Migrations 000007 and 000008 change only how fast pgfence_acquire takes
 // one lease and how often a token draw waits for a WAL flush, not what
-// either returns or guarantees, so the code does not require them.
+// either returns or guarantees, and 000009 adds pgfence_next_tokens, which
+// an advisory Locker uses when it may (Install.TokenBatch) and does without
+// otherwise, so the code does not require them.
 const Version = 6
+
+// Install is what Check found.
+type Install struct {
+	// Version is the schema's pgfence_schema_version().
+	Version int
+	// TokenBatch reports that pgfence_next_tokens(boolean[]) (migration
+	// 000009) exists in the schema and the connecting role may execute it.
+	TokenBatch bool
+}
 
 // maxIdentLen is PostgreSQL's identifier limit (NAMEDATALEN-1 bytes).
 const maxIdentLen = 63
@@ -45,7 +56,8 @@ func Schema(field, cfgSchema string) (name, quoted string, err error) {
 // catalogSQL reads, from the catalogs only (it takes no lock and needs no
 // privilege on pgfence's objects), whether schema $1 exists, whether it has
 // pgfence's lease table and version function, the token sequence's
-// settings, and the other schemas that hold a pgfence lease table.
+// settings, the other schemas that hold a pgfence lease table, and whether
+// the connecting role may execute pgfence_next_tokens(boolean[]) there.
 const catalogSQL = `
 SELECT n.oid IS NOT NULL,
        pg_catalog.to_regclass(pg_catalog.quote_ident($1) OPERATOR(pg_catalog.||) '.pgfence_leases') IS NOT NULL,
@@ -56,7 +68,9 @@ SELECT n.oid IS NOT NULL,
            JOIN pg_catalog.pg_namespace o ON o.oid OPERATOR(pg_catalog.=) c.relnamespace
            WHERE c.relname OPERATOR(pg_catalog.=) 'pgfence_leases' AND c.relkind OPERATOR(pg_catalog.=) 'r'
              AND o.nspname OPERATOR(pg_catalog.<>) $1
-           ORDER BY 1)
+           ORDER BY 1),
+       COALESCE(pg_catalog.has_function_privilege(pg_catalog.to_regprocedure(
+           pg_catalog.quote_ident($1) OPERATOR(pg_catalog.||) '.pgfence_next_tokens(pg_catalog.bool[])'), 'EXECUTE'), false)
 FROM (SELECT) AS one
 LEFT JOIN pg_catalog.pg_namespace n ON n.nspname OPERATOR(pg_catalog.=) $1
 LEFT JOIN pg_catalog.pg_sequence s
@@ -64,19 +78,21 @@ LEFT JOIN pg_catalog.pg_sequence s
 
 // Check verifies, in at most two round trips bounded by ctx, that schema
 // (quoted: its SQL form) holds pgfence at Version or later and that its
-// token sequence counts by one, without a cache and without cycling. A
-// problem is reported with an error matching pgfence.ErrNotInstalled that
-// says how to fix it; a database error is returned wrapped.
-func Check(ctx context.Context, db pgfence.DB, schema, quoted string) error {
+// token sequence counts by one, without a cache and without cycling, and
+// returns what it found. A problem is reported with an error matching
+// pgfence.ErrNotInstalled that says how to fix it; a database error is
+// returned wrapped.
+func Check(ctx context.Context, db pgfence.DB, schema, quoted string) (Install, error) {
 	var (
 		hasSchema, hasTable, hasVersion bool
 		increment, cache                *int64
 		cycle                           *bool
 		elsewhere                       []string
+		found                           Install
 	)
-	err := db.QueryRow(ctx, catalogSQL, schema).Scan(&hasSchema, &hasTable, &hasVersion, &increment, &cache, &cycle, &elsewhere)
+	err := db.QueryRow(ctx, catalogSQL, schema).Scan(&hasSchema, &hasTable, &hasVersion, &increment, &cache, &cycle, &elsewhere, &found.TokenBatch)
 	if err != nil {
-		return fmt.Errorf("check pgfence's schema %q: %w", schema, err)
+		return Install{}, fmt.Errorf("check pgfence's schema %q: %w", schema, err)
 	}
 	fix := fmt.Sprintf("apply pgfence's migrations (pgfence migrate up --schema %s, or migrations.Up from Go)", schema)
 	if !hasTable {
@@ -89,27 +105,26 @@ func Check(ctx context.Context, db pgfence.DB, schema, quoted string) error {
 		if !hasSchema {
 			what = "does not exist"
 		}
-		return notInstalled("schema %q %s%s%s", schema, what, where, prefixed("; ", fix))
+		return Install{}, notInstalled("schema %q %s%s%s", schema, what, where, prefixed("; ", fix))
 	}
 	if !hasVersion {
-		return notInstalled("schema %q holds an older pgfence (before migration %d); %s", schema, Version, fix)
+		return Install{}, notInstalled("schema %q holds an older pgfence (before migration %d); %s", schema, Version, fix)
 	}
-	var version int
-	if err := db.QueryRow(ctx, "SELECT "+quoted+".pgfence_schema_version()").Scan(&version); err != nil {
-		return fmt.Errorf("check pgfence's schema %q: %w", schema, err)
+	if err := db.QueryRow(ctx, "SELECT "+quoted+".pgfence_schema_version()").Scan(&found.Version); err != nil {
+		return Install{}, fmt.Errorf("check pgfence's schema %q: %w", schema, err)
 	}
-	if version < Version {
-		return notInstalled("schema %q holds pgfence schema version %d; this code needs %d: %s", schema, version, Version, fix)
+	if found.Version < Version {
+		return Install{}, notInstalled("schema %q holds pgfence schema version %d; this code needs %d: %s", schema, found.Version, Version, fix)
 	}
 	if increment == nil || *increment != 1 || *cache != 1 || *cycle {
 		settings := "is missing"
 		if increment != nil {
 			settings = fmt.Sprintf("has INCREMENT %d CACHE %d %s", *increment, *cache, map[bool]string{true: "CYCLE", false: "NO CYCLE"}[*cycle])
 		}
-		return notInstalled("token sequence %s.pgfence_leases_fence_seq %s; tokens are only ordered with INCREMENT 1 CACHE 1 NO CYCLE: "+
+		return Install{}, notInstalled("token sequence %s.pgfence_leases_fence_seq %s; tokens are only ordered with INCREMENT 1 CACHE 1 NO CYCLE: "+
 			"ALTER SEQUENCE %s.pgfence_leases_fence_seq INCREMENT 1 CACHE 1 NO CYCLE (as its owner)", quoted, settings, quoted)
 	}
-	return nil
+	return found, nil
 }
 
 func prefixed(p, s string) string {

@@ -47,7 +47,11 @@ type combinePoint struct {
 	WALBytes int64         // WAL written over the point
 	Syncs    int64         // WAL flushes over the point (pg_stat_wal.wal_sync)
 	Span     time.Duration // warm-up plus measured time
-	Errors   int64
+	// ServerCPU is the CPU time of the cluster's processes over the point
+	// (-1: not measured); ClientCPU, of this process (the benchmark and
+	// the arm's clients), warm-up included in both.
+	ServerCPU, ClientCPU time.Duration
+	Errors               int64
 	Load     string // load average after the point
 }
 
@@ -79,6 +83,28 @@ func (p combinePoint) syncsPer1000() float64 {
 		return math.NaN()
 	}
 	return float64(p.Syncs) * 1000 / float64(p.Grants)
+}
+
+// coresBusy is the point's CPU time, server and client together, over its
+// span: how many of the machine's cores the arm kept busy (NaN when the
+// server's CPU was not measured).
+func (p combinePoint) coresBusy() float64 {
+	if p.Span <= 0 || p.ServerCPU < 0 {
+		return math.NaN()
+	}
+	return (p.ServerCPU + p.ClientCPU).Seconds() / p.Span.Seconds()
+}
+
+// cpuPerGrant is server (or client) CPU microseconds per grant.
+func (p combinePoint) cpuPerGrant(server bool) float64 {
+	d := p.ClientCPU
+	if server {
+		d = p.ServerCPU
+	}
+	if p.Grants == 0 || d < 0 {
+		return math.NaN()
+	}
+	return float64(d.Microseconds()) / float64(p.Grants)
 }
 
 // syncRate is the point's WAL flushes per second.
@@ -113,6 +139,10 @@ func (r *runner) advisoryCombine(ctx context.Context) error {
 	fmt.Printf("scenario 10: advisory session locks with combined grants, clients %v, %v per point (+%v warm-up), %d rounds\n",
 		combineClients, r.cfg.Duration, r.cfg.Warmup, r.cfg.Rounds)
 	loadStart := loadAvg()
+	cpu := findServerCPU(ctx, r.env.DatabaseURL)
+	if !cpu.ok() {
+		r.note("10: server CPU not measured: %s", cpu.why)
+	}
 	var pts []combinePoint
 	for round := 1; round <= r.cfg.Rounds; round++ {
 		for _, c := range combineClients {
@@ -133,12 +163,20 @@ func (r *runner) advisoryCombine(ctx context.Context) error {
 					_ = sys.Close()
 					return err
 				}
+				srv0, srvErr := cpu.read()
+				u0, s0 := processCPU()
 				t0 := time.Now()
 				res := harness.RunCycles(ctx, sys, harness.CycleConfig{
 					Clients: c, Warmup: r.cfg.Warmup, Duration: r.cfg.Duration,
 					Name: func(w, _ int) string { return ns[w] },
 				})
 				t1 := time.Now()
+				u1, s1 := processCPU()
+				srv1, srvErr1 := cpu.read()
+				serverCPU := srv1 - srv0
+				if srvErr != nil || srvErr1 != nil {
+					serverCPU = -1
+				}
 				err = withConn(ctx, r.env.DatabaseURL, func(conn *pgx.Conn) error {
 					return conn.QueryRow(ctx, serverCounters).Scan(&xid1, &wal1, &sync1)
 				})
@@ -155,9 +193,10 @@ func (r *runner) advisoryCombine(ctx context.Context) error {
 				}
 				r.logCycle("10", arm, c, &res)
 				p := combinePoint{Arm: arm, Clients: c, Round: round, TP: res.Throughput(), Acquire: res.Acquire.P50,
-					Cycle: res.Cycle.P50, Grants: res.Total, Xids: xid1 - xid0, WALBytes: wal1 - wal0, Syncs: sync1 - sync0, Span: t1.Sub(t0), Errors: res.Errors, Load: loadAvg()}
-				fmt.Printf("       xids/1000 grants %.0f, WAL %.0f B/grant, WAL flushes %.0f/1000 grants (%.0f/s), load %s\n",
-					p.xidsPer1000(), float64(p.WALBytes)/float64(max(p.Grants, 1)), p.syncsPer1000(), p.syncRate(), p.Load)
+					Cycle: res.Cycle.P50, Grants: res.Total, Xids: xid1 - xid0, WALBytes: wal1 - wal0, Syncs: sync1 - sync0, Span: t1.Sub(t0),
+					ServerCPU: serverCPU, ClientCPU: u1 - u0 + s1 - s0, Errors: res.Errors, Load: loadAvg()}
+				fmt.Printf("       xids/1000 grants %.0f, WAL %.0f B/grant, WAL flushes %.0f/1000 grants (%.0f/s), cores busy %.2f, load %s\n",
+					p.xidsPer1000(), float64(p.WALBytes)/float64(max(p.Grants, 1)), p.syncsPer1000(), p.syncRate(), p.coresBusy(), p.Load)
 				pts = append(pts, p)
 			}
 		}
@@ -244,7 +283,7 @@ func writeAdvisoryCombine(cfg *config, m machineInfo, loadStart, loadEnd string,
 		m.CPU, m.Cores, loadStart, loadEnd, m.Postgres["server_version"], m.Postgres["fsync"], m.Postgres["synchronous_commit"])
 	for _, c := range combineClients {
 		p("## %d clients\n\n", c)
-		t := &report.Table{Header: []string{"arm", "cycles/s", "× raw-advisory", "× raw-advisory-token", "× MaxSessions = clients (median of per-round ratios)", "xids / 1,000 grants", "WAL bytes / grant", "WAL flushes / 1,000 grants", "WAL flushes / s", "acquire p50", "cycle p50", "errors", "load after (last round)"}, TextColumns: 1}
+		t := &report.Table{Header: []string{"arm", "cycles/s", "× raw-advisory", "× raw-advisory-token", "× MaxSessions = clients (median of per-round ratios)", "xids / 1,000 grants", "WAL bytes / grant", "WAL flushes / 1,000 grants", "WAL flushes / s", "server CPU µs / grant", "client CPU µs / grant", "cores busy", "acquire p50", "cycle p50", "errors", "load after (last round)"}, TextColumns: 1}
 		tp := func(arm string) float64 {
 			return combineMedian(pts, arm, c, func(p combinePoint) float64 { return p.TP })
 		}
@@ -269,6 +308,9 @@ func writeAdvisoryCombine(cfg *config, m machineInfo, loadStart, loadEnd string,
 				strconv.FormatFloat(xids, 'f', 0, 64), strconv.FormatFloat(wal, 'f', 0, 64),
 				strconv.FormatFloat(combineMedian(pts, arm, c, combinePoint.syncsPer1000), 'f', 0, 64),
 				report.Rate(combineMedian(pts, arm, c, combinePoint.syncRate)),
+				fmtFloat(combineMedian(pts, arm, c, func(p combinePoint) float64 { return p.cpuPerGrant(true) }), 1),
+				fmtFloat(combineMedian(pts, arm, c, func(p combinePoint) float64 { return p.cpuPerGrant(false) }), 1),
+				fmtFloat(combineMedian(pts, arm, c, combinePoint.coresBusy), 2),
 				report.Duration(time.Duration(acq)), report.Duration(time.Duration(cyc)), strconv.FormatInt(errs, 10), last.Load})
 		}
 		p("%s\n", t.Markdown())
@@ -304,4 +346,13 @@ func pairedRatio(pts []combinePoint, arm, base string, clients int) string {
 		return "n/a"
 	}
 	return strconv.FormatFloat(medianFloat(rs), 'f', 2, 64) + "x"
+}
+
+// fmtFloat formats v with prec decimals, or "—" when it is not a number
+// (not measured).
+func fmtFloat(v float64, prec int) string {
+	if math.IsNaN(v) {
+		return "—"
+	}
+	return strconv.FormatFloat(v, 'f', prec, 64)
 }

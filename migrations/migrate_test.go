@@ -547,8 +547,9 @@ func describe(t *testing.T, db *pgtest.DB) []string {
 
 func TestGrantSQL(t *testing.T) {
 	t.Parallel()
-	// At version 5: 4 added its trigger functions and pgfence_last_token
-	// to the EXECUTE list, 5 pgfence_leaders and pgfence_leader_proclaim.
+	// At version 9: 4 added its trigger functions and pgfence_last_token
+	// to the EXECUTE list, 5 pgfence_leaders and pgfence_leader_proclaim,
+	// 9 pgfence_next_tokens.
 	require.Equal(t, []string{
 		`GRANT USAGE ON SCHEMA "pgfence" TO "app"`,
 		`GRANT SELECT ON TABLE "pgfence"."pgfence_leases", "pgfence"."pgfence_leaders" TO "app"`,
@@ -560,6 +561,7 @@ func TestGrantSQL(t *testing.T) {
 			`"pgfence".pgfence_prune_scan(pg_catalog.text, pg_catalog.int4, pg_catalog.interval), ` +
 			`"pgfence".pgfence_prune_delete(pg_catalog.text[], pg_catalog.int8[], pg_catalog.interval), ` +
 			`"pgfence".pgfence_leader_proclaim(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text), ` +
+			`"pgfence".pgfence_next_tokens(pg_catalog.bool[]), ` +
 			`"pgfence".pgfence_guard(), "pgfence".pgfence_guard_strict(), "pgfence".pgfence_guard_truncate(), ` +
 			`"pgfence".pgfence_last_token() TO "app"`,
 	}, migrations.GrantSQL("", "app", nil))

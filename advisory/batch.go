@@ -186,13 +186,19 @@ func (k *Locker) runBatch(ctx context.Context, s *session, own *request, batch [
 	if k.onBatch != nil {
 		k.onBatch(len(grants), len(unlocks))
 	}
-	if len(grants) > 0 {
-		k.lockBatch(ctx, s, grants)
+	for part := range slices.Chunk(grants, k.maxLockBatch) {
+		k.lockBatch(ctx, s, part)
 	}
 	for _, r := range grants {
 		close(r.done)
 	}
 }
+
+// maxLockBatch is the most lock requests one statement carries: a turn
+// with more (as many callers as that queued on one session at once) runs
+// them in several statements, in order, since pgfence_next_tokens refuses
+// to draw for more positions.
+const maxLockBatch = 65536
 
 // requeue puts the lock requests grants back at the head of s's queue,
 // for the next turn.
@@ -280,6 +286,9 @@ func (k *Locker) answerGrants(s *session, batch []*request, tokens []*int64) {
 // lockBatch answers the lock requests of batch with one statement on s.
 // The caller holds s.sem.
 func (k *Locker) lockBatch(ctx context.Context, s *session, batch []*request) {
+	if k.onLockStatement != nil {
+		k.onLockStatement(len(batch))
+	}
 	if len(batch) == 1 {
 		r := batch[0]
 		r.l, r.err = k.lockOnSession(r.ctx, r.values, s, r.key, r.shared)

@@ -64,3 +64,9 @@ func Sessions(k *Locker) int {
 // TokenBatch reports whether k's combined lock statement draws its tokens
 // with one pgfence_next_tokens call (migration 000009).
 func TokenBatch(k *Locker) bool { return strings.Contains(k.sql.tryLockBatch, ".pgfence_next_tokens(") }
+
+// SetMaxLockBatch sets the most lock requests one statement of k carries,
+// and has k call f with the number of requests of each lock statement.
+func SetMaxLockBatch(k *Locker, n int, f func(requests int)) {
+	k.maxLockBatch, k.onLockStatement = n, f
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -691,4 +692,48 @@ func oneTokenRole(t *testing.T, db *pgtest.DB) *pgxpool.Pool {
 		}
 	})
 	return db.NewPool(t, func(c *pgxpool.Config) { c.ConnConfig.User = role })
+}
+
+// TestCombinedGrantsSplitAtTheLimit: a turn with more lock requests than
+// one statement may carry (pgfence_next_tokens draws for at most 65536
+// positions; lowered to 2 here) runs them in several statements, in order,
+// each request granted with a token greater than those before it. The
+// control is the same five requests under the real limit: one statement.
+func TestCombinedGrantsSplitAtTheLimit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := newBatchSetup(t, "pgfence-batch-split")
+	var mu sync.Mutex
+	var statements []int
+	record := func(n int) {
+		mu.Lock()
+		statements = append(statements, n)
+		mu.Unlock()
+	}
+	run := func(limit int, first int) []int {
+		t.Helper()
+		mu.Lock()
+		statements = nil
+		mu.Unlock()
+		advisory.SetMaxLockBatch(b.k, limit, record)
+		giveBack := advisory.HoldTurn(b.k)
+		var outs []<-chan batchResult
+		for i := range 5 {
+			outs = append(outs, b.queue(t, advisory.ID(int64(first+i)), false))
+		}
+		giveBack()
+		var last int64
+		for _, o := range outs {
+			r := <-o
+			require.NoError(t, r.err)
+			require.Greater(t, r.l.Token(), last, "tokens grow in the order of the requests")
+			last = r.l.Token()
+			require.NoError(t, r.l.Release(ctx))
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(statements)
+	}
+	require.Equal(t, []int{2, 2, 1}, run(2, 51))
+	require.Equal(t, []int{5}, run(65536, 61), "control: the real limit")
 }

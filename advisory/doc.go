@@ -32,9 +32,9 @@
 // rejected; [Lease.Expiry] is zero and [Lease.Renew] checks its session),
 // it can be shared ([pgfence.AcquireOpts].Shared), and it is lost when its
 // session dies rather than when a time passes. Tokens are drawn from the
-// sequence of [Config].Schema through pgfence_next_token, a SECURITY
-// DEFINER function; every statement names pg_catalog for the built-ins it
-// calls.
+// sequence of [Config].Schema through pgfence_next_token and
+// pgfence_next_tokens, SECURITY DEFINER functions; every statement names
+// pg_catalog for the built-ins it calls.
 //
 // # PgBouncer and other poolers: READ THIS
 //
@@ -81,6 +81,12 @@
 // lock is granted:
 //
 //	SELECT CASE WHEN pg_catalog.pg_try_advisory_lock($1) THEN "pgfence".pgfence_next_token() END
+//
+// When one statement takes the locks of several callers (see Sessions),
+// it tries every lock first and then draws the tokens of those granted
+// with one call of pgfence_next_tokens (migration 000009), in the callers'
+// order; on a schema before 000009, or for a role not granted it, it calls
+// pgfence_next_token for each grant instead ([New] finds out which).
 //
 // So a holder's token is larger than the token of every holder of the same
 // key before it (whose lock ended before this grant), through any Locker,

@@ -60,6 +60,12 @@ type Locker struct {
 	// turn (batch.go).
 	afterUnlocks func()
 	noRecollect  bool
+	// maxLockBatch is the most lock requests one statement carries
+	// (maxLockBatch, the const; tests may lower it); onLockStatement, a
+	// test hook, runs with the number of requests of each lock statement
+	// a turn runs (batch.go).
+	maxLockBatch    int
+	onLockStatement func(requests int)
 	// noPark, a test hook, keeps waiting Acquire calls from parking on a
 	// session (park.go): they poll and listen instead.
 	noPark bool
@@ -136,6 +142,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 		firstPause:   minPollInterval,
 		peek:         sessionPeekInterval,
 		fill:         sessionFill,
+		maxLockBatch: maxLockBatch,
 		ev:           events.New(c.Observer),
 		backoff:      retry.Default,
 		keys:         make(map[int64]*keyState),

@@ -357,9 +357,10 @@ func (k *Locker) unlockBatch(ctx context.Context, s *session, live []*request) {
 	}
 }
 
-// queryBatch runs the combined lock statement (k.sql.tryLockBatch) for batch on s, bounded by QueryTimeout
-// and not cancelled with ctx (as queryKey), and returns each request's
-// token (nil when not granted), in batch's order. The caller holds s.sem.
+// queryBatch runs the combined lock statement (k.sql.tryLockBatch) for
+// batch on s, bounded by QueryTimeout and not cancelled with ctx (as
+// queryKey), and returns each request's token (nil when not granted), in
+// batch's order. The caller holds s.sem.
 func (s *session) queryBatch(ctx context.Context, k *Locker, batch []*request) ([]*int64, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.cfg.QueryTimeout)
 	defer cancel()

@@ -22,10 +22,8 @@ import (
 // otherwise, so the code does not require them.
 const Version = 6
 
-// Install is what Check found.
+// Install is what Check found beyond what it requires.
 type Install struct {
-	// Version is the schema's pgfence_schema_version().
-	Version int
 	// TokenBatch reports that pgfence_next_tokens(boolean[]) (migration
 	// 000009) exists in the schema and the connecting role may execute it.
 	TokenBatch bool
@@ -110,11 +108,12 @@ func Check(ctx context.Context, db pgfence.DB, schema, quoted string) (Install, 
 	if !hasVersion {
 		return Install{}, notInstalled("schema %q holds an older pgfence (before migration %d); %s", schema, Version, fix)
 	}
-	if err := db.QueryRow(ctx, "SELECT "+quoted+".pgfence_schema_version()").Scan(&found.Version); err != nil {
+	var version int
+	if err := db.QueryRow(ctx, "SELECT "+quoted+".pgfence_schema_version()").Scan(&version); err != nil {
 		return Install{}, fmt.Errorf("check pgfence's schema %q: %w", schema, err)
 	}
-	if found.Version < Version {
-		return Install{}, notInstalled("schema %q holds pgfence schema version %d; this code needs %d: %s", schema, found.Version, Version, fix)
+	if version < Version {
+		return Install{}, notInstalled("schema %q holds pgfence schema version %d; this code needs %d: %s", schema, version, Version, fix)
 	}
 	if increment == nil || *increment != 1 || *cache != 1 || *cycle {
 		settings := "is missing"

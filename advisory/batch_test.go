@@ -624,24 +624,29 @@ func TestCombinedGrantsWithoutTokenBatch(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	for _, tc := range []struct {
-		name, setup string
-		batch       bool
+		name string
+		// pool prepares db and returns the pool the Locker uses.
+		pool  func(t *testing.T, db *pgtest.DB) *pgxpool.Pool
+		batch bool
 	}{
-		{"as installed", "", true},
-		{"schema 8", "DROP FUNCTION pgfence.pgfence_next_tokens(boolean[])", false},
-		{"role not granted", "", false},
+		{"as installed", func(t *testing.T, db *pgtest.DB) *pgxpool.Pool { return db.Pool }, true},
+		{"schema 8", func(t *testing.T, db *pgtest.DB) *pgxpool.Pool {
+			_, err := db.Pool.Exec(ctx, "DROP FUNCTION pgfence.pgfence_next_tokens(boolean[])")
+			require.NoError(t, err)
+			return db.Pool
+		}, false},
+		{"role not granted", func(t *testing.T, db *pgtest.DB) *pgxpool.Pool {
+			// What a Locker needed before 000009: tokens one at a time.
+			role := newRole(t, db, "onetoken",
+				"GRANT USAGE ON SCHEMA pgfence TO %s",
+				"GRANT EXECUTE ON FUNCTION pgfence.pgfence_next_token(), pgfence.pgfence_schema_version() TO %s")
+			return db.NewPool(t, func(c *pgxpool.Config) { c.ConnConfig.User = role })
+		}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			db := pgtest.NewDB(t)
-			pool := db.Pool
-			if tc.setup != "" {
-				_, err := db.Pool.Exec(ctx, tc.setup)
-				require.NoError(t, err)
-			}
-			if tc.name == "role not granted" {
-				pool = oneTokenRole(t, db)
-			}
+			pool := tc.pool(t, db)
 			cfg := fastConfig("pgfence-batch-" + strings.ReplaceAll(tc.name, " ", "-"))
 			cfg.MaxSessions = 1
 			k := newLocker(t, pool, cfg)
@@ -666,32 +671,6 @@ func TestCombinedGrantsWithoutTokenBatch(t *testing.T) {
 			require.NoError(t, first.Release(ctx))
 		})
 	}
-}
-
-// oneTokenRole returns a pool on db as a role of its own granted what an
-// advisory Locker needs before migration 000009 (tokens one at a time),
-// and not pgfence_next_tokens.
-func oneTokenRole(t *testing.T, db *pgtest.DB) *pgxpool.Pool {
-	t.Helper()
-	ctx := context.Background()
-	role := "onetoken_" + db.Name[len(db.Name)-8:]
-	for _, stmt := range []string{
-		"CREATE ROLE " + role + " LOGIN",
-		"GRANT USAGE ON SCHEMA pgfence TO " + role,
-		"GRANT EXECUTE ON FUNCTION pgfence.pgfence_next_token(), pgfence.pgfence_schema_version() TO " + role,
-	} {
-		_, err := db.Pool.Exec(ctx, stmt)
-		require.NoError(t, err)
-	}
-	t.Cleanup(func() {
-		// Runs before the database is dropped and after the role's pool
-		// (registered later) is closed.
-		for _, stmt := range []string{"DROP OWNED BY " + role, "DROP ROLE " + role} {
-			_, err := db.Pool.Exec(context.Background(), stmt)
-			require.NoError(t, err)
-		}
-	})
-	return db.NewPool(t, func(c *pgxpool.Config) { c.ConnConfig.User = role })
 }
 
 // TestCombinedGrantsSplitAtTheLimit: a turn with more lock requests than

@@ -160,39 +160,13 @@ func TestHostileSearchPath(t *testing.T) {
 func testHostileSearchPath(t *testing.T, searchPath string, operatorsWin bool) {
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
-	// Roles belong to the cluster: name them after the database.
-	suffix := db.Name[len(db.Name)-8:]
-	attacker, app := "attacker_"+suffix, "app_"+suffix
-	for _, stmt := range []string{
-		"CREATE ROLE " + attacker + " LOGIN",
-		"CREATE ROLE " + app + " LOGIN",
-	} {
-		_, err := db.Pool.Exec(ctx, stmt)
-		require.NoError(t, err)
-	}
-	t.Cleanup(func() {
-		// Runs before the database is dropped and after the app's pools
-		// (registered later) are closed.
-		for _, stmt := range []string{
-			"DROP OWNED BY " + attacker + ", " + app,
-			"DROP ROLE " + attacker,
-			"DROP ROLE " + app,
-		} {
-			_, err := db.Pool.Exec(context.Background(), stmt)
-			require.NoError(t, err)
-		}
-	})
 	// What an application role needs for advisory locks (package
 	// migrations' Grant gives these and more); PUBLIC keeps USAGE on public.
-	for _, stmt := range []string{
-		"GRANT CREATE ON SCHEMA public TO " + attacker,
-		"GRANT USAGE ON SCHEMA pgfence TO " + app,
-		"GRANT SELECT ON pgfence.pgfence_leases TO " + app,
-		"GRANT EXECUTE ON FUNCTION pgfence.pgfence_next_token(), pgfence.pgfence_next_tokens(boolean[]), pgfence.pgfence_schema_version() TO " + app,
-	} {
-		_, err := db.Pool.Exec(ctx, stmt)
-		require.NoError(t, err)
-	}
+	attacker := newRole(t, db, "attacker", "GRANT CREATE ON SCHEMA public TO %s")
+	app := newRole(t, db, "app",
+		"GRANT USAGE ON SCHEMA pgfence TO %s",
+		"GRANT SELECT ON pgfence.pgfence_leases TO %s",
+		"GRANT EXECUTE ON FUNCTION pgfence.pgfence_next_token(), pgfence.pgfence_next_tokens(boolean[]), pgfence.pgfence_schema_version() TO %s")
 
 	attackerPool := db.NewPool(t, func(c *pgxpool.Config) { c.ConnConfig.User = attacker })
 	for _, stmt := range plantSQL() {
@@ -370,4 +344,28 @@ func testHostileSearchPath(t *testing.T, searchPath string, operatorsWin bool) {
 		want = append(want, "attacker_xor(a bigint, b bigint)")
 	}
 	require.ElementsMatch(t, want, attackerRan(t, db.Pool))
+}
+
+// newRole creates a login role for db's tests, named after prefix and the
+// database (roles belong to the cluster), runs each grant with %s standing
+// for the role, and drops what the role owns and the role at cleanup:
+// before the database is dropped and after pools on it as the role
+// (registered later) are closed.
+func newRole(t *testing.T, db *pgtest.DB, prefix string, grants ...string) string {
+	t.Helper()
+	ctx := context.Background()
+	role := prefix + "_" + db.Name[len(db.Name)-8:]
+	_, err := db.Pool.Exec(ctx, "CREATE ROLE "+role+" LOGIN")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		for _, stmt := range []string{"DROP OWNED BY " + role, "DROP ROLE " + role} {
+			_, err := db.Pool.Exec(context.Background(), stmt)
+			require.NoError(t, err)
+		}
+	})
+	for _, g := range grants {
+		_, err := db.Pool.Exec(ctx, fmt.Sprintf(g, role))
+		require.NoError(t, err)
+	}
+	return role
 }

@@ -49,9 +49,10 @@ type combinePoint struct {
 	Syncs    int64         // WAL flushes over the point (pg_stat_wal.wal_sync)
 	Span     time.Duration // warm-up plus measured time
 	// ServerCPU is the CPU time of the cluster's processes over the point
-	// (-1: not measured); ClientCPU, of this process (the benchmark and
-	// the arm's clients), warm-up included in both.
+	// (when ServerOK: measured); ClientCPU, of this process (the benchmark
+	// and the arm's clients), warm-up included in both.
 	ServerCPU, ClientCPU time.Duration
+	ServerOK             bool
 	Errors               int64
 	Load                 string // load average after the point
 }
@@ -90,7 +91,7 @@ func (p combinePoint) syncsPer1000() float64 {
 // span: how many of the machine's cores the arm kept busy (NaN when the
 // server's CPU was not measured).
 func (p combinePoint) coresBusy() float64 {
-	if p.Span <= 0 || p.ServerCPU < 0 {
+	if p.Span <= 0 || !p.ServerOK {
 		return math.NaN()
 	}
 	return (p.ServerCPU + p.ClientCPU).Seconds() / p.Span.Seconds()
@@ -100,9 +101,12 @@ func (p combinePoint) coresBusy() float64 {
 func (p combinePoint) cpuPerGrant(server bool) float64 {
 	d := p.ClientCPU
 	if server {
+		if !p.ServerOK {
+			return math.NaN()
+		}
 		d = p.ServerCPU
 	}
-	if p.Grants == 0 || d < 0 {
+	if p.Grants == 0 {
 		return math.NaN()
 	}
 	return float64(d.Microseconds()) / float64(p.Grants)
@@ -174,10 +178,6 @@ func (r *runner) advisoryCombine(ctx context.Context) error {
 				t1 := time.Now()
 				u1, s1 := processCPU()
 				srv1, srvErr1 := cpu.read()
-				serverCPU := srv1 - srv0
-				if srvErr != nil || srvErr1 != nil {
-					serverCPU = -1
-				}
 				err = withConn(ctx, r.env.DatabaseURL, func(conn *pgx.Conn) error {
 					return conn.QueryRow(ctx, serverCounters).Scan(&xid1, &wal1, &sync1)
 				})
@@ -195,7 +195,7 @@ func (r *runner) advisoryCombine(ctx context.Context) error {
 				r.logCycle("10", arm, c, &res)
 				p := combinePoint{Arm: arm, Clients: c, Round: round, TP: res.Throughput(), Acquire: res.Acquire.P50,
 					Cycle: res.Cycle.P50, Grants: res.Total, Xids: xid1 - xid0, WALBytes: wal1 - wal0, Syncs: sync1 - sync0, Span: t1.Sub(t0),
-					ServerCPU: serverCPU, ClientCPU: u1 - u0 + s1 - s0, Errors: res.Errors, Load: loadAvg()}
+					ServerCPU: srv1 - srv0, ServerOK: srvErr == nil && srvErr1 == nil, ClientCPU: u1 - u0 + s1 - s0, Errors: res.Errors, Load: loadAvg()}
 				fmt.Printf("       xids/1000 grants %.0f, WAL %.0f B/grant, WAL flushes %.0f/1000 grants (%.0f/s), cores busy %.2f, load %s\n",
 					p.xidsPer1000(), float64(p.WALBytes)/float64(max(p.Grants, 1)), p.syncsPer1000(), p.syncRate(), p.coresBusy(), p.Load)
 				pts = append(pts, p)
@@ -352,11 +352,11 @@ func pairedRatio(pts []combinePoint, arm, base string, clients int) string {
 	return strconv.FormatFloat(medianFloat(rs), 'f', 2, 64) + "x"
 }
 
-// fmtFloat formats v with prec decimals, or "—" when it is not a number
-// (not measured).
+// fmtFloat formats v with prec decimals, or "n/a" (as msCell and
+// herdCPUCell) when it is not a number (not measured).
 func fmtFloat(v float64, prec int) string {
 	if math.IsNaN(v) {
-		return "—"
+		return "n/a"
 	}
 	return strconv.FormatFloat(v, 'f', prec, 64)
 }

@@ -72,14 +72,35 @@ func TestNewChecksTheInstall(t *testing.T) {
 		db := pgtest.NewDB(t)
 		_, err := db.Pool.Exec(ctx, "ALTER SEQUENCE pgfence.pgfence_leases_fence_seq CACHE 50")
 		require.NoError(t, err)
-		requireNotInstalled(t, db, nil, `"pgfence".pgfence_leases_fence_seq has INCREMENT 1 CACHE 50 NO CYCLE`,
-			`ALTER SEQUENCE "pgfence".pgfence_leases_fence_seq INCREMENT 1 CACHE 1 NO CYCLE`)
+		requireNotInstalled(t, db, nil, `"pgfence".pgfence_leases_fence_seq has INCREMENT 1024 CACHE 50 NO CYCLE`,
+			`ALTER SEQUENCE "pgfence".pgfence_leases_fence_seq INCREMENT 1024 CACHE 1 NO CYCLE`)
 		// Negative control: the fix the message gives makes it pass.
-		_, err = db.Pool.Exec(ctx, `ALTER SEQUENCE "pgfence".pgfence_leases_fence_seq INCREMENT 1 CACHE 1 NO CYCLE`)
+		_, err = db.Pool.Exec(ctx, `ALTER SEQUENCE "pgfence".pgfence_leases_fence_seq INCREMENT 1024 CACHE 1 NO CYCLE`)
 		require.NoError(t, err)
 		k, err := leasetable.New(ctx, db.Pool, nil)
 		require.NoError(t, err)
 		k.Close()
+	})
+
+	// The sequence steps by 1024 from migration 000010 and by 1 before:
+	// each version is checked against its own step.
+	t.Run("step of the version", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.NewDB(t)
+		_, err := db.Pool.Exec(ctx, "ALTER SEQUENCE pgfence.pgfence_leases_fence_seq INCREMENT 1")
+		require.NoError(t, err)
+		requireNotInstalled(t, db, nil, "has INCREMENT 1 CACHE 1 NO CYCLE; at schema version 10",
+			`INCREMENT 1024 CACHE 1 NO CYCLE (as its owner)`)
+		// Negative control: at version 9 (as the check reads it), INCREMENT
+		// 1 is the install.
+		_, err = db.Pool.Exec(ctx, "CREATE OR REPLACE FUNCTION pgfence.pgfence_schema_version() RETURNS integer LANGUAGE sql IMMUTABLE AS 'SELECT 9'")
+		require.NoError(t, err)
+		k, err := leasetable.New(ctx, db.Pool, nil)
+		require.NoError(t, err)
+		k.Close()
+		_, err = db.Pool.Exec(ctx, "ALTER SEQUENCE pgfence.pgfence_leases_fence_seq INCREMENT 1024")
+		require.NoError(t, err)
+		requireNotInstalled(t, db, nil, "has INCREMENT 1024 CACHE 1 NO CYCLE; at schema version 9", "INCREMENT 1 CACHE 1 NO CYCLE (as its owner)")
 	})
 
 	t.Run("older version", func(t *testing.T) {

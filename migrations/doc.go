@@ -120,7 +120,8 @@
 //
 //   - rewind, reissue or forge a token: the sequence is owned by the owner,
 //     and pgfence_next_token refuses (SQLSTATE PF002) to draw from it unless
-//     it is INCREMENT 1 CACHE 1 NO CYCLE, so tokens only grow;
+//     it is INCREMENT 1024 CACHE 1 NO CYCLE (INCREMENT 1 before migration
+//     000010), so tokens only grow;
 //   - take over a lease that has not expired on the database clock, or
 //     revive one that has expired: acquire only takes free rows; renew and
 //     release (whose at_least can keep a lease) only touch rows still held

@@ -246,7 +246,7 @@ func TestHostileSearchPath(t *testing.T) {
 	var wasHeld bool
 	require.NoError(t, op.QueryRow(ctx, "SELECT * FROM pgfence.pgfence_force_release('a', 'hostile test')").Scan(&oldOwner, &oldToken, &wasHeld, &forced))
 	require.Equal(t, "app-2", oldOwner)
-	require.Equal(t, last-1, oldToken)
+	require.Equal(t, last-tokenStep, oldToken, "the token drawn before next's")
 	require.True(t, wasHeld)
 	require.Greater(t, forced, last)
 	last = forced
@@ -531,7 +531,7 @@ func TestNextTokenIncreases(t *testing.T) {
 	var cycles bool
 	require.NoError(t, db.Pool.QueryRow(ctx,
 		"SELECT seqincrement, seqcache, seqcycle FROM pg_sequence WHERE seqrelid = 'pgfence.pgfence_leases_fence_seq'::regclass").Scan(&increment, &cache, &cycles))
-	require.Equal(t, int64(1), increment)
+	require.Equal(t, int64(tokenStep), increment)
 	require.Equal(t, int64(1), cache)
 	require.False(t, cycles, "the token sequence must never wrap")
 }

@@ -19,8 +19,18 @@ import (
 // one lease and how often a token draw waits for a WAL flush, not what
 // either returns or guarantees, and 000009 adds pgfence_next_tokens, which
 // an advisory Locker uses when it may (Install.TokenBatch) and does without
-// otherwise, so the code does not require them.
+// otherwise, so the code does not require them. Nor does it require 000010,
+// which makes the token sequence step by 1024 (pgfence_next_tokens hands out
+// a block of consecutive tokens per value): every draw goes through
+// pgfence's functions, which know the step of their own version.
 const Version = 6
+
+// blockVersion is the schema version from which the token sequence steps
+// by blockIncrement (migration 000010) instead of by 1.
+const (
+	blockVersion   = 10
+	blockIncrement = 1024
+)
 
 // Install is what Check found beyond what it requires.
 type Install struct {
@@ -76,8 +86,9 @@ LEFT JOIN pg_catalog.pg_sequence s
 
 // Check verifies, in at most two round trips bounded by ctx, that schema
 // (quoted: its SQL form) holds pgfence at Version or later and that its
-// token sequence counts by one, without a cache and without cycling, and
-// returns what it found. A problem is reported with an error matching
+// token sequence counts by its version's step, without a cache and without cycling, and
+// returns what it found. The sequence must step by 1, or by 1024 from
+// schema version 10 (migration 000010). A problem is reported with an error matching
 // pgfence.ErrNotInstalled that says how to fix it; a database error is
 // returned wrapped.
 func Check(ctx context.Context, db pgfence.DB, schema, quoted string) (Install, error) {
@@ -115,13 +126,17 @@ func Check(ctx context.Context, db pgfence.DB, schema, quoted string) (Install, 
 	if version < Version {
 		return Install{}, notInstalled("schema %q holds pgfence schema version %d; this code needs %d: %s", schema, version, Version, fix)
 	}
-	if increment == nil || *increment != 1 || *cache != 1 || *cycle {
+	step := int64(1)
+	if version >= blockVersion {
+		step = blockIncrement
+	}
+	if increment == nil || *increment != step || *cache != 1 || *cycle {
 		settings := "is missing"
 		if increment != nil {
 			settings = fmt.Sprintf("has INCREMENT %d CACHE %d %s", *increment, *cache, map[bool]string{true: "CYCLE", false: "NO CYCLE"}[*cycle])
 		}
-		return Install{}, notInstalled("token sequence %s.pgfence_leases_fence_seq %s; tokens are only ordered with INCREMENT 1 CACHE 1 NO CYCLE: "+
-			"ALTER SEQUENCE %s.pgfence_leases_fence_seq INCREMENT 1 CACHE 1 NO CYCLE (as its owner)", quoted, settings, quoted)
+		return Install{}, notInstalled("token sequence %s.pgfence_leases_fence_seq %s; at schema version %d tokens are only ordered with INCREMENT %d CACHE 1 NO CYCLE: "+
+			"ALTER SEQUENCE %s.pgfence_leases_fence_seq INCREMENT %d CACHE 1 NO CYCLE (as its owner)", quoted, settings, version, step, quoted, step)
 	}
 	return found, nil
 }

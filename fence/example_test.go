@@ -56,7 +56,7 @@ func Example() {
 	// Output:
 	// B: UPDATE 1 <nil>
 	// A fenced: true
-	// A presented 1 but the row carries 2
+	// A presented 1 but the row carries 1025
 	// missing row: true
 	// balance: 110
 }

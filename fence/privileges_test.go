@@ -41,7 +41,7 @@ func TestTriggerPrivileges(t *testing.T) {
 	// As migration 000003 does for every pgfence function (000004 for its own).
 	b.exec(t, "REVOKE EXECUTE ON FUNCTION "+b.fn("pgfence_guard")+"() FROM PUBLIC")
 	b.exec(t, "GRANT CREATE ON SCHEMA public TO "+q(owner))
-	b.exec(t, "SELECT pg_catalog.setval($1::regclass, $2)", b.fn("pgfence_leases_fence_seq"), lastIssued)
+	b.exec(t, "SELECT pg_catalog.setval($1::regclass, $2)", b.fn("pgfence_leases_fence_seq"), lastValue)
 	ownerPool, _ := b.poolAs(t, owner, "")
 	ownerExec := func(sql string) error { _, err := ownerPool.Exec(ctx, sql); return err }
 	require.NoError(t, ownerExec(`CREATE TABLE strict_t (id int PRIMARY KEY, v int NOT NULL, fence_token bigint NOT NULL);
@@ -85,7 +85,7 @@ func TestTriggerPrivileges(t *testing.T) {
 	requireDenied(t, write(fmt.Sprintf(withToken, "strict_t"), 55), "pgfence_last_token")
 	b.exec(t, "GRANT EXECUTE ON FUNCTION "+b.fn("pgfence_last_token")+"() TO "+q(writer))
 	require.NoError(t, write("UPDATE strict_t SET fence_token = 55 WHERE id = 1"))
-	require.ErrorIs(t, write("UPDATE strict_t SET fence_token = 61 WHERE id = 1"), pgfence.ErrFenced, "never issued")
+	require.ErrorIs(t, write("UPDATE strict_t SET fence_token = 1061 WHERE id = 1"), pgfence.ErrFenced, "never issued")
 }
 
 // TestUnderLeasePrivileges checks that a lease-checked write needs EXECUTE

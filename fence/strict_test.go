@@ -28,15 +28,20 @@ CREATE TRIGGER guarded_fence_truncate BEFORE TRUNCATE ON guarded
 )
 
 // rowToken and lastIssued are the guarded row's token and the last token the
-// sequence has handed out, in the mode tests.
+// sequence has handed out, in the mode tests. The sequence steps by
+// tokenBlock (migration 000010), and a value's whole block may have been
+// handed out: setting it to lastValue makes lastIssued the largest token
+// issued (pgfence_last_token).
 const (
 	rowToken   = 50
-	lastIssued = 60
+	lastIssued = 1060
+	tokenBlock = 1024
+	lastValue  = lastIssued - tokenBlock + 1
 )
 
 // guardedSetup creates table guarded (id, v, and the guard column column,
 // quoted as given) with the triggers of ddl, a row id 1 at rowToken, and
-// moves the sequence to lastIssued.
+// moves the sequence to lastValue.
 func guardedSetup(t *testing.T, ddl, column string) *testBundle {
 	t.Helper()
 	b := setup(t)
@@ -44,7 +49,7 @@ func guardedSetup(t *testing.T, ddl, column string) *testBundle {
 	b.exec(t, fmt.Sprintf(`CREATE TABLE guarded (id int PRIMARY KEY, v int NOT NULL DEFAULT 0, %s bigint NOT NULL DEFAULT 0);
 		INSERT INTO guarded (id, %s) VALUES (1, %d);
 		`, q, q, rowToken)+fmt.Sprintf(ddl, pgx.Identifier{b.schema}.Sanitize(), "'"+column+"'"))
-	b.exec(t, "SELECT pg_catalog.setval($1::regclass, $2)", b.fn("pgfence_leases_fence_seq"), lastIssued)
+	b.exec(t, "SELECT pg_catalog.setval($1::regclass, $2)", b.fn("pgfence_leases_fence_seq"), lastValue)
 	return b
 }
 
@@ -104,9 +109,9 @@ var staleCases = []modeCase{
 	{"update with an older token, newer pgfence.token", "55", "UPDATE guarded SET %[1]s = 40 WHERE id = 1", 40, "reject", "reject"},
 	{"update to NULL", "55", "UPDATE guarded SET %[1]s = NULL WHERE id = 1", 0, "reject", "reject"},
 	{"truncate", "55", "TRUNCATE guarded", 0, "reject", "-1"},
-	{"update with a token never issued", "", "UPDATE guarded SET %[1]s = 1000 WHERE id = 1", 1000, "reject", "1000"},
-	{"update without the column, pgfence.token never issued", "1000", "UPDATE guarded SET v = 1 WHERE id = 1", 1000, "reject", "50"},
-	{"delete with pgfence.token never issued", "1000", "DELETE FROM guarded WHERE id = 1", 1000, "reject", "-1"},
+	{"update with a token never issued", "", "UPDATE guarded SET %[1]s = 2000 WHERE id = 1", 2000, "reject", "2000"},
+	{"update without the column, pgfence.token never issued", "2000", "UPDATE guarded SET v = 1 WHERE id = 1", 2000, "reject", "50"},
+	{"delete with pgfence.token never issued", "2000", "DELETE FROM guarded WHERE id = 1", 2000, "reject", "-1"},
 }
 
 // freshCases present a token at least as new as the row's (and issued):
@@ -117,7 +122,7 @@ var freshCases = []modeCase{
 	{"update without the column, newer pgfence.token", "55", "UPDATE guarded SET v = v + 1 WHERE id = 1", 0, "55", "50"},
 	{"pgfence.token with spaces and a sign", " +55 ", "UPDATE guarded SET v = v + 1 WHERE id = 1", 0, "55", "50"},
 	{"update with a newer token", "", "UPDATE guarded SET %[1]s = 55 WHERE id = 1", 0, "55", "55"},
-	{"update with the last token issued", "", "UPDATE guarded SET %[1]s = 60 WHERE id = 1", 0, "60", "60"},
+	{"update with the last token issued", "", "UPDATE guarded SET %[1]s = 1060 WHERE id = 1", 0, "1060", "1060"},
 	{"upsert without the column, newer pgfence.token", "55",
 		"INSERT INTO guarded (id, v) VALUES (1, 5) ON CONFLICT (id) DO UPDATE SET v = excluded.v", 0, "55", "50"},
 	{"upsert with a newer token", "", `INSERT INTO guarded (id, v, %[1]s) VALUES (1, 5, 55)
@@ -176,18 +181,18 @@ func TestTriggerModes(t *testing.T) {
 func TestStrictRejectsTokenNeverIssued(t *testing.T) {
 	t.Parallel()
 	b := guardedSetup(t, strictDDL, "fence_token")
-	_, err := b.inTx(t, "fence_token", "", "UPDATE guarded SET fence_token = 61 WHERE id = 1")
+	_, err := b.inTx(t, "fence_token", "", "UPDATE guarded SET fence_token = 1061 WHERE id = 1")
 	var se *fence.StaleTokenError
 	require.ErrorAs(t, err, &se)
-	require.Equal(t, int64(61), se.Presented)
+	require.Equal(t, int64(1061), se.Presented)
 	require.Equal(t, int64(rowToken), se.Current)
-	require.ErrorContains(t, err, "fencing token 61 on public.guarded was never issued")
+	require.ErrorContains(t, err, "fencing token 1061 on public.guarded was never issued")
 
 	// Builders are checked the same way.
-	_, err = fence.Update("guarded").Set("v = $1").Where("id = $2").Exec(context.Background(), b.pool, 1000, 1, 1)
+	_, err = fence.Update("guarded").Set("v = $1").Where("id = $2").Exec(context.Background(), b.pool, 2000, 1, 1)
 	require.ErrorAs(t, err, &se)
 	require.Equal(t, `"guarded"`, se.Table)
-	require.Equal(t, int64(1000), se.Presented)
+	require.Equal(t, int64(2000), se.Presented)
 	require.ErrorContains(t, err, "was never issued")
 }
 

@@ -67,9 +67,14 @@
 // traffic most draws find WAL not yet flushed and wait, as before). So a
 // token that a caller has seen is never reissued after a server crash or a
 // failover to a synchronous standby, even on a server that runs with
-// synchronous_commit=off. The sequence must count by one with no cache and
-// no cycle; the migrations set it so, the token functions refuse to draw
-// otherwise, and every Locker's New checks it.
+// synchronous_commit=off. The sequence must step by 1024 (by one before
+// migration 000010) with no cache and no cycle; the migrations set it so,
+// the token functions refuse to draw otherwise, and every Locker's New
+// checks it. A single draw takes one value; a call that draws the tokens of
+// several grants at once (an advisory Locker's combined statement) hands
+// them out consecutively from one value per 1024, so they share one value
+// and the WAL record that covers it, and every token drawn later, from the
+// next value on, is larger.
 //
 // # Shared databases
 //

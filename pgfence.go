@@ -95,8 +95,9 @@ var ErrClosed = errors.New("pgfence: locker is closed")
 
 // ErrNotInstalled is matched by the error of a Locker's New when pgfence's
 // schema is missing from the database, is older than the code needs, or its
-// token sequence is not configured as pgfence requires (increment 1, cache
-// 1, no cycle). The message says what is wrong and how to fix it.
+// token sequence is not configured as pgfence requires (increment 1024 from
+// migration 000010, 1 before; cache 1; no cycle). The message says what is
+// wrong and how to fix it.
 var ErrNotInstalled = errors.New("pgfence: schema is not installed as this version needs")
 
 // Lease is a held lock, as both strategies return it: the right, while it

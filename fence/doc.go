@@ -205,7 +205,10 @@
 // the row's token, the trigger writes it into the column, so the row always
 // records the newest token that wrote it. A DELETE presents pgfence.token.
 // A presented token must be at least the row's, and, when it is newer, not
-// newer than the last token pgfence_next_token() has handed out; an UPDATE
+// newer than the largest token the sequence may have handed out
+// (pgfence_last_token(): from migration 000010 the top of the last sequence
+// value's block of 1024, since pgfence_next_tokens hands out consecutive
+// tokens from one value; every token drawn later is larger still); an UPDATE
 // that moves the column backwards or to NULL is rejected whatever
 // pgfence.token says. INSERT ... ON CONFLICT DO UPDATE is checked as the
 // UPDATE of the existing row. Every rejection is PF001, mapped to

@@ -139,6 +139,11 @@ func TestCombinedGrants(t *testing.T) {
 		require.Greater(t, l.Token(), held.Token())
 		tokens[l.Token()] = true
 	}
+	// One sequence value for the statement's tokens (migration 000010):
+	// consecutive, in the order of the requests.
+	for i, l := range []*advisory.Lease{rc1.l, rc2.l, rd.l} {
+		require.Equal(t, ra.l.Token()+int64(i)+1, l.Token(), "the statement's tokens come from one value's block")
+	}
 	pid := advisory.SessionPID(b.k)
 	for _, key := range []advisory.Key{keyA, keyC, keyD} {
 		require.Equal(t, []int32{pid}, holderPIDs(t, b.db.Pool, key))

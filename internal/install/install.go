@@ -25,8 +25,8 @@ import (
 // pgfence's functions, which know the step of their own version.
 const Version = 6
 
-// blockVersion is the schema version from which the token sequence steps
-// by blockIncrement (migration 000010) instead of by 1.
+// From schema version blockVersion (migration 000010) the token sequence
+// steps by blockIncrement instead of by 1.
 const (
 	blockVersion   = 10
 	blockIncrement = 1024
@@ -86,9 +86,9 @@ LEFT JOIN pg_catalog.pg_sequence s
 
 // Check verifies, in at most two round trips bounded by ctx, that schema
 // (quoted: its SQL form) holds pgfence at Version or later and that its
-// token sequence counts by its version's step, without a cache and without cycling, and
-// returns what it found. The sequence must step by 1, or by 1024 from
-// schema version 10 (migration 000010). A problem is reported with an error matching
+// token sequence steps as its version needs (by 1, or by 1024 from schema
+// version 10, migration 000010), without a cache and without cycling, and
+// returns what it found. A problem is reported with an error matching
 // pgfence.ErrNotInstalled that says how to fix it; a database error is
 // returned wrapped.
 func Check(ctx context.Context, db pgfence.DB, schema, quoted string) (Install, error) {

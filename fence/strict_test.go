@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fence"
+	"github.com/pgfence/pgfence/internal/install"
 )
 
 // The trigger modes, as a user attaches them.
@@ -29,14 +30,13 @@ CREATE TRIGGER guarded_fence_truncate BEFORE TRUNCATE ON guarded
 
 // rowToken and lastIssued are the guarded row's token and the last token the
 // sequence has handed out, in the mode tests. The sequence steps by
-// tokenBlock (migration 000010), and a value's whole block may have been
-// handed out: setting it to lastValue makes lastIssued the largest token
-// issued (pgfence_last_token).
+// install.TokenStep (migration 000010), and a value's whole block may have
+// been handed out: setting it to lastValue makes lastIssued the largest
+// token issued (pgfence_last_token).
 const (
 	rowToken   = 50
 	lastIssued = 1060
-	tokenBlock = 1024
-	lastValue  = lastIssued - tokenBlock + 1
+	lastValue  = lastIssued - install.TokenStep + 1
 )
 
 // guardedSetup creates table guarded (id, v, and the guard column column,

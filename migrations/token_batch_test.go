@@ -6,13 +6,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgfence/pgfence/internal/install"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/migrations"
 )
 
 // tokenStep is the token sequence's increment from migration 000010: the
 // size of the block of tokens one value covers.
-const tokenStep = 1024
+const tokenStep = install.TokenStep
 
 // TestNextTokens: pgfence_next_tokens draws a token for each true position
 // of its argument, in order, after every token drawn before and before
@@ -40,19 +41,18 @@ func TestNextTokens(t *testing.T) {
 	// The sequence steps by a block (tokenStep, migration 000010): a single
 	// draw takes one value; a call hands out consecutive tokens from one
 	// value per block.
-	const block = tokenStep
 	before := draw()
 	got := tokens([]*bool{&yes, &no, nil, &yes, &yes})
 	require.Len(t, got, 5)
 	require.Nil(t, got[1])
 	require.Nil(t, got[2])
-	require.Equal(t, before+block, *got[0])
-	require.Equal(t, before+block+1, *got[3])
-	require.Equal(t, before+block+2, *got[4])
-	require.Equal(t, before+2*block, draw())
+	require.Equal(t, before+tokenStep, *got[0])
+	require.Equal(t, before+tokenStep+1, *got[3])
+	require.Equal(t, before+tokenStep+2, *got[4])
+	require.Equal(t, before+2*tokenStep, draw())
 
 	require.Equal(t, []*int64{nil, nil}, tokens([]*bool{&no, &no}))
-	require.Equal(t, before+3*block, draw(), "no position wanted, no token drawn")
+	require.Equal(t, before+3*tokenStep, draw(), "no position wanted, no token drawn")
 	require.Empty(t, tokens([]*bool{}))
 	require.NotNil(t, tokens([]*bool{}), "an empty array, not NULL")
 	var null []*int64
@@ -64,7 +64,7 @@ func TestNextTokens(t *testing.T) {
 	err := db.Pool.QueryRow(ctx, "SELECT pgfence.pgfence_next_tokens(array_fill(true, ARRAY[65537]))").Scan(&tooMany)
 	requireSQLState(t, err, "22023")
 	require.ErrorContains(t, err, "at most 65536")
-	require.Equal(t, before+4*block, draw(), "the refused call drew nothing")
+	require.Equal(t, before+4*tokenStep, draw(), "the refused call drew nothing")
 
 	// More than a block: a new value for each block, the tokens consecutive
 	// across them, every one at or below pgfence_last_token and below the
@@ -73,15 +73,15 @@ func TestNextTokens(t *testing.T) {
 	for i := range many {
 		many[i] = &yes
 	}
-	base := before + 5*block
+	base := before + 5*tokenStep
 	got = tokens(many)
 	for i, tok := range got {
 		require.Equal(t, base+int64(i), *tok, "position %d", i+1)
 	}
 	var last int64
 	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT pgfence.pgfence_last_token()").Scan(&last))
-	require.Equal(t, base+3*block-1, last, "the top of the last value's block")
-	require.Equal(t, base+3*block, draw(), "three values drawn for 2500 tokens")
+	require.Equal(t, base+3*tokenStep-1, last, "the top of the last value's block")
+	require.Equal(t, base+3*tokenStep, draw(), "three values drawn for 2500 tokens")
 }
 
 // TestMigration000009GrantsWhoMayDraw: 000009 grants EXECUTE on

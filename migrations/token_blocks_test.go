@@ -57,12 +57,13 @@ func TestMigration000010(t *testing.T) {
 	require.Equal(t, after+tokenStep+4, top, "a call's tokens are consecutive from its value")
 	require.GreaterOrEqual(t, lastToken(db), top, "the strict guard's bound covers every token handed out")
 
-	var config []string
-	require.NoError(t, db.Pool.QueryRow(ctx, `
-		SELECT array_agg(DISTINCT c) FROM pg_proc p, unnest(p.proconfig) AS c
-		WHERE p.oid IN ('pgfence.pgfence_next_token()'::regprocedure, 'pgfence.pgfence_next_tokens(boolean[])'::regprocedure,
-		                'pgfence.pgfence_last_token()'::regprocedure, 'pgfence.pgfence_schema_version()'::regprocedure)`).Scan(&config))
-	require.Equal(t, []string{"search_path=pg_catalog, pgfence, pg_temp"}, config)
+	// Each function it replaced keeps exactly the pinned search_path (a
+	// function left without one would count as not pinned).
+	for _, fn := range []string{"pgfence_next_token()", "pgfence_next_tokens(boolean[])", "pgfence_last_token()", "pgfence_schema_version()"} {
+		var config []string
+		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT proconfig FROM pg_proc WHERE oid = $1::regprocedure", "pgfence."+fn).Scan(&config))
+		require.Equal(t, []string{"search_path=pg_catalog, pgfence, pg_temp"}, config, fn)
+	}
 
 	// Revert: the next token is above the whole block of the last value.
 	require.NoError(t, migrations.DownTo(ctx, target(db), nil, 9))

@@ -25,11 +25,12 @@ import (
 // pgfence's functions, which know the step of their own version.
 const Version = 6
 
-// From schema version blockVersion (migration 000010) the token sequence
-// steps by blockIncrement instead of by 1.
+// From schema version TokenStepVersion (migration 000010) the token
+// sequence steps by TokenStep instead of by 1: one value covers a block of
+// TokenStep consecutive tokens (pgfence_next_tokens).
 const (
-	blockVersion   = 10
-	blockIncrement = 1024
+	TokenStepVersion = 10
+	TokenStep        = 1024
 )
 
 // Install is what Check found beyond what it requires.
@@ -127,8 +128,8 @@ func Check(ctx context.Context, db pgfence.DB, schema, quoted string) (Install, 
 		return Install{}, notInstalled("schema %q holds pgfence schema version %d; this code needs %d: %s", schema, version, Version, fix)
 	}
 	step := int64(1)
-	if version >= blockVersion {
-		step = blockIncrement
+	if version >= TokenStepVersion {
+		step = TokenStep
 	}
 	if increment == nil || *increment != step || *cache != 1 || *cycle {
 		settings := "is missing"

@@ -150,17 +150,22 @@ func TestWakeDisabled(t *testing.T) {
 
 	lk, err := holder.TryAcquireKey(ctx, key, nil)
 	require.NoError(t, err)
+	refused := make(chan struct{}, 1)
+	advisory.SetOnRefused(waiter, func() {
+		select {
+		case refused <- struct{}{}:
+		default:
+		}
+	})
 	res := lockAsync(ctx, waiter, key, &advisory.AcquireOpts{WaitTimeout: wakeWaitTimeout})
-	// The waiter's first attempt fails (the key is held), then it sleeps
-	// past its WaitTimeout. Release once that attempt has run: the
-	// waiter's session shows it as its last statement.
-	require.Eventually(t, func() bool {
-		var n int
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND application_name = 'wake-disabled'
-			  AND query LIKE '%pg_try_advisory_lock%' AND state = 'idle'`).Scan(&n))
-		return n == 1
-	}, 20*time.Second, 5*time.Millisecond)
+	// The waiter's first refused attempt (after any transient failure,
+	// which is retried at once) is followed by a pause past its
+	// WaitTimeout. Release once the waiter has counted that refusal.
+	select {
+	case <-refused:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the waiter was never refused")
+	}
 	require.Empty(t, interestHolders(t, db.Pool, key))
 	require.NoError(t, lk.Release(ctx))
 

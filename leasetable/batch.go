@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -25,23 +26,35 @@ const maxInflight = 1
 // maxBatch bounds the number of requests in one statement.
 const maxBatch = 1000
 
-// batcher runs requests in batches, at most maxInflight batches at a time,
-// each in its own goroutine.
+// drainLinger is how long a batch goroutine whose queue ran empty waits
+// for the next request before it exits. A Locker that acquires or releases
+// every few milliseconds keeps its goroutine, whose stack has grown to what
+// a statement needs, instead of starting a new one for each statement and
+// growing its stack again (copying it several times): that was a tenth of
+// the client CPU of a hand-over. An idle Locker keeps no goroutine.
+const drainLinger = time.Second
+
+// batcher runs requests in batches, at most maxInflight batches at a time:
+// in batch goroutines, which linger for drainLinger once the queue is
+// empty, or, through runNow, in the caller's goroutine.
 type batcher[R any] struct {
 	// exec runs one statement for batch and answers every request in it;
 	// on a statement error it answers none and returns the error.
 	exec func(batch []R) error
 	fail func(r R, err error) // answers r with err
 
-	mu      sync.Mutex
-	queue   []R
-	running int
-	closed  bool
-	wg      sync.WaitGroup // running batch goroutines
+	mu         sync.Mutex
+	queue      []R
+	inflight   int // batches running, in batch goroutines or callers
+	goroutines int // batch goroutines, lingering ones included
+	idle       int // lingering batch goroutines not yet woken
+	wake       chan struct{}
+	closed     bool
+	wg         sync.WaitGroup // batch goroutines
 }
 
-// submit queues r, starting a batch goroutine when fewer than maxInflight
-// are running. After close, r runs alone in the calling goroutine.
+// submit queues r and sees that a batch goroutine will take it. After
+// close, r runs alone in the calling goroutine.
 func (b *batcher[R]) submit(r R) {
 	b.mu.Lock()
 	if b.closed {
@@ -50,31 +63,124 @@ func (b *batcher[R]) submit(r R) {
 		return
 	}
 	b.queue = append(b.queue, r)
-	if b.running >= maxInflight {
+	b.kickLocked()
+	b.mu.Unlock()
+}
+
+// runNow runs r alone in the calling goroutine, and reports true, when no
+// batch of this kind is in flight and no request waits; otherwise it does
+// nothing and reports false (the caller submits r). A lone request is then
+// sent without handing it to a batch goroutine and its answer back, two
+// goroutine switches on the way of every uncontended statement. Requests
+// that arrive meanwhile queue, and go out together once it is answered, as
+// behind a batch goroutine's statement. Only for requests whose callers
+// wait for the answer in any case (a release, which runs to its answer or
+// its own timeout), since the caller cannot leave before it.
+func (b *batcher[R]) runNow(r R) bool {
+	b.mu.Lock()
+	if b.closed || b.inflight >= maxInflight || len(b.queue) > 0 {
 		b.mu.Unlock()
+		return false
+	}
+	b.inflight++
+	b.mu.Unlock()
+	b.run([]R{r})
+	b.mu.Lock()
+	b.inflight--
+	if b.closed {
+		// The batch goroutines may have exited with requests queued
+		// behind this one: run them here.
+		for len(b.queue) > 0 {
+			batch := b.takeLocked()
+			b.mu.Unlock()
+			b.run(batch)
+			b.mu.Lock()
+		}
+	} else {
+		b.kickLocked()
+	}
+	b.mu.Unlock()
+	return true
+}
+
+// kickLocked sees that a batch goroutine takes the queue when a batch may
+// start: it wakes a lingering one, or starts one. A goroutine that runs a
+// batch now takes the queue when it is done.
+func (b *batcher[R]) kickLocked() {
+	if len(b.queue) == 0 || b.inflight >= maxInflight {
 		return
 	}
-	b.running++
+	if b.idle > 0 {
+		b.idle--
+		b.wake <- struct{}{} // buffered for every goroutine: never blocks
+		return
+	}
+	if b.goroutines >= maxInflight {
+		return // all of them between batches: they take it
+	}
+	if b.wake == nil {
+		b.wake = make(chan struct{}, maxInflight)
+	}
+	b.goroutines++
 	b.wg.Add(1)
-	b.mu.Unlock()
 	go b.drain()
 }
 
-// drain runs batches until the queue is empty.
+// takeLocked removes the next batch from the queue.
+func (b *batcher[R]) takeLocked() []R {
+	n := min(len(b.queue), maxBatch)
+	batch := slices.Clone(b.queue[:n])
+	b.queue = slices.Delete(b.queue, 0, n)
+	return batch
+}
+
+// drain runs batches while there are requests and a batch may start, then
+// lingers for drainLinger (or until close or a kick) and exits unless
+// kicked.
 func (b *batcher[R]) drain() {
 	defer b.wg.Done()
+	var linger *time.Timer
 	for {
 		b.mu.Lock()
-		n := min(len(b.queue), maxBatch)
-		if n == 0 {
-			b.running--
+		if len(b.queue) > 0 && b.inflight < maxInflight {
+			batch := b.takeLocked()
+			b.inflight++
+			b.mu.Unlock()
+			b.run(batch)
+			b.mu.Lock()
+			b.inflight--
+			b.mu.Unlock()
+			continue
+		}
+		if b.closed {
+			b.goroutines--
 			b.mu.Unlock()
 			return
 		}
-		batch := slices.Clone(b.queue[:n])
-		b.queue = slices.Delete(b.queue, 0, n)
+		b.idle++
 		b.mu.Unlock()
-		b.run(batch)
+		if linger == nil {
+			linger = time.NewTimer(drainLinger)
+		} else {
+			linger.Reset(drainLinger)
+		}
+		select {
+		case <-b.wake:
+			continue // kicked (or closed): idle was taken off for it
+		case <-linger.C:
+		}
+		b.mu.Lock()
+		select {
+		case <-b.wake:
+			// Kicked as the linger ended: the kick counted on it.
+			b.mu.Unlock()
+			continue
+		default:
+		}
+		b.idle--
+		b.goroutines--
+		b.mu.Unlock()
+		return
 	}
 }
 
@@ -100,11 +206,15 @@ func (b *batcher[R]) run(batch []R) {
 	}
 }
 
-// close waits for the running batches; later requests run alone in the
-// caller's goroutine.
+// close waits for the batch goroutines, ending the lingering ones; later
+// requests run alone in the caller's goroutine (and requests queued behind
+// a runNow still running, in its caller's).
 func (b *batcher[R]) close() {
 	b.mu.Lock()
 	b.closed = true
+	for ; b.idle > 0; b.idle-- {
+		b.wake <- struct{}{}
+	}
 	b.mu.Unlock()
 	b.wg.Wait()
 }

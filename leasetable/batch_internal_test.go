@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -231,3 +232,141 @@ func TestReleaseDurability(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestBatcherGoroutineLingers checks the batch goroutine's life: once its
+// queue is empty it lingers (idle) and the next request wakes it rather
+// than starting another; with no request for drainLinger it exits; close
+// ends a lingering one at once, after which requests run in the caller.
+func TestBatcherGoroutineLingers(t *testing.T) {
+	t.Parallel()
+	type req struct{ done chan struct{} }
+	var (
+		mu    sync.Mutex
+		execs int
+	)
+	b := &batcher[*req]{
+		exec: func(batch []*req) error {
+			mu.Lock()
+			execs++
+			mu.Unlock()
+			for _, r := range batch {
+				close(r.done)
+			}
+			return nil
+		},
+		fail: func(*req, error) { t.Error("no request may fail") },
+	}
+	state := func() (running, idle int) {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return b.goroutines, b.idle
+	}
+	waitState := func(running, idle int) {
+		t.Helper()
+		for i := 0; ; i++ {
+			r, d := state()
+			if r == running && d == idle {
+				return
+			}
+			require.Less(t, i, 10000, "batcher did not reach running %d, idle %d (at %d, %d)", running, idle, r, d)
+			time.Sleep(time.Millisecond)
+		}
+	}
+	submit := func() {
+		t.Helper()
+		r := &req{done: make(chan struct{})}
+		b.submit(r)
+		<-r.done
+	}
+
+	submit()
+	waitState(1, 1) // lingering, not exited
+	for range 5 {
+		submit()
+		r, _ := state()
+		require.Equal(t, 1, r, "a request while one lingers must not start another goroutine")
+		waitState(1, 1)
+	}
+	// Control: left alone past drainLinger, it exits.
+	waitState(0, 0)
+	submit()
+	waitState(1, 1)
+	b.close()
+	r, d := state()
+	require.Equal(t, 0, r, "close must end the lingering goroutine")
+	require.Equal(t, 0, d)
+	submit() // after close: run in the caller
+	r, _ = state()
+	require.Equal(t, 0, r)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, 8, execs)
+}
+
+// TestBatcherRunNow checks runNow: a lone request runs in the caller, with
+// no batch goroutine; requests that arrive while it runs queue and go out
+// together in one batch once it is answered; and while a batch is in
+// flight (control), runNow declines, so the request waits its turn.
+func TestBatcherRunNow(t *testing.T) {
+	t.Parallel()
+	type req struct {
+		id   int
+		done chan struct{}
+	}
+	var (
+		mu      sync.Mutex
+		batches [][]int
+		hold    = make(chan struct{})
+		entered = make(chan struct{}, 10)
+	)
+	b := &batcher[*req]{
+		exec: func(batch []*req) error {
+			ids := make([]int, 0, len(batch))
+			for _, r := range batch {
+				ids = append(ids, r.id)
+			}
+			mu.Lock()
+			batches = append(batches, ids)
+			mu.Unlock()
+			if ids[0] == 1 {
+				entered <- struct{}{}
+				<-hold
+			}
+			for _, r := range batch {
+				close(r.done)
+			}
+			return nil
+		},
+		fail: func(*req, error) { t.Error("no request may fail") },
+	}
+	t.Cleanup(b.close)
+	newReq := func(id int) *req { return &req{id: id, done: make(chan struct{})} }
+
+	r0 := newReq(0)
+	require.True(t, b.runNow(r0), "a lone request runs at once")
+	<-r0.done
+	b.mu.Lock()
+	require.Zero(t, b.goroutines, "runNow must not start a batch goroutine")
+	b.mu.Unlock()
+
+	// Request 1 runs in this test's goroutine and blocks in exec; 2 and 3
+	// come meanwhile: runNow declines them (control) and they queue.
+	r1 := newReq(1)
+	ran := make(chan bool)
+	go func() { ran <- b.runNow(r1) }()
+	<-entered
+	r2, r3 := newReq(2), newReq(3)
+	require.False(t, b.runNow(r2), "runNow must decline while a batch is in flight")
+	b.submit(r2)
+	b.submit(r3)
+	b.mu.Lock()
+	require.Len(t, b.queue, 2, "requests must wait for the batch in flight")
+	b.mu.Unlock()
+	close(hold)
+	require.True(t, <-ran)
+	<-r2.done
+	<-r3.done
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, [][]int{{0}, {1}, {2, 3}}, batches, "the queued requests go out together after the one in flight")
+}

@@ -435,7 +435,9 @@ type releaseReply struct {
 // reports whether the row was still held by the lease.
 func (k *Locker) releaseRow(ctx context.Context, name string, token int64, atLeast time.Duration) (bool, error) {
 	r := &releaseReq{ctx: ctx, name: name, token: token, atLeastUs: atLeast.Microseconds(), res: make(chan releaseReply, 1)}
-	k.releases.submit(r)
+	if !k.releases.runNow(r) {
+		k.releases.submit(r)
+	}
 	select {
 	case rep := <-r.res:
 		return rep.held, rep.err

@@ -435,9 +435,18 @@ type releaseReply struct {
 // reports whether the row was still held by the lease.
 func (k *Locker) releaseRow(ctx context.Context, name string, token int64, atLeast time.Duration) (bool, error) {
 	r := &releaseReq{ctx: ctx, name: name, token: token, atLeastUs: atLeast.Microseconds(), res: make(chan releaseReply, 1)}
-	if !k.releases.runNow(r) {
-		k.releases.submit(r)
+	if k.releases.runNow(r) {
+		rep := <-r.res
+		if rep.err != nil && ctx.Err() != nil {
+			// The statement ended because ctx did (its wait for a
+			// connection, or the statement, was cancelled with it): the
+			// caller gets ctx's error, as when it stops waiting for a
+			// batch goroutine's answer.
+			return false, ctx.Err()
+		}
+		return rep.held, rep.err
 	}
+	k.releases.submit(r)
 	select {
 	case rep := <-r.res:
 		return rep.held, rep.err

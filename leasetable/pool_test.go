@@ -57,10 +57,17 @@ func TestPoolOfOne(t *testing.T) {
 		require.NoError(t, err)
 		c, err = pool.Acquire(ctx)
 		require.NoError(t, err)
+		held := c
+		t.Cleanup(func() { // before the pool's Close, which waits for it, should a check below fail
+			if held != nil {
+				held.Release()
+			}
+		})
 		warned := logs.next("release could not get a connection from the pool")
 		require.ErrorIs(t, l.Release(ctx), context.DeadlineExceeded, "bounded by QueryTimeout")
 		waitFor(t, warned, "the release's warning")
 		c.Release()
+		held = nil
 		_ = l.Release(ctx) // a later call tries again (and reports ErrNotHeld: the first call ended the lease locally)
 		other := newLocker(t, db.Pool, nil)
 		l, err = other.TryAcquire(ctx, "released", nil)

@@ -33,6 +33,13 @@ type Options struct {
 	// not the settings that decide who can connect (listen_addresses, port,
 	// unix_socket_directories, unix_socket_permissions): use TCP and Port.
 	Settings map[string]string
+	// AutoConfSettings are server settings written to the data directory's
+	// postgresql.auto.conf at initdb instead of the command line, so that
+	// ALTER SYSTEM and a reload can change them while the server runs
+	// (a setting on the command line outranks the configuration files).
+	// They override the package's defaults and Settings, and are subject
+	// to the same restriction on the access settings.
+	AutoConfSettings map[string]string
 	// Env is added to the server's environment, e.g. LD_PRELOAD and
 	// FAKETIME for libfaketime.
 	Env []string
@@ -145,8 +152,9 @@ func StartCluster(ctx context.Context, binDir string, opts *Options) (*Cluster, 
 		c.opts = *opts
 	}
 	for _, k := range accessSettings {
-		if _, ok := c.opts.Settings[k]; ok {
-			return nil, fmt.Errorf("pgserver: Options.Settings must not set %s: use Options.TCP and Options.Port", k)
+		_, inAuto := c.opts.AutoConfSettings[k]
+		if _, ok := c.opts.Settings[k]; ok || inAuto {
+			return nil, fmt.Errorf("pgserver: Options.Settings and AutoConfSettings must not set %s: use Options.TCP and Options.Port", k)
 		}
 	}
 	c.TCP = c.opts.TCP
@@ -209,6 +217,16 @@ func (c *Cluster) initdb(ctx context.Context) error {
 	cmd.Dir = c.Dir
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("pgserver: initdb: %w\n%s", err, out)
+	}
+	keys := make([]string, 0, len(c.opts.AutoConfSettings))
+	for k := range c.opts.AutoConfSettings {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if err := appendConf(filepath.Join(c.DataDir, "postgresql.auto.conf"), k, c.opts.AutoConfSettings[k]); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -351,6 +369,9 @@ func (c *Cluster) serverArgs() []string {
 	}
 	for k, v := range c.opts.Settings {
 		settings[k] = v
+	}
+	for k := range c.opts.AutoConfSettings {
+		delete(settings, k) // from postgresql.auto.conf
 	}
 	keys := make([]string, 0, len(settings))
 	for k := range settings {

@@ -173,3 +173,71 @@ func TestStandbyOverTCPNeedsATCPPrimary(t *testing.T) {
 	_, err := c.NewStandby(context.Background(), &pgserver.StandbyOptions{PrimaryAddr: "127.0.0.1:1"})
 	require.ErrorContains(t, err, "needs a primary that listens on TCP")
 }
+
+// AutoConfSettings go to postgresql.auto.conf, not the command line, so
+// ALTER SYSTEM and a reload change them at run time; control: the same
+// setting passed in Settings (on the command line) outranks ALTER SYSTEM.
+func TestAutoConfSettingsChangeAtRunTime(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	setting := func(c *pgserver.Cluster) string {
+		t.Helper()
+		conn, err := pgx.Connect(ctx, c.URL("postgres"))
+		require.NoError(t, err)
+		defer conn.Close(ctx)
+		var v string
+		require.NoError(t, conn.QueryRow(ctx, "SELECT pg_catalog.current_setting('fsync')").Scan(&v))
+		return v
+	}
+	alter := func(c *pgserver.Cluster, v string) {
+		t.Helper()
+		conn, err := pgx.Connect(ctx, c.URL("postgres"))
+		require.NoError(t, err)
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, "ALTER SYSTEM SET fsync = "+v)
+		require.NoError(t, err)
+		_, err = conn.Exec(ctx, "SELECT pg_catalog.pg_reload_conf()")
+		require.NoError(t, err)
+	}
+	waitSetting := func(c *pgserver.Cluster, want string) {
+		t.Helper()
+		for i := 0; setting(c) != want; i++ {
+			require.Less(t, i, 200, "fsync did not become %s after the reload", want)
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+
+	c := start(t, &pgserver.Options{AutoConfSettings: map[string]string{"fsync": "on"}})
+	require.Equal(t, "on", setting(c), "AutoConfSettings override the package's default (off)")
+	require.NotContains(t, cmdline(t, c.Pid()), "fsync=")
+	alter(c, "off")
+	waitSetting(c, "off")
+
+	ctl := start(t, &pgserver.Options{Settings: map[string]string{"fsync": "on"}})
+	require.Contains(t, cmdline(t, ctl.Pid()), "fsync=on")
+	// The reload is asynchronous: a second setting, not on the command
+	// line, changed in the same reload, shows when it was processed.
+	conn, err := pgx.Connect(ctx, ctl.URL("postgres"))
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "ALTER SYSTEM SET log_min_duration_statement = 12345")
+	require.NoError(t, err)
+	alter(ctl, "off")
+	for i := 0; ; i++ {
+		c2, err := pgx.Connect(ctx, ctl.URL("postgres"))
+		require.NoError(t, err)
+		var v string
+		require.NoError(t, c2.QueryRow(ctx, "SELECT pg_catalog.current_setting('log_min_duration_statement')").Scan(&v))
+		require.NoError(t, c2.Close(ctx))
+		if v == "12345ms" {
+			break
+		}
+		require.Less(t, i, 200, "the reload was not processed")
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.Equal(t, "on", setting(ctl), "control: a command-line setting outranks ALTER SYSTEM")
+
+	_, err = pgserver.StartCluster(ctx, pgserver.FindBinDir(),
+		&pgserver.Options{AutoConfSettings: map[string]string{"port": "1"}})
+	require.ErrorContains(t, err, "must not set port")
+}

@@ -253,7 +253,16 @@ func (r *runner) herdScenario(ctx context.Context) error {
 			herdCPUCell(&p, p.ServerCPU, p.ServerOK), herdCPUCell(&p, p.ClientCPU, true), p.Errors, p.Load)
 		r.res.Herd = append(r.res.Herd, p)
 	}
-	return writeHerd(c, r.res.Machine, loadStart, loadAvg(), cpu, r.res.Herd, r.res.HerdRaw)
+	if slices.Contains(c.HerdWaiters, 1) {
+		if !r.ownCluster {
+			r.note("11: the hand-over without the WAL flush (fsync off) was not measured: the server is not the benchmark's own (-database)")
+		} else if nf, err := r.herdNoFlushArm(ctx, dir, cpu, len(specs)); err != nil {
+			r.note("11: the hand-over without the WAL flush: %v", err)
+		} else {
+			r.res.HerdNoFlush = nf
+		}
+	}
+	return writeHerd(c, r.res.Machine, loadStart, loadAvg(), cpu, r.res.Herd, r.res.HerdRaw, r.res.HerdNoFlush)
 }
 
 // herdHardBound is how long a point may take at most, from the start of
@@ -580,7 +589,7 @@ func herdModeText(mode string) string {
 }
 
 // writeHerd writes results/herd.md.
-func writeHerd(cfg *config, m machineInfo, loadStart, loadEnd string, cpu *serverCPU, pts []herdPoint, raw *rawChainResult) error {
+func writeHerd(cfg *config, m machineInfo, loadStart, loadEnd string, cpu *serverCPU, pts []herdPoint, raw *rawChainResult, nf *herdNoFlush) error {
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	p("# Many waiters: hand-over across processes and within one\n\n")
@@ -664,6 +673,9 @@ func writeHerd(cfg *config, m machineInfo, loadStart, loadEnd string, cpu *serve
 		p("The **raw NOTIFY chain** is the lease table's hand-over protocol with nothing else: two goroutines of the benchmark's process hand one row back and forth, each with a connection for its statements and a LISTEN connection; the acquire is one `UPDATE` of the free row drawing the token from a sequence (its commit waits for the WAL flush), the release one `UPDATE` that frees the row and sends `pg_notify` in the same statement (its commit does not wait for the flush), in plain SQL on a table of the benchmark's (no function, no search_path pinning, no renewal, no pgfence code in the client), and a refused acquire waits for the notification. One more session listens, as the benchmark's counting connection does in the pgfence points. It is timed like them (from the holder starting its release to the waiter's acquire returning, after %s holds, the holder releasing once the waiter has queued), for %s after %s warm-up, before the pgfence points (next to the lease table's one-waiter points, which come first); %.2f acquire statements per hand-over. What it takes on this machine bounds what any lease table woken by NOTIFY can do here.\n\n%s\n",
 			report.Duration(cfg.HoldShort), cfg.Duration, cfg.Warmup, raw.perHandover(), rt.Markdown())
 	}
+	if nf.ok() {
+		p("%s", nf.markdown(cfg.HoldShort, raw, herdFind(pts, "leasetable", herdProcesses, 1)))
+	}
 	t := &report.Table{Header: append([]string{"strategy", "names", "hand-overs / s", "names ÷ (hand-overs / s)"}, header...)}
 	for i := range pts {
 		if pt := &pts[i]; pt.Names > 1 {
@@ -684,7 +696,7 @@ func writeHerd(cfg *config, m machineInfo, loadStart, loadEnd string, cpu *serve
 		tt.Rows = append(tt.Rows, []string{tg.What, tg.Goal, tg.Measured, tg.Met})
 	}
 	p("%s\n", tt.Markdown())
-	herdMiss(p, pts, raw, herdTargets(pts, cfg.HoldShort), cfg.HoldShort, m.Cores)
+	herdMiss(p, pts, raw, nf, herdTargets(pts, cfg.HoldShort), cfg.HoldShort, m.Cores)
 	var errs []string
 	for _, pt := range pts {
 		if pt.FirstErr != "" {
@@ -708,7 +720,7 @@ func writeHerd(cfg *config, m machineInfo, loadStart, loadEnd string, cpu *serve
 // herdMiss explains the missed one-waiter hand-over targets of ts with the
 // run's figures: what one hand-over cost, and what bounds it. It writes
 // nothing when none of them was missed.
-func herdMiss(q func(string, ...any), pts []herdPoint, raw *rawChainResult, ts []target, hold time.Duration, cores int) {
+func herdMiss(q func(string, ...any), pts []herdPoint, raw *rawChainResult, nf *herdNoFlush, ts []target, hold time.Duration, cores int) {
 	var lines []string
 	for _, s := range herdStrategies {
 		for _, mode := range []string{herdProcesses, herdInProcess} {
@@ -725,6 +737,11 @@ func herdMiss(q func(string, ...any), pts []herdPoint, raw *rawChainResult, ts [
 			if s == "leasetable" && raw.ok() {
 				line += fmt.Sprintf(" The raw NOTIFY chain (the same protocol in plain SQL, no pgfence; herd.md) ran in this run at p50 %s, p99 %s: leasetable is %s of it at p50.",
 					report.Duration(raw.Latency.P50), report.Duration(raw.Latency.P99), report.Ratio(float64(p.Latency.P50), float64(raw.Latency.P50)))
+			}
+			if s == "leasetable" && mode == herdProcesses && nf.ok() {
+				line += fmt.Sprintf(" With fsync off (last in scenario 11; herd.md), so that the grant's WAL flush costs nothing: the raw chain p50 %s, leasetable p50 %s (%s of it), p99 %s.",
+					report.Duration(nf.Raw.Latency.P50), report.Duration(nf.Leasetable.Latency.P50),
+					report.Ratio(float64(nf.Leasetable.Latency.P50), float64(nf.Raw.Latency.P50)), report.Duration(nf.Leasetable.Latency.P99))
 			}
 			lines = append(lines, line)
 		}

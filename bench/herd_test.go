@@ -280,7 +280,7 @@ func TestHerdTargetsAndReport(t *testing.T) {
 	require.Empty(t, herdTargets(nil, cfg.HoldShort))
 	raw := &rawChainResult{Latency: stats.Summary{N: 3, P50: 600 * time.Microsecond, P99: 3 * time.Millisecond}, Attempts: 6,
 		Release: stats.Summary{N: 3, P50: 200 * time.Microsecond}, Acquire: stats.Summary{N: 3, P50: 350 * time.Microsecond}}
-	require.NoError(t, writeHerd(cfg, machineInfo{Cores: 2}, "1", "2", &serverCPU{why: "remote"}, pts, raw))
+	require.NoError(t, writeHerd(cfg, machineInfo{Cores: 2}, "1", "2", &serverCPU{why: "remote"}, pts, raw, nil))
 	b, err := os.ReadFile(filepath.Join(cfg.Out, "herd.md"))
 	require.NoError(t, err)
 	md := string(b)
@@ -315,6 +315,7 @@ func TestHerdTargetsAndReport(t *testing.T) {
 		require.Contains(t, md, want)
 	}
 	require.NotContains(t, md, "- leasetable, Lockers in separate processes:", "a met target is not explained")
+	require.NotContains(t, md, "without the WAL flush", "no fsync-off arm, no section")
 
 	// latest.md's targets carry the same rows, and its misses the same
 	// explanation.
@@ -324,6 +325,49 @@ func TestHerdTargetsAndReport(t *testing.T) {
 	require.True(t, strings.Contains(string(files["latest.md"]),
 		"| leasetable hand-over at 1 waiter, hold 1ms, Lockers in separate processes | p50 < 1 ms, p99 < 5 ms | p50 0.800 ms, p99 4.00 ms (3 hand-overs) | met |"))
 	require.Contains(t, string(files["latest.md"]), "- advisory, Lockers in separate processes: p50 3.50 ms, p99 5.00 ms over 3 hand-overs;")
+}
+
+// TestHerdNoFlushReport checks the fsync-off arm's section in herd.md,
+// beside the fsync-on figures of the same run, and its sentence in the
+// lease table's miss.
+func TestHerdNoFlushReport(t *testing.T) {
+	t.Parallel()
+	cfg, err := parseFlags([]string{"-quick", "-out", t.TempDir()})
+	require.NoError(t, err)
+	point := func(p50, p99 time.Duration) herdPoint {
+		m := mergeHolds(nil, 0, 0)
+		m.All = 100
+		m.Latency.N, m.Latency.P50, m.Latency.P99 = 3, p50, p99
+		return herdPoint{Strategy: "leasetable", Mode: herdProcesses, Names: 1, Waiters: 1, Processes: 10, Lockers: 10, herdMerge: m,
+			Statements: 500, ServerCPU: 120 * time.Millisecond, ServerOK: true, ClientCPU: 100 * time.Millisecond}
+	}
+	on := point(1600*time.Microsecond, 5*time.Millisecond)
+	raw := &rawChainResult{Latency: stats.Summary{N: 3, P50: time.Millisecond, P99: 3 * time.Millisecond}}
+	nf := &herdNoFlush{
+		Raw:        rawChainResult{Latency: stats.Summary{N: 3, P50: 500 * time.Microsecond, P99: 2 * time.Millisecond}},
+		Leasetable: point(time.Millisecond, 3*time.Millisecond),
+	}
+	require.NoError(t, writeHerd(cfg, machineInfo{Cores: 2}, "1", "2", &serverCPU{}, []herdPoint{on}, raw, nf))
+	b, err := os.ReadFile(filepath.Join(cfg.Out, "herd.md"))
+	require.NoError(t, err)
+	md := string(b)
+	for _, want := range []string{
+		"## The one-waiter hand-over without the WAL flush",
+		"| raw NOTIFY chain | on | 3 | 1.00 ms | 3.00 ms | n/a | n/a | 1.00x |",
+		"| leasetable, Lockers in separate processes | on | 3 | 1.60 ms | 5.00 ms | 1200 | 1000 | 1.60x |",
+		"| raw NOTIFY chain | off | 3 | 0.500 ms | 2.00 ms | n/a | n/a | 1.00x |",
+		"| leasetable, Lockers in separate processes | off | 3 | 1.00 ms | 3.00 ms | 1200 | 1000 | 2.00x |",
+		"With fsync off (last in scenario 11; herd.md), so that the grant's WAL flush costs nothing: the raw chain p50 0.500 ms, leasetable p50 1.00 ms (2.00x of it), p99 3.00 ms.",
+	} {
+		require.Contains(t, md, want)
+	}
+	// Control: an arm without hand-overs renders nothing.
+	nf.Leasetable.Latency.N = 0
+	require.NoError(t, writeHerd(cfg, machineInfo{Cores: 2}, "1", "2", &serverCPU{}, []herdPoint{on}, raw, nf))
+	b, err = os.ReadFile(filepath.Join(cfg.Out, "herd.md"))
+	require.NoError(t, err)
+	require.NotContains(t, string(b), "without the WAL flush")
+	require.NotContains(t, string(b), "With fsync off")
 }
 
 func TestServerCPULocate(t *testing.T) {

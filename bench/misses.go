@@ -222,7 +222,7 @@ func renderMisses(p func(string, ...any), res *results, cfg *config) {
 	}
 
 	combineMiss(q, res.Combine, ts)
-	herdMiss(q, res.Herd, res.HerdRaw, ts, cfg.HoldShort, res.Machine.Cores)
+	herdMiss(q, res.Herd, res.HerdRaw, res.HerdNoFlush, ts, cfg.HoldShort, res.Machine.Cores)
 
 	if b.Len() == 0 {
 		return

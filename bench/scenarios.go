@@ -34,6 +34,7 @@ type results struct {
 	Combine       []combinePoint     // scenario 10
 	Herd          []herdPoint        // scenario 11
 	HerdRaw       *rawChainResult    // scenario 11's raw NOTIFY chain
+	HerdNoFlush   *herdNoFlush       // scenario 11's one-waiter hand-over with fsync off
 	WaitEvents    []waitSample       // scenario 1 at profileClients, last round
 	WriteWaits    []waitSample       // scenario 4, last round
 	Notes         []string

@@ -31,11 +31,11 @@ import (
 )
 
 // PostgresSettings are the server settings of the benchmark cluster:
-// production durability (fsync, full-page writes, synchronous commit) and
+// production durability (full-page writes, synchronous commit; fsync is in
+// PostgresAutoConfSettings) and
 // PostgreSQL's default shared_buffers; pgtest's defaults cover the rest
 // (max_connections 400, loopback only).
 var PostgresSettings = map[string]string{
-	"fsync":              "on",
 	"full_page_writes":   "on",
 	"synchronous_commit": "on",
 	"shared_buffers":     "128MB",
@@ -44,16 +44,25 @@ var PostgresSettings = map[string]string{
 	"shared_preload_libraries": "pg_stat_statements",
 }
 
+// PostgresAutoConfSettings are settings of the benchmark cluster kept off
+// the server's command line (in postgresql.auto.conf), so that a scenario
+// may change them with ALTER SYSTEM and a reload: fsync, which scenario 11
+// turns off for one arm and on again.
+var PostgresAutoConfSettings = map[string]string{
+	"fsync": "on",
+}
+
 // Postgres is a running benchmark database.
 type Postgres struct {
 	URL     string // the migrated benchmark database
 	cluster *pgtest.Cluster
 }
 
-// StartPostgres starts a throwaway cluster with PostgresSettings, creates
+// StartPostgres starts a throwaway cluster with PostgresSettings and
+// PostgresAutoConfSettings, creates
 // the database pgfence_bench in it and applies pgfence's migrations.
 func StartPostgres(ctx context.Context) (*Postgres, error) {
-	c, err := pgtest.StartCluster(ctx, pgtest.FindBinDir(), &pgtest.ClusterOptions{Settings: PostgresSettings})
+	c, err := pgtest.StartCluster(ctx, pgtest.FindBinDir(), &pgtest.ClusterOptions{Settings: PostgresSettings, AutoConfSettings: PostgresAutoConfSettings})
 	if err != nil {
 		return nil, err
 	}

@@ -280,10 +280,7 @@ func TestHerdTargetsAndReport(t *testing.T) {
 	require.Empty(t, herdTargets(nil, cfg.HoldShort))
 	raw := &rawChainResult{Latency: stats.Summary{N: 3, P50: 600 * time.Microsecond, P99: 3 * time.Millisecond}, Attempts: 6,
 		Release: stats.Summary{N: 3, P50: 200 * time.Microsecond}, Acquire: stats.Summary{N: 3, P50: 350 * time.Microsecond}}
-	require.NoError(t, writeHerd(cfg, machineInfo{Cores: 2}, "1", "2", &serverCPU{why: "remote"}, pts, raw, nil))
-	b, err := os.ReadFile(filepath.Join(cfg.Out, "herd.md"))
-	require.NoError(t, err)
-	md := string(b)
+	md := writeHerdFile(t, cfg, &serverCPU{why: "remote"}, pts, raw, nil)
 	for _, want := range []string{
 		"## leasetable, 10 processes, one Locker each",
 		"| 1 | 3 | 0.800 ms | 4.00 ms | 0 | 1.00 | 10.0 | 3.50 | n/a | 500 | 0 |",
@@ -327,6 +324,16 @@ func TestHerdTargetsAndReport(t *testing.T) {
 	require.Contains(t, string(files["latest.md"]), "- advisory, Lockers in separate processes: p50 3.50 ms, p99 5.00 ms over 3 hand-overs;")
 }
 
+// writeHerdFile writes herd.md for a 2-core machine into cfg.Out and
+// returns it.
+func writeHerdFile(t *testing.T, cfg *config, cpu *serverCPU, pts []herdPoint, raw *rawChainResult, nf *herdNoFlush) string {
+	t.Helper()
+	require.NoError(t, writeHerd(cfg, machineInfo{Cores: 2}, "1", "2", cpu, pts, raw, nf))
+	b, err := os.ReadFile(filepath.Join(cfg.Out, "herd.md"))
+	require.NoError(t, err)
+	return string(b)
+}
+
 // TestHerdNoFlushReport checks the fsync-off arm's section in herd.md,
 // beside the fsync-on figures of the same run, and its sentence in the
 // lease table's miss.
@@ -347,10 +354,7 @@ func TestHerdNoFlushReport(t *testing.T) {
 		Raw:        rawChainResult{Latency: stats.Summary{N: 3, P50: 500 * time.Microsecond, P99: 2 * time.Millisecond}},
 		Leasetable: point(time.Millisecond, 3*time.Millisecond),
 	}
-	require.NoError(t, writeHerd(cfg, machineInfo{Cores: 2}, "1", "2", &serverCPU{}, []herdPoint{on}, raw, nf))
-	b, err := os.ReadFile(filepath.Join(cfg.Out, "herd.md"))
-	require.NoError(t, err)
-	md := string(b)
+	md := writeHerdFile(t, cfg, &serverCPU{}, []herdPoint{on}, raw, nf)
 	for _, want := range []string{
 		"## The one-waiter hand-over without the WAL flush",
 		"| raw NOTIFY chain | on | 3 | 1.00 ms | 3.00 ms | n/a | n/a | 1.00x |",
@@ -363,11 +367,9 @@ func TestHerdNoFlushReport(t *testing.T) {
 	}
 	// Control: an arm without hand-overs renders nothing.
 	nf.Leasetable.Latency.N = 0
-	require.NoError(t, writeHerd(cfg, machineInfo{Cores: 2}, "1", "2", &serverCPU{}, []herdPoint{on}, raw, nf))
-	b, err = os.ReadFile(filepath.Join(cfg.Out, "herd.md"))
-	require.NoError(t, err)
-	require.NotContains(t, string(b), "without the WAL flush")
-	require.NotContains(t, string(b), "With fsync off")
+	md = writeHerdFile(t, cfg, &serverCPU{}, []herdPoint{on}, raw, nf)
+	require.NotContains(t, md, "without the WAL flush")
+	require.NotContains(t, md, "With fsync off")
 }
 
 func TestServerCPULocate(t *testing.T) {

@@ -49,6 +49,16 @@ func TestPoolOfOne(t *testing.T) {
 		require.NoError(t, err)
 		waitFor(t, l.Done(), "the lease to be lost")
 		c.Release()
+		// The renewal's last attempt waits for the connection until the
+		// lease's local deadline, the moment it is lost: it may get the
+		// connection just released and have its statement cut by that
+		// deadline, which closes the connection, and the pool dials another
+		// (in the container path it took past QueryTimeout). Wait for a
+		// connection without QueryTimeout's bound, so that the acquire below
+		// does not race that attempt.
+		c, err = pool.Acquire(ctx)
+		require.NoError(t, err)
+		c.Release()
 		require.ErrorIs(t, l.Err(), pgfence.ErrLeaseLost)
 		require.Contains(t, logs.warnings(), "renewal could not get a connection from the pool within")
 		require.Contains(t, logs.warnings(), "pool exhausted: MaxConns 1, acquired 1")

@@ -2,6 +2,7 @@ package leasetable_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -9,6 +10,7 @@ import (
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/leasetable"
+	"github.com/pgfence/pgfence/migrations"
 )
 
 // requireNotInstalled checks that New on db with cfg fails with
@@ -89,7 +91,7 @@ func TestNewChecksTheInstall(t *testing.T) {
 		db := pgtest.NewDB(t)
 		_, err := db.Pool.Exec(ctx, "ALTER SEQUENCE pgfence.pgfence_leases_fence_seq INCREMENT 1")
 		require.NoError(t, err)
-		requireNotInstalled(t, db, nil, "has INCREMENT 1 CACHE 1 NO CYCLE; at schema version 10",
+		requireNotInstalled(t, db, nil, fmt.Sprintf("has INCREMENT 1 CACHE 1 NO CYCLE; at schema version %d", migrations.Latest()),
 			`INCREMENT 1024 CACHE 1 NO CYCLE (as its owner)`)
 		// Negative control: at version 9 (as the check reads it), INCREMENT
 		// 1 is the install.

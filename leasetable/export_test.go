@@ -1,6 +1,10 @@
 package leasetable
 
-import "github.com/pgfence/pgfence/internal/waitline"
+import (
+	"time"
+
+	"github.com/pgfence/pgfence/internal/waitline"
+)
 
 // SetNoRetry turns off the retries of transient database errors, for the
 // negative controls of the failover tests. Call it before using k.
@@ -53,3 +57,15 @@ func ListenAsked(k *Locker) (int64, bool) {
 
 // Waiters returns the number of k's Acquire calls in name's line.
 func Waiters(k *Locker, name string) int { return k.lines.Members(name) }
+
+// SetFastestRenewal sets the shortest renewal round trip k has seen (a
+// renewal with less time left before its deadline is not sent); answered
+// renewals may lower it. Call it before using k.
+func SetFastestRenewal(k *Locker, d time.Duration) { k.renewRTT.Store(int64(d)) }
+
+// FastestRenewal returns the shortest renewal round trip k has seen.
+func FastestRenewal(k *Locker) time.Duration { return k.fastestRenewal() }
+
+// SetSendLateRenewals has k send a renewal however little time is left
+// before its deadline, for a negative control. Call it before using k.
+func SetSendLateRenewals(k *Locker) { k.lateRenewals = true }

@@ -44,6 +44,12 @@ type Locker struct {
 	waiting                                                   atomic.Int64
 	nAcquired, nNotAcquired, nReleased, nLost, nRenewFailures atomic.Uint64
 
+	// renewRTT is the shortest round trip, in nanoseconds, of an answered
+	// renewal statement (see fastestRenewal); lateRenewals turns its check
+	// off (tests: the negative control).
+	renewRTT     atomic.Int64
+	lateRenewals bool
+
 	mu              sync.Mutex
 	closed          bool
 	leases          map[*Lease]struct{} // held leases, renewed by the watchdog

@@ -99,3 +99,74 @@ func TestPoolOfOne(t *testing.T) {
 		require.NoError(t, l.Release(ctx))
 	})
 }
+
+// TestLateRenewalNotSent: a renewal that gets the pool's connection with
+// less time left before the lease's local deadline than the Locker's
+// fastest renewal round trip gives the connection back unused, so the
+// connection survives the lease's loss. The renewal is made slow for
+// certain (another transaction holds the lease's row lock) and the
+// fastest round trip is set to 200ms; the test holds the pool's only
+// connection until 100ms before the deadline. Negative control: a Locker
+// that sends late renewals has its statement cut at the deadline, and pgx
+// closes the connection with it (the pool dials a new one). Also: an
+// answered renewal records its round trip as the fastest so far.
+func TestLateRenewalNotSent(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db := pgtest.NewDB(t)
+
+	// run loses a lease as described and reports whether the pool's
+	// connection afterwards is the one it had before.
+	run := func(t *testing.T, name string, sendLate bool) (same bool) {
+		pool := db.NewPool(t, func(c *pgxpool.Config) { c.MaxConns = 1 })
+		k := newLocker(t, pool, &leasetable.Config{TTL: 2 * time.Second, QueryTimeout: 10 * time.Second})
+		leasetable.SetFastestRenewal(k, 200*time.Millisecond)
+		if sendLate {
+			leasetable.SetSendLateRenewals(k)
+		}
+		l, err := k.TryAcquire(ctx, name, nil)
+		require.NoError(t, err)
+		blocker, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = blocker.Rollback(ctx) }()
+		_, err = blocker.Exec(ctx, "SELECT FROM pgfence.pgfence_leases WHERE name = $1 FOR UPDATE", name)
+		require.NoError(t, err)
+		c, err := pool.Acquire(ctx)
+		require.NoError(t, err)
+		pid := c.Conn().PgConn().PID()
+		time.Sleep(time.Until(l.Expiry().Add(-100 * time.Millisecond)))
+		c.Release()
+		waitFor(t, l.Done(), "the lease to be lost")
+		require.ErrorIs(t, l.Err(), pgfence.ErrLeaseLost)
+		require.NoError(t, blocker.Rollback(ctx))
+		// A statement cut at the deadline has its connection closed by
+		// then or moments later (pgx closes it asynchronously): wait for
+		// the pool to hold no closed connection before looking.
+		require.Eventually(t, func() bool {
+			c, err := pool.Acquire(ctx)
+			if err != nil {
+				return false
+			}
+			defer c.Release()
+			return !c.Conn().IsClosed()
+		}, 10*time.Second, 10*time.Millisecond)
+		c, err = pool.Acquire(ctx)
+		require.NoError(t, err)
+		defer c.Release()
+		return c.Conn().PgConn().PID() == pid
+	}
+	require.True(t, run(t, "late", false), "the connection survives")
+	require.False(t, run(t, "late-sent", true), "negative control: the cut statement's connection is closed")
+
+	k := newLocker(t, db.Pool, nil)
+	l, err := k.TryAcquire(ctx, "timed", nil)
+	require.NoError(t, err)
+	require.Zero(t, leasetable.FastestRenewal(k))
+	start := time.Now()
+	require.NoError(t, l.Renew(ctx))
+	took := time.Since(start)
+	require.Greater(t, leasetable.FastestRenewal(k), time.Duration(0))
+	require.LessOrEqual(t, leasetable.FastestRenewal(k), took)
+	require.NoError(t, l.Release(ctx))
+}

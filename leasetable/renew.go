@@ -141,10 +141,25 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease, own bool) (lost map[
 	defer cancel()
 	renewed := make(map[int64]bool, len(names))
 	conn, err := k.conn(parent, "renewal", time.Until(stmtDeadline), false)
-	var rows pgx.Rows
 	if err == nil {
-		rows, err = conn.Query(sctx, k.sql.renew, names, tokens, ttls)
+		// A connection that came too late to be of use (the pool was busy
+		// until just before the deadline) goes back unused: the statement
+		// could not be answered in time, and cutting it at the deadline
+		// would have pgx close the connection, which the pool would then
+		// have to dial again.
+		if left, fastest := time.Until(stmtDeadline), k.fastestRenewal(); left < fastest && !k.lateRenewals {
+			conn.Release()
+			conn = nil
+			err = fmt.Errorf("renewal got a connection %v before its deadline, less than this Locker's fastest renewal round trip (%v): not sent",
+				left.Round(time.Microsecond), fastest.Round(time.Microsecond))
+		}
+	}
+	var rows pgx.Rows
+	var began time.Time
+	if err == nil {
 		defer conn.Release()
+		began = time.Now()
+		rows, err = conn.Query(sctx, k.sql.renew, names, tokens, ttls)
 	}
 	if err == nil {
 		var token int64
@@ -157,6 +172,9 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease, own bool) (lost map[
 		rows.Close()
 		if err == nil {
 			err = rows.Err()
+		}
+		if err == nil {
+			k.noteRenewal(time.Since(began))
 		}
 	}
 	if err != nil && conn != nil {
@@ -265,4 +283,22 @@ func (l *Lease) Renew(ctx context.Context) error {
 		return fmt.Errorf("pgfence: leasetable: renew %q (token %d): %w", l.name, l.token, err)
 	}
 	return l.Err()
+}
+
+// fastestRenewal returns the shortest round trip of a renewal statement of
+// k that was answered (zero before the first): a renewal with less time
+// than that left before its deadline is not sent.
+func (k *Locker) fastestRenewal() time.Duration { return time.Duration(k.renewRTT.Load()) }
+
+// noteRenewal records the round trip d of an answered renewal statement.
+func (k *Locker) noteRenewal(d time.Duration) {
+	for {
+		cur := k.renewRTT.Load()
+		if cur != 0 && cur <= int64(d) {
+			return
+		}
+		if k.renewRTT.CompareAndSwap(cur, int64(d)) {
+			return
+		}
+	}
 }

@@ -105,8 +105,9 @@ func TestPoolOfOne(t *testing.T) {
 // fastest renewal round trip gives the connection back unused, so the
 // connection survives the lease's loss. The renewal is made slow for
 // certain (another transaction holds the lease's row lock) and the
-// fastest round trip is set to 200ms; the test holds the pool's only
-// connection until 100ms before the deadline. Negative control: a Locker
+// fastest round trip is set to 1s; the test holds the pool's only
+// connection, which the renewal waits for from 500ms on, until 500ms
+// before the deadline. Negative control: a Locker
 // that sends late renewals has its statement cut at the deadline, and pgx
 // closes the connection with it (the pool dials a new one). Also: an
 // answered renewal records its round trip as the fastest so far.
@@ -120,8 +121,9 @@ func TestLateRenewalNotSent(t *testing.T) {
 	// connection afterwards is the one it had before.
 	run := func(t *testing.T, name string, sendLate bool) (same bool) {
 		pool := db.NewPool(t, func(c *pgxpool.Config) { c.MaxConns = 1 })
-		k := newLocker(t, pool, &leasetable.Config{TTL: 2 * time.Second, QueryTimeout: 10 * time.Second})
-		leasetable.SetFastestRenewal(k, 200*time.Millisecond)
+		k := newLocker(t, pool, &leasetable.Config{TTL: 3 * time.Second, RenewInterval: 500 * time.Millisecond,
+			SafetyMargin: 300 * time.Millisecond, QueryTimeout: 10 * time.Second})
+		leasetable.SetFastestRenewal(k, time.Second)
 		if sendLate {
 			leasetable.SetSendLateRenewals(k)
 		}
@@ -135,7 +137,7 @@ func TestLateRenewalNotSent(t *testing.T) {
 		c, err := pool.Acquire(ctx)
 		require.NoError(t, err)
 		pid := c.Conn().PgConn().PID()
-		time.Sleep(time.Until(l.Expiry().Add(-100 * time.Millisecond)))
+		time.Sleep(time.Until(l.Expiry().Add(-500 * time.Millisecond)))
 		c.Release()
 		waitFor(t, l.Done(), "the lease to be lost")
 		require.ErrorIs(t, l.Err(), pgfence.ErrLeaseLost)

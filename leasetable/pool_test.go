@@ -100,17 +100,19 @@ func TestPoolOfOne(t *testing.T) {
 	})
 }
 
-// TestLateRenewalNotSent: a renewal that gets the pool's connection with
-// less time left before the lease's local deadline than the Locker's
-// fastest renewal round trip gives the connection back unused, so the
+// TestLateRenewalNotSent: a renewal stops waiting for the pool's connection
+// once less time is left before the lease's local deadline than the
+// Locker's fastest renewal round trip, and sends nothing then, so the
 // connection survives the lease's loss. The renewal is made slow for
 // certain (another transaction holds the lease's row lock) and the
 // fastest round trip is set to 1s; the test holds the pool's only
-// connection, which the renewal waits for from 500ms on, until 500ms
-// before the deadline. Negative control: a Locker
-// that sends late renewals has its statement cut at the deadline, and pgx
-// closes the connection with it (the pool dials a new one). Also: an
-// answered renewal records its round trip as the fastest so far.
+// connection, which the renewal waits for from 500ms on, and hands it back
+// 500ms before the deadline (a time target, not an ordering: the renewal
+// waits for the connection, and in the control takes it, whenever it comes
+// before the deadline). Negative control: a Locker that sends late
+// renewals takes the connection, has its statement cut at the deadline,
+// and pgx closes the connection with it (the pool dials a new one). Also:
+// an answered renewal records its round trip as the fastest so far.
 func TestLateRenewalNotSent(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

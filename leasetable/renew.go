@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/events"
@@ -140,19 +141,21 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease, own bool) (lost map[
 	sctx, cancel := context.WithDeadline(ctx, stmtDeadline)
 	defer cancel()
 	renewed := make(map[int64]bool, len(names))
-	conn, err := k.conn(parent, "renewal", time.Until(stmtDeadline), false)
-	if err == nil {
-		// A connection that came too late to be of use (the pool was busy
-		// until just before the deadline) goes back unused: the statement
-		// could not be answered in time, and cutting it at the deadline
-		// would have pgx close the connection, which the pool would then
-		// have to dial again.
-		if left, fastest := time.Until(stmtDeadline), k.fastestRenewal(); left < fastest && !k.lateRenewals {
-			conn.Release()
-			conn = nil
-			err = fmt.Errorf("renewal got a connection %v before its deadline, less than this Locker's fastest renewal round trip (%v): not sent",
-				left.Round(time.Microsecond), fastest.Round(time.Microsecond))
-		}
+	// The wait for a connection ends when too little time is left for the
+	// statement to be answered before the deadline (less than the Locker's
+	// fastest renewal round trip): a statement sent later could not be of
+	// use, and cutting it at the deadline would have pgx close the
+	// connection, which the pool would then have to dial again.
+	wait := time.Until(stmtDeadline)
+	if !k.lateRenewals {
+		wait -= k.fastestRenewal()
+	}
+	var conn *pgxpool.Conn
+	if wait > 0 {
+		conn, err = k.conn(parent, "renewal", wait, false)
+	} else {
+		err = fmt.Errorf("renewal not sent: %v left before its deadline, less than this Locker's fastest renewal round trip (%v)",
+			time.Until(stmtDeadline).Round(time.Microsecond), k.fastestRenewal().Round(time.Microsecond))
 	}
 	var rows pgx.Rows
 	var began time.Time
@@ -286,8 +289,9 @@ func (l *Lease) Renew(ctx context.Context) error {
 }
 
 // fastestRenewal returns the shortest round trip of a renewal statement of
-// k that was answered (zero before the first): a renewal with less time
-// than that left before its deadline is not sent.
+// k that was answered (zero before the first): a renewal stops waiting for
+// a connection, and is not sent, once less time than that is left before
+// its deadline.
 func (k *Locker) fastestRenewal() time.Duration { return time.Duration(k.renewRTT.Load()) }
 
 // noteRenewal records the round trip d of an answered renewal statement.

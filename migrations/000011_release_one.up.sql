@@ -40,7 +40,6 @@ CREATE OR REPLACE FUNCTION pgfence_release(names text[], tokens bigint[], at_lea
 AS $$
 #variable_conflict use_column
 DECLARE
-    released_fence bigint;
     freed boolean;
 BEGIN
     IF pg_catalog.cardinality($1) = 1 AND pg_catalog.cardinality($2) = 1 AND pg_catalog.cardinality($3) = 1 THEN
@@ -49,13 +48,11 @@ BEGIN
         UPDATE pgfence_leases AS l
         SET expires_at = greatest(pg_catalog.now(), l.acquired_at + $3[1] * interval '1 microsecond')
         WHERE l.name = $1[1] AND l.owner = $4 AND l.fence = $2[1] AND l.expires_at > pg_catalog.clock_timestamp()
-        RETURNING l.fence, l.expires_at <= pg_catalog.now() INTO released_fence, freed;
+        RETURNING l.fence, l.expires_at <= pg_catalog.now() INTO fence, freed;
         IF NOT FOUND THEN
             RETURN;
         END IF;
         PERFORM pg_catalog.pg_notify('pgfence_lease_released', $1[1]);
-        fence := released_fence;
-        durability := NULL;
         IF freed THEN
             durability := pg_catalog.set_config('synchronous_commit', 'off', true);
         END IF;

@@ -24,11 +24,11 @@ type querier interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }
 
-// callAcquire calls pgfence_acquire for one name with a one-minute TTL and
+// callAcquire calls pgfence_acquire for one name with the TTL ttl and
 // returns its rows.
-func callAcquire(ctx context.Context, q querier, name, owner string) ([]acquireRow, error) {
+func callAcquire(ctx context.Context, q querier, name, owner string, ttl time.Duration) ([]acquireRow, error) {
 	rows, err := q.Query(ctx, `SELECT acquired, owner, fence FROM pgfence.pgfence_acquire($1, $2, $3)`,
-		[]string{name}, owner, []int64{time.Minute.Microseconds()})
+		[]string{name}, owner, []int64{ttl.Microseconds()})
 	if err != nil {
 		return nil, err
 	}
@@ -39,10 +39,11 @@ func callAcquire(ctx context.Context, q querier, name, owner string) ([]acquireR
 	})
 }
 
-// acquireOne is callAcquire that fails t on an error.
+// acquireOne is callAcquire with a one-minute TTL that fails t on an
+// error.
 func acquireOne(t *testing.T, ctx context.Context, q querier, name, owner string) []acquireRow {
 	t.Helper()
-	out, err := callAcquire(ctx, q, name, owner)
+	out, err := callAcquire(ctx, q, name, owner, time.Minute)
 	require.NoError(t, err)
 	return out
 }
@@ -117,7 +118,7 @@ func TestMigration000007(t *testing.T) {
 		}
 		got := make(chan result, 1)
 		go func() {
-			rows, err := callAcquire(ctx, db.Pool, "b", "late")
+			rows, err := callAcquire(ctx, db.Pool, "b", "late", time.Minute)
 			got <- result{rows, err}
 		}()
 		// Commit once the late acquire waits for the row lock.

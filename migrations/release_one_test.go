@@ -33,12 +33,11 @@ func releaseTrace(t *testing.T, db *pgtest.DB) []string {
 	var trace []string
 	acquire := func(name string, ttl time.Duration) int64 {
 		t.Helper()
-		var tok int64
-		var ok bool
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT acquired, fence FROM pgfence.pgfence_acquire($1, 'one', $2)`,
-			[]string{name}, []int64{ttl.Microseconds()}).Scan(&ok, &tok))
-		require.True(t, ok, "acquire %s", name)
-		return tok
+		rows, err := callAcquire(ctx, db.Pool, name, "one", ttl)
+		require.NoError(t, err)
+		require.Len(t, rows, 1)
+		require.True(t, rows[0].acquired, "acquire %s", name)
+		return rows[0].token
 	}
 	// notified collects the notifications sent since the last call, up to
 	// a marker of the test's own (so no wait depends on a timeout).

@@ -84,6 +84,7 @@ type config struct {
 	HerdWaiters      []int
 	HerdNames        int
 	HerdProcesses    int
+	WriteDelay       time.Duration
 }
 
 func parseFlags(args []string) (*config, error) {
@@ -92,6 +93,7 @@ func parseFlags(args []string) (*config, error) {
 	var clients, scenarios, sysList, rows, herdWaiters string
 	fs.BoolVar(&c.Quick, "quick", false, "short points and a small scale run: the whole suite in about two minutes")
 	fs.DurationVar(&c.Duration, "duration", 0, "measured time per point (default 5s, 1s with -quick)")
+	fs.DurationVar(&c.WriteDelay, "write-delay", 0, "sleep this long before every write to PostgreSQL on the connections of the compared PostgreSQL systems (ceilings, pglock, pgfence and its Lockers' sessions), as a network round trip would delay each statement; scenarios 6, 7, 9 and 11 open their own connections and ignore it (Go rounds short sleeps up, to about 1ms on some machines: the raw arms' cycle p50 shows the delay that ran)")
 	fs.DurationVar(&c.Warmup, "warmup", 0, "unmeasured warm-up per point (default 1s, 250ms with -quick)")
 	fs.StringVar(&clients, "clients", "1,4,16,64", "client counts of the uncontended scenario")
 	fs.StringVar(&scenarios, "scenarios", "1,2,3,4,5,6,7,8,9,10,11,12", "scenarios to run")
@@ -305,7 +307,7 @@ func run(ctx context.Context, cfg *config) error {
 	r := &runner{cfg: cfg, res: &results{Started: started.UTC(), Args: os.Args[1:]}}
 	printParams(cfg)
 
-	env := &harness.Env{DatabaseURL: cfg.DatabaseURL, RedisAddr: cfg.RedisAddr}
+	env := &harness.Env{DatabaseURL: cfg.DatabaseURL, RedisAddr: cfg.RedisAddr, WriteDelay: cfg.WriteDelay}
 	if cfg.EtcdURL != "" {
 		env.EtcdEndpoints = []string{cfg.EtcdURL}
 	}
@@ -411,6 +413,9 @@ func printParams(c *config) {
 		role = c.AppRole + " (migrations.Grant only)"
 	}
 	fmt.Printf("  pgfence's lockers connect as %s\n", role)
+	if c.WriteDelay > 0 {
+		fmt.Printf("  every write to PostgreSQL of the compared systems delayed by %v (-write-delay)\n", c.WriteDelay)
+	}
 	fmt.Printf("  hand-over: waiters=%d hold-short=%v (at least %d hand-overs) hold-long=%v handovers-long=%d long-duration=%v\n",
 		c.HandoverWaiters, c.HoldShort, c.HandoversMin, c.HoldLong, c.HandoversLong, c.LongDuration)
 	fmt.Printf("  contended: clients=%d names=%d; writes: clients=%d\n", c.ContendedClients, c.ContendedNames, c.WriteClients)

@@ -14,6 +14,7 @@ package harness
 import (
 	"context"
 	"errors"
+	"time"
 )
 
 // ErrBusy is returned by TryAcquire when the lock is held by another owner.
@@ -84,6 +85,14 @@ type Env struct {
 	AppDatabaseURL string
 	RedisAddr      string   // host:port of a Redis server
 	EtcdEndpoints  []string // etcd client URLs
+	// WriteDelay, when positive, is slept before every write to
+	// PostgreSQL on the connections of the pools systems open (and so on
+	// the sessions of pgfence's Lockers, which copy their pool's
+	// connection settings): a statement waits for it once, as for a
+	// network round trip, while the client and the server stay on this
+	// machine. Go's timers round short sleeps up (to about 1 ms on some
+	// machines), so the delay to report is the one measured.
+	WriteDelay time.Duration
 }
 
 // AppURL returns the URL pgfence's lockers connect with: AppDatabaseURL,

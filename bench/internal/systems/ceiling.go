@@ -15,12 +15,16 @@ import (
 	"github.com/pgfence/pgfence/bench/internal/harness"
 )
 
-// openPool opens a pgx pool with exactly conns connections allowed, all
-// opened eagerly so connection set-up is not measured.
-func openPool(ctx context.Context, url string, conns int) (*pgxpool.Pool, error) {
+// openPool opens a pgx pool to url with exactly conns connections
+// allowed, all opened eagerly so connection set-up is not measured, and
+// env's WriteDelay on every connection.
+func openPool(ctx context.Context, env *harness.Env, url string, conns int) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("parse database URL: %w", err)
+	}
+	if env.WriteDelay > 0 {
+		cfg.ConnConfig.DialFunc = delayedDial(cfg.ConnConfig.DialFunc, env.WriteDelay)
 	}
 	if conns < 1 {
 		conns = 1
@@ -93,7 +97,7 @@ var UpdateCeiling = harness.Spec{
 	Kind: harness.Ceiling,
 	Note: "two single-row UPDATEs per cycle on a table shaped like pgfence_leases (fillfactor 75), autocommit, pgx pool",
 	Open: func(ctx context.Context, env *harness.Env, clients int) (harness.System, error) {
-		pool, err := openPool(ctx, env.DatabaseURL, clients)
+		pool, err := openPool(ctx, env, env.DatabaseURL, clients)
 		if err != nil {
 			return nil, err
 		}
@@ -217,7 +221,7 @@ var AdvisoryCeiling = harness.Spec{
 	Kind: harness.Ceiling,
 	Note: "pg_try_advisory_lock + pg_advisory_unlock (2 statements, no WAL), a pool connection held while locked; waits with pg_advisory_lock",
 	Open: func(ctx context.Context, env *harness.Env, clients int) (harness.System, error) {
-		pool, err := openPool(ctx, env.DatabaseURL, clients)
+		pool, err := openPool(ctx, env, env.DatabaseURL, clients)
 		if err != nil {
 			return nil, err
 		}
@@ -309,7 +313,7 @@ var AdvisoryXactCeiling = harness.Spec{
 	Kind: harness.Ceiling,
 	Note: "BEGIN + pg_try_advisory_xact_lock + COMMIT (3 statements, no WAL); waits with pg_advisory_xact_lock",
 	Open: func(ctx context.Context, env *harness.Env, clients int) (harness.System, error) {
-		pool, err := openPool(ctx, env.DatabaseURL, clients)
+		pool, err := openPool(ctx, env, env.DatabaseURL, clients)
 		if err != nil {
 			return nil, err
 		}

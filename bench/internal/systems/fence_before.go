@@ -32,7 +32,7 @@ func fullStatementWriter(name, note string, mode writeMode) harness.WriterSpec {
 		Kind: harness.Pgfence,
 		Note: note,
 		Open: func(ctx context.Context, env *harness.Env, clients int) (harness.Writer, error) {
-			pool, err := openPool(ctx, env.DatabaseURL, clients)
+			pool, err := openPool(ctx, env, env.DatabaseURL, clients)
 			if err != nil {
 				return nil, err
 			}
@@ -82,7 +82,7 @@ func deleteWriter(name, note string, fenced bool) harness.WriterSpec {
 		Kind: harness.Ceiling,
 		Note: note,
 		Open: func(ctx context.Context, env *harness.Env, clients int) (harness.Writer, error) {
-			pool, err := openPool(ctx, env.DatabaseURL, clients)
+			pool, err := openPool(ctx, env, env.DatabaseURL, clients)
 			if err != nil {
 				return nil, err
 			}

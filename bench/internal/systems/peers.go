@@ -40,6 +40,9 @@ func Pglock(cfg PglockConfig) harness.Spec {
 			if err != nil {
 				return nil, fmt.Errorf("parse database URL: %w", err)
 			}
+			if env.WriteDelay > 0 {
+				connCfg.DialFunc = delayedDial(connCfg.DialFunc, env.WriteDelay)
+			}
 			db := stdlib.OpenDB(*connCfg)
 			db.SetMaxOpenConns(clients)
 			db.SetMaxIdleConns(clients)

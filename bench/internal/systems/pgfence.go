@@ -66,7 +66,7 @@ type newLocker func(context.Context, *pgxpool.Pool) (pgfence.Locker, error)
 // (harness.Env.AppURL), the shared Locker with newShared, and the waiters'
 // Lockers, when needed, with newWaiter.
 func newLockerSystem(ctx context.Context, env *harness.Env, conns int, newShared, newWaiter newLocker) (*lockerSystem, error) {
-	pool, err := openPool(ctx, env.AppURL(), conns)
+	pool, err := openPool(ctx, env, env.AppURL(), conns)
 	if err != nil {
 		return nil, err
 	}
@@ -205,7 +205,7 @@ var AdvisoryXact = harness.Spec{
 	Kind: harness.Pgfence,
 	Note: "advisory.Locker.TryAcquireTx in a transaction per cycle: BEGIN, pg_try_advisory_xact_lock + a durable pgfence_next_token() in one statement, COMMIT (3 statements; the COMMIT waits for a WAL flush when the draw wrote one: about once per 32 draws); waits with AcquireTx",
 	Open: func(ctx context.Context, env *harness.Env, clients int) (harness.System, error) {
-		pool, err := openPool(ctx, env.AppURL(), clients)
+		pool, err := openPool(ctx, env, env.AppURL(), clients)
 		if err != nil {
 			return nil, err
 		}
@@ -258,7 +258,7 @@ var AdvisoryTokenCeiling = harness.Spec{
 	Kind: harness.Ceiling,
 	Note: "raw-advisory whose lock statement also draws a durable token, as pgfence does: SELECT CASE WHEN pg_try_advisory_lock($1) THEN pgfence.pgfence_next_token() END, then pg_advisory_unlock (2 statements; the lock's commit waits for a WAL flush when the draw wrote one: about once per 32 draws), as the role pgfence's systems use",
 	Open: func(ctx context.Context, env *harness.Env, clients int) (harness.System, error) {
-		pool, err := openPool(ctx, env.AppURL(), clients)
+		pool, err := openPool(ctx, env, env.AppURL(), clients)
 		if err != nil {
 			return nil, err
 		}

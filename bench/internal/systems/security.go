@@ -122,7 +122,7 @@ var RCLeasetableSQL = harness.Spec{
 		if err := installRCToken(ctx, env.DatabaseURL); err != nil {
 			return nil, err
 		}
-		return openLeaseProbe(ctx, env.DatabaseURL, env.DatabaseURL, clients, rcAcquire, rcRelease)
+		return openLeaseProbe(ctx, env, env.DatabaseURL, env.DatabaseURL, clients, rcAcquire, rcRelease)
 	},
 }
 
@@ -134,7 +134,7 @@ var FnLeasetable = harness.Spec{
 	OptIn: true,
 	Note:  "security-cost probe: the same cycle through pgfence.pgfence_acquire and pgfence.pgfence_release (SECURITY DEFINER, pinned search_path, hardened token function), one name per call, as the role pgfence's lockers use (2 statements)",
 	Open: func(ctx context.Context, env *harness.Env, clients int) (harness.System, error) {
-		return openLeaseProbe(ctx, env.AppURL(), env.DatabaseURL, clients, fnAcquire, fnRelease)
+		return openLeaseProbe(ctx, env, env.AppURL(), env.DatabaseURL, clients, fnAcquire, fnRelease)
 	},
 }
 
@@ -149,7 +149,7 @@ var RCAdvisoryToken = harness.Spec{
 		if err := installRCToken(ctx, env.DatabaseURL); err != nil {
 			return nil, err
 		}
-		pool, err := openPool(ctx, env.DatabaseURL, clients)
+		pool, err := openPool(ctx, env, env.DatabaseURL, clients)
 		if err != nil {
 			return nil, err
 		}
@@ -167,8 +167,8 @@ type leaseProbe struct {
 	ttlUs, atLeastUs []int64
 }
 
-func openLeaseProbe(ctx context.Context, url, ownerURL string, clients int, acquire, release string) (*leaseProbe, error) {
-	pool, err := openPool(ctx, url, clients)
+func openLeaseProbe(ctx context.Context, env *harness.Env, url, ownerURL string, clients int, acquire, release string) (*leaseProbe, error) {
+	pool, err := openPool(ctx, env, url, clients)
 	if err != nil {
 		return nil, err
 	}

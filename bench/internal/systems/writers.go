@@ -68,7 +68,7 @@ func rawWriter(name, note string, table string, mode writeMode) harness.WriterSp
 		Kind: harness.Ceiling,
 		Note: note,
 		Open: func(ctx context.Context, env *harness.Env, clients int) (harness.Writer, error) {
-			pool, err := openPool(ctx, env.DatabaseURL, clients)
+			pool, err := openPool(ctx, env, env.DatabaseURL, clients)
 			if err != nil {
 				return nil, err
 			}
@@ -190,7 +190,7 @@ func fenceWriter(name, note string, stmt *fence.UpdateStmt, mode writeMode) harn
 		Kind: harness.Pgfence,
 		Note: note,
 		Open: func(ctx context.Context, env *harness.Env, clients int) (harness.Writer, error) {
-			pool, err := openPool(ctx, env.DatabaseURL, clients)
+			pool, err := openPool(ctx, env, env.DatabaseURL, clients)
 			if err != nil {
 				return nil, err
 			}

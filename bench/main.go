@@ -228,6 +228,9 @@ func parseFlags(args []string) (*config, error) {
 	if c.PglockLease < 40*time.Millisecond {
 		return nil, fmt.Errorf("-pglock-lease %v is too short", c.PglockLease)
 	}
+	if c.WriteDelay < 0 {
+		return nil, fmt.Errorf("-write-delay %v is negative", c.WriteDelay)
+	}
 	return c, nil
 }
 

@@ -45,6 +45,7 @@ func TestParseFlagsRejectsBadInput(t *testing.T) {
 		{"-scale-names", "2", "-scale-clients", "4"},
 		{"-rounds", "-1"},
 		{"-pglock-lease", "1ms"},
+		{"-write-delay", "-1ms"},
 	} {
 		_, err := parseFlags(args)
 		require.Error(t, err, "%v", args)

@@ -381,10 +381,16 @@ func scanPositions[T any](s *session, rows pgx.Rows, out []T) error {
 	defer rows.Close()
 	seen := make([]bool, len(out))
 	got := 0
+	// The scan targets are declared once, not per row: Scan takes their
+	// addresses as interfaces, so each would be allocated for every row.
+	var (
+		pos int64
+		v   T
+		pid int32
+	)
 	for rows.Next() {
-		var pos int64
-		var v T
-		var pid int32
+		var zero T
+		v = zero // a pointer T gets a new target, never the last row's
 		if err := rows.Scan(&pos, &v, &pid); err != nil {
 			return err
 		}

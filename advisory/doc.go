@@ -136,10 +136,10 @@
 // Acquire retries on a new session).
 //
 // Sharing trades latency for work: a request that arrives while its
-// session runs a statement waits for that statement before its own is
-// sent, so a call can take up to two statements' time where a connection
-// of its own would take one, while the server runs one statement for many
-// grants. The benchmark (bench/, scenario 10) measures both sides against
+// session is busy waits for the turn in progress (its unlock statement and
+// its lock statement, at most) before its own statement is sent, where a
+// connection of its own would send it at once, while the server runs one
+// statement for many grants. The benchmark (bench/, scenario 10) measures both sides against
 // raw advisory locks, on loopback and with a delay on every statement as
 // over a network.
 //

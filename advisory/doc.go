@@ -136,10 +136,11 @@
 // Acquire retries on a new session).
 //
 // Sharing trades latency for work: a request that arrives while its
-// session is busy waits for the turn in progress (its unlock statement and
-// its lock statement, at most) before its own statement is sent, where a
-// connection of its own would send it at once, while the server runs one
-// statement for many grants. The benchmark (bench/, scenario 10) measures both sides against
+// session is busy waits for the statements the session runs before it
+// (the turn in progress, and for a lock request the unlocks of the next
+// turn, which go first) before its own is sent, where a connection of its
+// own would send it at once, while the server runs one statement for many
+// grants. The benchmark (bench/, scenario 10) measures both sides against
 // raw advisory locks, on loopback and with a delay on every statement as
 // over a network.
 //

@@ -10,7 +10,10 @@ import (
 
 // delayedConn sleeps d before every Write: a statement (one write of its
 // messages, then the server's answer) waits d once, as it would for a
-// network round trip. Reads are not delayed.
+// network round trip. Reads are not delayed. Writes that follow each other
+// without an answer between them (a pipeline) would each wait, where a
+// network delays them together; pgfence and the compared systems send a
+// statement and read its answer before the next.
 type delayedConn struct {
 	net.Conn
 	d time.Duration

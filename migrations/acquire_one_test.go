@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
-	"github.com/pgfence/pgfence/migrations"
 )
 
 // acquireRow is one row of pgfence_acquire's result.
@@ -58,8 +57,7 @@ func TestMigration000007(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
 	latest := pgtest.NewDB(t)
-	at6 := emptyDB(t)
-	require.NoError(t, migrations.UpTo(ctx, migrations.Target{URL: at6.URL}, nil, 6))
+	at6 := dbAt(t, 6)
 
 	lastToken := func(db *pgtest.DB) int64 {
 		t.Helper()

@@ -107,6 +107,15 @@ func emptyDB(t *testing.T) *pgtest.DB {
 	return db
 }
 
+// dbAt returns a fresh database with pgfence installed up to version, as
+// an install that stopped there (the default schema).
+func dbAt(t *testing.T, version uint) *pgtest.DB {
+	t.Helper()
+	db := emptyDB(t)
+	require.NoError(t, migrations.UpTo(testCtx(t), migrations.Target{URL: db.URL}, nil, version))
+	return db
+}
+
 // quoteLiteral quotes s as an SQL string literal.
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 

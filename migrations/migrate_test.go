@@ -489,8 +489,7 @@ func TestDownRemovesEverything(t *testing.T) {
 func TestDown3RestoresVersion2(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
-	at2 := emptyDB(t)
-	require.NoError(t, migrations.UpTo(ctx, migrations.Target{URL: at2.URL}, nil, 2))
+	at2 := dbAt(t, 2)
 	reverted := pgtest.NewDB(t)
 	require.NoError(t, migrations.DownTo(ctx, migrations.Target{URL: reverted.URL}, nil, 2))
 	want, got := describe(t, at2), describe(t, reverted)
@@ -509,8 +508,7 @@ func TestDown3RestoresVersion2(t *testing.T) {
 func requireRevertsTo(t *testing.T, latest *pgtest.DB, version uint) {
 	t.Helper()
 	ctx := testCtx(t)
-	stopped := emptyDB(t)
-	require.NoError(t, migrations.UpTo(ctx, migrations.Target{URL: stopped.URL}, nil, version))
+	stopped := dbAt(t, version)
 	reverted := pgtest.NewDB(t)
 	require.NoError(t, migrations.DownTo(ctx, migrations.Target{URL: reverted.URL}, nil, version))
 	want := describe(t, stopped)

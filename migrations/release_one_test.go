@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
-	"github.com/pgfence/pgfence/migrations"
 )
 
 // releaseTrace runs a fixed series of releases against db's pgfence_release
@@ -130,8 +129,7 @@ func TestMigration000011(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
 	latest := pgtest.NewDB(t)
-	at10 := emptyDB(t)
-	require.NoError(t, migrations.UpTo(ctx, migrations.Target{URL: at10.URL}, nil, 10))
+	at10 := dbAt(t, 10)
 
 	want := releaseTrace(t, at10)
 	require.Equal(t, want, releaseTrace(t, latest))

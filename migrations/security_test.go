@@ -291,8 +291,7 @@ func TestHostileSearchPathOldBody(t *testing.T) {
 	ctx := testCtx(t)
 	roles := newRoles(t, "app", "attacker")
 	app, attacker := roles[0], roles[1]
-	db := emptyDB(t)
-	require.NoError(t, migrations.UpTo(ctx, migrations.Target{URL: db.URL}, nil, 2))
+	db := dbAt(t, 2)
 	exec(t, db,
 		"GRANT CREATE ON SCHEMA public TO "+pgx.Identifier{attacker}.Sanitize(),
 		"GRANT USAGE ON SCHEMA pgfence TO "+pgx.Identifier{app}.Sanitize())

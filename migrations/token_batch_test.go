@@ -94,8 +94,7 @@ func TestMigration000009GrantsWhoMayDraw(t *testing.T) {
 	ctx := testCtx(t)
 	roles := newRoles(t, "drawer", "other")
 	drawer, other := roles[0], roles[1]
-	db := emptyDB(t)
-	require.NoError(t, migrations.UpTo(ctx, migrations.Target{URL: db.URL}, nil, 8))
+	db := dbAt(t, 8)
 	exec(t, db, "GRANT USAGE ON SCHEMA pgfence TO "+pgx.Identifier{drawer}.Sanitize()+", "+pgx.Identifier{other}.Sanitize())
 	exec(t, db, "GRANT EXECUTE ON FUNCTION pgfence.pgfence_next_token() TO "+pgx.Identifier{drawer}.Sanitize())
 	require.NoError(t, migrations.Up(ctx, migrations.Target{URL: db.URL}, nil))

@@ -60,6 +60,15 @@ func killedBackend(t *testing.T, guarded bool) {
 		killed, err := chaos.TerminateBackends(ctx, db.Pool, db.Name, app)
 		require.NoError(t, err)
 		require.Positive(t, killed)
+		// A connection the victim's pool was opening (a renewal during the
+		// write above needs a second one) may have logged in before NOLOGIN
+		// and not be listed yet: it would renew the lease for ever. Kill
+		// again until a pass finds none.
+		require.Eventually(t, func() bool {
+			n, err := chaos.TerminateBackends(ctx, db.Pool, db.Name, app)
+			killed += n
+			return err == nil && n == 0
+		}, 10*time.Second, 50*time.Millisecond, "the victim's backends outlive the kill")
 		// The victim's lease as the kill left it: it can renew no more.
 		held, ok, err := follower.locker.Get(ctx, leaderElection)
 		require.NoError(t, err)

@@ -68,6 +68,10 @@ var (
 	// ErrSessionEnded: the database session that held the lock ended
 	// (session advisory locks), and every lock of the session with it.
 	ErrSessionEnded error = lossError("pgfence: lock was lost: its database session ended")
+	// ErrMaxHold: the lock reached its [AcquireOpts].MaxHold bound, so the
+	// holder gave it up (it stopped renewing and released it) and its
+	// context ended. Code that handles a loss handles it as one.
+	ErrMaxHold error = lossError("pgfence: lock was lost: held for its MaxHold bound")
 )
 
 // lossError is the type of the causes of a loss: each matches
@@ -156,6 +160,12 @@ type AcquireOpts struct {
 	// one exclusive holder (advisory locks only; the lease table rejects
 	// it).
 	Shared bool
+
+	// MaxHold bounds how long the lock is held after it was acquired: once
+	// it has passed, the lock stops being renewed and is released, and the
+	// handle's context ends with cause [ErrMaxHold] (which matches
+	// [ErrLeaseLost]). Zero means no bound; a negative value is an error.
+	MaxHold time.Duration
 }
 
 // Locker is what both strategies' Lockers (*leasetable.Locker,

@@ -245,6 +245,7 @@ func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpt
 			}
 		}
 		if err == nil {
+			l.holdFor(o.MaxHold)
 			return l, n, nil
 		}
 		if ctx.Err() != nil {

@@ -236,7 +236,7 @@ func (k *Locker) liveUnlocks(batch []*request) []*request {
 	for _, r := range batch {
 		k.mu.Lock()
 		if r.unlock.state == stateLost {
-			r.err = r.unlock.reportLostLocked()
+			r.err = r.unlock.unlockLossLocked()
 			continue
 		}
 		k.mu.Unlock()

@@ -17,9 +17,13 @@ import (
 //     Each shared holder gets its own fencing token.
 //   - WaitTimeout bounds how long [Locker.Acquire], [Locker.Do] and
 //     [Locker.AcquireTx] wait for the lock.
+//   - MaxHold bounds how long a session lock is held: at the bound the
+//     Locker releases it and its context ends with cause
+//     [pgfence.ErrMaxHold] (the lock counts as lost).
 //
 // TTL and AtLeast are rejected: an advisory lock lasts as long as its
-// database session (or transaction), not for a time.
+// database session (or transaction), not for a time. MaxHold is rejected
+// by the transaction methods: a transaction lock ends with its transaction.
 type AcquireOpts = pgfence.AcquireOpts
 
 // checkOpts rejects the fields of o that advisory locks cannot honour.
@@ -33,6 +37,8 @@ func checkOpts(o *AcquireOpts) error {
 		return errors.New("pgfence: advisory: AcquireOpts.AtLeast is set; advisory locks cannot be kept past their release")
 	case o.WaitTimeout < 0:
 		return fmt.Errorf("pgfence: advisory: AcquireOpts.WaitTimeout is negative (%v)", o.WaitTimeout)
+	case o.MaxHold < 0:
+		return fmt.Errorf("pgfence: advisory: AcquireOpts.MaxHold is negative (%v)", o.MaxHold)
 	}
 	return nil
 }
@@ -53,8 +59,8 @@ var errReleased = fmt.Errorf("pgfence: advisory: lock was released: %w", pgfence
 
 // Lease is a held session-level advisory lock, returned by the Locker's
 // acquire methods. It stays held until [Lease.Release], until the Locker is
-// closed, or until the database session holding it dies; then [Lease.Done]
-// closes. It satisfies [pgfence.Lease]. Its methods are safe for concurrent
+// closed, until its MaxHold bound passes, or until the database session
+// holding it dies; then [Lease.Done] closes. It satisfies [pgfence.Lease]. Its methods are safe for concurrent
 // use, and Release is safe on a nil *Lease.
 type Lease struct {
 	k        *Locker
@@ -75,6 +81,10 @@ type Lease struct {
 	state    lockState
 	reported bool // Release has returned the loss once
 	out      bool // handed to the caller: its end is counted and observed
+	// maxHeld is set when the MaxHold bound ended the lock; maxTimer, nil
+	// without a bound, fires at it (endMaxHold).
+	maxHeld  bool
+	maxTimer *time.Timer
 }
 
 // lock returns l as events name it.
@@ -112,8 +122,9 @@ func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 
 // Err returns nil while the lock is held. Once it is lost, including when
 // the Locker is closed, it returns an error matching pgfence.ErrLeaseLost,
-// and pgfence.ErrSessionEnded when its session ended or pgfence.ErrClosed
-// for a closed Locker. After a successful
+// and pgfence.ErrSessionEnded when its session ended, pgfence.ErrMaxHold
+// when its MaxHold bound passed, or pgfence.ErrClosed for a closed Locker.
+// After a successful
 // [Lease.Release] it returns an error matching pgfence.ErrNotHeld.
 func (l *Lease) Err() error { return context.Cause(l.ctx) }
 
@@ -149,14 +160,15 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	k := l.k
 	k.mu.Lock()
-	switch l.state {
-	case stateUnlocking, stateUnlocked:
+	switch {
+	case l.maxHeld, l.state == stateLost:
+		return l.reportLostLocked()
+	case l.state != stateHeld:
 		k.mu.Unlock()
 		return nil
-	case stateLost:
-		return l.reportLostLocked()
 	}
 	l.state = stateUnlocking
+	l.stopMaxHoldLocked()
 	out := l.out
 	k.mu.Unlock()
 	if !out || k.ev == nil {
@@ -231,8 +243,12 @@ var errNotHeldByServer = errors.New("the server reports the lock was not held by
 func (l *Lease) unlocked() {
 	k := l.k
 	k.mu.Lock()
-	l.state = stateUnlocked
-	l.reported = true
+	if l.maxHeld {
+		l.state = stateLost // Release reports the loss
+	} else {
+		l.state = stateUnlocked
+		l.reported = true
+	}
 	delete(l.s.locks, l)
 	k.dropKeyRefLocked(l.key.id)
 	l.cancel(errReleased)
@@ -243,11 +259,77 @@ func (l *Lease) unlocked() {
 // was dropped.
 func (l *Lease) failedUnlock() error {
 	l.k.mu.Lock()
-	err := l.reportLostLocked()
+	err := l.unlockLossLocked()
 	if retry.Transient(err) {
 		err = fmt.Errorf("%w: %w", pgfence.ErrUnavailable, err)
 	}
 	return err
+}
+
+// holdFor starts l's MaxHold bound d (none when d is zero), counted from
+// the grant.
+func (l *Lease) holdFor(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	k := l.k
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if l.state == stateHeld {
+		l.maxTimer = time.AfterFunc(d-time.Since(l.acquired), func() { l.endMaxHold(d) })
+	}
+}
+
+// stopMaxHoldLocked stops l's MaxHold timer, if any. The caller holds
+// k.mu.
+func (l *Lease) stopMaxHoldLocked() {
+	if l.maxTimer != nil {
+		l.maxTimer.Stop()
+	}
+}
+
+// endMaxHold ends l at its MaxHold bound d: it cancels l's context with a
+// cause matching pgfence.ErrMaxHold, then unlocks it as Release does. The
+// lock ends counted in Lost, with a Lost event; the holder's Release then
+// returns the loss. It does nothing once l has ended or the Locker closed.
+func (l *Lease) endMaxHold(d time.Duration) {
+	k := l.k
+	k.mu.Lock()
+	if k.closed || l.state != stateHeld {
+		k.mu.Unlock()
+		return
+	}
+	l.state = stateUnlocking
+	l.maxHeld = true
+	cause := fmt.Errorf("pgfence: advisory: lock %v held for its MaxHold of %v: %w", l.key, d, pgfence.ErrMaxHold)
+	l.cancel(cause) // the holder is told first, then the lock is freed
+	k.wg.Add(1)     // Close waits for the unlock
+	k.mu.Unlock()
+	defer k.wg.Done()
+	ctx := context.WithoutCancel(l.values)
+	released, err := l.release(ctx)
+	if !released {
+		return // lost before the unlock ran: failSession counted it
+	}
+	k.lost.Add(1)
+	if err != nil {
+		k.log.WarnContext(ctx, "pgfence: advisory: unlock at MaxHold failed; the session was closed", "key", l.key.String(), "error", err)
+	}
+	if k.ev != nil {
+		k.ev.Async(ctx, pgfence.Lost{Lock: l.lock(), HeldFor: time.Since(l.acquired), Cause: cause})
+	}
+}
+
+// unlockLossLocked is the answer of an unlock whose lock was lost: that of
+// reportLostLocked, except for the unlock at MaxHold (the only unlock of a
+// maxHeld lock), which leaves the report to the holder's Release. It is
+// called with l.mu held and unlocks it.
+func (l *Lease) unlockLossLocked() error {
+	if !l.maxHeld {
+		return l.reportLostLocked()
+	}
+	defer l.k.mu.Unlock()
+	return fmt.Errorf("pgfence: advisory: release %v: %w: %w", l.key, pgfence.ErrNotHeld, context.Cause(l.ctx))
 }
 
 // reportLostLocked is Release's answer for a lost lock: the loss the first

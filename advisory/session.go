@@ -443,6 +443,7 @@ func (k *Locker) failSession(ctx context.Context, s *session, cause error, relea
 	// (a timeout), the server releases the locks only once it is closed.
 	for l := range s.locks {
 		l.state = stateLost
+		l.stopMaxHoldLocked()
 		k.dropKeyRefLocked(l.key.id)
 		l.cancel(lostCause)
 		if l.out && !slices.Contains(releasing, l) {

@@ -185,5 +185,8 @@ func checkTx(key Key, opts *AcquireOpts) error {
 	if err := checkOpts(opts); err != nil {
 		return err
 	}
+	if opts != nil && opts.MaxHold != 0 {
+		return errors.New("pgfence: advisory: AcquireOpts.MaxHold is set; a transaction lock lasts as long as its transaction")
+	}
 	return key.validate()
 }

@@ -1,0 +1,85 @@
+// Package permerr adds to PostgreSQL's permission errors (SQLSTATE 42501,
+// insufficient_privilege) the grant that fixes them, so that a role missing
+// pgfence's grant learns what to ask pgfence's owner for. The wrapped
+// *pgconn.PgError stays reachable with errors.As.
+package permerr
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Code is PostgreSQL's SQLSTATE for insufficient_privilege.
+const Code = "42501"
+
+// defaultSchema is pgfence.DefaultSchema, not imported so that the root
+// package may use this one.
+const defaultSchema = "pgfence"
+
+// Error is a permission error with the grant that would fix it.
+type Error struct {
+	// Err is the error wrapped; it wraps a *pgconn.PgError with [Code].
+	Err error
+	// Role is the role that lacks the privileges; "ROLE" in the message
+	// when empty.
+	Role string
+	// Schema is the install's schema; empty or "pgfence" (the default)
+	// adds no --schema to the command in the message.
+	Schema string
+	// Missing names the privileges, such as `USAGE on schema "pgfence"`.
+	Missing []string
+}
+
+// Error returns Err's message followed by the hint.
+func (e *Error) Error() string {
+	role := e.Role
+	if role == "" {
+		role = "ROLE"
+	}
+	cmd := "pgfence grant " + quoteArg(role)
+	if e.Schema != "" && e.Schema != defaultSchema {
+		cmd += " --schema " + quoteArg(e.Schema)
+	}
+	return fmt.Sprintf("%v; hint: as pgfence's owner, run `%s` (missing: %s)", e.Err, cmd, strings.Join(e.Missing, ", "))
+}
+
+// Unwrap returns Err.
+func (e *Error) Unwrap() error { return e.Err }
+
+// Wrap returns err as an [*Error] naming role, schema and the missing
+// privileges when err is or wraps a *pgconn.PgError with [Code], and err
+// unchanged otherwise (nil included, and an err that already is an
+// [*Error]). With no missing given, the hint repeats what PostgreSQL's
+// message says was denied ("permission denied for table x": "privilege on
+// table x").
+func Wrap(err error, role, schema string, missing ...string) error {
+	var pgErr *pgconn.PgError
+	if err == nil || !errors.As(err, &pgErr) || pgErr.Code != Code {
+		return err
+	}
+	var done *Error
+	if errors.As(err, &done) {
+		return err
+	}
+	if len(missing) == 0 {
+		what, ok := strings.CutPrefix(pgErr.Message, "permission denied for ")
+		if !ok {
+			what = "the privilege " + strings.TrimSpace(pgErr.Message)
+		}
+		missing = []string{"privilege on " + what}
+	}
+	return &Error{Err: err, Role: role, Schema: schema, Missing: missing}
+}
+
+// quoteArg quotes a shell argument unless it is plainly safe.
+func quoteArg(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r == '_' || r == '-' || r == '.' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}

@@ -39,7 +39,8 @@ func (k *Locker) TryAcquire(ctx context.Context, name string, opts *AcquireOpts)
 // session with every lock on it; ctx's values still reach the pgx tracer.
 // If ctx ends while the statement runs and the lock was granted, the lock
 // is released and the error wraps ctx's cause: when it returns an error,
-// the lock is not held.
+// the lock is not held. When ctx has already ended it sends nothing and
+// returns an error wrapping ctx's cause and matching ctx.Err().
 //
 // A transient database error (the server unreachable, restarting or
 // failing over, a session that died: see pgfence.ErrUnavailable) is
@@ -180,9 +181,9 @@ func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpt
 	failures := 0  // consecutive transient failures
 	ended := func() error {
 		if last != nil {
-			return fmt.Errorf("pgfence: advisory: acquire %v: %w; last attempt: %w", key, context.Cause(ctx), retry.Unavailable("", last))
+			return fmt.Errorf("pgfence: advisory: acquire %v: %w; last attempt: %w", key, ctxError(ctx), retry.Unavailable("", last))
 		}
-		return fmt.Errorf("pgfence: advisory: acquire %v: %w", key, context.Cause(ctx))
+		return fmt.Errorf("pgfence: advisory: acquire %v: %w", key, ctxError(ctx))
 	}
 	pause := k.firstPause
 	// ln is the key's line of waiting calls in this Locker, joined at the
@@ -343,6 +344,16 @@ func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpt
 		}
 		pause = min(2*pause, k.cfg.MaxPollInterval)
 	}
+}
+
+// ctxError is the error of a call whose ctx ended: ctx's cause, which
+// also matches ctx.Err() (context.Canceled or DeadlineExceeded).
+func ctxError(ctx context.Context) error {
+	cause := context.Cause(ctx)
+	if errors.Is(cause, ctx.Err()) {
+		return cause
+	}
+	return fmt.Errorf("%w: %w", ctx.Err(), cause)
 }
 
 // transient reports whether an attempt's error is worth retrying: the

@@ -57,3 +57,8 @@ func SetOnRefused(k *Locker, f func()) { k.onRefused = f }
 // (park.go): they poll and listen for wake-ups instead, as they do when no
 // session can be parked. The tests of that path use it.
 func SetNoPark(k *Locker) { k.noPark = true }
+
+// SetCloseNoWait makes k's Close return at once, closing its sessions and
+// releasing their locks in the background (the negative control of the
+// Close race tests).
+func SetCloseNoWait(k *Locker) { k.closeNoWait = true }

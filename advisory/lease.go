@@ -359,10 +359,13 @@ func (l *Lease) Renew(ctx context.Context) error {
 		return err
 	}
 	k, s := l.k, l.s
+	if ctx.Err() != nil {
+		return fmt.Errorf("pgfence: advisory: renew %v: %w", l.key, ctxError(ctx))
+	}
 	select {
 	case s.sem <- struct{}{}:
 	case <-ctx.Done():
-		return fmt.Errorf("pgfence: advisory: renew %v: %w", l.key, context.Cause(ctx))
+		return fmt.Errorf("pgfence: advisory: renew %v: %w", l.key, ctxError(ctx))
 	}
 	defer func() { <-s.sem }()
 	if err := l.Err(); err != nil {

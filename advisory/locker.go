@@ -69,6 +69,9 @@ type Locker struct {
 	// noPark, a test hook, keeps waiting Acquire calls from parking on a
 	// session (park.go): they poll and listen instead.
 	noPark bool
+	// closeNoWait, a test hook, has Close return without waiting for its
+	// sessions to be closed and their locks released.
+	closeNoWait bool
 
 	// Counters of Stats.
 	waiting                               atomic.Int64
@@ -206,6 +209,16 @@ func (k *Locker) Close() {
 	k.closeStop()
 	sessions := append([]*session(nil), k.sessions...)
 	k.mu.Unlock()
+	if k.closeNoWait {
+		go k.closeSessions(sessions)
+		return
+	}
+	k.closeSessions(sessions)
+}
+
+// closeSessions is Close once k is marked closed: it closes sessions, then
+// waits for the Locker's goroutines.
+func (k *Locker) closeSessions(sessions []*session) {
 	// The sessions are closed at once, not one after the other: during an
 	// outage each may take QueryTimeout.
 	var closing sync.WaitGroup

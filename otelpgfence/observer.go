@@ -43,7 +43,8 @@ type Config struct {
 // [pgfence.OpObserver]: set it as the Observer of any number of Lockers
 // (leasetable.Config, advisory.Config) and fence guards; call [Observer.Track]
 // with each Locker for the held and waiting gauges. Its methods are safe
-// for concurrent use.
+// for concurrent use. A nil *Observer records nothing: its methods do
+// nothing, so a nil one placed in a Config is harmless.
 type Observer struct {
 	tracer       trace.Tracer
 	disableSpans bool
@@ -214,6 +215,9 @@ func New(cfg *Config) (*Observer, error) {
 // Close unregisters the gauges' callback; the Observer's other metrics
 // and spans keep working. It is idempotent.
 func (o *Observer) Close() error {
+	if o == nil {
+		return nil
+	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.closed {
@@ -241,6 +245,9 @@ type source struct {
 // at each collection. The returned function stops tracking src; call it
 // before or after closing the Locker (its dropped events stay counted).
 func (o *Observer) Track(strategy string, src StatsSource) (untrack func()) {
+	if o == nil {
+		return func() {}
+	}
 	s := &source{strategy: strategy, src: src}
 	o.mu.Lock()
 	o.sources[s] = struct{}{}
@@ -359,6 +366,9 @@ func (o *Observer) attrsFor(strategy string) *strategyAttrs {
 // caller's call made inside an operation this Observer traces, on that
 // operation's span.
 func (o *Observer) Observe(ctx context.Context, e pgfence.Event) {
+	if o == nil {
+		return
+	}
 	a := o.attrsFor(e.Strategy())
 	switch e := e.(type) {
 	case pgfence.Acquired:
@@ -454,6 +464,9 @@ func (o *Observer) opSpan(ctx context.Context, kind pgfence.OpKind) trace.Span {
 // to the spans of op.Links (the other callers of a batch), and returns a
 // ctx carrying it, which pgfence runs the operation's statements with.
 func (o *Observer) StartOp(ctx context.Context, op pgfence.Op) context.Context {
+	if o == nil {
+		return ctx
+	}
 	a := o.attrsFor(op.Strategy)
 	st := &opState{o: o, attrs: a, kind: op.Kind, start: time.Now()}
 	if o.disableSpans {
@@ -520,6 +533,9 @@ func spanName(k pgfence.OpKind) string {
 // and ends its span: with status Error and error.type for a failure, but
 // not for a lock that was simply held by another owner.
 func (o *Observer) EndOp(ctx context.Context, op pgfence.Op, err error) {
+	if o == nil {
+		return
+	}
 	st, _ := ctx.Value(opKey{}).(*opState)
 	if st == nil || st.o != o || !st.ended.CompareAndSwap(false, true) {
 		return

@@ -18,51 +18,114 @@ type GrantOpts struct {
 	Operator bool
 }
 
-// leadersSince is the migration that adds pgfence_leaders (package leader),
-// which the application role may read.
-const leadersSince = 5
-
-// grantedFunction is a function the application role may execute, from the
-// migration that installs it on.
+// grantedFunction is a function the application role may execute, from
+// the migration that installs it (since) until the one that replaces it
+// (until; 0 while it is current).
 type grantedFunction struct {
-	since     uint
-	signature string // name(argument types), types qualified
+	since, until uint
+	signature    string // name(argument types), types qualified
 }
 
 // appFunctions are the functions an application role executes. Every other
 // write to pgfence_leases (and pgfence_leaders) goes through them; the role
 // gets no privilege on the tables but SELECT, and none on the sequence.
 var appFunctions = []grantedFunction{
-	{3, "pgfence_next_token()"},
-	{3, "pgfence_schema_version()"},
-	{3, "pgfence_acquire(pg_catalog.text[], pg_catalog.text, pg_catalog.int8[])"},
-	{3, "pgfence_release(pg_catalog.text[], pg_catalog.int8[], pg_catalog.int8[], pg_catalog.text)"},
-	{3, "pgfence_renew(pg_catalog.text[], pg_catalog.int8[], pg_catalog.int8[])"},
-	{3, "pgfence_lease_held(pg_catalog.text, pg_catalog.int8)"},
-	{3, "pgfence_prune_scan(pg_catalog.text, pg_catalog.int4, pg_catalog.interval)"},
-	{3, "pgfence_prune_delete(pg_catalog.text[], pg_catalog.int8[], pg_catalog.interval)"},
-	{5, "pgfence_leader_proclaim(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text)"},
-	{9, "pgfence_next_tokens(pg_catalog.bool[])"},
+	{3, 0, "pgfence_next_token()"},
+	{3, 0, "pgfence_schema_version()"},
+	{3, 0, "pgfence_acquire(pg_catalog.text[], pg_catalog.text, pg_catalog.int8[])"},
+	{3, 12, "pgfence_release(pg_catalog.text[], pg_catalog.int8[], pg_catalog.int8[], pg_catalog.text)"},
+	{12, 0, "pgfence_release(pg_catalog.text[], pg_catalog.int8[], pg_catalog.text[], pg_catalog.int8[])"},
+	{3, 12, "pgfence_renew(pg_catalog.text[], pg_catalog.int8[], pg_catalog.int8[])"},
+	{12, 0, "pgfence_renew(pg_catalog.text[], pg_catalog.int8[], pg_catalog.text[], pg_catalog.int8[])"},
+	{3, 12, "pgfence_lease_held(pg_catalog.text, pg_catalog.int8)"},
+	{12, 0, "pgfence_lease_held(pg_catalog.text, pg_catalog.int8, pg_catalog.text)"},
+	{3, 0, "pgfence_prune_scan(pg_catalog.text, pg_catalog.int4, pg_catalog.interval)"},
+	{3, 0, "pgfence_prune_delete(pg_catalog.text[], pg_catalog.int8[], pg_catalog.interval)"},
+	// From 12 the third argument is the lease's secret, not its owner.
+	{5, 0, "pgfence_leader_proclaim(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text)"},
+	{9, 0, "pgfence_next_tokens(pg_catalog.bool[])"},
 	// Trigger functions: EXECUTE is checked when a trigger is created with
 	// them, and pgfence_last_token is called by the strict trigger as the
 	// writing role.
-	{2, "pgfence_guard()"},
-	{4, "pgfence_guard_strict()"},
-	{4, "pgfence_guard_truncate()"},
-	{4, "pgfence_last_token()"},
+	{2, 0, "pgfence_guard()"},
+	{4, 0, "pgfence_guard_strict()"},
+	{4, 0, "pgfence_guard_truncate()"},
+	{4, 0, "pgfence_last_token()"},
+}
+
+// grantedTable is a table the application role may read, from migration
+// since on.
+type grantedTable struct {
+	since uint
+	name  string
+}
+
+// appTables are the tables an application role reads: the leases (listing
+// them), the elections' leaders, the key of notification payloads and the
+// version, for [Version] and [Up] at start-up.
+var appTables = []grantedTable{
+	{1, "pgfence_leases"},
+	{5, "pgfence_leaders"},
+	{12, "pgfence_notify_key"},
+	{1, Table},
 }
 
 // operatorFunction is what GrantOpts.Operator adds.
 const operatorFunction = "pgfence_force_release(pg_catalog.text, pg_catalog.text)"
 
+// privilege is one privilege Grant gives.
+type privilege struct {
+	kind   string // "schema", "table" or "function"
+	object string // quoted and qualified, as GRANT and has_<kind>_privilege read it
+	priv   string // USAGE, SELECT or EXECUTE
+}
+
+func (p privilege) String() string { return p.priv + " on " + p.kind + " " + p.object }
+
+// grants returns GrantSQL's statements for migration version, and the
+// privileges they give.
+func grants(schema, role string, version uint, opts *GrantOpts) ([]string, []privilege) {
+	if schema == "" {
+		schema = defaultSchema
+	}
+	s := pgx.Identifier{schema}.Sanitize()
+	to := " TO " + pgx.Identifier{role}.Sanitize()
+	privs := []privilege{{"schema", s, "USAGE"}}
+	var tables, fns []string
+	for _, t := range appTables {
+		if t.since <= version {
+			tables = append(tables, pgx.Identifier{schema, t.name}.Sanitize())
+			privs = append(privs, privilege{"table", tables[len(tables)-1], "SELECT"})
+		}
+	}
+	for _, f := range appFunctions {
+		if f.since <= version && (f.until == 0 || version < f.until) {
+			fns = append(fns, s+"."+f.signature)
+			privs = append(privs, privilege{"function", fns[len(fns)-1], "EXECUTE"})
+		}
+	}
+	stmts := []string{
+		"GRANT USAGE ON SCHEMA " + s + to,
+		"GRANT SELECT ON TABLE " + strings.Join(tables, ", ") + to,
+		"GRANT EXECUTE ON FUNCTION " + strings.Join(fns, ", ") + to,
+	}
+	if opts != nil && opts.Operator {
+		fn, audit := s+"."+operatorFunction, pgx.Identifier{schema, "pgfence_forced_releases"}.Sanitize()
+		stmts = append(stmts, "GRANT EXECUTE ON FUNCTION "+fn+to, "GRANT SELECT ON TABLE "+audit+to)
+		privs = append(privs, privilege{"function", fn, "EXECUTE"}, privilege{"table", audit, "SELECT"})
+	}
+	return stmts, privs
+}
+
 // GrantSQL returns the statements [Grant] runs to let role use the pgfence
 // install in schema (empty means "pgfence"), with every identifier quoted and
-// every type schema-qualified, for the functions of the latest migration
+// every type schema-qualified, for the objects of the latest migration
 // ([Latest]):
 //
 //   - USAGE on the schema;
-//   - SELECT on pgfence_leases (listing leases) and pgfence_leaders
-//     (reading who leads an election);
+//   - SELECT on pgfence_leases (listing leases), pgfence_leaders (reading
+//     who leads an election), pgfence_notify_key (checking notifications)
+//     and [Table] ([Version], and [Up] at start-up);
 //   - EXECUTE on pgfence_next_token, pgfence_next_tokens,
 //     pgfence_schema_version, pgfence_acquire, pgfence_release,
 //     pgfence_renew, pgfence_lease_held, pgfence_prune_scan,
@@ -75,42 +138,23 @@ const operatorFunction = "pgfence_force_release(pg_catalog.text, pg_catalog.text
 // table: the functions make every write. GrantSQL does not validate its
 // arguments; [Grant] does.
 func GrantSQL(schema, role string, opts *GrantOpts) []string {
-	if schema == "" {
-		schema = defaultSchema
-	}
-	s := pgx.Identifier{schema}.Sanitize()
-	to := " TO " + pgx.Identifier{role}.Sanitize()
-	latest := Latest()
-	var fns []string
-	for _, f := range appFunctions {
-		if f.since <= latest {
-			fns = append(fns, s+"."+f.signature)
-		}
-	}
-	tables := []string{pgx.Identifier{schema, "pgfence_leases"}.Sanitize()}
-	if latest >= leadersSince {
-		tables = append(tables, pgx.Identifier{schema, "pgfence_leaders"}.Sanitize())
-	}
-	stmts := []string{
-		"GRANT USAGE ON SCHEMA " + s + to,
-		"GRANT SELECT ON TABLE " + strings.Join(tables, ", ") + to,
-		"GRANT EXECUTE ON FUNCTION " + strings.Join(fns, ", ") + to,
-	}
-	if opts != nil && opts.Operator {
-		stmts = append(stmts,
-			"GRANT EXECUTE ON FUNCTION "+s+"."+operatorFunction+to,
-			"GRANT SELECT ON TABLE "+pgx.Identifier{schema, "pgfence_forced_releases"}.Sanitize()+to,
-		)
-	}
+	stmts, _ := grants(schema, role, Latest(), opts)
 	return stmts
 }
 
 // Grant runs [GrantSQL]'s statements in one transaction, as the role that
-// owns the install (the one that ran [Up]). The schema must be at the latest
-// version ([Latest]). It refuses the name "public", which PostgreSQL reads as
-// every role, and a role that does not exist fails with PostgreSQL's error.
+// owns the install (the one that ran [Up]), then checks, before committing,
+// that role holds every privilege they name: PostgreSQL only warns when the
+// granting role may not grant, and Grant fails then, naming each privilege
+// missing and the install's owner. The schema must be at the latest version
+// ([Latest]). Grant refuses the name "public", which PostgreSQL reads as
+// every role; a role that does not exist fails with PostgreSQL's error.
 // Granting twice is harmless. ctx bounds everything, connecting included.
 func Grant(ctx context.Context, t Target, role string, cfg *Config, opts *GrantOpts) error {
+	return grant(ctx, t, role, cfg, opts, nil)
+}
+
+func grant(ctx context.Context, t Target, role string, cfg *Config, opts *GrantOpts, h *testHooks) error {
 	if err := checkIdentifier("role", role); err != nil {
 		return fmt.Errorf("pgfence: migrations: grant: %w", err)
 	}
@@ -118,23 +162,75 @@ func Grant(ctx context.Context, t Target, role string, cfg *Config, opts *GrantO
 		return fmt.Errorf("pgfence: migrations: grant: refusing to grant to %q, which means every role: name the application's role", role)
 	}
 	return run(ctx, t, cfg, "grant", func(r *runner) error {
-		tx, err := r.conn.Begin(r.ctx)
-		if err != nil {
-			return err
-		}
-		defer r.rollback(tx)
-		v, dirty, err := readVersion(r.ctx, tx, r.schema)
+		v, dirty, err := r.readOnlyVersion()
 		if err != nil {
 			return err
 		}
 		if latest := Latest(); v != latest || dirty {
 			return fmt.Errorf("schema %q is at version %d (dirty %t), not %d: run Up first", r.schema, v, dirty, latest)
 		}
-		for _, stmt := range GrantSQL(r.schema, role, opts) {
+		tx, err := r.conn.Begin(r.ctx)
+		if err != nil {
+			return err
+		}
+		defer r.rollback(tx)
+		stmts, privs := grants(r.schema, role, v, opts)
+		for _, stmt := range stmts {
 			if _, err := tx.Exec(r.ctx, stmt); err != nil {
 				return fmt.Errorf("%s: %w", stmt, err)
 			}
 		}
+		if h == nil || !h.skipGrantCheck {
+			lacking, err := missingPrivileges(r.ctx, tx, role, privs)
+			if err != nil {
+				return fmt.Errorf("check the grants: %w", err)
+			}
+			if len(lacking) > 0 {
+				owner, _ := r.installOwner()
+				fix := fmt.Sprintf("run Grant as the install's owner, %q", owner)
+				if owner == r.role {
+					fix = "the schema or an object in it belongs to another role: see Up's ownership checks"
+				}
+				return fmt.Errorf("role %q still lacks %s after the grants: PostgreSQL grants nothing, and only warns, "+
+					"when the granting role (%q) may not grant; %s", role, strings.Join(lacking, ", "), r.role, fix)
+			}
+		}
 		return tx.Commit(r.ctx)
 	})
+}
+
+// missingPrivilegesSQL returns the positions (from 1) of the privileges in
+// $2, $3, $4 (kind, object, privilege) that role $1 does not hold.
+const missingPrivilegesSQL = `
+SELECT p.i FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.text[]), pg_catalog.unnest($3::pg_catalog.text[]),
+    pg_catalog.unnest($4::pg_catalog.text[])) WITH ORDINALITY AS p(kind, object, priv, i)
+WHERE NOT CASE p.kind
+    WHEN 'schema' THEN pg_catalog.has_schema_privilege($1::pg_catalog.name, (pg_catalog.parse_ident(p.object))[1], p.priv)
+    WHEN 'table' THEN pg_catalog.has_table_privilege($1::pg_catalog.name, p.object, p.priv)
+    ELSE pg_catalog.has_function_privilege($1::pg_catalog.name, p.object, p.priv) END
+ORDER BY p.i`
+
+// missingPrivileges returns the privileges of privs that role lacks, as
+// has_*_privilege sees them (PUBLIC and the roles role is a member of
+// included).
+func missingPrivileges(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, role string, privs []privilege) ([]string, error) {
+	kinds, objects, names := make([]string, len(privs)), make([]string, len(privs)), make([]string, len(privs))
+	for i, p := range privs {
+		kinds[i], objects[i], names[i] = p.kind, p.object, p.priv
+	}
+	rows, err := q.Query(ctx, missingPrivilegesSQL, role, kinds, objects, names)
+	if err != nil {
+		return nil, err
+	}
+	at, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, err
+	}
+	lacking := make([]string, len(at))
+	for i, n := range at {
+		lacking[i] = privs[n-1].String()
+	}
+	return lacking, nil
 }

@@ -10,6 +10,9 @@ import (
 
 	"github.com/golang-migrate/migrate/v4/database"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgfence/pgfence/internal/permerr"
 )
 
 // cleanupTimeout bounds the statements that tidy up after a run (unlocking,
@@ -19,28 +22,57 @@ const cleanupTimeout = 5 * time.Second
 
 // Up creates the schema when it does not exist (CREATE SCHEMA, which needs
 // the CREATE privilege on the database) and applies every pending migration
-// to it, on a connection whose search_path is exactly that schema. It
-// returns nil when none is pending. The role it runs as owns every object it
-// creates: see the package documentation for roles.
+// to it, on a connection whose search_path is exactly that schema. The role
+// it runs as (current_user) owns every object it creates: see the package
+// documentation for roles.
+//
+// When the schema is already at [Latest], Up only reads: it returns nil
+// without taking the migrations lock, so an application role with what
+// [Grant] gives can call it at start-up. It still refuses an install whose
+// schema or objects are not all owned by the install's owner.
 //
 // Each migration runs in its own transaction, together with the update of
 // the version recorded in the [Table] of the schema, so a failed or stopped
 // migration leaves nothing behind and never a dirty version. Runs on one
 // schema are serialised with the same advisory lock the migrate CLI takes.
 //
-// Up refuses, before changing anything, when another schema of the database
-// already has a pgfence_leases table: a second install would draw tokens from
-// a second sequence. It also refuses a schema that a failed run of the
-// migrate CLI left dirty, and one migrated by a newer pgfence.
+// Up refuses, before changing anything: a second install in another schema
+// of the database (it would draw tokens from a second sequence); a schema
+// that current_user does not own, or that holds an object another role owns
+// (either could replace pgfence's functions); an install owned by another
+// role, naming that role; a schema a failed run of the migrate CLI left
+// dirty; and one migrated by a newer pgfence.
 //
 // ctx bounds everything, connecting included. When ctx ends the statement in
 // progress is cancelled and the connection closed, the migration it belonged
 // to is rolled back, and the error wraps ctx.Err(); migrations committed
 // before stay applied.
 func Up(ctx context.Context, t Target, cfg *Config) error {
+	return up(ctx, t, cfg, nil)
+}
+
+// testHooks change a run for the package's tests; nil in production.
+type testHooks struct {
+	skipOwnerCheck bool // Up installs whoever owns the schema and its objects
+	skipGrantCheck bool // Grant does not check what it granted
+}
+
+func up(ctx context.Context, t Target, cfg *Config, h *testHooks) error {
 	return run(ctx, t, cfg, "up", func(r *runner) error {
+		current, err := r.upToDate(h)
+		if err != nil || current {
+			return err
+		}
+		if err := r.lock(); err != nil {
+			return err
+		}
 		if err := r.refuseSecondInstall(); err != nil {
 			return err
+		}
+		if h == nil || !h.skipOwnerCheck {
+			if err := r.checkInstaller(); err != nil {
+				return err
+			}
 		}
 		if err := r.createSchema(); err != nil {
 			return err
@@ -76,20 +108,188 @@ func Down(ctx context.Context, t Target, cfg *Config) error {
 // Version reports the version of the last migration applied to the schema
 // (0 when none is, or when the schema or its [Table] does not exist) and
 // whether a failed run of the migrate CLI left it dirty. It writes nothing:
-// it reads the [Table] in a read-only transaction, so a role with no CREATE
-// privilege anywhere can call it, given USAGE on the schema and SELECT on the
-// table. ctx bounds everything, connecting included.
+// it reads the [Table] in a read-only transaction, so any role [Grant] was
+// run for can call it (USAGE on the schema and SELECT on the table). A
+// missing privilege fails with a *pgconn.PgError (SQLSTATE 42501) whose
+// message names the grant. ctx bounds everything, connecting included.
 func Version(ctx context.Context, t Target, cfg *Config) (version uint, dirty bool, err error) {
 	err = run(ctx, t, cfg, "version", func(r *runner) error {
-		tx, err := r.conn.BeginTx(r.ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
-		if err != nil {
-			return err
-		}
-		defer r.rollback(tx)
-		version, dirty, err = readVersion(r.ctx, tx, r.schema)
+		version, dirty, err = r.readOnlyVersion()
 		return err
 	})
 	return version, dirty, err
+}
+
+// readOnlyVersion reads the version in a read-only transaction; a missing
+// privilege is explained.
+func (r *runner) readOnlyVersion() (uint, bool, error) {
+	tx, err := r.conn.BeginTx(r.ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return 0, false, err
+	}
+	defer r.rollback(tx)
+	v, dirty, err := readVersion(r.ctx, tx, r.schema)
+	if err != nil {
+		r.rollback(tx)
+		return 0, false, r.explainDenied(err, []privilege{
+			{"schema", pgx.Identifier{r.schema}.Sanitize(), "USAGE"},
+			{"table", r.table(), "SELECT"},
+		})
+	}
+	return v, dirty, nil
+}
+
+// explainDenied adds to a permission error (SQLSTATE 42501) which of privs
+// current_user lacks, and the grant that gives them; other errors are
+// returned as they are. It runs a query: the transaction that failed must
+// have ended.
+func (r *runner) explainDenied(err error, privs []privilege) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != permerr.Code {
+		return err
+	}
+	lacking, qerr := missingPrivileges(r.ctx, r.conn, r.role, privs)
+	if qerr != nil || len(lacking) == 0 {
+		return permerr.Wrap(err, r.role, r.schema)
+	}
+	return permerr.Wrap(err, r.role, r.schema, lacking...)
+}
+
+// installOwnerSQL reads the role that owns the install: the owner of its
+// version table, else of pgfence_leases (the release candidate's installs
+// may lack the table); no row when neither exists.
+const installOwnerSQL = `
+SELECT pg_catalog.pg_get_userbyid(c.relowner) FROM pg_catalog.pg_class c
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relname IN ($2, 'pgfence_leases')
+ORDER BY c.relname = $2 DESC LIMIT 1`
+
+// installOwner returns the role that owns the install, or "" when there is
+// none.
+func (r *runner) installOwner() (string, error) {
+	var owner string
+	err := r.conn.QueryRow(r.ctx, installOwnerSQL, r.schema, Table).Scan(&owner)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	return owner, err
+}
+
+// checkInstaller refuses a run of Up by a role other than the install's
+// owner, then checks the schema as [runner.checkOwners] does for
+// current_user.
+func (r *runner) checkInstaller() error {
+	owner, err := r.installOwner()
+	if err != nil {
+		return err
+	}
+	if owner != "" && owner != r.role {
+		v, _, _ := r.readOnlyVersion()
+		return fmt.Errorf("pgfence in schema %q is at version %d, not %d, and is owned by role %q, not %q: "+
+			"run migrations (pgfence migrate up) as %q", r.schema, v, Latest(), owner, r.role, owner)
+	}
+	return r.checkOwners(r.role)
+}
+
+// schemaOwnerSQL reads the owner of the schema and whether it is role $2,
+// directly or as pg_database_owner of a database that role owns (schema
+// public since PostgreSQL 15); no row when the schema does not exist.
+const schemaOwnerSQL = `
+SELECT pg_catalog.pg_get_userbyid(n.nspowner),
+       n.nspowner = r.oid OR (d.datdba = r.oid AND n.nspowner =
+           (SELECT a.oid FROM pg_catalog.pg_roles a WHERE a.rolname = 'pg_database_owner')) IS TRUE
+FROM pg_catalog.pg_namespace n, pg_catalog.pg_roles r, pg_catalog.pg_database d
+WHERE n.nspname = $1 AND r.rolname = $2 AND d.datname = pg_catalog.current_database()`
+
+// foreignObjectsSQL lists the first objects in schema $1 that role $2 does
+// not own, with their owners: any of them can shadow or replace pgfence's.
+const foreignObjectsSQL = `
+WITH s AS (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = $1),
+o AS (
+    SELECT CASE c.relkind WHEN 'S' THEN 'sequence' WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view'
+           WHEN 'i' THEN 'index' WHEN 'I' THEN 'index' WHEN 'c' THEN 'type' WHEN 'f' THEN 'foreign table'
+           ELSE 'table' END AS kind, c.relname::text AS name, c.relowner AS owner
+    FROM pg_catalog.pg_class c WHERE c.relnamespace = (SELECT oid FROM s)
+    UNION ALL SELECT 'function', p.oid::pg_catalog.regprocedure::text, p.proowner
+    FROM pg_catalog.pg_proc p WHERE p.pronamespace = (SELECT oid FROM s)
+    UNION ALL SELECT 'type', t.typname::text, t.typowner
+    FROM pg_catalog.pg_type t WHERE t.typnamespace = (SELECT oid FROM s)
+    UNION ALL SELECT 'operator', op.oid::pg_catalog.regoperator::text, op.oprowner
+    FROM pg_catalog.pg_operator op WHERE op.oprnamespace = (SELECT oid FROM s)
+    UNION ALL SELECT 'collation', co.collname::text, co.collowner
+    FROM pg_catalog.pg_collation co WHERE co.collnamespace = (SELECT oid FROM s)
+    UNION ALL SELECT 'conversion', cv.conname::text, cv.conowner
+    FROM pg_catalog.pg_conversion cv WHERE cv.connamespace = (SELECT oid FROM s)
+    UNION ALL SELECT 'operator class', oc.opcname::text, oc.opcowner
+    FROM pg_catalog.pg_opclass oc WHERE oc.opcnamespace = (SELECT oid FROM s)
+    UNION ALL SELECT 'operator family', of.opfname::text, of.opfowner
+    FROM pg_catalog.pg_opfamily of WHERE of.opfnamespace = (SELECT oid FROM s)
+    UNION ALL SELECT 'text search configuration', tc.cfgname::text, tc.cfgowner
+    FROM pg_catalog.pg_ts_config tc WHERE tc.cfgnamespace = (SELECT oid FROM s)
+    UNION ALL SELECT 'text search dictionary', td.dictname::text, td.dictowner
+    FROM pg_catalog.pg_ts_dict td WHERE td.dictnamespace = (SELECT oid FROM s)
+    UNION ALL SELECT 'statistics object', se.stxname::text, se.stxowner
+    FROM pg_catalog.pg_statistic_ext se WHERE se.stxnamespace = (SELECT oid FROM s)
+)
+SELECT o.kind, o.name, pg_catalog.pg_get_userbyid(o.owner) FROM o
+WHERE o.owner <> (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = $2)
+ORDER BY 1, 2 LIMIT 5`
+
+// checkOwners refuses a schema that exists and is not owned by owner, or
+// that holds an object owner does not own: the owner of either may drop
+// and replace pgfence's functions.
+func (r *runner) checkOwners(owner string) error {
+	s := pgx.Identifier{r.schema}.Sanitize()
+	var found string
+	var ok bool
+	err := r.conn.QueryRow(r.ctx, schemaOwnerSQL, r.schema, owner).Scan(&found, &ok)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil // Up creates it
+	}
+	if err != nil {
+		return fmt.Errorf("read the owner of schema %q: %w", r.schema, err)
+	}
+	if !ok {
+		return fmt.Errorf("schema %q is owned by role %q, not %q, which owns pgfence's objects: "+
+			"drop it or ALTER SCHEMA %s OWNER TO %s, then run migrate up as its owner",
+			r.schema, found, owner, s, pgx.Identifier{owner}.Sanitize())
+	}
+	rows, err := r.conn.Query(r.ctx, foreignObjectsSQL, r.schema, owner)
+	if err != nil {
+		return fmt.Errorf("read the owners of the objects in schema %q: %w", r.schema, err)
+	}
+	var objs []string
+	var kind, name, by string
+	if _, err := pgx.ForEachRow(rows, []any{&kind, &name, &by}, func() error {
+		objs = append(objs, fmt.Sprintf("%s %s owned by role %q", kind, name, by))
+		return nil
+	}); err != nil {
+		return fmt.Errorf("read the owners of the objects in schema %q: %w", r.schema, err)
+	}
+	if len(objs) > 0 {
+		return fmt.Errorf("schema %q holds objects not owned by role %q, which owns pgfence's objects (%s): "+
+			"the role that owns one could shadow or replace pgfence's functions; drop them, then run migrate up as %q",
+			r.schema, owner, strings.Join(objs, "; "), owner)
+	}
+	return nil
+}
+
+// upToDate reports whether the schema is at [Latest] and clean, read without
+// the migrations lock; when it is, it also checks that the install's owner
+// owns the schema and everything in it.
+func (r *runner) upToDate(h *testHooks) (bool, error) {
+	v, dirty, err := r.readOnlyVersion()
+	if err != nil || dirty || v != Latest() {
+		return false, err
+	}
+	if h != nil && h.skipOwnerCheck {
+		return true, nil
+	}
+	owner, err := r.installOwner()
+	if err != nil {
+		return false, err
+	}
+	return true, r.checkOwners(owner)
 }
 
 // runner is one run of Up, Down or Version on one connection.
@@ -97,9 +297,10 @@ type runner struct {
 	ctx    context.Context
 	conn   *pgx.Conn
 	schema string
-	// database is current_database(), for the advisory lock's key (not
-	// read by Version, which takes no lock).
+	// database is current_database(), for the advisory lock's key.
 	database string
+	// role is current_user: the role that owns what the run creates.
+	role string
 	// oldSearchPath is the session's search_path before the run changed
 	// it, restored when the run ends; nil when it was not changed.
 	oldSearchPath *string
@@ -163,10 +364,10 @@ func run(ctx context.Context, t Target, cfg *Config, what string, f func(*runner
 		release(err == nil && !fired)
 	}()
 
-	if what != "version" {
-		if err := conn.QueryRow(ctx, "SELECT pg_catalog.current_database()").Scan(&r.database); err != nil {
-			return err
-		}
+	if err := conn.QueryRow(ctx, "SELECT pg_catalog.current_database(), current_user").Scan(&r.database, &r.role); err != nil {
+		return err
+	}
+	if what == "down" || what == "grant" { // Up locks once it knows it has work
 		if err := r.lock(); err != nil {
 			return err
 		}
@@ -310,6 +511,12 @@ func (r *runner) createSchema() error {
 		return nil
 	}
 	if _, err := r.conn.Exec(r.ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{r.schema}.Sanitize()); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == permerr.Code {
+			return fmt.Errorf("create schema %q: %w; hint: role %q needs CREATE on database %q, or a schema created for it "+
+				"(CREATE SCHEMA %s AUTHORIZATION %s)", r.schema, err, r.role, r.database,
+				pgx.Identifier{r.schema}.Sanitize(), pgx.Identifier{r.role}.Sanitize())
+		}
 		return fmt.Errorf("create schema %q: %w", r.schema, err)
 	}
 	return nil

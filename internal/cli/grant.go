@@ -2,8 +2,10 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
+	"github.com/pgfence/pgfence/internal/permerr"
 	"github.com/pgfence/pgfence/migrations"
 )
 
@@ -13,16 +15,22 @@ Usage:
 
 Gives ROLE what an application needs to use pgfence in the schema --schema
 (default pgfence), in one transaction: USAGE on the schema, SELECT on
-pgfence_leases, and EXECUTE on pgfence's functions (acquire, renew, release,
-prune, next token, the guard triggers...). Nothing on the token sequence and
-no INSERT, UPDATE, DELETE or TRUNCATE on the table: pgfence's SECURITY
-DEFINER functions make every write. With --operator, also EXECUTE on
-pgfence_force_release and SELECT on pgfence_forced_releases, for the people
-and tools that run 'pgfence release --force' and 'pgfence ls --forced'.
+pgfence_leases, pgfence_leaders, pgfence_notify_key and
+` + migrations.Table + ` (so that 'pgfence migrate version', and
+'migrate up' at start-up, work as ROLE), and EXECUTE on pgfence's functions
+(acquire, renew, release, prune, next token, the guard triggers...). Nothing
+on the token sequence and no INSERT, UPDATE, DELETE or TRUNCATE on the
+table: pgfence's SECURITY DEFINER functions make every write. With
+--operator, also EXECUTE on pgfence_force_release and SELECT on
+pgfence_forced_releases, for the people and tools that run 'pgfence release
+--force' and 'pgfence ls --forced'.
 
 Run it as the role that ran 'pgfence migrate up' (the owner), after that;
-granting twice is harmless. ROLE must exist; "public" is refused. --print
-shows the statements instead of running them (no database needed).
+granting twice is harmless. Before committing, it checks that ROLE holds
+every privilege named (PostgreSQL only warns when the granting role may not
+grant one) and fails otherwise, naming each one missing. ROLE must exist;
+"public" is refused. --print shows the statements instead of running them
+(no database needed).
 
 Examples:
   pgfence grant app
@@ -67,6 +75,10 @@ func (a *App) grant(ctx context.Context, args []string) error {
 		if ctx.Err() != nil {
 			// ctx ends on the first SIGINT or SIGTERM (see Main).
 			return fmt.Errorf("interrupted: %w; nothing was granted", err)
+		}
+		var denied *permerr.Error
+		if errors.As(err, &denied) {
+			return err // it names the grant already
 		}
 		return explainSchemaError(err, schema)
 	}

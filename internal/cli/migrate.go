@@ -21,17 +21,28 @@ schema_migrations; these are the same migrations as migrations.Up and the
 files in migrations/. Run it as the role that is to own pgfence's objects,
 then give the application's role what it needs with 'pgfence grant'.
 
-  up       create the schema if needed and apply every pending migration (a
-           no-op when none is pending). Refused when another schema of the
-           database already holds a pgfence install.
+  up       create the schema if needed and apply every pending migration.
+           Refused, before anything changes, when another schema of the
+           database already holds a pgfence install, when the schema or an
+           object in it belongs to a role other than the one running it
+           (that role could replace pgfence's functions), or when the install
+           belongs to another role (its name is given). When nothing is
+           pending it only reads, so an application's role given
+           'pgfence grant' may run it at start-up.
   down     revert every migration: drops pgfence_leases with every lease in
            it, the fencing-token sequence, the forced-release audit table and
            pgfence's functions; the schema itself stays. Tokens start again
            from 1 afterwards, so rows that guarded writes have stamped with
            older tokens reject new holders. Asks for confirmation unless
            --yes.
-  version  print the applied and the latest version (writes nothing); exits
-           1 when a failed migration left the schema dirty
+  version  print the applied and the latest version (writes nothing; any
+           role given 'pgfence grant' may run it); exits 1 when a failed
+           migration left the schema dirty
+
+golang-migrate's own migrate CLI, run on the files in migrations/, makes none
+of the ownership checks of 'up': run 'pgfence migrate up' as the owner, or
+create the schema as the owner first (CREATE SCHEMA without IF NOT EXISTS,
+which fails when another role made it) and only then run migrate.
 
 SIGINT or SIGTERM stops the run: the migration in progress is rolled back,
 the ones committed before stay applied (exit status 1).

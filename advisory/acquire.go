@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/pgfence/pgfence"
@@ -380,18 +381,40 @@ func (k *Locker) Do(ctx context.Context, name string, opts *AcquireOpts, fn func
 //
 // DoKey returns the acquire error if the lock was not acquired (fn is not
 // called): as for AcquireKey, it matches pgfence.ErrUnavailable when the
-// database stayed unavailable until ctx or WaitTimeout ended. Otherwise it returns fn's error, joined with the loss (an error
-// matching pgfence.ErrLeaseLost) whenever the lock was lost before fn
-// returned, and with the release's error.
+// database stayed unavailable until ctx or WaitTimeout ended. Otherwise
+// it returns fn's error, joined with the loss (an error matching
+// pgfence.ErrLeaseLost) whenever the lock was lost before fn returned, and
+// with the release's error: one error, whose message is one line ("; "
+// between the parts), matching each part with errors.Is and errors.As.
 func (k *Locker) DoKey(ctx context.Context, key Key, opts *AcquireOpts, fn func(ctx context.Context, l pgfence.Lease) error) error {
-	return hold.Do(ctx, k, key.markName(), "pgfence: advisory", func(ctx context.Context) (pgfence.Lease, error) {
+	return oneLine(hold.Do(ctx, k, key.markName(), "pgfence: advisory", func(ctx context.Context) (pgfence.Lease, error) {
 		l, err := k.AcquireKey(ctx, key, opts)
 		if err != nil {
 			return nil, err
 		}
 		return l, nil
-	}, fn)
+	}, fn))
 }
+
+// oneLine returns err with its message on one line when it joins several
+// errors (errors.Join puts each on a line of its own): the same parts,
+// for errors.Is and errors.As, with "; " between their messages.
+func oneLine(err error) error {
+	j, ok := err.(interface{ Unwrap() []error })
+	if !ok || !strings.Contains(err.Error(), "\n") {
+		return err
+	}
+	return &joinedError{msg: strings.ReplaceAll(err.Error(), "\n", "; "), errs: j.Unwrap()}
+}
+
+// joinedError is oneLine's error.
+type joinedError struct {
+	msg  string
+	errs []error
+}
+
+func (e *joinedError) Error() string   { return e.msg }
+func (e *joinedError) Unwrap() []error { return e.errs }
 
 // heldHereError is the refusal of a key held in this Locker in a
 // conflicting mode. It matches pgfence.ErrNotAcquired. Callers may retry

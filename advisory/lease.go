@@ -81,9 +81,11 @@ type Lease struct {
 	state    lockState
 	reported bool // Release has returned the loss once
 	out      bool // handed to the caller: its end is counted and observed
-	// maxHeld is set when the MaxHold bound ended the lock; maxTimer, nil
-	// without a bound, fires at it (endMaxHold).
+	// maxHeld is set when the MaxHold bound ended the lock, and maxDone
+	// closes once its unlock is over; maxTimer, nil without a bound, fires
+	// at it (endMaxHold).
 	maxHeld  bool
+	maxDone  chan struct{}
 	maxTimer *time.Timer
 }
 
@@ -143,7 +145,8 @@ func (l *Lease) Context() context.Context { return l.ctx }
 // same session, each bounded by Config.QueryTimeout.
 //
 // When the lock was already lost, Release returns an error matching
-// pgfence.ErrNotHeld (and pgfence.ErrLeaseLost). It also does so when the
+// pgfence.ErrNotHeld (and pgfence.ErrLeaseLost); when MaxHold ended it, it
+// first waits for the Locker's unlock of it. It also does so when the
 // session fails during the release: the session is closed, which is what
 // releases the lock (the server ends a session's locks with it; an unlock
 // cannot be retried from another session). When that failure is a
@@ -161,7 +164,14 @@ func (l *Lease) Release(ctx context.Context) error {
 	k := l.k
 	k.mu.Lock()
 	switch {
-	case l.maxHeld, l.state == stateLost:
+	case l.maxHeld:
+		// Ended at MaxHold: wait for its unlock (bounded by QueryTimeout),
+		// so that the lock is free when Release returns.
+		k.mu.Unlock()
+		<-l.maxDone
+		k.mu.Lock()
+		return l.reportLostLocked()
+	case l.state == stateLost:
 		return l.reportLostLocked()
 	case l.state != stateHeld:
 		k.mu.Unlock()
@@ -301,6 +311,7 @@ func (l *Lease) endMaxHold(d time.Duration) {
 	}
 	l.state = stateUnlocking
 	l.maxHeld = true
+	l.maxDone = make(chan struct{})
 	cause := fmt.Errorf("pgfence: advisory: lock %v held for its MaxHold of %v: %w", l.key, d, pgfence.ErrMaxHold)
 	l.cancel(cause) // the holder is told first, then the lock is freed
 	k.wg.Add(1)     // Close waits for the unlock
@@ -308,6 +319,7 @@ func (l *Lease) endMaxHold(d time.Duration) {
 	defer k.wg.Done()
 	ctx := context.WithoutCancel(l.values)
 	released, err := l.release(ctx)
+	close(l.maxDone)
 	if !released {
 		return // lost before the unlock ran: failSession counted it
 	}

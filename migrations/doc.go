@@ -25,8 +25,9 @@
 //
 // [Up] creates the schema when it is missing (which needs the CREATE
 // privilege on the database; a schema that exists, for example one a DBA
-// created and gave to the owner, is used as it is) and applies the pending
-// migrations on a connection whose search_path is exactly that schema. To
+// created with AUTHORIZATION owner, is used when the owner owns it) and
+// applies the pending migrations on a connection whose search_path is
+// exactly that schema. To
 // use another schema, pass the same &migrations.Config{Schema: "..."} to Up,
 // [Down], [Version] and [Grant], and the same schema to the lockers' and the
 // command's configuration. The name is an identifier, used quoted.
@@ -40,6 +41,26 @@
 //
 // The files install into the first schema of the search_path
 // (current_schema()), so a URL without search_path installs into public.
+//
+// # Ownership
+//
+// The owner of a schema, and of any object in it, can drop and replace
+// pgfence's functions, or shadow them with overloads. So before changing
+// anything Up refuses a schema that is not owned by current_user (the role
+// whose objects Up creates: SET ROLE counts, session_user does not), or
+// that holds a function, table, sequence, view, type, operator or other
+// object owned by another role. It also refuses to migrate an install owned
+// by another role, and names that role. Schema public, owned by
+// pg_database_owner since PostgreSQL 15, counts as owned by the database's
+// owner. At the latest version Up changes nothing and checks that the
+// install's owner owns the schema and everything in it; it cannot tell
+// whether that is the role meant to own it (a role that installed pgfence
+// before the owner did would pass), so check the schema's owner once.
+//
+// golang-migrate's CLI cannot make these checks. Run `pgfence migrate up`
+// (which uses Up) as the owner, or have the owner create the schema first
+// with CREATE SCHEMA, without IF NOT EXISTS, so that it fails when another
+// role made the schema before, and only then run the CLI.
 //
 // Upgrading the release candidate, which installed migrations 000001 and
 // 000002 into public: run Up with Schema "public" (or the CLI with
@@ -81,6 +102,7 @@
 //
 //	USAGE on the schema                      to name the objects in it
 //	SELECT on pgfence_leases                 to list leases (pgfence ls)
+//	SELECT on pgfence_schema_migrations      Version, and Up at start-up
 //	EXECUTE on pgfence_next_token()          tokens for advisory locks
 //	EXECUTE on pgfence_schema_version()      lockers check the install
 //	EXECUTE on pgfence_acquire(...)          take leases
@@ -96,6 +118,11 @@
 //	from migration 9: EXECUTE on pgfence_next_tokens(boolean[]) (an advisory
 //	Locker's tokens, all of a combined statement's in one call; migration 9
 //	itself grants it to every role that may execute pgfence_next_token())
+//	from migration 5: SELECT on pgfence_leaders and EXECUTE on
+//	pgfence_leader_proclaim(...) (package leader)
+//	from migration 12: pgfence_renew, pgfence_release and pgfence_lease_held
+//	take the lease's secret (the older signatures are gone); SELECT on
+//	pgfence_notify_key, the key that authenticates notifications
 //
 // With Operator, also:
 //
@@ -106,6 +133,19 @@
 // pgfence_leases (nor SELECT ... FOR UPDATE, which needs UPDATE): every write
 // goes through the functions, which run as the owner and check what they
 // write.
+//
+// Grant checks, before it commits, that the role holds each of these
+// (PostgreSQL grants nothing, and only warns, when the granting role may
+// not grant), and fails naming each one missing.
+//
+// # Start-up
+//
+// An application may call [Up] at start-up as its own role: at the latest
+// version Up only reads the version (USAGE on the schema and SELECT on
+// pgfence_schema_migrations, which Grant gives) and returns nil. When a
+// migration is pending it fails, naming the owner as whom to run
+// migrations. A permission error (SQLSTATE 42501) from [Up], [Version] or
+// [Grant] stays a *pgconn.PgError and its message names the grant missing.
 //
 // # What the functions protect, and what they do not
 //

@@ -86,7 +86,7 @@ Exit codes:
   the command's   its exit code, or 128+N when signal N ended it
   1, or -E N      the lease is held by another owner (--no-wait, or --wait ran out)
   2               usage error
-  124             the lease was lost; the command was terminated
+  124             the lease was lost, or held for --max-hold; the command was terminated
   125             pgfence run itself failed (database unreachable, schema missing, release failed)
   126             the command could not be executed
   127             the command was not found
@@ -96,6 +96,7 @@ Examples:
   pgfence run nightly-report -- ./report.sh --since yesterday
   pgfence run -n -q -E 0 billing-sync -- billing sync   # cron: skip quietly if running elsewhere
   pgfence run -w 30s --ttl 1m --at-least 5m import -- sh -c 'psql -v token=$PGFENCE_TOKEN -f import.sql'
+  pgfence run --max-hold 2h nightly-report -- ./report.sh   # stop it, as on a loss, after 2h
 `
 
 // runOptions are the parsed flags and arguments of `pgfence run`.
@@ -106,6 +107,7 @@ type runOptions struct {
 	wait         time.Duration // 0: wait until acquired (unless noWait)
 	ttl          time.Duration // 0: the lock package's default
 	atLeast      time.Duration
+	maxHold      time.Duration // 0: no bound
 	margin       time.Duration // 0: ttl / defaultMarginDivisor
 	conflictExit int
 	quiet        bool
@@ -121,6 +123,7 @@ func parseRun(args []string) (runOptions, *flags, error) {
 	f.Duration(&o.wait, "w", "wait", "give up (exit with the conflict code) if the lease is not acquired within DURATION")
 	f.Duration(&o.ttl, "", "ttl", "lease time to live, renewed every third of it while the command runs (default 30s)")
 	f.Duration(&o.atLeast, "", "at-least", "keep the lease at least DURATION after acquiring it, even if the command ends sooner")
+	f.Duration(&o.maxHold, "", "max-hold", "give the lease up DURATION after acquiring it: the command is stopped as on a lost lease (exit 124)")
 	f.Duration(&o.margin, "", "safety-margin", "give the lease up this long before the database would expire it; SIGKILL follows SIGTERM after half of it (default TTL/5)")
 	f.fs.IntVar(&o.conflictExit, "E", o.conflictExit, "")
 	f.fs.IntVar(&o.conflictExit, "conflict-exit-code", o.conflictExit, "")
@@ -149,6 +152,8 @@ func parseRun(args []string) (runOptions, *flags, error) {
 		return o, f, usageErrorf("--ttl must not be negative, not %v", o.ttl)
 	case o.atLeast < 0:
 		return o, f, usageErrorf("--at-least must not be negative, not %v", o.atLeast)
+	case o.maxHold < 0:
+		return o, f, usageErrorf("--max-hold must not be negative, not %v", o.maxHold)
 	case o.margin < 0:
 		return o, f, usageErrorf("--safety-margin must not be negative, not %v", o.margin)
 	case o.margin != 0 && o.margin < minMargin:
@@ -227,12 +232,20 @@ func supervisorArgv() ([]string, error) {
 // ExitCannotExecute, ExitNotFound or ExitRunFailure. The command runs in its
 // own process group with EnvLease and EnvToken set; signals from sigs are
 // forwarded to the group; when the lease is lost the group gets SIGTERM,
-// then SIGKILL after grace. sup, if not nil, starts the supervisor process
+// then SIGKILL after grace; so it does, as on a loss, once maxHold (when
+// positive) has passed (the Locker ends the lease then too, with cause
+// pgfence.ErrMaxHold; this bound backs it up). sup, if not nil, starts the supervisor process
 // between pgfence and the command (supervisorArgv). stopWatch stops
 // watchForLoss before the release. The lease is released when the command
 // ends. A loss is reported from its Lost event (how long the lease was
 // held, and why), which events delivers.
-func (a *App) superviseUnderLease(lease pgfence.Lease, argv []string, sigs <-chan os.Signal, grace time.Duration, sup []string, stopWatch func(), events *runEvents) int {
+func (a *App) superviseUnderLease(lease pgfence.Lease, argv []string, sigs <-chan os.Signal, grace, maxHold time.Duration, sup []string, stopWatch func(), events *runEvents) int {
+	held := lease.Context()
+	if maxHold > 0 {
+		var cancel context.CancelFunc
+		held, cancel = context.WithTimeoutCause(held, maxHold, pgfence.ErrMaxHold)
+		defer cancel()
+	}
 	res, err := supervise.Run(&supervise.Config{
 		Path:   argv[0],
 		Args:   argv[1:],
@@ -240,18 +253,25 @@ func (a *App) superviseUnderLease(lease pgfence.Lease, argv []string, sigs <-cha
 		Stdin:  os.Stdin,
 		Stdout: os.Stdout,
 		Stderr: os.Stderr,
-	}, &supervise.RunOpts{Signals: sigs, Lost: lease.Done(), Grace: grace, Supervisor: sup})
+	}, &supervise.RunOpts{Signals: sigs, Lost: held.Done(), Grace: grace, Supervisor: sup})
 
 	// Whether the lease was lost is read before the release, after which
 	// Err reports the release itself.
 	lostErr := lease.Err()
+	if lostErr == nil && errors.Is(context.Cause(held), pgfence.ErrMaxHold) {
+		lostErr = fmt.Errorf("held for --max-hold %v: %w", maxHold, pgfence.ErrMaxHold)
+	}
 	stopWatch() // our own release notifies too
 	relErr := a.releaseAfterRun(lease, lostErr != nil)
 
 	ctx := context.Background()
 	leaseAttrs := []slog.Attr{slog.String("lease", lease.Name()), slog.Int64("token", lease.Token())}
 	var lost string // "lost after 2.5s: CAUSE", from the Lost event
-	if lostErr != nil {
+	switch {
+	case errors.Is(lostErr, pgfence.ErrMaxHold):
+		lost = fmt.Sprintf("reached --max-hold %v", maxHold)
+		leaseAttrs = append(leaseAttrs, slog.Float64("max_hold_seconds", maxHold.Seconds()))
+	case lostErr != nil:
 		ev, ok := events.lost(lease)
 		if ok {
 			lostErr = ev.Cause
@@ -272,6 +292,7 @@ func (a *App) superviseUnderLease(lease pgfence.Lease, argv []string, sigs <-cha
 		a.say(ctx, slog.LevelError, err.Error(), slog.Int("exit_code", ExitRunFailure))
 		return ExitRunFailure
 	case res.Lost:
+		// The lease's end (its loss, or --max-hold) stopped the command.
 		a.say(ctx, slog.LevelError, fmt.Sprintf("lease %q (token %d) %s; the command was terminated (%s)",
 			lease.Name(), lease.Token(), lost, res.Exit),
 			append(leaseAttrs, slog.String("cause", lostErr.Error()), slog.String("command_exit", res.Exit.String()), slog.Int("exit_code", ExitLeaseLost))...)
@@ -424,7 +445,7 @@ func (a *App) run(ctx context.Context, args []string) error {
 		return exitWith(ExitRunFailure, err)
 	}
 	stopWatch := watchForLoss(pool, lease, logger, ttl)
-	status := a.superviseUnderLease(lease, o.argv, sigs, grace, sup, stopWatch, events)
+	status := a.superviseUnderLease(lease, o.argv, sigs, grace, o.maxHold, sup, stopWatch, events)
 	if status != ExitOK {
 		return exitWith(status, nil)
 	}
@@ -574,7 +595,7 @@ func (a *App) acquireForRun(ctx context.Context, locker *leasetable.Locker, o *r
 		}
 	}()
 
-	opts := &pgfence.AcquireOpts{AtLeast: o.atLeast, WaitTimeout: o.wait}
+	opts := &pgfence.AcquireOpts{AtLeast: o.atLeast, WaitTimeout: o.wait, MaxHold: o.maxHold}
 	var lease pgfence.Lease
 	var err error
 	if o.noWait {

@@ -133,7 +133,7 @@ func TestSuperviseUnderLease(t *testing.T) {
 			var stderr bytes.Buffer
 			a := &App{Stderr: &stderr}
 			l := newFakeLease("nightly", 42)
-			require.Equal(t, tt.status, a.superviseUnderLease(l, tt.argv, nil, time.Second, nil, func() {}, nil))
+			require.Equal(t, tt.status, a.superviseUnderLease(l, tt.argv, nil, time.Second, 0, nil, func() {}, nil))
 			require.Equal(t, 1, l.released, "the lease is released once")
 			require.Contains(t, stderr.String(), tt.message)
 		})
@@ -145,7 +145,7 @@ func TestSuperviseUnderLeaseEnvironment(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "env")
 	a := &App{Stderr: &bytes.Buffer{}}
 	l := newFakeLease("account:42", 1234)
-	status := a.superviseUnderLease(l, []string{"sh", "-c", `printf '%s %s' "$PGFENCE_LEASE" "$PGFENCE_TOKEN" > "$0"`, out}, nil, time.Second, nil, func() {}, nil)
+	status := a.superviseUnderLease(l, []string{"sh", "-c", `printf '%s %s' "$PGFENCE_LEASE" "$PGFENCE_TOKEN" > "$0"`, out}, nil, time.Second, 0, nil, func() {}, nil)
 	require.Equal(t, 0, status)
 	b, err := os.ReadFile(out)
 	require.NoError(t, err)
@@ -164,7 +164,7 @@ func TestSuperviseUnderLeaseLost(t *testing.T) {
 	go func() {
 		// The command ignores SIGTERM: it takes the SIGKILL.
 		statusc <- a.superviseUnderLease(l, []string{"sh", "-c", `trap '' TERM; echo ready > "$0"; while :; do sleep 1; done`, fifo},
-			nil, 100*time.Millisecond, nil, func() {}, events)
+			nil, 100*time.Millisecond, 0, nil, func() {}, events)
 	}()
 	ready, err := os.ReadFile(fifo)
 	require.NoError(t, err)
@@ -191,7 +191,7 @@ func TestSuperviseUnderLeaseLostWithoutEvent(t *testing.T) {
 	events.wait = time.Millisecond
 	// Another lease's event is not taken for this one's.
 	events.Observe(context.Background(), pgfence.Lost{Lock: pgfence.Lock{Name: "nightly", Token: 41}, HeldFor: time.Hour, Cause: pgfence.ErrLeaseExpired})
-	require.Equal(t, ExitLeaseLost, a.superviseUnderLease(l, []string{"true"}, nil, time.Second, nil, func() {}, events))
+	require.Equal(t, ExitLeaseLost, a.superviseUnderLease(l, []string{"true"}, nil, time.Second, 0, nil, func() {}, events))
 	require.Contains(t, stderr.String(), `lease "nightly" (token 42) was lost: pgfence: lock was lost, as the command ended (exit status 0)`)
 }
 
@@ -201,7 +201,7 @@ func TestSuperviseUnderLeaseLostAsTheCommandEnded(t *testing.T) {
 	a := &App{Stderr: &stderr}
 	l := newFakeLease("nightly", 42)
 	l.err = pgfence.ErrLeaseLost // lost, but the command ended first
-	require.Equal(t, ExitLeaseLost, a.superviseUnderLease(l, []string{"true"}, nil, time.Second, nil, func() {}, nil))
+	require.Equal(t, ExitLeaseLost, a.superviseUnderLease(l, []string{"true"}, nil, time.Second, 0, nil, func() {}, nil))
 	require.Contains(t, stderr.String(), "was lost: pgfence: lock was lost, as the command ended (exit status 0)")
 }
 
@@ -211,7 +211,7 @@ func TestSuperviseUnderLeaseReleaseFails(t *testing.T) {
 	a := &App{Stderr: &stderr}
 	l := newFakeLease("nightly", 42)
 	l.releaseErr = errors.New("connection refused")
-	require.Equal(t, ExitRunFailure, a.superviseUnderLease(l, []string{"true"}, nil, time.Second, nil, func() {}, nil))
+	require.Equal(t, ExitRunFailure, a.superviseUnderLease(l, []string{"true"}, nil, time.Second, 0, nil, func() {}, nil))
 	require.Contains(t, stderr.String(), `releasing lease "nightly" failed: connection refused; it expires after its TTL`)
 }
 
@@ -229,7 +229,7 @@ func TestSuperviseUnderLeaseForwardsSignals(t *testing.T) {
 	statusc := make(chan int, 1)
 	go func() {
 		statusc <- a.superviseUnderLease(l, []string{"sh", "-c", `trap 'exit 42' USR1; echo ready > "$0"; while :; do sleep 1; done`, fifo},
-			sigs, time.Second, nil, func() {}, nil)
+			sigs, time.Second, 0, nil, func() {}, nil)
 	}()
 	_, err := os.ReadFile(fifo)
 	require.NoError(t, err)
@@ -310,4 +310,59 @@ func TestRunLoggerFormat(t *testing.T) {
 	l.With("lease", "job").Warn("pgfence: leasetable: lease lost", "token", 7, "cause", "a b")
 	l.Warn("bare")
 	require.Equal(t, "pgfence run: pgfence: leasetable: lease lost (lease=job token=7 cause=\"a b\")\npgfence run: bare\n", b.String())
+}
+
+func TestParseRunMaxHold(t *testing.T) {
+	t.Parallel()
+	o, _, err := parseRun([]string{"--max-hold", "2h", "job", "--", "true"})
+	require.NoError(t, err)
+	require.Equal(t, 2*time.Hour, o.maxHold)
+	_, _, err = parseRun([]string{"--max-hold", "-1s", "job", "--", "true"})
+	var uerr *usageError
+	require.ErrorAs(t, err, &uerr)
+}
+
+// At --max-hold the command is stopped as on a loss, and the message says
+// why; a command that ends sooner is not touched.
+func TestSuperviseUnderLeaseMaxHold(t *testing.T) {
+	t.Parallel()
+	var stderr bytes.Buffer
+	a := &App{Stderr: &stderr}
+	l := newFakeLease("nightly", 42)
+	status := a.superviseUnderLease(l, []string{"sh", "-c", "trap '' TERM; while :; do sleep 1; done"},
+		nil, 100*time.Millisecond, 200*time.Millisecond, nil, func() {}, newRunEvents())
+	require.Equal(t, ExitLeaseLost, status)
+	require.Contains(t, stderr.String(), `lease "nightly" (token 42) reached --max-hold 200ms; the command was terminated (killed by signal 9 (killed))`)
+	require.Equal(t, 1, l.released, "the lease is released")
+
+	// Not reached: the command's own status.
+	stderr.Reset()
+	l = newFakeLease("nightly", 43)
+	require.Equal(t, 3, a.superviseUnderLease(l, []string{"sh", "-c", "exit 3"}, nil, time.Second, time.Hour, nil, func() {}, nil))
+	require.Empty(t, stderr.String())
+	require.Equal(t, 1, l.released)
+}
+
+// When the Locker itself ends the lease at MaxHold (cause ErrMaxHold), run
+// reports it as max-hold too.
+func TestSuperviseUnderLeaseMaxHoldFromLocker(t *testing.T) {
+	t.Parallel()
+	fifo := filepath.Join(t.TempDir(), "ready")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
+	var stderr bytes.Buffer
+	a := &App{Stderr: &stderr}
+	l := newFakeLease("nightly", 42)
+	statusc := make(chan int, 1)
+	go func() {
+		statusc <- a.superviseUnderLease(l, []string{"sh", "-c", `echo ready > "$0"; while :; do sleep 1; done`, fifo},
+			nil, 100*time.Millisecond, time.Hour, nil, func() {}, nil)
+	}()
+	_, err := os.ReadFile(fifo)
+	require.NoError(t, err)
+	l.mu.Lock()
+	l.err = pgfence.ErrMaxHold
+	l.mu.Unlock()
+	l.cancel(pgfence.ErrMaxHold)
+	require.Equal(t, ExitLeaseLost, <-statusc)
+	require.Contains(t, stderr.String(), `reached --max-hold 1h0m0s; the command was terminated`)
 }

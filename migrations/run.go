@@ -59,9 +59,12 @@ type testHooks struct {
 
 func up(ctx context.Context, t Target, cfg *Config, h *testHooks) error {
 	return run(ctx, t, cfg, "up", func(r *runner) error {
-		current, err := r.upToDate(h)
-		if err != nil || current {
+		v, dirty, err := r.readOnlyVersion()
+		if err != nil {
 			return err
+		}
+		if v == Latest() && !dirty {
+			return r.checkUpToDate(h)
 		}
 		if err := r.lock(); err != nil {
 			return err
@@ -69,8 +72,9 @@ func up(ctx context.Context, t Target, cfg *Config, h *testHooks) error {
 		if err := r.refuseSecondInstall(); err != nil {
 			return err
 		}
-		if h == nil || !h.skipOwnerCheck {
-			if err := r.checkInstaller(); err != nil {
+		// A dirty or newer schema is refused by r.up before any change.
+		if (h == nil || !h.skipOwnerCheck) && !dirty && v < Latest() {
+			if err := r.checkInstaller(v); err != nil {
 				return err
 			}
 		}
@@ -137,159 +141,6 @@ func (r *runner) readOnlyVersion() (uint, bool, error) {
 		})
 	}
 	return v, dirty, nil
-}
-
-// explainDenied adds to a permission error (SQLSTATE 42501) which of privs
-// current_user lacks, and the grant that gives them; other errors are
-// returned as they are. It runs a query: the transaction that failed must
-// have ended.
-func (r *runner) explainDenied(err error, privs []privilege) error {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != permerr.Code {
-		return err
-	}
-	lacking, qerr := missingPrivileges(r.ctx, r.conn, r.role, privs)
-	if qerr != nil || len(lacking) == 0 {
-		return permerr.Wrap(err, r.role, r.schema)
-	}
-	return permerr.Wrap(err, r.role, r.schema, lacking...)
-}
-
-// installOwnerSQL reads the role that owns the install: the owner of its
-// version table, else of pgfence_leases (the release candidate's installs
-// may lack the table); no row when neither exists.
-const installOwnerSQL = `
-SELECT pg_catalog.pg_get_userbyid(c.relowner) FROM pg_catalog.pg_class c
-JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = $1 AND c.relname IN ($2, 'pgfence_leases')
-ORDER BY c.relname = $2 DESC LIMIT 1`
-
-// installOwner returns the role that owns the install, or "" when there is
-// none.
-func (r *runner) installOwner() (string, error) {
-	var owner string
-	err := r.conn.QueryRow(r.ctx, installOwnerSQL, r.schema, Table).Scan(&owner)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return "", nil
-	}
-	return owner, err
-}
-
-// checkInstaller refuses a run of Up by a role other than the install's
-// owner, then checks the schema as [runner.checkOwners] does for
-// current_user.
-func (r *runner) checkInstaller() error {
-	owner, err := r.installOwner()
-	if err != nil {
-		return err
-	}
-	if owner != "" && owner != r.role {
-		v, _, _ := r.readOnlyVersion()
-		return fmt.Errorf("pgfence in schema %q is at version %d, not %d, and is owned by role %q, not %q: "+
-			"run migrations (pgfence migrate up) as %q", r.schema, v, Latest(), owner, r.role, owner)
-	}
-	return r.checkOwners(r.role)
-}
-
-// schemaOwnerSQL reads the owner of the schema and whether it is role $2,
-// directly or as pg_database_owner of a database that role owns (schema
-// public since PostgreSQL 15); no row when the schema does not exist.
-const schemaOwnerSQL = `
-SELECT pg_catalog.pg_get_userbyid(n.nspowner),
-       n.nspowner = r.oid OR (d.datdba = r.oid AND n.nspowner =
-           (SELECT a.oid FROM pg_catalog.pg_roles a WHERE a.rolname = 'pg_database_owner')) IS TRUE
-FROM pg_catalog.pg_namespace n, pg_catalog.pg_roles r, pg_catalog.pg_database d
-WHERE n.nspname = $1 AND r.rolname = $2 AND d.datname = pg_catalog.current_database()`
-
-// foreignObjectsSQL lists the first objects in schema $1 that role $2 does
-// not own, with their owners: any of them can shadow or replace pgfence's.
-const foreignObjectsSQL = `
-WITH s AS (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = $1),
-o AS (
-    SELECT CASE c.relkind WHEN 'S' THEN 'sequence' WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view'
-           WHEN 'i' THEN 'index' WHEN 'I' THEN 'index' WHEN 'c' THEN 'type' WHEN 'f' THEN 'foreign table'
-           ELSE 'table' END AS kind, c.relname::text AS name, c.relowner AS owner
-    FROM pg_catalog.pg_class c WHERE c.relnamespace = (SELECT oid FROM s)
-    UNION ALL SELECT 'function', p.oid::pg_catalog.regprocedure::text, p.proowner
-    FROM pg_catalog.pg_proc p WHERE p.pronamespace = (SELECT oid FROM s)
-    UNION ALL SELECT 'type', t.typname::text, t.typowner
-    FROM pg_catalog.pg_type t WHERE t.typnamespace = (SELECT oid FROM s)
-    UNION ALL SELECT 'operator', op.oid::pg_catalog.regoperator::text, op.oprowner
-    FROM pg_catalog.pg_operator op WHERE op.oprnamespace = (SELECT oid FROM s)
-    UNION ALL SELECT 'collation', co.collname::text, co.collowner
-    FROM pg_catalog.pg_collation co WHERE co.collnamespace = (SELECT oid FROM s)
-    UNION ALL SELECT 'conversion', cv.conname::text, cv.conowner
-    FROM pg_catalog.pg_conversion cv WHERE cv.connamespace = (SELECT oid FROM s)
-    UNION ALL SELECT 'operator class', oc.opcname::text, oc.opcowner
-    FROM pg_catalog.pg_opclass oc WHERE oc.opcnamespace = (SELECT oid FROM s)
-    UNION ALL SELECT 'operator family', of.opfname::text, of.opfowner
-    FROM pg_catalog.pg_opfamily of WHERE of.opfnamespace = (SELECT oid FROM s)
-    UNION ALL SELECT 'text search configuration', tc.cfgname::text, tc.cfgowner
-    FROM pg_catalog.pg_ts_config tc WHERE tc.cfgnamespace = (SELECT oid FROM s)
-    UNION ALL SELECT 'text search dictionary', td.dictname::text, td.dictowner
-    FROM pg_catalog.pg_ts_dict td WHERE td.dictnamespace = (SELECT oid FROM s)
-    UNION ALL SELECT 'statistics object', se.stxname::text, se.stxowner
-    FROM pg_catalog.pg_statistic_ext se WHERE se.stxnamespace = (SELECT oid FROM s)
-)
-SELECT o.kind, o.name, pg_catalog.pg_get_userbyid(o.owner) FROM o
-WHERE o.owner <> (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = $2)
-ORDER BY 1, 2 LIMIT 5`
-
-// checkOwners refuses a schema that exists and is not owned by owner, or
-// that holds an object owner does not own: the owner of either may drop
-// and replace pgfence's functions.
-func (r *runner) checkOwners(owner string) error {
-	s := pgx.Identifier{r.schema}.Sanitize()
-	var found string
-	var ok bool
-	err := r.conn.QueryRow(r.ctx, schemaOwnerSQL, r.schema, owner).Scan(&found, &ok)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil // Up creates it
-	}
-	if err != nil {
-		return fmt.Errorf("read the owner of schema %q: %w", r.schema, err)
-	}
-	if !ok {
-		return fmt.Errorf("schema %q is owned by role %q, not %q, which owns pgfence's objects: "+
-			"drop it or ALTER SCHEMA %s OWNER TO %s, then run migrate up as its owner",
-			r.schema, found, owner, s, pgx.Identifier{owner}.Sanitize())
-	}
-	rows, err := r.conn.Query(r.ctx, foreignObjectsSQL, r.schema, owner)
-	if err != nil {
-		return fmt.Errorf("read the owners of the objects in schema %q: %w", r.schema, err)
-	}
-	var objs []string
-	var kind, name, by string
-	if _, err := pgx.ForEachRow(rows, []any{&kind, &name, &by}, func() error {
-		objs = append(objs, fmt.Sprintf("%s %s owned by role %q", kind, name, by))
-		return nil
-	}); err != nil {
-		return fmt.Errorf("read the owners of the objects in schema %q: %w", r.schema, err)
-	}
-	if len(objs) > 0 {
-		return fmt.Errorf("schema %q holds objects not owned by role %q, which owns pgfence's objects (%s): "+
-			"the role that owns one could shadow or replace pgfence's functions; drop them, then run migrate up as %q",
-			r.schema, owner, strings.Join(objs, "; "), owner)
-	}
-	return nil
-}
-
-// upToDate reports whether the schema is at [Latest] and clean, read without
-// the migrations lock; when it is, it also checks that the install's owner
-// owns the schema and everything in it.
-func (r *runner) upToDate(h *testHooks) (bool, error) {
-	v, dirty, err := r.readOnlyVersion()
-	if err != nil || dirty || v != Latest() {
-		return false, err
-	}
-	if h != nil && h.skipOwnerCheck {
-		return true, nil
-	}
-	owner, err := r.installOwner()
-	if err != nil {
-		return false, err
-	}
-	return true, r.checkOwners(owner)
 }
 
 // runner is one run of Up, Down or Version on one connection.
@@ -496,6 +347,153 @@ func (r *runner) refuseSecondInstall() error {
 			others[0], r.schema, others[0])
 	}
 	return nil
+}
+
+// explainDenied adds to a permission error (SQLSTATE 42501) which of privs
+// current_user lacks, and the grant that gives them; other errors are
+// returned as they are. It runs a query: the transaction that failed must
+// have ended.
+func (r *runner) explainDenied(err error, privs []privilege) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != permerr.Code {
+		return err
+	}
+	lacking, qerr := missingPrivileges(r.ctx, r.conn, r.role, privs)
+	if qerr != nil || len(lacking) == 0 {
+		return permerr.Wrap(err, r.role, r.schema)
+	}
+	return permerr.Wrap(err, r.role, r.schema, lacking...)
+}
+
+// installOwnerSQL reads the role that owns the install: the owner of its
+// version table, else of pgfence_leases (the release candidate's installs
+// may lack the table); no row when neither exists.
+const installOwnerSQL = `
+SELECT pg_catalog.pg_get_userbyid(c.relowner) FROM pg_catalog.pg_class c
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relname IN ($2, 'pgfence_leases')
+ORDER BY c.relname = $2 DESC LIMIT 1`
+
+// installOwner returns the role that owns the install, or "" when there is
+// none.
+func (r *runner) installOwner() (string, error) {
+	var owner string
+	err := r.conn.QueryRow(r.ctx, installOwnerSQL, r.schema, Table).Scan(&owner)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	return owner, err
+}
+
+// checkInstaller refuses a run of Up by a role other than the owner of the
+// install, which is at version v, then checks the schema as
+// [runner.checkOwners] does for current_user.
+func (r *runner) checkInstaller(v uint) error {
+	owner, err := r.installOwner()
+	if err != nil {
+		return err
+	}
+	if owner != "" && owner != r.role {
+		return fmt.Errorf("pgfence in schema %q is at version %d, not %d, and is owned by role %q, not %q: "+
+			"run migrations (pgfence migrate up) as %q", r.schema, v, Latest(), owner, r.role, owner)
+	}
+	return r.checkOwners(r.role)
+}
+
+// schemaOwnerSQL reads the owner of the schema and whether it is role $2,
+// directly or as pg_database_owner of a database that role owns (schema
+// public since PostgreSQL 15); no row when the schema does not exist.
+const schemaOwnerSQL = `
+SELECT pg_catalog.pg_get_userbyid(n.nspowner),
+       n.nspowner = r.oid OR (d.datdba = r.oid AND n.nspowner =
+           (SELECT a.oid FROM pg_catalog.pg_roles a WHERE a.rolname = 'pg_database_owner')) IS TRUE
+FROM pg_catalog.pg_namespace n, pg_catalog.pg_roles r, pg_catalog.pg_database d
+WHERE n.nspname = $1 AND r.rolname = $2 AND d.datname = pg_catalog.current_database()`
+
+// foreignObjectsSQL lists the first objects in schema $1 that role $2 does
+// not own, with their owners: any of them can shadow or replace pgfence's.
+const foreignObjectsSQL = `
+WITH s AS (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = $1),
+o AS (
+    SELECT CASE c.relkind WHEN 'S' THEN 'sequence' WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view'
+           WHEN 'i' THEN 'index' WHEN 'I' THEN 'index' WHEN 'c' THEN 'type' WHEN 'f' THEN 'foreign table'
+           ELSE 'table' END AS kind, c.relname::text AS name, c.relowner AS owner
+    FROM pg_catalog.pg_class c WHERE c.relnamespace = (SELECT oid FROM s)
+    UNION ALL SELECT 'function', p.oid::pg_catalog.regprocedure::text, p.proowner
+    FROM pg_catalog.pg_proc p WHERE p.pronamespace = (SELECT oid FROM s)
+    UNION ALL SELECT 'type', t.typname::text, t.typowner
+    FROM pg_catalog.pg_type t WHERE t.typnamespace = (SELECT oid FROM s)
+    UNION ALL SELECT 'operator', op.oid::pg_catalog.regoperator::text, op.oprowner
+    FROM pg_catalog.pg_operator op WHERE op.oprnamespace = (SELECT oid FROM s)
+    UNION ALL SELECT 'collation', co.collname::text, co.collowner
+    FROM pg_catalog.pg_collation co WHERE co.collnamespace = (SELECT oid FROM s)
+    UNION ALL SELECT 'conversion', cv.conname::text, cv.conowner
+    FROM pg_catalog.pg_conversion cv WHERE cv.connamespace = (SELECT oid FROM s)
+    UNION ALL SELECT 'operator class', oc.opcname::text, oc.opcowner
+    FROM pg_catalog.pg_opclass oc WHERE oc.opcnamespace = (SELECT oid FROM s)
+    UNION ALL SELECT 'operator family', of.opfname::text, of.opfowner
+    FROM pg_catalog.pg_opfamily of WHERE of.opfnamespace = (SELECT oid FROM s)
+    UNION ALL SELECT 'text search configuration', tc.cfgname::text, tc.cfgowner
+    FROM pg_catalog.pg_ts_config tc WHERE tc.cfgnamespace = (SELECT oid FROM s)
+    UNION ALL SELECT 'text search dictionary', td.dictname::text, td.dictowner
+    FROM pg_catalog.pg_ts_dict td WHERE td.dictnamespace = (SELECT oid FROM s)
+    UNION ALL SELECT 'statistics object', se.stxname::text, se.stxowner
+    FROM pg_catalog.pg_statistic_ext se WHERE se.stxnamespace = (SELECT oid FROM s)
+)
+SELECT o.kind, o.name, pg_catalog.pg_get_userbyid(o.owner) FROM o
+WHERE o.owner <> (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = $2)
+ORDER BY 1, 2 LIMIT 5`
+
+// checkOwners refuses a schema that exists and is not owned by owner, or
+// that holds an object owner does not own: the owner of either may drop
+// and replace pgfence's functions.
+func (r *runner) checkOwners(owner string) error {
+	s := pgx.Identifier{r.schema}.Sanitize()
+	var found string
+	var ok bool
+	err := r.conn.QueryRow(r.ctx, schemaOwnerSQL, r.schema, owner).Scan(&found, &ok)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil // Up creates it
+	}
+	if err != nil {
+		return fmt.Errorf("read the owner of schema %q: %w", r.schema, err)
+	}
+	if !ok {
+		return fmt.Errorf("schema %q is owned by role %q, not %q (pgfence's owner): "+
+			"drop it or ALTER SCHEMA %s OWNER TO %s, then run migrate up as its owner",
+			r.schema, found, owner, s, pgx.Identifier{owner}.Sanitize())
+	}
+	rows, err := r.conn.Query(r.ctx, foreignObjectsSQL, r.schema, owner)
+	if err != nil {
+		return fmt.Errorf("read the owners of the objects in schema %q: %w", r.schema, err)
+	}
+	var objs []string
+	var kind, name, by string
+	if _, err := pgx.ForEachRow(rows, []any{&kind, &name, &by}, func() error {
+		objs = append(objs, fmt.Sprintf("%s %s owned by role %q", kind, name, by))
+		return nil
+	}); err != nil {
+		return fmt.Errorf("read the owners of the objects in schema %q: %w", r.schema, err)
+	}
+	if len(objs) > 0 {
+		return fmt.Errorf("schema %q holds objects not owned by role %q, pgfence's owner (%s): "+
+			"the role that owns one could shadow or replace pgfence's functions; drop them, then run migrate up as %q",
+			r.schema, owner, strings.Join(objs, "; "), owner)
+	}
+	return nil
+}
+
+// checkUpToDate checks, for an install at [Latest], that the install's
+// owner owns the schema and everything in it.
+func (r *runner) checkUpToDate(h *testHooks) error {
+	if h != nil && h.skipOwnerCheck {
+		return nil
+	}
+	owner, err := r.installOwner()
+	if err != nil {
+		return err
+	}
+	return r.checkOwners(owner)
 }
 
 // createSchema creates the schema unless it exists. Checking first keeps a

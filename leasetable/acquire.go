@@ -23,7 +23,7 @@ import (
 // token and locks nothing. Names must be distinct.
 //
 // $1 names, $2 owner, $3 TTLs in microseconds (parallel arrays).
-const acquireSQL = `SELECT acquired, name, owner, fence, acquired_at, expires_at, db_now FROM %[1]s.pgfence_acquire($1, $2, $3)`
+const acquireSQL = `SELECT acquired, name, owner, fence, acquired_at, expires_at, db_now, secret FROM %[1]s.pgfence_acquire($1, $2, $3)`
 
 // expiryJitter bounds the random delay a waiter adds to the holder's
 // expiry before it retries, so that the waiters of several Lockers do not
@@ -120,12 +120,15 @@ func (k *Locker) attempt(ctx context.Context, name string, t leaseTiming, attemp
 	if err != nil {
 		return nil, false, 0, err // the caller says which lease
 	}
-	if !rep.found {
-		// The holder committed after our snapshot: retry soon.
+	if !rep.found || rep.busy {
+		// The holder committed after our snapshot, or another transaction
+		// is claiming the name or holds its expired row: retry soon.
 		return nil, false, jitter(10*time.Millisecond, 50*time.Millisecond), nil
 	}
 	if !rep.acquired {
-		wait := max(rep.expiresAt.Sub(rep.dbNow), 0)
+		// Clamped: an expiry further ahead than any pgfence function writes
+		// (set by hand) must not overflow the wait into a busy loop.
+		wait := min(max(rep.expiresAt.Sub(rep.dbNow), 0), MaxTTL)
 		return nil, rep.owner == k.cfg.Owner, wait + jitter(time.Millisecond, expiryJitter), nil
 	}
 	l = k.newLease(ctx, name, rep, t)
@@ -134,7 +137,7 @@ func (k *Locker) attempt(ctx context.Context, name string, t leaseTiming, attemp
 		// waited longer than the TTL, say for a synchronous standby): it
 		// may be granted to another owner any moment, so it is given back,
 		// never handed out with Done already closed.
-		k.giveBack([]giveBackReq{{ctx, name, rep.token}})
+		k.giveBack([]giveBackReq{{ctx, name, rep.token, rep.secret}})
 		return nil, false, 0, fmt.Errorf("pgfence: leasetable: lease %q (token %d) was granted %v after the acquire was sent, past its local deadline (TTL %v less margin %v); given back: %w: %w",
 			name, rep.token, time.Since(rep.sent).Round(time.Millisecond), t.ttl, t.margin, errLateGrant, pgfence.ErrNotAcquired)
 	}
@@ -188,9 +191,11 @@ type acquireReq struct {
 // acquireReply is the outcome of one acquire request.
 type acquireReply struct {
 	found                 bool // a row came back
+	busy                  bool // another transaction claims the name or locks its row
 	acquired              bool
 	owner                 string
 	token                 int64
+	secret                string // the acquisition's secret, when acquired
 	acquiredAt, expiresAt time.Time
 	dbNow                 time.Time
 	sent                  time.Time // when the statement was sent
@@ -302,14 +307,29 @@ func (k *Locker) execAcquires(batch []*acquireReq) (err error) {
 	got := make(map[string]acquireReply, len(names))
 	for rows.Next() {
 		var (
-			rep  acquireReply
-			name string
+			rep                   acquireReply
+			name                  string
+			owner, secret         *string
+			token                 *int64
+			acquiredAt, expiresAt *time.Time
 		)
-		if err := rows.Scan(&rep.acquired, &name, &rep.owner, &rep.token, &rep.acquiredAt, &rep.expiresAt, &rep.dbNow); err != nil {
+		if err := rows.Scan(&rep.acquired, &name, &owner, &token, &acquiredAt, &expiresAt, &rep.dbNow, &secret); err != nil {
 			rows.Close()
 			return err
 		}
 		rep.found = true
+		if owner == nil || token == nil || acquiredAt == nil || expiresAt == nil {
+			rep.busy = true
+		} else {
+			rep.owner, rep.token, rep.acquiredAt, rep.expiresAt = *owner, *token, *acquiredAt, *expiresAt
+		}
+		if rep.acquired {
+			if secret == nil || rep.busy {
+				rows.Close()
+				return fmt.Errorf("pgfence_acquire granted %q without a token or secret", name)
+			}
+			rep.secret = *secret
+		}
 		got[name] = rep
 	}
 	rows.Close()
@@ -345,16 +365,17 @@ func (k *Locker) replyAcquires(batch []*acquireReq, got map[string]acquireReply,
 		}
 		r.mu.Unlock()
 		if rep.acquired {
-			back = append(back, giveBackReq{r.ctx, r.name, rep.token})
+			back = append(back, giveBackReq{r.ctx, r.name, rep.token, rep.secret})
 		}
 	}
 }
 
 // giveBackReq is a lease taken for a caller that stopped waiting.
 type giveBackReq struct {
-	ctx   context.Context // the caller's: lends its values
-	name  string
-	token int64
+	ctx    context.Context // the caller's: lends its values
+	name   string
+	token  int64
+	secret string
 }
 
 // giveBack releases the leases in back, taken for callers that stopped
@@ -372,7 +393,7 @@ func (k *Locker) giveBack(back []giveBackReq) {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(b.ctx), k.cfg.QueryTimeout)
 			defer cancel()
-			if _, err := k.releaseRow(ctx, b.name, b.token, 0); err != nil {
+			if _, err := k.releaseRow(ctx, b.name, b.token, b.secret, 0); err != nil {
 				k.cfg.Logger.WarnContext(ctx, "pgfence: leasetable: giving back a lease whose acquirer stopped waiting failed; it expires after its TTL",
 					"lease", b.name, "token", b.token, "error", err)
 			}

@@ -194,17 +194,18 @@ func TestReleaseDurability(t *testing.T) {
 	for i, tt := range tests {
 		names := make([]string, len(tt.atLeast))
 		tokens := make([]int64, len(tt.atLeast))
+		secrets := make([]string, len(tt.atLeast))
 		for j := range tt.atLeast {
 			names[j] = fmt.Sprintf("durability-%d-%d", i, j)
 			rep, err := k.submitAcquire(ctx, names[j], timing)
 			require.NoError(t, err)
 			require.NoError(t, rep.err)
 			require.True(t, rep.acquired)
-			tokens[j] = rep.token
+			tokens[j], secrets[j] = rep.token, rep.secret
 		}
 		tx, err := db.Pool.Begin(ctx)
 		require.NoError(t, err)
-		rows, err := tx.Query(ctx, k.sql.release, names, tokens, tt.atLeast, "me")
+		rows, err := tx.Query(ctx, k.sql.release, names, tokens, secrets, tt.atLeast)
 		require.NoError(t, err)
 		n := 0
 		for rows.Next() {

@@ -23,6 +23,11 @@ const DefaultTTL = 30 * time.Second
 // renewed reliably across a network round trip and a scheduling delay.
 const MinTTL = 100 * time.Millisecond
 
+// MaxTTL is the longest TTL, and the longest [AcquireOpts].AtLeast, a lease
+// may have; pgfence's functions refuse longer ones too, so no expiry in the
+// table lies further ahead.
+const MaxTTL = 7 * 24 * time.Hour
+
 // DefaultQueryTimeout bounds each statement the Locker runs on its own
 // (a renewal attempt, a release) when [Config].QueryTimeout is zero.
 const DefaultQueryTimeout = 5 * time.Second
@@ -196,8 +201,8 @@ func (c *Config) resolve() (Config, error) {
 	if s.TTL == 0 {
 		s.TTL = DefaultTTL
 	}
-	if s.TTL < MinTTL {
-		return s, fmt.Errorf("pgfence: leasetable: Config.TTL is %v; it must be at least %v (zero means %v)", s.TTL, MinTTL, DefaultTTL)
+	if s.TTL < MinTTL || s.TTL > MaxTTL {
+		return s, fmt.Errorf("pgfence: leasetable: Config.TTL is %v; it must be between %v and %v (zero means %v)", s.TTL, MinTTL, MaxTTL, DefaultTTL)
 	}
 	if s.RenewInterval < 0 {
 		return s, fmt.Errorf("pgfence: leasetable: Config.RenewInterval is %v; it must not be negative", s.RenewInterval)
@@ -259,8 +264,8 @@ func (c *Config) timing(o *AcquireOpts) (leaseTiming, error) {
 	if o.TTL < 0 {
 		return t, fmt.Errorf("pgfence: leasetable: AcquireOpts.TTL is %v; it must not be negative (zero means the Locker's TTL)", o.TTL)
 	}
-	if o.TTL != 0 && o.TTL < MinTTL {
-		return t, fmt.Errorf("pgfence: leasetable: AcquireOpts.TTL is %v; it must be at least %v", o.TTL, MinTTL)
+	if o.TTL != 0 && (o.TTL < MinTTL || o.TTL > MaxTTL) {
+		return t, fmt.Errorf("pgfence: leasetable: AcquireOpts.TTL is %v; it must be between %v and %v", o.TTL, MinTTL, MaxTTL)
 	}
 	if o.WaitTimeout < 0 {
 		return t, fmt.Errorf("pgfence: leasetable: AcquireOpts.WaitTimeout is %v; it must not be negative", o.WaitTimeout)
@@ -268,8 +273,8 @@ func (c *Config) timing(o *AcquireOpts) (leaseTiming, error) {
 	if o.Shared {
 		return t, errors.New("pgfence: leasetable: AcquireOpts.Shared is set; a lease has one holder (shared locks are advisory's)")
 	}
-	if o.AtLeast < 0 {
-		return t, fmt.Errorf("pgfence: leasetable: AcquireOpts.AtLeast is %v; it must not be negative", o.AtLeast)
+	if o.AtLeast < 0 || o.AtLeast > MaxTTL {
+		return t, fmt.Errorf("pgfence: leasetable: AcquireOpts.AtLeast is %v; it must be between 0 and %v", o.AtLeast, MaxTTL)
 	}
 	t.atLeast = o.AtLeast
 	if o.TTL != 0 && o.TTL != c.TTL {

@@ -35,6 +35,7 @@ type Lease struct {
 	k         *Locker
 	name      string
 	token     int64
+	secret    string // proves ownership to pgfence's functions
 	timing    leaseTiming
 	ctx       context.Context
 	cancel    context.CancelCauseFunc
@@ -67,6 +68,7 @@ func (k *Locker) newLease(ctx context.Context, name string, rep acquireReply, t 
 		grantedAt:  time.Now(),
 		name:       name,
 		token:      rep.token,
+		secret:     rep.secret,
 		timing:     t,
 		acquiredAt: rep.acquiredAt,
 		deadline:   rep.sent.Add(t.ttl - t.margin),
@@ -90,6 +92,11 @@ func (l *Lease) Name() string { return l.name }
 // package fence) so that a holder that lost the lease without noticing
 // cannot overwrite a later holder's work.
 func (l *Lease) Token() int64 { return l.token }
+
+// Secret returns the secret that proves this acquisition to pgfence's
+// functions, for lease-checked writes (fence's UnderLease, or
+// pgfence_lease_held in SQL). Hand it only to code acting for this holder.
+func (l *Lease) Secret() pgfence.Secret { return pgfence.NewSecret(l.secret) }
 
 // AcquiredAt returns when the lease was acquired, on the database clock.
 func (l *Lease) AcquiredAt() time.Time { return l.acquiredAt }
@@ -275,7 +282,7 @@ func (k *Locker) released(l *Lease) {
 // while ctx lasts. It reports whether the row was still held by l.
 func (k *Locker) releaseRetrying(ctx context.Context, l *Lease) (bool, error) {
 	for failures := 1; ; failures++ {
-		held, err := k.releaseRow(ctx, l.name, l.token, l.timing.atLeast)
+		held, err := k.releaseRow(ctx, l.name, l.token, l.secret, l.timing.atLeast)
 		if err == nil || ctx.Err() != nil || !k.retryable(err) {
 			return held, err
 		}
@@ -330,7 +337,7 @@ func (k *Locker) retryReleaseLater(ctx context.Context, l *Lease) bool {
 				return
 			}
 			actx, acancel := context.WithTimeout(rctx, k.cfg.QueryTimeout)
-			_, err = k.releaseRow(actx, l.name, l.token, l.timing.atLeast)
+			_, err = k.releaseRow(actx, l.name, l.token, l.secret, l.timing.atLeast)
 			acancel()
 			if err == nil {
 				k.released(l)
@@ -393,8 +400,8 @@ func (k *Locker) checkDeadline(l *Lease) {
 }
 
 // releaseSQL gives a batch of leases up (%[1]s is the schema) through
-// pgfence_release, a SECURITY DEFINER function: owner-checked, only rows
-// with the name, owner and token that are still held, expired in place
+// pgfence_release, a SECURITY DEFINER function: only rows still held with
+// the name, token and secret presented, expired in place
 // (never deleted), and a notification on [NotifyChannel] for each one
 // (delivered at commit): freed now, or held only until acquired_at +
 // AtLeast, which a waiter must learn to retry then rather than at the old
@@ -411,8 +418,8 @@ func (k *Locker) checkDeadline(l *Lease) {
 // commits durably, which flushes the release's WAL first. A release that
 // keeps a row held (AtLeast) commits durably.
 //
-// $1 names, $2 tokens, $3 AtLeast in microseconds (parallel arrays), $4
-// owner.
+// $1 names, $2 tokens, $3 secrets, $4 AtLeast in microseconds (parallel
+// arrays).
 const releaseSQL = `SELECT fence, durability FROM %[1]s.pgfence_release($1, $2, $3, $4)`
 
 // releaseReq is one caller's request to release a lease.
@@ -420,6 +427,7 @@ type releaseReq struct {
 	ctx       context.Context
 	name      string
 	token     int64
+	secret    string
 	atLeastUs int64
 	res       chan releaseReply // buffered(1)
 }
@@ -433,8 +441,8 @@ type releaseReply struct {
 
 // releaseRow releases one lease row through the Locker's batcher. It
 // reports whether the row was still held by the lease.
-func (k *Locker) releaseRow(ctx context.Context, name string, token int64, atLeast time.Duration) (bool, error) {
-	r := &releaseReq{ctx: ctx, name: name, token: token, atLeastUs: atLeast.Microseconds(), res: make(chan releaseReply, 1)}
+func (k *Locker) releaseRow(ctx context.Context, name string, token int64, secret string, atLeast time.Duration) (bool, error) {
+	r := &releaseReq{ctx: ctx, name: name, token: token, secret: secret, atLeastUs: atLeast.Microseconds(), res: make(chan releaseReply, 1)}
 	if k.releases.runNow(r) {
 		rep := <-r.res
 		if rep.err != nil && ctx.Err() != nil {
@@ -476,10 +484,12 @@ func (k *Locker) execReleases(batch []*releaseReq) (err error) {
 	slices.SortFunc(batch, func(a, b *releaseReq) int { return strings.Compare(a.name, b.name) })
 	names := make([]string, 0, len(batch))
 	tokens := make([]int64, 0, len(batch))
+	secrets := make([]string, 0, len(batch))
 	atLeast := make([]int64, 0, len(batch))
 	for _, r := range batch {
 		names = append(names, r.name)
 		tokens = append(tokens, r.token)
+		secrets = append(secrets, r.secret)
 		atLeast = append(atLeast, r.atLeastUs)
 	}
 	// The callers' contexts are already detached from cancellation and
@@ -491,7 +501,7 @@ func (k *Locker) execReleases(batch []*releaseReq) (err error) {
 		return err
 	}
 	defer conn.Release()
-	rows, err := conn.Query(ctx, k.sql.release, names, tokens, atLeast, k.cfg.Owner)
+	rows, err := conn.Query(ctx, k.sql.release, names, tokens, secrets, atLeast)
 	if err != nil {
 		k.discardStale(conn, err)
 		return err

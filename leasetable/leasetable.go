@@ -17,6 +17,7 @@ import (
 	"github.com/pgfence/pgfence/internal/hold"
 	"github.com/pgfence/pgfence/internal/install"
 	"github.com/pgfence/pgfence/internal/notifier"
+	"github.com/pgfence/pgfence/internal/notifykey"
 	"github.com/pgfence/pgfence/internal/retry"
 	"github.com/pgfence/pgfence/internal/waitline"
 )
@@ -58,6 +59,9 @@ type Locker struct {
 	watchdogWake    chan struct{}      // buffered(1): a lease was added
 	listener        *notifier.Notifier // the LISTEN loop, once started
 	waiters         map[string]map[*waiter]struct{}
+	notifyKey       notifykey.Key       // checks notifications (see notify)
+	tagNames        map[string]string   // a waited-for name by its notification tag
+	notified        map[string]int64    // a waited-for name's newest release acted on
 	waiterSeq       uint64              // the seq of the last waiter added
 	listenWants     int                 // waiters that wait for notifications (see wantListen)
 	listenIdleSince time.Time           // when listenWants last fell to 0
@@ -118,6 +122,10 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 	if _, err := install.Check(ctx, pool, schema, quoted); err != nil {
 		return nil, fmt.Errorf("pgfence: leasetable: %w", err)
 	}
+	key, err := notifykey.Load(ctx, pool, quoted)
+	if err != nil {
+		return nil, fmt.Errorf("pgfence: leasetable: %w", err)
+	}
 	if resolved.ListenConnConfig == nil && !resolved.DisableListen {
 		resolved.ListenConnConfig = pool.Config().ConnConfig.Copy()
 	}
@@ -132,6 +140,9 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 		held:         make(map[string]*Lease),
 		watchdogWake: make(chan struct{}, 1),
 		waiters:      make(map[string]map[*waiter]struct{}),
+		notifyKey:    key,
+		tagNames:     make(map[string]string),
+		notified:     make(map[string]int64),
 		attempts:     make(map[string]*attempt),
 		lines:        waitline.New[string](false),
 		backoff:      retry.Default,

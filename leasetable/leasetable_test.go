@@ -39,7 +39,8 @@ func TestNewBadInput(t *testing.T) {
 		want string
 	}{
 		{"negative TTL", leasetable.Config{TTL: -time.Second}, "Config.TTL"},
-		{"TTL below minimum", leasetable.Config{TTL: time.Millisecond}, "at least"},
+		{"TTL below minimum", leasetable.Config{TTL: time.Millisecond}, "must be between 100ms and 168h0m0s"},
+		{"TTL above maximum", leasetable.Config{TTL: leasetable.MaxTTL + 1}, "must be between 100ms and 168h0m0s"},
 		{"negative renew interval", leasetable.Config{RenewInterval: -1}, "RenewInterval"},
 		{"negative margin", leasetable.Config{SafetyMargin: -1}, "SafetyMargin"},
 		{"TTL too short for cadence", leasetable.Config{TTL: time.Second, RenewInterval: 500 * time.Millisecond}, "too short"},
@@ -752,7 +753,7 @@ func TestCloseReleasesAndStops(t *testing.T) {
 type renewTracer struct{ batches chan int }
 
 func (r *renewTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if strings.Contains(d.SQL, ".pgfence_renew(") && len(d.Args) == 3 {
+	if strings.Contains(d.SQL, ".pgfence_renew(") && len(d.Args) == 4 {
 		if names, ok := d.Args[0].([]string); ok {
 			select {
 			case r.batches <- len(names):

@@ -23,6 +23,7 @@ func (k *Locker) addWaiter(name string) (*waiter, error) {
 	if set == nil {
 		set = make(map[*waiter]struct{})
 		k.waiters[name] = set
+		k.tagNames[k.notifyKey.Tag(name)] = name
 	}
 	set[w] = struct{}{}
 	if k.listener == nil && !k.cfg.DisableListen {
@@ -67,6 +68,8 @@ func (k *Locker) removeWaiter(name string, w *waiter) {
 	delete(set, w)
 	if len(set) == 0 {
 		delete(k.waiters, name)
+		delete(k.tagNames, k.notifyKey.Tag(name))
+		delete(k.notified, name)
 	}
 	if w.listens {
 		k.listenWants--
@@ -155,10 +158,23 @@ func (k *Locker) wakeAll() {
 	}
 }
 
-// notify wakes the waiters for the lease a notification names.
-func (k *Locker) notify(name string) {
+// notify wakes the waiters for the lease a notification announces, once per
+// released token. A payload that does not verify under the install's key
+// (forged by a role without pgfence's grant), that names no lease waited
+// for, or whose token is not newer than one already acted on (replayed) is
+// dropped without a statement.
+func (k *Locker) notify(payload string) {
+	tag, token, ok := k.notifyKey.Verify(payload)
+	if !ok {
+		return
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	name, ok := k.tagNames[tag]
+	if !ok || token <= k.notified[name] {
+		return
+	}
+	k.notified[name] = token
 	for w := range k.waiters[name] {
 		w.wake()
 	}

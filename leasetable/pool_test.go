@@ -134,7 +134,9 @@ func TestLateRenewalNotSent(t *testing.T) {
 		blocker, err := db.Pool.Begin(ctx)
 		require.NoError(t, err)
 		defer func() { _ = blocker.Rollback(ctx) }()
-		_, err = blocker.Exec(ctx, "SELECT FROM pgfence.pgfence_leases WHERE name = $1 FOR UPDATE", name)
+		// A table lock, which the renewal waits for (a row lock it would
+		// skip, reporting the lease busy).
+		_, err = blocker.Exec(ctx, "LOCK TABLE pgfence.pgfence_leases IN EXCLUSIVE MODE")
 		require.NoError(t, err)
 		c, err := pool.Acquire(ctx)
 		require.NoError(t, err)

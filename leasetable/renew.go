@@ -2,6 +2,7 @@ package leasetable
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -17,14 +18,19 @@ import (
 
 // renewSQL extends a batch of leases in one statement (%[1]s is the
 // schema) through pgfence_renew, a SECURITY DEFINER function. A lease is
-// renewed only while it is still held by the same token: fence matches and
-// expires_at is still in the future on clock_timestamp() (judged when the
-// row lock is granted, not when the statement started), so an expired lease
-// is never resurrected; expires_at never moves backwards. It returns the
-// tokens renewed and locks the batch's rows, in name order.
+// renewed only while it is still held with the same token and secret and
+// expires_at is still in the future on clock_timestamp(), so an expired
+// lease is never resurrected; expires_at never moves backwards. A row that
+// another transaction has locked is not waited for: it comes back with
+// renewed false, and is retried soon like a failed statement.
 //
-// $1 names, $2 tokens, $3 TTLs in microseconds (parallel arrays).
-const renewSQL = `SELECT %[1]s.pgfence_renew($1, $2, $3)`
+// $1 names, $2 tokens, $3 secrets, $4 TTLs in microseconds (parallel
+// arrays).
+const renewSQL = `SELECT fence, renewed FROM %[1]s.pgfence_renew($1, $2, $3, $4)`
+
+// errRenewBusy is the error of a renewal that skipped a lease's row because
+// another transaction had it locked.
+var errRenewBusy = errors.New("the lease's row is locked by another transaction")
 
 // watchdog renews the Locker's leases until none are left or the Locker is
 // closed. When a lease is due, it and all leases due within half their
@@ -88,6 +94,7 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease, own bool) (lost map[
 	slices.SortFunc(batch, func(a, b *Lease) int { return strings.Compare(a.name, b.name) })
 	names := make([]string, 0, len(batch))
 	tokens := make([]int64, 0, len(batch))
+	secrets := make([]string, 0, len(batch))
 	ttls := make([]int64, 0, len(batch))
 	var (
 		lastDeadline time.Time
@@ -108,6 +115,7 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease, own bool) (lost map[
 		l.inflight = done
 		names = append(names, l.name)
 		tokens = append(tokens, l.token)
+		secrets = append(secrets, l.secret)
 		ttls = append(ttls, l.timing.ttl.Microseconds())
 		if l.deadline.After(lastDeadline) {
 			lastDeadline = l.deadline
@@ -141,6 +149,7 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease, own bool) (lost map[
 	sctx, cancel := context.WithDeadline(ctx, stmtDeadline)
 	defer cancel()
 	renewed := make(map[int64]bool, len(names))
+	busy := make(map[int64]bool)
 	// The wait for a connection ends when too little time is left for the
 	// statement to be answered before the deadline (less than the Locker's
 	// fastest renewal round trip): a statement sent later could not be of
@@ -162,15 +171,22 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease, own bool) (lost map[
 	if err == nil {
 		defer conn.Release()
 		began = time.Now()
-		rows, err = conn.Query(sctx, k.sql.renew, names, tokens, ttls)
+		rows, err = conn.Query(sctx, k.sql.renew, names, tokens, secrets, ttls)
 	}
 	if err == nil {
-		var token int64
+		var (
+			token int64
+			ok    bool
+		)
 		for rows.Next() {
-			if err = rows.Scan(&token); err != nil {
+			if err = rows.Scan(&token, &ok); err != nil {
 				break
 			}
-			renewed[token] = true
+			if ok {
+				renewed[token] = true
+			} else {
+				busy[token] = true
+			}
 		}
 		rows.Close()
 		if err == nil {
@@ -189,10 +205,16 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease, own bool) (lost map[
 
 	// A renewal ended by its caller (Renew's ctx) or by Close is no failure
 	// of the database: the watchdog carries on, and nothing is logged.
-	failed := err != nil && parent.Err() == nil && k.closeCtx.Err() == nil
+	// Nor is a renewal that was not sent because too little time was left
+	// before the batch's last deadline: those leases are lost at it.
+	live := parent.Err() == nil && k.closeCtx.Err() == nil && wait > 0
+	failed := err != nil && live
 	if failed {
 		k.cfg.Logger.WarnContext(ctx, "pgfence: leasetable: renewal failed; retrying until each lease's local deadline",
 			"leases", len(names), "error", err)
+	} else if err == nil && len(busy) > 0 && live {
+		k.cfg.Logger.WarnContext(ctx, "pgfence: leasetable: renewal failed; retrying until each lease's local deadline",
+			"leases", len(busy), "error", errRenewBusy)
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -203,18 +225,24 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease, own bool) (lost map[
 		if l.state != stateHeld {
 			continue
 		}
+		lerr, lfailed := err, failed
+		if err == nil && busy[l.token] {
+			// Its row is locked by another transaction (the holder's own
+			// lease-checked write, say): not renewed, still held.
+			lerr, lfailed = errRenewBusy, live
+		}
 		switch {
-		case err != nil:
+		case lerr != nil:
 			// Each attempt is bounded on its own (QueryTimeout), so a dead
 			// connection costs one attempt; the next comes after a backoff
 			// (from 25ms), capped at a quarter of the renewal interval, so
 			// several fit before the local deadline.
 			n := l.renewFails + 1
-			if failed {
+			if lfailed {
 				l.renewFails = n
 				k.nRenewFailures.Add(1)
 				if k.ev.Enabled() {
-					k.ev.Async(l.values, pgfence.RenewalFailed{Lock: l.lock(), Attempt: n, Err: err})
+					k.ev.Async(l.values, pgfence.RenewalFailed{Lock: l.lock(), Attempt: n, Err: lerr})
 				}
 			}
 			wait := min(k.backoff.Wait(n), max(10*time.Millisecond, min(l.timing.renewEvery/4, time.Second)))

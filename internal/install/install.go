@@ -14,16 +14,9 @@ import (
 )
 
 // Version is the oldest schema version (pgfence_schema_version()) this code
-// works with: 6, the migration that makes every token draw durable.
-// Migrations 000007 and 000008 change only how fast pgfence_acquire takes
-// one lease and how often a token draw waits for a WAL flush, not what
-// either returns or guarantees, and 000009 adds pgfence_next_tokens, which
-// an advisory Locker uses when it may (Install.TokenBatch) and does without
-// otherwise, so the code does not require them. Nor does it require 000010,
-// which makes the token sequence step by 1024 (pgfence_next_tokens hands out
-// a block of consecutive tokens per value): every draw goes through
-// pgfence's functions, which know the step of their own version.
-const Version = 6
+// works with: 12, from which every function acting on a held lease takes the
+// lease's secret.
+const Version = 12
 
 // From schema version TokenStepVersion (migration 000010) the token
 // sequence steps by TokenStep instead of by 1: one value covers a block of

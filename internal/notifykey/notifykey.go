@@ -1,0 +1,81 @@
+// Package notifykey reads and checks the payloads of pgfence's
+// notifications (pgfence_lease_released, pgfence_leader): tag:token:mac,
+// keyed with the install's pgfence_notify_key, so that a role without
+// pgfence's grant neither learns lease names from them nor forges one.
+package notifykey
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/pgfence/pgfence"
+)
+
+// Key is an install's notification key.
+type Key []byte
+
+// Load reads the key of the install in the schema quoted (already quoted).
+func Load(ctx context.Context, db pgfence.DB, quoted string) (Key, error) {
+	var k []byte
+	if err := db.QueryRow(ctx, "SELECT key FROM "+quoted+".pgfence_notify_key").Scan(&k); err != nil {
+		return nil, fmt.Errorf("read %s.pgfence_notify_key (the role needs SELECT on it: pgfence grant): %w", quoted, err)
+	}
+	return k, nil
+}
+
+// Tag returns the tag that stands for name in payloads: the first 16 bytes
+// of sha256(key || 0x01 || name), in hex.
+func (k Key) Tag(name string) string {
+	h := sha256.New()
+	h.Write(k)
+	h.Write([]byte{1})
+	h.Write([]byte(name))
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// mac is the first 16 bytes of sha256(key || sha256(key || 0x02 || msg)).
+func (k Key) mac(msg string) []byte {
+	in := sha256.New()
+	in.Write(k)
+	in.Write([]byte{2})
+	in.Write([]byte(msg))
+	out := sha256.New()
+	out.Write(k)
+	out.Write(in.Sum(nil))
+	return out.Sum(nil)[:16]
+}
+
+// Payload returns the payload announcing name's token, as the database's
+// pgfence_notify_payload writes it.
+func (k Key) Payload(name string, token int64) string {
+	msg := k.Tag(name) + ":" + strconv.FormatInt(token, 10)
+	return msg + ":" + hex.EncodeToString(k.mac(msg))
+}
+
+// Verify checks payload's MAC and returns its tag and token; ok is false
+// for a payload that was not written with k.
+func (k Key) Verify(payload string) (tag string, token int64, ok bool) {
+	i := strings.LastIndexByte(payload, ':')
+	if i < 0 || len(k) == 0 {
+		return "", 0, false
+	}
+	msg, sum := payload[:i], payload[i+1:]
+	got, err := hex.DecodeString(sum)
+	if err != nil || subtle.ConstantTimeCompare(got, k.mac(msg)) != 1 {
+		return "", 0, false
+	}
+	j := strings.IndexByte(msg, ':')
+	if j < 0 {
+		return "", 0, false
+	}
+	token, err = strconv.ParseInt(msg[j+1:], 10, 64)
+	if err != nil {
+		return "", 0, false
+	}
+	return msg[:j], token, true
+}

@@ -443,7 +443,10 @@ func TestReleaseForce(t *testing.T) {
 	defer cancel()
 	n, err := listener.WaitForNotification(wctx)
 	require.NoError(t, err)
-	require.Equal(t, "account:42", n.Payload)
+	var want string
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT pgfence.pgfence_notify_payload('account:42', $1)", token).Scan(&want))
+	require.Equal(t, want, n.Payload, "the payload announces the old token, under the install's key")
+	require.NotContains(t, n.Payload, "account:42")
 
 	// The old holder's renewal (its token, not yet expired) finds nothing.
 	tag, err := db.Pool.Exec(ctx, `UPDATE pgfence.pgfence_leases SET expires_at = pg_catalog.now() + interval '30 seconds'

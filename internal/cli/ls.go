@@ -245,7 +245,7 @@ func (a *App) ls(ctx context.Context, args []string) error {
 	for _, i := range infos {
 		out.Leases = append(out.Leases, leaseJSON{
 			Name: i.Name, Owner: i.Owner, Token: i.Token, Held: true,
-			AcquiredAt: i.AcquiredAt, ExpiresAt: i.ExpiresAt,
+			AcquiredAt: jsonTime(i.AcquiredAt), ExpiresAt: jsonTime(i.ExpiresAt),
 			// A lease acquired after out.Now was read has been held
 			// for no time at all on that clock.
 			HeldForSeconds:   max(0, out.Now.Sub(i.AcquiredAt).Seconds()),
@@ -259,7 +259,7 @@ func (a *App) ls(ctx context.Context, args []string) error {
 	for _, e := range elections {
 		l := leaderJSON{Election: e.Election, Leading: e.Leading}
 		if e.Leading {
-			began, expires := e.BeganAt, e.ExpiresAt
+			began, expires := jsonTime(e.BeganAt), jsonTime(e.ExpiresAt)
 			l.Token, l.Owner, l.Value, l.Proclaimed = e.Token, e.Owner, e.Value, e.Proclaimed
 			l.BeganAt, l.ExpiresAt = &began, &expires
 			l.LeadingForSeconds = max(0, out.Now.Sub(began).Seconds())
@@ -302,9 +302,9 @@ func (a *App) lsTerms(ctx context.Context, db pgfence.DB, schema string, asJSON 
 		Terms []termJSON `json:"terms"`
 	}{Terms: []termJSON{}}
 	for _, t := range terms {
-		j := termJSON{Election: t.Election, Token: t.Token, Owner: t.Owner, Value: t.Value, BeganAt: t.BeganAt, Leading: t.Leading}
+		j := termJSON{Election: t.Election, Token: t.Token, Owner: t.Owner, Value: t.Value, BeganAt: jsonTime(t.BeganAt), Leading: t.Leading}
 		if t.Leading {
-			expires := t.ExpiresAt
+			expires := jsonTime(t.ExpiresAt)
 			j.ExpiresAt = &expires
 		}
 		out.Terms = append(out.Terms, j)
@@ -453,9 +453,26 @@ func displayValue(s string) string {
 // seconds formats a duration given in seconds for people: "4.2s" under a
 // minute, "3m12s" or "2h0m5s" above.
 func seconds(s float64) string {
+	if s >= maxSeconds || s <= -maxSeconds {
+		// A time no pgfence function writes (an expiry beyond its 7-day
+		// bound, set by hand): shown as it is, never as an overflow.
+		return fmt.Sprintf("%.0fs", s)
+	}
 	d := time.Duration(s * float64(time.Second))
 	if d < time.Minute {
 		return d.Round(100 * time.Millisecond).String()
 	}
 	return d.Round(time.Second).String()
+}
+
+// maxSeconds is the largest number of seconds seconds formats as a duration.
+const maxSeconds = float64(1<<63-1) / float64(time.Second)
+
+// jsonTime returns t, or the last instant of year 9999 for a later t, which
+// JSON's timestamps (RFC 3339) cannot write.
+func jsonTime(t time.Time) time.Time {
+	if last := time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC); t.After(last) {
+		return last
+	}
+	return t
 }

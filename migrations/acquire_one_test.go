@@ -56,7 +56,7 @@ func acquireOne(t *testing.T, ctx context.Context, q querier, name, owner string
 func TestMigration000007(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
-	latest := pgtest.NewDB(t)
+	latest := dbAt(t, 11) // the last version whose functions take 000003's arguments
 	at6 := dbAt(t, 6)
 
 	lastToken := func(db *pgtest.DB) int64 {
@@ -139,5 +139,5 @@ func TestMigration000007(t *testing.T) {
 	// saw it, freed by "one", not the taker that holds it.
 	require.Equal(t, "one", waitedFor(at6).owner)
 
-	requireRevertsTo(t, latest, 6)
+	requireRevertsTo(t, pgtest.NewDB(t), 6)
 }

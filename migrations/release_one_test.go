@@ -128,7 +128,7 @@ func releaseTrace(t *testing.T, db *pgtest.DB) []string {
 func TestMigration000011(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
-	latest := pgtest.NewDB(t)
+	latest := dbAt(t, 11) // the last version whose functions take 000003's arguments
 	at10 := dbAt(t, 10)
 
 	want := releaseTrace(t, at10)
@@ -141,7 +141,7 @@ func TestMigration000011(t *testing.T) {
 	broken := func(line string) []string {
 		t.Helper()
 		require.Contains(t, string(up), line)
-		db := pgtest.NewDB(t)
+		db := dbAt(t, 10)
 		_, err := db.Pool.Exec(ctx, "SET search_path = pgfence; "+strings.Replace(string(up), line, "", 1))
 		require.NoError(t, err)
 		return releaseTrace(t, db)
@@ -151,5 +151,5 @@ func TestMigration000011(t *testing.T) {
 	require.NotEqual(t, want, broken("durability := pg_catalog.set_config('synchronous_commit', 'off', true);"),
 		"negative control: a one-lease path that leaves the commit durable")
 
-	requireRevertsTo(t, latest, 10)
+	requireRevertsTo(t, pgtest.NewDB(t), 10)
 }

@@ -203,6 +203,10 @@ func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpt
 	// a refusal by another session; parkFailed records that it could not
 	// park, so that the round waits as before instead.
 	parkNext, parkFailed := false, false
+	// lastWake is when the last attempt woken by a notification began:
+	// the next one waits until k.wakeGap after it (see Waiting in the
+	// package documentation).
+	var lastWake time.Time
 	defer func() {
 		if ln != nil {
 			k.leaveLine(key.id, ln, head)
@@ -341,9 +345,41 @@ func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpt
 			armedSeen = armed
 		case <-wake: // nil unless registered
 			t.Stop()
+			if !k.wakeAfterGap(ctx, lastWake) {
+				if ctx.Err() != nil {
+					return nil, n, ended()
+				}
+				return nil, n, pgfence.ErrClosed
+			}
+			lastWake = time.Now()
 		case <-t.C:
 		}
 		pause = min(2*pause, k.cfg.MaxPollInterval)
+	}
+}
+
+// wakeAfterGap waits, after a notification woke an Acquire, until k.wakeGap
+// has passed since the last attempt a notification woke (at last), so that
+// notifications, which any role can send, make at most one attempt per
+// wakeGap for a key of a Locker. It returns false when ctx ended or the
+// Locker closed first.
+func (k *Locker) wakeAfterGap(ctx context.Context, last time.Time) bool {
+	d := k.wakeGap - time.Since(last)
+	if k.onWake != nil {
+		k.onWake(d)
+	}
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-k.closeCtx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 

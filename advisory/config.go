@@ -65,6 +65,12 @@ const (
 // MaxPollInterval.
 const minPollInterval = 5 * time.Millisecond
 
+// minWakeGap is the least time between two attempts of a waiting Acquire
+// woken by notifications for its key: the bound on what forged
+// notifications can make a Locker send (see Waiting in the package
+// documentation).
+const minWakeGap = 25 * time.Millisecond
+
 // Config configures a [Locker]. A nil *Config, and every zero field, means
 // the default. [New] validates it and returns an error for negative or
 // inconsistent values.

@@ -267,6 +267,15 @@
 // any reason, drops its interest, and the LISTEN connection releases the
 // interest lock when no acquire of its Locker waits for the key any more;
 // [Locker.Close] closes it. [Config.DisableListen] turns wake-ups off.
+//
+// Any role that can connect to the database can send NOTIFY on
+// NotifyChannel. Forged notifications cannot grant a lock, and their cost
+// to a waiter is bounded: the waiting call of a Locker for a key (its
+// line's head) makes one attempt at a time, and an attempt a notification
+// woke is made at least 25ms after the previous one a notification woke.
+// So a flood costs each waiting Locker at most 40 notification-triggered
+// attempts per second and key, besides its polls. The first wake-up after
+// 25ms without one, as after a real unlock, is not delayed.
 // Releases by [Locker.Close] (pg_advisory_unlock_all), by a session's end
 // and by transaction locks send no notification: their waiters see them
 // at their next poll. [Locker.AcquireTx] does not poll at all: the server queues it.

@@ -62,3 +62,12 @@ func SetNoPark(k *Locker) { k.noPark = true }
 // releasing their locks in the background (the negative control of the
 // Close race tests).
 func SetCloseNoWait(k *Locker) { k.closeNoWait = true }
+
+// SetWakeGap sets the least time between two attempts of k's waiting
+// Acquire calls woken by notifications (normally 25ms); 0 turns the bound
+// off (the negative control of the forged-notification tests).
+func SetWakeGap(k *Locker, d time.Duration) { k.wakeGap = d }
+
+// SetOnWake sets a function run each time a notification wakes one of k's
+// waiting Acquire calls, with the time it then waits before its attempt.
+func SetOnWake(k *Locker, f func(wait time.Duration)) { k.onWake = f }

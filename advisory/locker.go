@@ -72,6 +72,12 @@ type Locker struct {
 	// closeNoWait, a test hook, has Close return without waiting for its
 	// sessions to be closed and their locks released.
 	closeNoWait bool
+	// wakeGap is the least time between two attempts of a waiting
+	// Acquire woken by notifications (minWakeGap; tests may turn it off);
+	// onWake, a test hook, runs at each such wake-up with the time left
+	// to wait.
+	wakeGap time.Duration
+	onWake  func(wait time.Duration)
 
 	// Counters of Stats.
 	waiting                               atomic.Int64
@@ -143,6 +149,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 		closeCtx:     closeCtx,
 		closeStop:    closeStop,
 		firstPause:   minPollInterval,
+		wakeGap:      minWakeGap,
 		peek:         sessionPeekInterval,
 		fill:         sessionFill,
 		maxLockBatch: maxLockBatch,

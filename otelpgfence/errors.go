@@ -64,6 +64,8 @@ func ErrorType(err error) string {
 //     ([pgfence.ErrLeaseTakenOver]);
 //   - "session_ended": the database session holding it ended (advisory
 //     locks; [pgfence.ErrSessionEnded]);
+//   - "max_hold": it was held for its AcquireOpts.MaxHold bound
+//     ([pgfence.ErrMaxHold]);
 //   - "closed": the Locker was closed while holding it ([pgfence.ErrClosed]);
 //   - "other": anything else.
 func LossCause(cause error) string {
@@ -76,6 +78,8 @@ func LossCause(cause error) string {
 		return "taken_over"
 	case errors.Is(cause, pgfence.ErrSessionEnded):
 		return "session_ended"
+	case errors.Is(cause, pgfence.ErrMaxHold):
+		return "max_hold"
 	}
 	return "other"
 }

@@ -407,6 +407,7 @@ func TestLossCause(t *testing.T) {
 		{fmt.Errorf("lease %q: %w", "a", pgfence.ErrLeaseTakenOver), "taken_over"},
 		{fmt.Errorf("session (pid 7): %w: %w", pgfence.ErrSessionEnded, errors.New("EOF")), "session_ended"},
 		{fmt.Errorf("%w: %w", pgfence.ErrLeaseLost, pgfence.ErrClosed), "closed"},
+		{fmt.Errorf("lock %q held for its MaxHold of 1h: %w", "a", pgfence.ErrMaxHold), "max_hold"},
 		{pgfence.ErrLeaseLost, "other"},
 		{nil, "other"},
 	} {

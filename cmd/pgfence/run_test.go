@@ -407,3 +407,26 @@ func TestRunKilledTakesTheCommandWithIt(t *testing.T) {
 	require.Eventually(t, func() bool { return !processAlive(pid) }, time.Minute, 10*time.Millisecond,
 		"the command does not run on without its supervisor")
 }
+
+// TestRunMaxHold: past --max-hold the command's whole group is stopped as
+// on a lost lease, run exits 124 saying max-hold, and the lease is free.
+func TestRunMaxHold(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	b := startPgfence(t, dbEnv(db), "run", "--ttl", "3s", "--max-hold", "1s", "job", "--", "sh", "-c", lossScript)
+	pgid, err := strconv.Atoi(b.line(t))
+	require.NoError(t, err)
+	token := b.line(t)
+
+	require.Equal(t, 124, b.wait(t), b.stderr.String())
+	require.Contains(t, b.stderr.String(), `pgfence run: lease "job" (token `+token+`) reached --max-hold 1s; the command was terminated (killed by signal 9 (killed))`)
+	require.Eventually(t, func() bool { return !groupAlive(t, pgid) }, time.Minute, 10*time.Millisecond,
+		"the command's whole process group is gone")
+	_, held := leaseRow(t, db, "job")
+	require.False(t, held, "the lease was released")
+
+	// Control: a command that ends before the bound keeps its own status.
+	r := pgfence(t, dbEnv(db), "", "run", "--max-hold", "1h", "job", "--", "sh", "-c", "exit 3")
+	require.Equal(t, 3, r.code, r.stderr)
+	require.Empty(t, r.stderr)
+}

@@ -465,6 +465,7 @@ SELECT pg_catalog.set_config('search_path',
 
 ALTER FUNCTION pgfence_schema_version() SET search_path FROM CURRENT;
 ALTER FUNCTION pgfence_notify_payload(text, bigint) SET search_path FROM CURRENT;
+ALTER FUNCTION pgfence_check_us(bigint[], bigint, text) SET search_path FROM CURRENT;
 ALTER FUNCTION pgfence_acquire(text[], text, bigint[]) SET search_path FROM CURRENT;
 ALTER FUNCTION pgfence_acquire(text[], text, bigint[]) SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION pgfence_renew(text[], bigint[], text[], bigint[]) SET search_path FROM CURRENT;

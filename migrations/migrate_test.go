@@ -545,17 +545,17 @@ func describe(t *testing.T, db *pgtest.DB) []string {
 
 func TestGrantSQL(t *testing.T) {
 	t.Parallel()
-	// At version 9: 4 added its trigger functions and pgfence_last_token
-	// to the EXECUTE list, 5 pgfence_leaders and pgfence_leader_proclaim,
-	// 9 pgfence_next_tokens.
+	// 4 added its trigger functions and pgfence_last_token to the EXECUTE
+	// list, 5 pgfence_leaders and pgfence_leader_proclaim, 9
+	// pgfence_next_tokens, 12 the secret arguments and pgfence_notify_key.
 	require.Equal(t, []string{
 		`GRANT USAGE ON SCHEMA "pgfence" TO "app"`,
-		`GRANT SELECT ON TABLE "pgfence"."pgfence_leases", "pgfence"."pgfence_leaders" TO "app"`,
+		`GRANT SELECT ON TABLE "pgfence"."pgfence_leases", "pgfence"."pgfence_leaders", "pgfence"."pgfence_notify_key", "pgfence"."pgfence_schema_migrations" TO "app"`,
 		`GRANT EXECUTE ON FUNCTION "pgfence".pgfence_next_token(), "pgfence".pgfence_schema_version(), ` +
 			`"pgfence".pgfence_acquire(pg_catalog.text[], pg_catalog.text, pg_catalog.int8[]), ` +
-			`"pgfence".pgfence_release(pg_catalog.text[], pg_catalog.int8[], pg_catalog.int8[], pg_catalog.text), ` +
-			`"pgfence".pgfence_renew(pg_catalog.text[], pg_catalog.int8[], pg_catalog.int8[]), ` +
-			`"pgfence".pgfence_lease_held(pg_catalog.text, pg_catalog.int8), ` +
+			`"pgfence".pgfence_release(pg_catalog.text[], pg_catalog.int8[], pg_catalog.text[], pg_catalog.int8[]), ` +
+			`"pgfence".pgfence_renew(pg_catalog.text[], pg_catalog.int8[], pg_catalog.text[], pg_catalog.int8[]), ` +
+			`"pgfence".pgfence_lease_held(pg_catalog.text, pg_catalog.int8, pg_catalog.text), ` +
 			`"pgfence".pgfence_prune_scan(pg_catalog.text, pg_catalog.int4, pg_catalog.interval), ` +
 			`"pgfence".pgfence_prune_delete(pg_catalog.text[], pg_catalog.int8[], pg_catalog.interval), ` +
 			`"pgfence".pgfence_leader_proclaim(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text), ` +

@@ -142,20 +142,25 @@ func TestHostileSearchPath(t *testing.T) {
 		owner    string
 		fence    int64
 	}
+	secrets := map[string]string{}
 	acquire := func(owner string, names ...string) map[string]lease {
 		ttls := make([]int64, len(names))
 		for i := range ttls {
 			ttls[i] = int64(time.Minute / time.Microsecond)
 		}
-		rows, err := c.Query(ctx, "SELECT acquired, name, owner, fence, expires_at > db_now FROM pgfence.pgfence_acquire($1, $2, $3)", names, owner, ttls)
+		rows, err := c.Query(ctx, "SELECT acquired, name, owner, fence, expires_at > db_now, secret FROM pgfence.pgfence_acquire($1, $2, $3)", names, owner, ttls)
 		require.NoError(t, err)
 		got := map[string]lease{}
 		for rows.Next() {
 			var l lease
 			var name string
 			var future bool
-			require.NoError(t, rows.Scan(&l.acquired, &name, &l.owner, &l.fence, &future))
+			var secret *string
+			require.NoError(t, rows.Scan(&l.acquired, &name, &l.owner, &l.fence, &future, &secret))
 			require.True(t, future)
+			if l.acquired {
+				secrets[name] = *secret
+			}
 			got[name] = l
 		}
 		require.NoError(t, rows.Err())
@@ -185,7 +190,8 @@ func TestHostileSearchPath(t *testing.T) {
 
 	require.Equal(t, map[string]lease{"a": {false, "app-1", ta}}, acquire("app-2", "a"), "a held lease is not taken over")
 
-	rows, err := c.Query(ctx, "SELECT * FROM pgfence.pgfence_renew($1, $2, $3)", []string{"a", "b"}, []int64{ta, tb + 1000}, []int64{120e6, 120e6})
+	rows, err := c.Query(ctx, "SELECT fence FROM pgfence.pgfence_renew($1, $2, $3, $4) WHERE renewed", []string{"a", "b"}, []int64{ta, tb + 1000},
+		[]string{secrets["a"], secrets["b"]}, []int64{120e6, 120e6})
 	require.NoError(t, err)
 	renewed, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)
@@ -194,12 +200,13 @@ func TestHostileSearchPath(t *testing.T) {
 	tx, err := c.Begin(ctx)
 	require.NoError(t, err)
 	var held, wrong bool
-	require.NoError(t, tx.QueryRow(ctx, "SELECT pgfence.pgfence_lease_held('a', $1), pgfence.pgfence_lease_held('a', $2)", ta, ta+1000).Scan(&held, &wrong))
+	require.NoError(t, tx.QueryRow(ctx, "SELECT pgfence.pgfence_lease_held('a', $1, $3), pgfence.pgfence_lease_held('a', $2, $3)", ta, ta+1000, secrets["a"]).Scan(&held, &wrong))
 	require.True(t, held)
 	require.False(t, wrong)
 	require.NoError(t, tx.Commit(ctx))
 
-	rows, err = c.Query(ctx, "SELECT fence, durability FROM pgfence.pgfence_release($1, $2, $3, $4)", []string{"a", "b"}, []int64{ta, tb}, []int64{0, 0}, "app-1")
+	rows, err = c.Query(ctx, "SELECT fence, durability FROM pgfence.pgfence_release($1, $2, $3, $4)", []string{"a", "b"}, []int64{ta, tb},
+		[]string{secrets["a"], secrets["b"]}, []int64{0, 0})
 	require.NoError(t, err)
 	type released struct {
 		Fence      int64
@@ -216,18 +223,21 @@ func TestHostileSearchPath(t *testing.T) {
 	last = got["a"].fence
 	next()
 
+	// Prune's minimum age is a minute: age the released lease (as the
+	// superuser, outside the app's view).
+	exec(t, db, "UPDATE pgfence.pgfence_leases SET expires_at = now() - interval '2 minutes' WHERE name = 'b'")
 	var lastName string
 	var pageRows int64
 	var names []string
 	var tokens []int64
 	var vxids []string
-	require.NoError(t, c.QueryRow(ctx, "SELECT * FROM pgfence.pgfence_prune_scan('', 100, '0')").Scan(&lastName, &pageRows, &names, &tokens, &vxids))
+	require.NoError(t, c.QueryRow(ctx, "SELECT * FROM pgfence.pgfence_prune_scan('', 100, '1 minute')").Scan(&lastName, &pageRows, &names, &tokens, &vxids))
 	require.Equal(t, "b", lastName)
 	require.Equal(t, int64(2), pageRows)
 	require.Equal(t, []string{"b"}, names, "the released lease is prunable, the held one is not")
 	require.Equal(t, []int64{tb}, tokens)
 	var deleted int64
-	require.NoError(t, c.QueryRow(ctx, "SELECT pgfence.pgfence_prune_delete($1, $2, '0')", names, tokens).Scan(&deleted))
+	require.NoError(t, c.QueryRow(ctx, "SELECT pgfence.pgfence_prune_delete($1, $2, '1 minute')", names, tokens).Scan(&deleted))
 	require.Equal(t, int64(1), deleted)
 
 	var version int
@@ -429,7 +439,8 @@ func TestForceReleaseAudit(t *testing.T) {
 	appConn := connAs(t, db, app)
 
 	var t1 int64
-	require.NoError(t, appConn.QueryRow(ctx, "SELECT fence FROM pgfence.pgfence_acquire('{job}', 'worker-1', '{60000000}')").Scan(&t1))
+	var secret string
+	require.NoError(t, appConn.QueryRow(ctx, "SELECT fence, secret FROM pgfence.pgfence_acquire('{job}', 'worker-1', '{60000000}')").Scan(&t1, &secret))
 
 	listener := connAs(t, db, app)
 	_, err := listener.Exec(ctx, "LISTEN pgfence_lease_released")
@@ -470,7 +481,9 @@ func TestForceReleaseAudit(t *testing.T) {
 	defer cancel()
 	n, err := listener.WaitForNotification(waitCtx)
 	require.NoError(t, err)
-	require.Equal(t, "job", n.Payload)
+	var want string
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT pgfence.pgfence_notify_payload('job', $1)", t1).Scan(&want))
+	require.Equal(t, want, n.Payload)
 
 	mu.Lock()
 	require.Len(t, logged, 1)
@@ -479,9 +492,10 @@ func TestForceReleaseAudit(t *testing.T) {
 	require.Contains(t, logged[0], `reason "stuck since Monday"`)
 	mu.Unlock()
 
-	// The holder is fenced out: its token no longer holds the lease.
+	// The holder is fenced out: its token and secret no longer hold the
+	// lease.
 	var held bool
-	require.NoError(t, appConn.QueryRow(ctx, "SELECT pgfence.pgfence_lease_held('job', $1)", t1).Scan(&held))
+	require.NoError(t, appConn.QueryRow(ctx, "SELECT pgfence.pgfence_lease_held('job', $1, $2)", t1, secret).Scan(&held))
 	require.False(t, held)
 
 	// The next acquire takes the lease with a newer token and leaves the
@@ -574,9 +588,10 @@ func TestAppRoleCannotReviveOrPruneHeld(t *testing.T) {
 	require.NoError(t, err)
 
 	var short int64
-	require.NoError(t, holder.QueryRow(ctx, "SELECT fence FROM pgfence.pgfence_acquire('{short}', 'h', '{300000}')").Scan(&short))
+	var shortSecret string
+	require.NoError(t, holder.QueryRow(ctx, "SELECT fence, secret FROM pgfence.pgfence_acquire('{short}', 'h', '{300000}')").Scan(&short, &shortSecret))
 	waitFor(t, db, "SELECT clock_timestamp() > expires_at FROM pgfence.pgfence_leases WHERE name = 'short'")
-	rows, err := tx.Query(ctx, "SELECT fence FROM pgfence.pgfence_release('{short}', $1, '{3600000000}', 'h')", []int64{short})
+	rows, err := tx.Query(ctx, "SELECT fence FROM pgfence.pgfence_release('{short}', $1, $2, '{3600000000}')", []int64{short}, []string{shortSecret})
 	require.NoError(t, err)
 	revived, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)
@@ -609,8 +624,9 @@ func TestAppRoleCannotReviveOrPruneHeld(t *testing.T) {
 
 	// Negative control: at_least does keep a lease that is still held.
 	var long int64
-	require.NoError(t, holder.QueryRow(ctx, "SELECT fence FROM pgfence.pgfence_acquire('{long}', 'h', '{60000000}')").Scan(&long))
-	rows, err = app.Query(ctx, "SELECT fence FROM pgfence.pgfence_release('{long}', $1, '{3600000000}', 'h')", []int64{long})
+	var longSecret string
+	require.NoError(t, holder.QueryRow(ctx, "SELECT fence, secret FROM pgfence.pgfence_acquire('{long}', 'h', '{60000000}')").Scan(&long, &longSecret))
+	rows, err = app.Query(ctx, "SELECT fence FROM pgfence.pgfence_release('{long}', $1, $2, '{3600000000}')", []int64{long}, []string{longSecret})
 	require.NoError(t, err)
 	kept, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)
@@ -622,10 +638,12 @@ func TestAppRoleCannotReviveOrPruneHeld(t *testing.T) {
 	_, err = app.Exec(ctx, "SELECT * FROM pgfence.pgfence_prune_scan('', 10, '-2 hours')")
 	requireSQLState(t, err, "22023")
 	var held bool
-	require.NoError(t, app.QueryRow(ctx, "SELECT pgfence.pgfence_lease_held('long', $1)", long).Scan(&held))
+	require.NoError(t, app.QueryRow(ctx, "SELECT pgfence.pgfence_lease_held('long', $1, $2)", long, longSecret).Scan(&held))
 	require.True(t, held)
-	// Negative control: a non-negative age prunes the expired row only.
+	// Negative control: an age of a minute prunes the row expired for two
+	// (aged by the superuser), not the held one.
+	exec(t, db, "UPDATE pgfence.pgfence_leases SET expires_at = now() - interval '2 minutes' WHERE name = 'short'")
 	var deleted int64
-	require.NoError(t, app.QueryRow(ctx, "SELECT pgfence.pgfence_prune_delete('{long,short}', $1, '0')", []int64{long, short}).Scan(&deleted))
+	require.NoError(t, app.QueryRow(ctx, "SELECT pgfence.pgfence_prune_delete('{long,short}', $1, '1 minute')", []int64{long, short}).Scan(&deleted))
 	require.Equal(t, int64(1), deleted)
 }

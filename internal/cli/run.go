@@ -18,10 +18,12 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/notifier"
+	"github.com/pgfence/pgfence/internal/notifykey"
 	"github.com/pgfence/pgfence/internal/supervise"
 	"github.com/pgfence/pgfence/leasetable"
 )
@@ -444,7 +446,14 @@ func (a *App) run(ctx context.Context, args []string) error {
 		_ = a.releaseAfterRun(lease, false)
 		return exitWith(ExitRunFailure, err)
 	}
-	stopWatch := watchForLoss(pool, lease, logger, ttl)
+	// Release notifications name a lease by a tag keyed with the
+	// install's notification key; leasetable.New has just read it too.
+	nkey, err := notifykey.Load(ctx, pool, pgx.Identifier{o.schema}.Sanitize())
+	if err != nil {
+		_ = a.releaseAfterRun(lease, false)
+		return exitWith(ExitRunFailure, err)
+	}
+	stopWatch := watchForLoss(pool, lease, nkey, logger, ttl)
 	status := a.superviseUnderLease(lease, o.argv, sigs, grace, o.maxHold, sup, stopWatch, events)
 	if status != ExitOK {
 		return exitWith(status, nil)
@@ -525,19 +534,21 @@ const lossCheckTimeout = 5 * time.Second
 // trip of its notification, not at the next scheduled renewal (TTL/3
 // later): it LISTENs on leasetable.NotifyChannel on a connection of its
 // own, and when a notification names the lease (a force release frees it
-// and notifies), or the connection starts listening (one may have been
-// missed), it renews the lease at once. If the database no longer holds the
+// and notifies: its payload, checked with key, carries the name's tag), or
+// the connection starts listening (one may have been missed), it renews
+// the lease at once. If the database no longer holds the
 // lease for this token the renewal fails and the lease's Done channel
 // closes, which ends the command. Renewals are one at a time; a check that
 // fails for another reason leaves the lease to the watchdog. The returned
 // function stops the watch and waits for it, boundedly.
-func watchForLoss(pool *pgxpool.Pool, lease pgfence.Lease, logger *slog.Logger, ttl time.Duration) (stop func()) {
+func watchForLoss(pool *pgxpool.Pool, lease pgfence.Lease, key notifykey.Key, logger *slog.Logger, ttl time.Duration) (stop func()) {
 	if os.Getenv(envNoLossWatch) == "1" {
 		return func() {}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	var busy atomic.Bool
+	tag := key.Tag(lease.Name())
 	check := func() {
 		if !busy.CompareAndSwap(false, true) {
 			return
@@ -558,8 +569,8 @@ func watchForLoss(pool *pgxpool.Pool, lease pgfence.Lease, logger *slog.Logger, 
 		CheckTimeout:  min(max(ttl/3, time.Second), lossCheckTimeout),
 		Logger:        logger,
 		LogPrefix:     "lease watch",
-		Notify: func(name string) {
-			if name == lease.Name() {
+		Notify: func(payload string) {
+			if t, _, ok := key.Verify(payload); ok && t == tag {
 				check()
 			}
 		},

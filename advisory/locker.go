@@ -252,7 +252,7 @@ func (k *Locker) closeSessions(sessions []*session) {
 // belong to the caller's transaction), Waiting the Acquire and Do calls
 // in progress (waiting for the lock, or riding out an outage). Every lock handed out ends counted once, in Released (by
 // its holder, including a release that failed) or in Lost (its session
-// died, or the Locker closed). RenewalFailures is always zero: a failed
+// died, its MaxHold passed, or the Locker closed). RenewalFailures is always zero: a failed
 // check of a session loses its locks at once (they count in Lost), as
 // there is no TTL to ride out. It is safe to call at any time, after
 // Close too.

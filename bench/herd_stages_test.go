@@ -11,14 +11,14 @@ import (
 func TestHerdStmtKind(t *testing.T) {
 	t.Parallel()
 	for sql, want := range map[string]int{
-		`SELECT acquired, name, owner, fence, acquired_at, expires_at, db_now FROM "pgfence".pgfence_acquire($1, $2, $3)`:                     herdStmtAcquire,
+		`SELECT acquired, name, owner, fence, acquired_at, expires_at, db_now, secret FROM "pgfence".pgfence_acquire($1, $2, $3)`:             herdStmtAcquire,
 		`SELECT fence, durability FROM "pgfence".pgfence_release($1, $2, $3, $4)`:                                                             herdStmtRelease,
 		`SELECT r.i, CASE WHEN CASE WHEN r.sh THEN pg_catalog.pg_try_advisory_lock_shared(r.k) ELSE pg_catalog.pg_try_advisory_lock(r.k) END`: herdStmtAcquire,
 		`SELECT CASE WHEN NOT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8) THEN false`:                                                  herdStmtRelease,
 		// The LISTEN connection's interest locks and a renewal are neither.
 		`SELECT k FROM pg_catalog.unnest($1::pg_catalog.int8[]) AS k WHERE pg_catalog.pg_try_advisory_lock_shared(1885824631, 1)`: 0,
 		`SELECT pg_catalog.count(*) FILTER (WHERE pg_catalog.pg_advisory_unlock_shared(1885824631, 1))`:                           0,
-		`SELECT name FROM "pgfence".pgfence_renew($1, $2, $3)`:                                                                    0,
+		`SELECT fence, renewed FROM "pgfence".pgfence_renew($1, $2, $3, $4)`:                                                      0,
 	} {
 		require.Equal(t, want, herdStmtKind(sql), sql)
 	}

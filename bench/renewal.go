@@ -27,7 +27,7 @@ type renewalResult struct {
 	StmtTotalTime time.Duration // their summed client-side latency
 	StmtMax       time.Duration
 	PgssCalls     int64 // calls of the renewal statement in pg_stat_statements (-1: unavailable)
-	PgssRows      int64 // rows those calls updated
+	PgssRows      int64 // rows those calls returned: one per lease renewed, or found locked by another transaction
 	LiveAtEnd     int64 // leases still held in the table at the end of the window
 	LostAtEnd     int   // leases the Locker reported lost
 }
@@ -76,7 +76,8 @@ func (t *countingTracer) reset() { t.n.Store(0); t.total.Store(0); t.max.Store(0
 // Statements of the renewal scenario's cross-check in pg_stat_statements.
 const (
 	pgssReset = `SELECT pg_stat_statements_reset()`
-	// pgssRenew sums the calls and rows of leasetable's renewal statement.
+	// pgssRenew sums the calls and rows of leasetable's renewal statement
+	// (SELECT fence, renewed FROM pgfence_renew(names, tokens, secrets, TTLs)).
 	pgssRenew = `SELECT coalesce(sum(calls), 0)::bigint, coalesce(sum(rows), 0)::bigint FROM pg_stat_statements
 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND query LIKE '%.pgfence_renew(%'`
@@ -205,7 +206,7 @@ func renderRenewal(p func(string, ...any), res *results) {
 		t := &report.Table{Header: []string{"figure", "value"}, TextColumns: 1}
 		pgss := "n/a (pg_stat_statements unavailable)"
 		if rn.PgssCalls >= 0 {
-			pgss = fmt.Sprintf("%d calls, %s rows renewed", rn.PgssCalls, report.Thousands(rn.PgssRows))
+			pgss = fmt.Sprintf("%d calls, %s rows returned (leases renewed, or skipped as locked)", rn.PgssCalls, report.Thousands(rn.PgssRows))
 		}
 		mean := "n/a"
 		if rn.Statements > 0 {

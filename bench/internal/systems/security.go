@@ -88,8 +88,10 @@ LEFT JOIN (
 
 // fnAcquire and fnRelease are what leasetable sends since 000003: a call of
 // the SECURITY DEFINER function that runs the same statement as the owner.
+// Since 000012 the acquire returns the lease's secret and the release takes
+// it: $1 names, $2 tokens, $3 secrets, $4 AtLeast in microseconds.
 const (
-	fnAcquire = `SELECT acquired, name, owner, fence, acquired_at, expires_at, db_now FROM pgfence.pgfence_acquire($1, $2, $3)`
+	fnAcquire = `SELECT acquired, name, owner, fence, acquired_at, expires_at, db_now, secret FROM pgfence.pgfence_acquire($1, $2, $3)`
 	fnRelease = `SELECT fence, durability FROM pgfence.pgfence_release($1, $2, $3, $4)`
 )
 
@@ -122,7 +124,7 @@ var RCLeasetableSQL = harness.Spec{
 		if err := installRCToken(ctx, env.DatabaseURL); err != nil {
 			return nil, err
 		}
-		return openLeaseProbe(ctx, env, env.DatabaseURL, env.DatabaseURL, clients, rcAcquire, rcRelease)
+		return openLeaseProbe(ctx, env, env.DatabaseURL, env.DatabaseURL, clients, rcLease)
 	},
 }
 
@@ -132,9 +134,9 @@ var FnLeasetable = harness.Spec{
 	Name:  "fn-leasetable",
 	Kind:  harness.Ceiling,
 	OptIn: true,
-	Note:  "security-cost probe: the same cycle through pgfence.pgfence_acquire and pgfence.pgfence_release (SECURITY DEFINER, pinned search_path, hardened token function), one name per call, as the role pgfence's lockers use (2 statements)",
+	Note:  "security-cost probe: the same cycle through pgfence.pgfence_acquire and pgfence.pgfence_release (SECURITY DEFINER, pinned search_path, hardened token function; since 000012 the release presents the secret the acquire returned), one name per call, as the role pgfence's lockers use (2 statements)",
 	Open: func(ctx context.Context, env *harness.Env, clients int) (harness.System, error) {
-		return openLeaseProbe(ctx, env, env.AppURL(), env.DatabaseURL, clients, fnAcquire, fnRelease)
+		return openLeaseProbe(ctx, env, env.AppURL(), env.DatabaseURL, clients, fnLease)
 	},
 }
 
@@ -157,44 +159,99 @@ var RCAdvisoryToken = harness.Spec{
 	},
 }
 
+// leaseStmts is one way of acquiring and releasing a lease with one-element
+// arrays: the release candidate's statements (owner-checked release) or the
+// functions of the latest migration (secret-checked release).
+type leaseStmts struct {
+	acquire, release string
+	secret           bool // acquire returns a secret, release takes it as $3
+}
+
+var (
+	rcLease = leaseStmts{acquire: rcAcquire, release: rcRelease}
+	fnLease = leaseStmts{acquire: fnAcquire, release: fnRelease, secret: true}
+)
+
+// heldLease is what an acquire statement answered.
+type heldLease struct {
+	acquired bool
+	fence    int64
+	secret   string
+}
+
+// acquireOne runs st's acquire of name.
+func (st leaseStmts) acquireOne(ctx context.Context, q querier, name, owner string, ttlUs []int64) (heldLease, error) {
+	var (
+		l          heldLease
+		rowName    *string
+		rowOwner   *string
+		fence      *int64
+		secret     *string
+		at, exp, n *time.Time
+	)
+	dest := []any{&l.acquired, &rowName, &rowOwner, &fence, &at, &exp, &n}
+	if st.secret {
+		dest = append(dest, &secret)
+	}
+	if err := q.QueryRow(ctx, st.acquire, []string{name}, owner, ttlUs).Scan(dest...); err != nil {
+		return l, err
+	}
+	if fence != nil {
+		l.fence = *fence
+	}
+	if secret != nil {
+		l.secret = *secret
+	}
+	return l, nil
+}
+
+// releaseOne runs st's release of l under name; pgx.ErrNoRows when the lease
+// was not held.
+func (st leaseStmts) releaseOne(ctx context.Context, q querier, name, owner string, l heldLease, atLeastUs []int64) error {
+	args := []any{[]string{name}, []int64{l.fence}, atLeastUs, owner}
+	if st.secret {
+		args = []any{[]string{name}, []int64{l.fence}, []string{l.secret}, atLeastUs}
+	}
+	var tok int64
+	var durability *string
+	return q.QueryRow(ctx, st.release, args...).Scan(&tok, &durability)
+}
+
+// querier is what the probes send their statements through: a pool, a
+// connection or a transaction.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
 // leaseProbe cycles a lease through one acquire and one release statement
 // with one-element arrays, as a Locker does when nothing else is in flight.
 type leaseProbe struct {
 	pool             *pgxpool.Pool
 	ownerURL         string
 	owner            string
-	acquire, release string
+	stmts            leaseStmts
 	ttlUs, atLeastUs []int64
 }
 
-func openLeaseProbe(ctx context.Context, env *harness.Env, url, ownerURL string, clients int, acquire, release string) (*leaseProbe, error) {
+func openLeaseProbe(ctx context.Context, env *harness.Env, url, ownerURL string, clients int, stmts leaseStmts) (*leaseProbe, error) {
 	pool, err := openPool(ctx, env, url, clients)
 	if err != nil {
 		return nil, err
 	}
-	return &leaseProbe{pool: pool, ownerURL: ownerURL, owner: newOwner("probe"), acquire: acquire, release: release,
+	return &leaseProbe{pool: pool, ownerURL: ownerURL, owner: newOwner("probe"), stmts: stmts,
 		ttlUs: []int64{LeasetableTTL.Microseconds()}, atLeastUs: []int64{0}}, nil
 }
 
 func (s *leaseProbe) TryAcquire(ctx context.Context, name string) (harness.Release, error) {
-	var (
-		acquired   bool
-		rowName    string
-		owner      string
-		fence      int64
-		at, exp, n time.Time
-	)
-	err := s.pool.QueryRow(ctx, s.acquire, []string{name}, s.owner, s.ttlUs).Scan(&acquired, &rowName, &owner, &fence, &at, &exp, &n)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && !acquired) {
+	l, err := s.stmts.acquireOne(ctx, s.pool, name, s.owner, s.ttlUs)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && !l.acquired) {
 		return nil, harness.ErrBusy
 	}
 	if err != nil {
 		return nil, err
 	}
 	return func(ctx context.Context) error {
-		var tok int64
-		var durability *string
-		err := s.pool.QueryRow(ctx, s.release, []string{name}, []int64{fence}, s.atLeastUs, s.owner).Scan(&tok, &durability)
+		err := s.stmts.releaseOne(ctx, s.pool, name, s.owner, l, s.atLeastUs)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("probe release of %q: lease was not held", name)
 		}
@@ -245,24 +302,16 @@ func OpenCallPath(ctx context.Context, env *harness.Env, name string) (*CallPath
 	var cycle func(ctx context.Context, tx pgx.Tx, name string) error
 	ttl, atLeast := []int64{LeasetableTTL.Microseconds()}, []int64{0}
 	owner := newOwner("call")
-	lease := func(acquire, release string) func(ctx context.Context, tx pgx.Tx, name string) error {
+	lease := func(st leaseStmts) func(ctx context.Context, tx pgx.Tx, name string) error {
 		return func(ctx context.Context, tx pgx.Tx, name string) error {
-			var (
-				acquired   bool
-				rowName    string
-				rowOwner   string
-				fence      int64
-				at, exp, n time.Time
-			)
-			if err := tx.QueryRow(ctx, acquire, []string{name}, owner, ttl).Scan(&acquired, &rowName, &rowOwner, &fence, &at, &exp, &n); err != nil {
+			l, err := st.acquireOne(ctx, tx, name, owner, ttl)
+			if err != nil {
 				return err
 			}
-			if !acquired {
+			if !l.acquired {
 				return fmt.Errorf("call probe: %q is held", name)
 			}
-			var tok int64
-			var durability *string
-			return tx.QueryRow(ctx, release, []string{name}, []int64{fence}, atLeast, owner).Scan(&tok, &durability)
+			return st.releaseOne(ctx, tx, name, owner, l, atLeast)
 		}
 	}
 	advisoryToken := func(tryLock string) func(ctx context.Context, tx pgx.Tx, name string) error {
@@ -281,9 +330,9 @@ func OpenCallPath(ctx context.Context, env *harness.Env, name string) (*CallPath
 	}
 	switch name {
 	case RCLeasetableSQL.Name:
-		url, cycle = env.DatabaseURL, lease(rcAcquire, rcRelease)
+		url, cycle = env.DatabaseURL, lease(rcLease)
 	case FnLeasetable.Name:
-		cycle = lease(fnAcquire, fnRelease)
+		cycle = lease(fnLease)
 	case RCAdvisoryToken.Name:
 		url, cycle = env.DatabaseURL, advisoryToken(rcAdvisoryToken)
 	case AdvisoryTokenCeiling.Name:

@@ -270,6 +270,7 @@ func render(res *results, cfg *config) (map[string][]byte, error) {
 	renderAdvisory(p, res)
 	renderSecurityCost(p, res, cfg)
 	renderClientScale(p, res, cfg, files)
+	renderOwnershipCost(p, res)
 	renderProfiles(p, res)
 	renderMisses(p, res, cfg)
 

@@ -281,3 +281,18 @@ type Stats struct {
 	// Observer was too slow.
 	EventsDropped uint64
 }
+
+// NoTokenWrite is sent when a fenced write was rejected because it
+// presented no token ([ErrNoToken]): a bug in the writing code, not a stale
+// holder, so it is not a [StaleWrite]. Observers receive it like StaleWrite.
+type NoTokenWrite struct {
+	// Table is the guarded table, quoted as the statement names it.
+	Table string
+	// Current is the row's token.
+	Current int64
+}
+
+// Strategy returns StrategyFence.
+func (NoTokenWrite) Strategy() string { return StrategyFence }
+
+func (NoTokenWrite) event() {}

@@ -201,3 +201,10 @@ type Locker interface {
 // *pgconn.PgError stays reachable with errors.As). Trying again later may
 // succeed.
 var ErrUnavailable = errors.New("pgfence: database unavailable")
+
+// ErrNoToken is matched by the error of a write to a table guarded in strict
+// mode that presented no fencing token (SQLSTATE PF004): the transaction
+// never called fence.Present (pgfence_present in SQL). It is a bug in the
+// writing code, not a lost lock, so it does not match [ErrFenced]. Nothing
+// was written.
+var ErrNoToken = errors.New("pgfence: write rejected: it presented no fencing token")

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
@@ -50,12 +51,12 @@ func BenchmarkUpdate(b *testing.B) {
 		})
 		b.Run(name+"/fence-under-lease", func(b *testing.B) {
 			db := benchSetup(b, trigger)
-			_, err := db.Pool.Exec(ctx, `INSERT INTO pgfence.pgfence_leases (name, owner, fence, expires_at)
-				VALUES ('l', 'a', 5, now() + interval '1 hour')`)
+			_, err := db.Pool.Exec(ctx, `INSERT INTO pgfence.pgfence_leases (name, owner, fence, expires_at, secret_hash)
+				VALUES ('l', 'a', 5, now() + interval '1 hour', sha256(convert_to('s', 'UTF8')))`)
 			require.NoError(b, err)
 			schema, err := pgfenceSchema(ctx, db.Pool)
 			require.NoError(b, err)
-			stmt := fence.Update("accounts").Set("balance = balance + $1").Where("id = $2").UnderLease("l").LeaseSchema(schema)
+			stmt := fence.Update("accounts").Set("balance = balance + $1").Where("id = $2").UnderLease("l", pgfence.NewSecret("s")).LeaseSchema(schema)
 			for b.Loop() {
 				_, err := stmt.Exec(ctx, db.Pool, 5, 1, 1)
 				require.NoError(b, err)

@@ -1,6 +1,7 @@
 package fence
 
 import (
+	"github.com/pgfence/pgfence"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -26,9 +27,9 @@ func TestCachedRendersOnce(t *testing.T) {
 	}
 	require.Equal(t, 1, renders, "rendered once for repeated calls")
 
-	require.NoError(t, render(base.UnderLease("a"), 2))
+	require.NoError(t, render(base.UnderLease("a", testSecret), 2))
 	require.Equal(t, 2, renders, "the lease check changes the SQL")
-	require.NoError(t, render(base.UnderLease("b"), 2))
+	require.NoError(t, render(base.UnderLease("b", testSecret), 2))
 	require.Equal(t, 2, renders, "the lease name is a parameter: the UnderLease copies share the rendering")
 
 	for _, derived := range []*UpdateStmt{base.Strict(), base.Column("epoch"), base.Set("balance = $1"), base.Where("true AND id = $2"), base.LeaseSchema("locks")} {
@@ -44,3 +45,6 @@ func TestCachedRendersOnce(t *testing.T) {
 	require.NoError(t, render(base, 2))
 	require.Equal(t, before+2, renders, "the base statement's cache is unchanged by its copies")
 }
+
+// testSecret is a Secret for statements that are only rendered.
+var testSecret = pgfence.NewSecret("test-secret")

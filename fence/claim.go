@@ -52,8 +52,10 @@ func (s *ClaimStmt) Where(frag string) *ClaimStmt { return &ClaimStmt{u: *s.u.Wh
 func (s *ClaimStmt) Column(name string) *ClaimStmt { return &ClaimStmt{u: *s.u.Column(name)} }
 
 // UnderLease makes the claim also require that the lease name is held with
-// the token, as for [UpdateStmt.UnderLease].
-func (s *ClaimStmt) UnderLease(name string) *ClaimStmt { return &ClaimStmt{u: *s.u.UnderLease(name)} }
+// the token and secret, as for [UpdateStmt.UnderLease].
+func (s *ClaimStmt) UnderLease(name string, secret pgfence.Secret) *ClaimStmt {
+	return &ClaimStmt{u: *s.u.UnderLease(name, secret)}
+}
 
 // LeaseSchema sets the schema pgfence is installed in, as for
 // [UpdateStmt.LeaseSchema].

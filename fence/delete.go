@@ -42,8 +42,12 @@ func (s *DeleteStmt) Column(name string) *DeleteStmt { c := *s; c.g.setColumn(na
 func (s *DeleteStmt) Strict() *DeleteStmt { c := *s; c.g.setStrict(); return &c }
 
 // UnderLease makes the delete also require that the lease name is held
-// with the token, as for [UpdateStmt.UnderLease].
-func (s *DeleteStmt) UnderLease(name string) *DeleteStmt { c := *s; c.g.setLease(name); return &c }
+// with the token and secret, as for [UpdateStmt.UnderLease].
+func (s *DeleteStmt) UnderLease(name string, secret pgfence.Secret) *DeleteStmt {
+	c := *s
+	c.g.setLease(name, secret)
+	return &c
+}
 
 // LeaseSchema sets the schema pgfence is installed in, as for
 // [UpdateStmt.LeaseSchema].

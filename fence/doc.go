@@ -141,10 +141,11 @@
 // held by the presenting holder: [UpdateStmt.UnderLease] (and the same on
 // [DeleteStmt] and [UpsertStmt]) adds a call of
 //
-//	pgfence.pgfence_lease_held(name, token)
+//	pgfence.pgfence_lease_held(name, token, secret)
 //
-// which is true only if the lease row has fence = token and expires_at >
-// clock_timestamp(), and then locks that row FOR SHARE, and writes nothing
+// which is true only if the lease row has fence = token, the SHA-256 of
+// the lease's secret (leasetable's Lease.Secret, which only the acquiring
+// call received) and expires_at > clock_timestamp(), and then locks that row FOR SHARE, and writes nothing
 // unless it is true. The FOR SHARE lock lasts until the transaction ends: a
 // takeover or release in flight (an UPDATE of the lease row) makes the
 // write wait, then fail; one that starts later waits until the writer
@@ -383,8 +384,8 @@
 // Set, Where and Values fragments are the caller's constant SQL, written by
 // the programmer, and are sent as written: never build them from user
 // input, which belongs in the arguments ($1..$n). They use $1..$n for the
-// caller's arguments; the token takes $n+1 and the lease name, with
-// UnderLease, $n+2. SQL and Exec check, before anything is sent, that the
+// caller's arguments; the token takes $n+1 and, with UnderLease, the
+// lease name $n+2 and its secret $n+3. SQL and Exec check, before anything is sent, that the
 // fragments use exactly $1..$n (placeholders inside string constants,
 // quoted identifiers and dollar quotes do not count), and reject a fragment
 // that could reach beyond its own clause: one with an unterminated string

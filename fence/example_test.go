@@ -111,19 +111,22 @@ func ExampleUpdateStmt_UnderLease() {
 	must(err)
 	// A holds the lease "scheduler", then B takes it over (as the lease
 	// table strategy would, with a newer token).
-	const take = `INSERT INTO pgfence.pgfence_leases (name, owner, fence, expires_at)
-		VALUES ('scheduler', $1, pgfence.pgfence_next_token(), now() + interval '30 seconds')
+	// Each holder knows its secret, which the row keeps only as a hash.
+	const take = `INSERT INTO pgfence.pgfence_leases (name, owner, fence, expires_at, secret_hash)
+		VALUES ('scheduler', $1, pgfence.pgfence_next_token(), now() + interval '30 seconds',
+		    sha256(convert_to($2, 'UTF8')))
 		ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, fence = excluded.fence,
-		    expires_at = excluded.expires_at
+		    expires_at = excluded.expires_at, secret_hash = excluded.secret_hash
 		RETURNING fence`
+	secretA, secretB := pgfence.NewSecret("secret of A"), pgfence.NewSecret("secret of B")
 	var tokenA, tokenB int64
-	must(pool.QueryRow(ctx, take, "A").Scan(&tokenA))
-	must(pool.QueryRow(ctx, take, "B").Scan(&tokenB))
+	must(pool.QueryRow(ctx, take, "A", secretA.Reveal()).Scan(&tokenA))
+	must(pool.QueryRow(ctx, take, "B", secretB.Reveal()).Scan(&tokenB))
 
-	run := fence.Update("jobs").Set("state = $1").Where("id = $2").UnderLease("scheduler")
-	_, err = run.Exec(ctx, pool, tokenA, "running on A", 1)
+	run := fence.Update("jobs").Set("state = $1").Where("id = $2")
+	_, err = run.UnderLease("scheduler", secretA).Exec(ctx, pool, tokenA, "running on A", 1)
 	fmt.Println("lease lost:", errors.Is(err, pgfence.ErrLeaseLost), "fenced:", errors.Is(err, pgfence.ErrFenced))
-	_, err = run.Exec(ctx, pool, tokenB, "running on B", 1)
+	_, err = run.UnderLease("scheduler", secretB).Exec(ctx, pool, tokenB, "running on B", 1)
 	fmt.Println("B:", err)
 	// Output:
 	// lease lost: true fenced: true

@@ -39,6 +39,12 @@ const SQLStateMalformedToken = "PF003"
 // *pgconn.PgError stays reachable with errors.As.
 var ErrMalformedToken = errors.New("pgfence: malformed pgfence.token setting")
 
+// SQLStateNoToken is the SQLSTATE that pgfence_guard_strict raises, from
+// schema version 13, when an UPDATE or DELETE presents no fencing token:
+// neither pgfence.token (see [Present]) nor a raised guard column.
+// [Classify] and [Check] turn it into a [*NoTokenError].
+const SQLStateNoToken = "PF004"
+
 // maxIdentLen is PostgreSQL's identifier limit (NAMEDATALEN-1 bytes). Longer
 // names are silently truncated by the server, so they are rejected here.
 const maxIdentLen = 63
@@ -127,6 +133,37 @@ func (e *LeaseLostError) Is(target error) bool {
 	return target == pgfence.ErrLeaseLost || target == pgfence.ErrFenced
 }
 
+// NoTokenError is the error of a write to a strict table that presented no
+// fencing token (SQLSTATE PF004): the code writing forgot [Present], which
+// is a bug, not a lost lock. Nothing was written. errors.Is(err,
+// pgfence.ErrNoToken) matches it; pgfence.ErrFenced does not.
+type NoTokenError struct {
+	// Table is the table written to, as the statement names it; empty when
+	// the error was classified from a plain-SQL statement.
+	Table string
+	// Current is the row's token (0 when it could not be read).
+	Current int64
+	// Err is the trigger's error (a *pgconn.PgError, or the driver's).
+	Err error
+}
+
+// Error describes the rejected write.
+func (e *NoTokenError) Error() string {
+	var b strings.Builder
+	b.WriteString("pgfence: write rejected")
+	if e.Table != "" {
+		b.WriteString(" on " + e.Table)
+	}
+	b.WriteString(": it presented no fencing token; call fence.Present (SQL: pgfence_present) in the transaction first")
+	return b.String()
+}
+
+// Is reports whether target is pgfence.ErrNoToken.
+func (e *NoTokenError) Is(target error) bool { return target == pgfence.ErrNoToken }
+
+// Unwrap returns the trigger's error.
+func (e *NoTokenError) Unwrap() error { return e.Err }
+
 // Predicate returns the guard predicate for hand-written or sqlc SQL:
 // Predicate("fence_token", 3, false) is `"fence_token" <= $3` and with
 // strict true `"fence_token" < $3`. An empty column means [DefaultColumn].
@@ -157,42 +194,69 @@ func Predicate(column string, param int, strict bool) string {
 }
 
 // Classify maps an error from any statement that writes a table protected by
-// a pgfence_guard trigger: a *pgconn.PgError with SQLSTATE PF001 becomes a
-// [*StaleTokenError] wrapping it (so errors.Is(err, pgfence.ErrFenced) holds
-// and the PgError stays reachable), with Presented and Current parsed from
-// the error's DETAIL (0 where the DETAIL has none, as when no token was
-// presented). SQLSTATE PF003 becomes an error matching [ErrMalformedToken]
-// and wrapping the PgError. Any other error, and nil, is returned unchanged.
+// a pgfence_guard trigger. A database error with SQLSTATE PF001 becomes a
+// [*StaleTokenError] wrapping it (so errors.Is(err, pgfence.ErrFenced)
+// holds and the driver's error stays reachable), with Presented and Current
+// parsed from the error's DETAIL (0 where the DETAIL has none); PF004
+// becomes a [*NoTokenError]; PF003 an error matching [ErrMalformedToken].
+// Any other error, and nil, is returned unchanged. The database error is
+// pgx's *pgconn.PgError or any error with a SQLState() string method (lib/pq's
+// *pq.Error; its DETAIL is read through its Get method).
 func Classify(err error) error {
-	var pgErr *pgconn.PgError
-	if err == nil || !errors.As(err, &pgErr) {
+	var st sqlStater
+	if err == nil || !errors.As(err, &st) {
 		return err
 	}
-	if pgErr.Code == SQLStateMalformedToken {
+	switch st.SQLState() {
+	case SQLStateMalformedToken:
 		return fmt.Errorf("%w: %w", ErrMalformedToken, err)
-	}
-	if pgErr.Code != SQLState {
+	case SQLStateNoToken:
+		e := &NoTokenError{Err: err}
+		if m := detailRE.FindStringSubmatch(detail(st)); m != nil {
+			e.Current, _ = strconv.ParseInt(m[2], 10, 64)
+		}
+		return e
+	case SQLState:
+	default:
 		return err
 	}
 	stale := &StaleTokenError{Err: err}
-	if m := detailRE.FindStringSubmatch(pgErr.Detail); m != nil {
+	if m := detailRE.FindStringSubmatch(detail(st)); m != nil {
 		stale.Presented, _ = strconv.ParseInt(m[1], 10, 64)
 		stale.Current, _ = strconv.ParseInt(m[2], 10, 64)
 	}
 	return stale
 }
 
+// sqlStater is a driver's error carrying a SQLSTATE: *pgconn.PgError and
+// lib/pq's *pq.Error have this method.
+type sqlStater interface{ SQLState() string }
+
+// detail returns a database error's DETAIL: pgx's field, or lib/pq's
+// Get('D').
+func detail(st sqlStater) string {
+	switch e := st.(type) {
+	case *pgconn.PgError:
+		return e.Detail
+	case interface{ Get(byte) string }:
+		return e.Get('D')
+	}
+	return ""
+}
+
 // detailRE parses the DETAIL of the pgfence_guard triggers' PF001 errors.
 var detailRE = regexp.MustCompile(`^presented=(-?\d*) current=(-?\d*)$`)
 
 // Check maps the result of a hand-written or sqlc UPDATE or DELETE on a
-// table with the pgfence_guard trigger attached, where the statement sets the
-// guard column to the token (UPDATE) or sets pgfence.token (DELETE) and has
-// no guard predicate of its own. The trigger then raises PF001 for a row with
+// table with a pgfence_guard trigger attached, run in a transaction that
+// presented the token ([Present]), where an UPDATE also sets the guard
+// column to the token, and no guard predicate of its own. The trigger then raises PF001 for a row with
 // a newer token, so one round trip tells the cases apart:
 //
 //   - err with SQLSTATE PF001: a [*StaleTokenError], matching
 //     pgfence.ErrFenced; nothing was written (the statement failed).
+//   - err with SQLSTATE PF004: a [*NoTokenError], matching
+//     pgfence.ErrNoToken: the write presented no token (strict mode).
 //   - err with SQLSTATE PF003: an error matching [ErrMalformedToken].
 //   - any other err: returned unchanged.
 //   - no row affected: an error matching pgx.ErrNoRows.

@@ -23,7 +23,7 @@ func wantParams(n int) []int {
 // the builders. Whenever SQL accepts them:
 //
 //   - the generated statement uses exactly the placeholders $1..$n of the
-//     caller plus the token's $n+1 (and the lease name's $n+2): a fragment
+//     caller plus the token's $n+1 (and the lease name's $n+2 and secret's $n+3): a fragment
 //     cannot smuggle in a placeholder of its own;
 //   - the statement's structure outside the fragments is the one rendered
 //     for harmless fragments (see sameShape): every fragment stays inside
@@ -53,11 +53,11 @@ func FuzzBuilderFragments(f *testing.F) {
 		n := int(nargs % 4)
 		stmts := map[string]renderable{
 			"update":       Update("t").Set(set).Where(where),
-			"update-lease": Update("t").Set(set).Where(where).UnderLease(lease),
+			"update-lease": Update("t").Set(set).Where(where).UnderLease(lease, testSecret),
 			"delete":       Delete("t").Where(where),
-			"delete-lease": Delete("t").Where(where).UnderLease(lease),
+			"delete-lease": Delete("t").Where(where).UnderLease(lease, testSecret),
 			"upsert":       Upsert("t").Columns("id", "v").Values("$1", where).Set(set).OnConflict("id"),
-			"upsert-lease": Upsert("t").Columns("id", "v").Values("$1", where).Set(set).OnConflict("id").UnderLease(lease),
+			"upsert-lease": Upsert("t").Columns("id", "v").Values("$1", where).Set(set).OnConflict("id").UnderLease(lease, testSecret),
 		}
 		for kind, st := range stmts {
 			sql, err := st.SQL(n)
@@ -67,7 +67,7 @@ func FuzzBuilderFragments(f *testing.F) {
 			leased := strings.HasSuffix(kind, "-lease")
 			extra := 1
 			if leased {
-				extra = 2
+				extra = 3 // the lease name and its secret
 			}
 			got, err := params(t, sql)
 			require.NoError(t, err, "%s: generated SQL does not scan: %q", kind, sql)
@@ -106,18 +106,18 @@ var shapeRefs = map[string]struct {
 	nargs int
 }{
 	"update":       {Update("t").Set("v = 1").Where("true"), 0},
-	"update-lease": {Update("t").Set("v = 1").Where("true").UnderLease("l"), 0},
+	"update-lease": {Update("t").Set("v = 1").Where("true").UnderLease("l", testSecret), 0},
 	"delete":       {Delete("t").Where("true"), 0},
-	"delete-lease": {Delete("t").Where("true").UnderLease("l"), 0},
+	"delete-lease": {Delete("t").Where("true").UnderLease("l", testSecret), 0},
 	"upsert":       {Upsert("t").Columns("id", "v").Values("$1", "2").Set("v = 3").OnConflict("id"), 1},
-	"upsert-lease": {Upsert("t").Columns("id", "v").Values("$1", "2").Set("v = 3").OnConflict("id").UnderLease("l"), 1},
+	"upsert-lease": {Upsert("t").Columns("id", "v").Values("$1", "2").Set("v = 3").OnConflict("id").UnderLease("l", testSecret), 1},
 }
 
 // sameShape checks that sql, a statement of kind rendered for nargs
 // arguments, has the structure of the one rendered for harmless fragments,
 // compared token by token with every parenthesised or bracketed group
 // collapsed, string constants and quoted identifiers as single tokens, and
-// placeholders named by role ($tok, $lease, $arg):
+// placeholders named by role ($tok, $lease, $secret, $arg):
 //
 //   - the statement's top level (the WITH list, the final SELECT);
 //   - the top level of every CTE body and subquery there, except that in the
@@ -189,6 +189,8 @@ func shape(t *testing.T, sql string, nargs int, leased bool) statementShape {
 				return "$tok"
 			case leased && n == nargs+2:
 				return "$lease"
+			case leased && n == nargs+3:
+				return "$secret"
 			default:
 				return "$arg"
 			}

@@ -22,6 +22,7 @@ type guard struct {
 	column string
 	strict bool
 	lease  string
+	secret pgfence.Secret
 	leased bool
 	// schema is the schema pgfence is installed in, where UnderLease
 	// finds pgfence_lease_held.
@@ -82,7 +83,9 @@ func (g *guard) fresh() { g.cache = new(sync.Map) }
 // says whether it is checked.
 func (g *guard) setColumn(name string) { g.column = name; g.fresh() }
 func (g *guard) setStrict()            { g.strict = true; g.fresh() }
-func (g *guard) setLease(name string)  { g.lease, g.leased = name, true }
+func (g *guard) setLease(name string, secret pgfence.Secret) {
+	g.lease, g.secret, g.leased = name, secret, true
+}
 func (g *guard) setSchema(name string) { g.schema = name; g.fresh() }
 
 // setReturning is the builders' Returning; setObserver their Observer,
@@ -146,6 +149,9 @@ func (g *guard) check() error {
 		if len(g.lease) > maxLeaseName {
 			return fmt.Errorf("fence: lease name is longer than %d bytes", maxLeaseName)
 		}
+		if g.secret.IsZero() {
+			return fmt.Errorf("fence: UnderLease(%q) with the zero Secret; pass the lease's Secret", g.lease)
+		}
 	}
 	return nil
 }
@@ -163,8 +169,9 @@ func (g *guard) op() string {
 	return "OPERATOR(pg_catalog.<=)"
 }
 
-// leaseCTE requires the lease row to be held with the presented token on the
-// database clock: pgfence_lease_held checks fence = token and expires_at >
+// leaseCTE requires the lease row to be held with the presented token and
+// secret on the database clock: pgfence_lease_held checks fence = token, the
+// secret's SHA-256 and expires_at >
 // clock_timestamp() and locks the row FOR SHARE until the transaction ends,
 // so a takeover or release (an UPDATE of the row) in flight makes the
 // statement wait and then see the new row, and one that starts later waits
@@ -172,7 +179,7 @@ func (g *guard) op() string {
 // DEFINER), so the writer needs only EXECUTE on it, not the UPDATE privilege
 // on pgfence_leases that FOR SHARE takes. The CTE runs once: it is volatile.
 const leaseCTE = `pgfence_lease AS (
-    SELECT WHERE %[3]s($%[2]d::pg_catalog.text, $%[1]d::pg_catalog.int8)
+    SELECT WHERE %[3]s($%[2]d::pg_catalog.text, $%[1]d::pg_catalog.int8, $%[4]d::pg_catalog.text)
 ), `
 
 // leaseFunc is the qualified name of pgfence_lease_held.
@@ -245,7 +252,7 @@ func (g *guard) with(match string, tok int, several bool) string {
 	var b strings.Builder
 	b.WriteString("WITH ")
 	if g.leased {
-		fmt.Fprintf(&b, leaseCTE, tok, tok+1, g.leaseFunc())
+		fmt.Fprintf(&b, leaseCTE, tok, tok+1, g.leaseFunc(), tok+2)
 	}
 	if several {
 		fmt.Fprintf(&b, lockedCTE, g.col(), g.tableName(), match, g.leaseCond())
@@ -323,7 +330,7 @@ func (g *guard) fastReturning(f form) string {
 // fastLease is the lease check of the fast statements: an uncorrelated
 // subquery, so it runs once, before the write scans a row.
 func (g *guard) fastLease(tok int) string {
-	return fmt.Sprintf("(SELECT %s($%d::pg_catalog.text, $%d::pg_catalog.int8))", g.leaseFunc(), tok+1, tok)
+	return fmt.Sprintf("(SELECT %s($%d::pg_catalog.text, $%d::pg_catalog.int8, $%d::pg_catalog.text))", g.leaseFunc(), tok+1, tok, tok+2)
 }
 
 // singleRowSQL holds the fast statement back (it writes nothing) when its
@@ -396,11 +403,15 @@ func (g *guard) startOp(ctx context.Context) (context.Context, pgfence.OpObserve
 	return ctx, ops
 }
 
-// endOp reports a stale write to the Observer, then ends the operation.
+// endOp reports a stale or tokenless write to the Observer, then ends the
+// operation.
 func (g *guard) endOp(ctx context.Context, ops pgfence.OpObserver, err error) {
 	var stale *StaleTokenError
+	var none *NoTokenError
 	if errors.As(err, &stale) {
 		g.obs.Observe(ctx, pgfence.StaleWrite{Table: stale.Table, Presented: stale.Presented, Current: stale.Current})
+	} else if errors.As(err, &none) {
+		g.obs.Observe(ctx, pgfence.NoTokenWrite{Table: none.Table, Current: none.Current})
 	}
 	if ops != nil {
 		ops.EndOp(ctx, g.opInfo(), err)
@@ -555,7 +566,7 @@ func (g *guard) lostRace(o outcome) bool {
 }
 
 // bind validates the token and db and returns the statement's arguments:
-// the caller's, the token, and the lease name with UnderLease.
+// the caller's, the token, and the lease name and secret with UnderLease.
 func (g *guard) bind(db pgfence.DB, token int64, args []any) ([]any, error) {
 	if token <= 0 {
 		return nil, fmt.Errorf("fence: fencing token %d is not positive; tokens come from pgfence_next_token()", token)
@@ -563,11 +574,11 @@ func (g *guard) bind(db pgfence.DB, token int64, args []any) ([]any, error) {
 	if db == nil {
 		return nil, errors.New("fence: nil DB")
 	}
-	all := make([]any, 0, len(args)+2)
+	all := make([]any, 0, len(args)+3)
 	all = append(all, args...)
 	all = append(all, token)
 	if g.leased {
-		all = append(all, g.lease)
+		all = append(all, g.lease, g.secret.Reveal())
 	}
 	return all, nil
 }
@@ -583,13 +594,19 @@ func (g *guard) run(ctx context.Context, db pgfence.DB, sql string, all []any) (
 }
 
 // wrap maps a database error: a trigger's rejection becomes a
-// *StaleTokenError naming the table, anything else is wrapped.
+// *StaleTokenError or *NoTokenError naming the table, anything else is
+// wrapped.
 func (g *guard) wrap(err error) error {
 	err = Classify(err)
 	var stale *StaleTokenError
 	if errors.As(err, &stale) {
 		stale.Table = g.tableName()
 		return stale
+	}
+	var none *NoTokenError
+	if errors.As(err, &none) {
+		none.Table = g.tableName()
+		return none
 	}
 	return fmt.Errorf("fence: guarded write to %s: %w", g.tableName(), err)
 }

@@ -84,24 +84,31 @@ func (b *testBundle) nextToken(t *testing.T) int64 {
 	return tok
 }
 
-// acquireLease writes the pgfence_leases row for name as a lock strategy
-// would on acquisition or takeover, and returns the holder's token.
-func (b *testBundle) acquireLease(t *testing.T, name, owner string) int64 {
+// acquireLease writes the pgfence_leases row for name as the lease table
+// strategy would on acquisition or takeover (a new token, and the SHA-256 of
+// a new secret), and returns the holder's token and secret.
+func (b *testBundle) acquireLease(t *testing.T, name, owner string) (int64, pgfence.Secret) {
 	t.Helper()
 	var tok int64
-	require.NoError(t, b.pool.QueryRow(context.Background(), b.acquireLeaseSQL(), name, owner).Scan(&tok))
-	return tok
+	sec := owner + "-secret-" + name
+	require.NoError(t, b.pool.QueryRow(context.Background(), b.acquireLeaseSQL(), name, owner, sec).Scan(&tok))
+	return tok, pgfence.NewSecret(sec)
 }
 
-// acquireLeaseSQL takes the lease for one minute, whoever held it.
+// acquireLeaseSQL takes the lease for one minute, whoever held it, for
+// name $1, owner $2 and secret $3.
 func (b *testBundle) acquireLeaseSQL() string {
 	return fmt.Sprintf(`
-INSERT INTO %[1]s (name, owner, fence, expires_at)
-VALUES ($1, $2, %[2]s(), now() + interval '1 minute')
+INSERT INTO %[1]s (name, owner, fence, expires_at, secret_hash)
+VALUES ($1, $2, %[2]s(), now() + interval '1 minute', sha256(convert_to($3, 'UTF8')))
 ON CONFLICT (name) DO UPDATE
-SET owner = excluded.owner, fence = excluded.fence, acquired_at = now(), expires_at = excluded.expires_at
+SET owner = excluded.owner, fence = excluded.fence, acquired_at = now(), expires_at = excluded.expires_at,
+    secret_hash = excluded.secret_hash
 RETURNING fence`, b.fn("pgfence_leases"), b.fn("pgfence_next_token"))
 }
+
+// testSecret is a Secret for statements that are only rendered.
+var testSecret = pgfence.NewSecret("test-secret")
 
 // waitForLockWait returns once a backend running a query that contains
 // marker waits for a lock. It polls pg_stat_activity: the only signal

@@ -27,6 +27,9 @@ const overheadClients = 16
 // databases.
 const overheadSchema = pgfence.DefaultSchema
 
+// overheadSecret is the secret of every lease the benchmarks write under.
+var overheadSecret = pgfence.NewSecret("bench-secret")
+
 // overheadRound is how long each write path runs in one round.
 const overheadRound = time.Second
 
@@ -79,7 +82,7 @@ var overheadPaths = []writePath{
 		return err
 	}},
 	{"fence-under-lease", func(ctx context.Context, pool *pgxpool.Pool, id int, tok int64) error {
-		_, err := addBalance.LeaseSchema(overheadSchema).UnderLease(fmt.Sprintf("w%d", id)).Exec(ctx, pool, tok, 1, id)
+		_, err := addBalance.LeaseSchema(overheadSchema).UnderLease(fmt.Sprintf("w%d", id), overheadSecret).Exec(ctx, pool, tok, 1, id)
 		return err
 	}},
 	// The full statements (SQL), which Exec sent alone before it sent the
@@ -108,8 +111,8 @@ var overheadPaths = []writePath{
 func scanOutcome(ctx context.Context, pool *pgxpool.Pool, stmt *fence.UpdateStmt, lease string, id int, tok int64) error {
 	args := []any{1, id, tok}
 	if lease != "" {
-		stmt = stmt.UnderLease(lease)
-		args = append(args, lease)
+		stmt = stmt.UnderLease(lease, overheadSecret)
+		args = append(args, lease, overheadSecret.Reveal())
 	}
 	sql, err := stmt.SQL(2)
 	if err != nil {
@@ -168,9 +171,9 @@ func BenchmarkWriteOverhead(b *testing.B) {
 	_, err = db.Pool.Exec(ctx, `INSERT INTO accounts (id, balance) SELECT g, 0 FROM generate_series(1, $1::int) AS g`,
 		overheadClients)
 	require.NoError(b, err)
-	_, err = db.Pool.Exec(ctx, `INSERT INTO pgfence.pgfence_leases (name, owner, fence, expires_at)
-		SELECT 'w' || g, 'bench', 5, now() + interval '1 hour' FROM generate_series(1, $1::int) AS g`,
-		overheadClients)
+	_, err = db.Pool.Exec(ctx, `INSERT INTO pgfence.pgfence_leases (name, owner, fence, expires_at, secret_hash)
+		SELECT 'w' || g, 'bench', 5, now() + interval '1 hour', sha256(convert_to($2, 'UTF8')) FROM generate_series(1, $1::int) AS g`,
+		overheadClients, overheadSecret.Reveal())
 	require.NoError(b, err)
 	pool := db.NewPool(b, func(c *pgxpool.Config) {
 		c.MaxConns, c.MinConns = overheadClients, overheadClients
@@ -258,9 +261,9 @@ func walOfOneWrite(b *testing.B, pool *pgxpool.Pool, p writePath, tok int64) str
 	case "lock-first":
 		sql, args = overheadLockFirstSQL, []any{1, 1, tok}
 	case "fence-under-lease-full":
-		q, err := addBalance.LeaseSchema(overheadSchema).UnderLease("w1").SQL(2)
+		q, err := addBalance.LeaseSchema(overheadSchema).UnderLease("w1", overheadSecret).SQL(2)
 		require.NoError(b, err)
-		sql, args = q, []any{1, 1, tok, "w1"}
+		sql, args = q, []any{1, 1, tok, "w1", overheadSecret.Reveal()}
 	case "fence-full":
 		q, err := addBalance.SQL(2)
 		require.NoError(b, err)
@@ -314,9 +317,9 @@ func BenchmarkServerCPU(b *testing.B) {
 	_, err = db.Pool.Exec(ctx, `INSERT INTO accounts (id, balance) SELECT g, 0 FROM generate_series(1, $1::int) AS g`,
 		overheadClients)
 	require.NoError(b, err)
-	_, err = db.Pool.Exec(ctx, `INSERT INTO pgfence.pgfence_leases (name, owner, fence, expires_at)
-		SELECT 'w' || g, 'bench', 5, now() + interval '1 hour' FROM generate_series(1, $1::int) AS g`,
-		overheadClients)
+	_, err = db.Pool.Exec(ctx, `INSERT INTO pgfence.pgfence_leases (name, owner, fence, expires_at, secret_hash)
+		SELECT 'w' || g, 'bench', 5, now() + interval '1 hour', sha256(convert_to($2, 'UTF8')) FROM generate_series(1, $1::int) AS g`,
+		overheadClients, overheadSecret.Reveal())
 	require.NoError(b, err)
 	const tok = 5
 	type conn struct {

@@ -124,15 +124,16 @@ func TestBuildersIgnoreHostileSearchPath(t *testing.T) {
 		GRANT CREATE ON SCHEMA public TO `+q(hostile)+`;
 		GRANT SELECT, INSERT, UPDATE, DELETE ON ledger TO `+q(app)+`;
 		GRANT SELECT ON `+b.fn("pgfence_leases")+` TO `+q(app)+`;
-		GRANT EXECUTE ON FUNCTION `+b.fn("pgfence_lease_held")+`(text, bigint) TO `+q(app))
+		GRANT EXECUTE ON FUNCTION `+b.fn("pgfence_lease_held")+`(text, bigint, text) TO `+q(app))
 	hostilePool, _ := b.poolAs(t, hostile, "")
 	_, err := hostilePool.Exec(ctx, hostileSQL)
 	require.NoError(t, err)
 	appPool, heard := b.poolAs(t, app, "public, pg_catalog")
 
 	stale, mid, tok := b.nextToken(t), b.nextToken(t), b.nextToken(t)
-	lease := b.acquireLease(t, "ledger", "A")
-	expired := b.acquireLease(t, "expired", "A")
+	lease, leaseSec := b.acquireLease(t, "ledger", "A")
+	expired, expiredSec := b.acquireLease(t, "expired", "A")
+	secrets := map[string]pgfence.Secret{"ledger": leaseSec, "expired": expiredSec}
 	b.exec(t, "UPDATE "+b.fn("pgfence_leases")+" SET expires_at = now() - interval '1 second' WHERE name = 'expired'")
 	// ledger has no trigger: the rejections below are the builders' own.
 	b.exec(t, "INSERT INTO ledger (id, balance, fence_token) SELECT g, 0, $1 FROM generate_series(1, 4) AS g", mid)
@@ -157,15 +158,15 @@ func TestBuildersIgnoreHostileSearchPath(t *testing.T) {
 		}},
 		{"upsert", false, func(_ string, tk int64) error { _, err := upsert.Exec(ctx, appPool, tk, 1, 7); return err }},
 		{"update under lease", true, func(l string, tk int64) error {
-			_, err := update.LeaseSchema(b.schema).UnderLease(l).Exec(ctx, appPool, tk, 1, 1)
+			_, err := update.LeaseSchema(b.schema).UnderLease(l, secrets[l]).Exec(ctx, appPool, tk, 1, 1)
 			return err
 		}},
 		{"upsert under lease", true, func(l string, tk int64) error {
-			_, err := upsert.LeaseSchema(b.schema).UnderLease(l).Exec(ctx, appPool, tk, 1, 7)
+			_, err := upsert.LeaseSchema(b.schema).UnderLease(l, secrets[l]).Exec(ctx, appPool, tk, 1, 7)
 			return err
 		}},
 		{"delete under lease", true, func(l string, tk int64) error {
-			_, err := del.LeaseSchema(b.schema).UnderLease(l).Exec(ctx, appPool, tk, 4)
+			_, err := del.LeaseSchema(b.schema).UnderLease(l, secrets[l]).Exec(ctx, appPool, tk, 4)
 			return err
 		}},
 		{"delete", false, func(_ string, tk int64) error { _, err := del.Exec(ctx, appPool, tk, 2); return err }},

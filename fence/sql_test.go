@@ -78,10 +78,10 @@ FROM (
 		},
 		{
 			name:  "update under lease, identifier with a dot",
-			stmt:  fence.UpdateIdent(pgx.Identifier{"odd.name"}).Set("v = 1").Where("true").UnderLease("jobs"),
+			stmt:  fence.UpdateIdent(pgx.Identifier{"odd.name"}).Set("v = 1").Where("true").UnderLease("jobs", testSecret),
 			nargs: 0,
 			want: `WITH pgfence_lease AS (
-    SELECT WHERE "pgfence"."pgfence_lease_held"($2::pg_catalog.text, $1::pg_catalog.int8)
+    SELECT WHERE "pgfence"."pgfence_lease_held"($2::pg_catalog.text, $1::pg_catalog.int8, $3::pg_catalog.text)
 ), pgfence_locked AS (
     SELECT "fence_token" AS pgfence_token FROM "odd.name"
     WHERE (true)
@@ -157,10 +157,10 @@ FROM (
 		{
 			name: "upsert, schema, custom set, strict, lease in a schema that needs quoting",
 			stmt: fence.Upsert("s.accounts").Columns("id", "balance").Values("$1", "$2").OnConflict("id").
-				Set("balance = accounts.balance + excluded.balance").Strict().UnderLease("l").LeaseSchema(`my "locks"`),
+				Set("balance = accounts.balance + excluded.balance").Strict().UnderLease("l", testSecret).LeaseSchema(`my "locks"`),
 			nargs: 2,
 			want: `WITH pgfence_lease AS (
-    SELECT WHERE "my ""locks"""."pgfence_lease_held"($4::pg_catalog.text, $3::pg_catalog.int8)
+    SELECT WHERE "my ""locks"""."pgfence_lease_held"($4::pg_catalog.text, $3::pg_catalog.int8, $5::pg_catalog.text)
 ), pgfence_write AS (
     INSERT INTO "s"."accounts" ("id", "balance", "fence_token")
     SELECT ($1), ($2), $3::pg_catalog.int8
@@ -297,7 +297,7 @@ func TestBadInputIsRejectedBeforeSending(t *testing.T) {
 			return err
 		}, 1, "no Where fragment"},
 		{"empty lease schema", func(db noDB) error {
-			_, err := ok.UnderLease("l").LeaseSchema("").Exec(context.Background(), db, 1, 1, 2)
+			_, err := ok.UnderLease("l", testSecret).LeaseSchema("").Exec(context.Background(), db, 1, 1, 2)
 			return err
 		}, 1, "empty lease schema name"},
 		{"lease schema too long", func(db noDB) error {
@@ -309,7 +309,7 @@ func TestBadInputIsRejectedBeforeSending(t *testing.T) {
 			return err
 		}, 1, "NUL byte"},
 		{"empty lease", func(db noDB) error {
-			_, err := ok.UnderLease("").Exec(context.Background(), db, 1, 1, 2)
+			_, err := ok.UnderLease("", testSecret).Exec(context.Background(), db, 1, 1, 2)
 			return err
 		}, 1, "empty lease name"},
 		{"upsert without columns", func(db noDB) error {
@@ -388,13 +388,13 @@ func TestSQLIsCachedPerStatement(t *testing.T) {
 	strict, err := base.Strict().SQL(2)
 	require.NoError(t, err)
 	require.Contains(t, strict, `"fence_token" OPERATOR(pg_catalog.<) $3`)
-	leased, err := base.UnderLease("a").SQL(2)
+	leased, err := base.UnderLease("a", testSecret).SQL(2)
 	require.NoError(t, err)
 	require.Contains(t, leased, `"pgfence"."pgfence_lease_held"`)
-	other, err := base.UnderLease("a").LeaseSchema("locks").SQL(2)
+	other, err := base.UnderLease("a", testSecret).LeaseSchema("locks").SQL(2)
 	require.NoError(t, err)
 	require.Contains(t, other, `"locks"."pgfence_lease_held"`)
-	other, err = base.UnderLease("a").UnderLease("b").SQL(2)
+	other, err = base.UnderLease("a", testSecret).UnderLease("b", testSecret).SQL(2)
 	require.NoError(t, err)
 	require.Equal(t, leased, other, "the lease name is a parameter, not part of the SQL")
 	where, err := base.Where("id = $2 AND balance > 0").SQL(2)

@@ -91,9 +91,10 @@ func TestStdlibOnePool(t *testing.T) {
 	tx, err := db.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	var balance int64
-	stmt := claimAccount.UnderLease("ledger").LeaseSchema(b.schema)
+	secret := lease.(*leasetable.Lease).Secret()
+	stmt := claimAccount.UnderLease("ledger", secret).LeaseSchema(b.schema)
 	require.NoError(t, stmt.QueryRow(ctx, fence.Stdlib(tx), lease.Token(), 1).Scan(&balance))
-	_, err = addBalance.UnderLease("ledger").LeaseSchema(b.schema).Exec(ctx, fence.Stdlib(tx), lease.Token(), 7, 1)
+	_, err = addBalance.UnderLease("ledger", secret).LeaseSchema(b.schema).Exec(ctx, fence.Stdlib(tx), lease.Token(), 7, 1)
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit())
 	require.NoError(t, lease.Release(ctx))
@@ -103,6 +104,6 @@ func TestStdlibOnePool(t *testing.T) {
 	require.LessOrEqual(t, pool.Stat().TotalConns(), int32(4), "one pool serves the Locker and database/sql")
 
 	// After the release, the lease check rejects the old token.
-	_, err = addBalance.UnderLease("ledger").LeaseSchema(b.schema).Exec(ctx, fence.Stdlib(db), lease.Token(), 7, 1)
+	_, err = addBalance.UnderLease("ledger", secret).LeaseSchema(b.schema).Exec(ctx, fence.Stdlib(db), lease.Token(), 7, 1)
 	require.ErrorIs(t, err, pgfence.ErrLeaseLost)
 }

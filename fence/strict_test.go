@@ -84,7 +84,8 @@ type modeCase struct {
 	name, setting, sql string
 	// presented is the token the strict rejection reports (0: none).
 	presented int64
-	// strict is what strict mode does: "reject" (PF001), or the row's
+	// strict is what strict mode does: "reject" (PF001), "notoken"
+	// (PF004: no token presented), or the row's
 	// token afterwards (-1: the row is gone, or the table was emptied).
 	strict string
 	// def is what the default mode does, alike.
@@ -96,14 +97,14 @@ type modeCase struct {
 // marked so: that is what it does not guard.
 var staleCases = []modeCase{
 	{"update without the column, older pgfence.token", "40", "UPDATE guarded SET v = v + 1 WHERE id = 1", 40, "reject", "50"},
-	{"update without the column, no pgfence.token", "", "UPDATE guarded SET v = v + 1 WHERE id = 1", 0, "reject", "50"},
+	{"update without the column, no pgfence.token", "", "UPDATE guarded SET v = v + 1 WHERE id = 1", 0, "notoken", "50"},
 	{"upsert without the column, older pgfence.token", "40",
 		"INSERT INTO guarded (id, v) VALUES (1, 5) ON CONFLICT (id) DO UPDATE SET v = excluded.v", 40, "reject", "50"},
 	{"upsert without the column, no pgfence.token", "",
-		"INSERT INTO guarded (id, v) VALUES (1, 5) ON CONFLICT (id) DO UPDATE SET v = excluded.v", 0, "reject", "50"},
+		"INSERT INTO guarded (id, v) VALUES (1, 5) ON CONFLICT (id) DO UPDATE SET v = excluded.v", 0, "notoken", "50"},
 	{"upsert with an older token", "", `INSERT INTO guarded (id, v, %[1]s) VALUES (1, 5, 40)
 		ON CONFLICT (id) DO UPDATE SET v = excluded.v, %[1]s = excluded.%[1]s`, 40, "reject", "reject"},
-	{"delete without pgfence.token", "", "DELETE FROM guarded WHERE id = 1", 0, "reject", "-1"},
+	{"delete without pgfence.token", "", "DELETE FROM guarded WHERE id = 1", 0, "notoken", "-1"},
 	{"delete with an older pgfence.token", "40", "DELETE FROM guarded WHERE id = 1", 40, "reject", "reject"},
 	{"update with an older token", "", "UPDATE guarded SET %[1]s = 40 WHERE id = 1", 40, "reject", "reject"},
 	{"update with an older token, newer pgfence.token", "55", "UPDATE guarded SET %[1]s = 40 WHERE id = 1", 40, "reject", "reject"},
@@ -150,6 +151,18 @@ func TestTriggerModes(t *testing.T) {
 					}
 					sql := strings.ReplaceAll(c.sql, "%[1]s", pgx.Identifier{column}.Sanitize())
 					tok, err := b.inTx(t, column, c.setting, sql)
+					if want == "notoken" {
+						var ne *fence.NoTokenError
+						require.ErrorAs(t, err, &ne, c.name)
+						require.ErrorIs(t, err, pgfence.ErrNoToken, c.name)
+						require.NotErrorIs(t, err, pgfence.ErrFenced, "%s: no token is not a stale token", c.name)
+						require.Equal(t, int64(rowToken), ne.Current, c.name)
+						var pgErr *pgconn.PgError
+						require.ErrorAs(t, err, &pgErr, c.name)
+						require.Equal(t, fence.SQLStateNoToken, pgErr.Code, c.name)
+						require.Contains(t, pgErr.Hint, "pgfence_present(token)", c.name)
+						continue
+					}
 					if want == "reject" {
 						var se *fence.StaleTokenError
 						require.ErrorAs(t, err, &se, c.name)
@@ -256,7 +269,8 @@ func TestBuildersOnStrictTable(t *testing.T) {
 	require.Equal(t, int64(55), se.Current)
 
 	_, err = fence.Check(b.pool.Exec(ctx, "UPDATE guarded SET v = 0, fence_token = 55 WHERE id = 1"))
-	require.ErrorIs(t, err, pgfence.ErrFenced, "negative control: the same token without pgfence.token")
+	require.ErrorIs(t, err, pgfence.ErrNoToken, "negative control: the same token without pgfence.token presents none")
+	require.NotErrorIs(t, err, pgfence.ErrFenced)
 
 	_, err = del.Exec(ctx, b.pool, 40, 1)
 	require.ErrorIs(t, err, pgfence.ErrFenced)
@@ -283,7 +297,7 @@ func TestStrictDoesNotGuardReinsert(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(40), *tok, "the re-inserted row carries the stale holder's token")
 	_, err = b.inTx(t, "fence_token", "", "UPDATE guarded SET v = 1 WHERE id = 1")
-	require.ErrorIs(t, err, pgfence.ErrFenced, "once inserted, the row is guarded again")
+	require.ErrorIs(t, err, pgfence.ErrNoToken, "once inserted, the row is guarded again")
 }
 
 // Attached the wrong way, the strict and TRUNCATE trigger functions refuse

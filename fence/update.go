@@ -56,12 +56,16 @@ func (s *UpdateStmt) Column(name string) *UpdateStmt { c := *s; c.g.setColumn(na
 func (s *UpdateStmt) Strict() *UpdateStmt { c := *s; c.g.setStrict(); return &c }
 
 // UnderLease makes the write also require, in the same statement, that the
-// pgfence_leases row name is held with the token (fence = token and
-// expires_at > clock_timestamp()), locking that row FOR SHARE until the
-// transaction ends. The check calls pgfence_lease_held in the schema set
+// lease name is held with the token and secret (the lease's Secret), on
+// the database clock, locking its row FOR SHARE until the transaction
+// ends. A zero secret is an error from SQL and Exec. The check calls pgfence_lease_held in the schema set
 // with LeaseSchema, so the writer needs EXECUTE on it (and USAGE on the
 // schema). See "Lease-checked writes" in the package documentation.
-func (s *UpdateStmt) UnderLease(name string) *UpdateStmt { c := *s; c.g.setLease(name); return &c }
+func (s *UpdateStmt) UnderLease(name string, secret pgfence.Secret) *UpdateStmt {
+	c := *s
+	c.g.setLease(name, secret)
+	return &c
+}
 
 // LeaseSchema sets the schema pgfence is installed in, where UnderLease
 // calls pgfence_lease_held; the default is "pgfence". The name is quoted
@@ -89,8 +93,8 @@ func (s *UpdateStmt) Observer(obs pgfence.Observer) *UpdateStmt {
 
 // SQL returns the statement that tells every outcome apart in one round
 // trip, for a call with nargs arguments: the fragments use $1..$nargs, the
-// token is $nargs+1 and the lease name, with UnderLease, $nargs+2; it
-// returns one row (rows written, rows matched, their newest token, how
+// token is $nargs+1 and, with UnderLease, the lease name $nargs+2 and its
+// secret $nargs+3; it returns one row (rows written, rows matched, their newest token, how
 // many have a NULL token, whether the lease check passed). Exec sends it
 // only when a cheaper statement, the guarded UPDATE alone, wrote nothing
 // (see "One round trip, and what several rows mean" in the package

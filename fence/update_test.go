@@ -250,13 +250,13 @@ func TestSimpleProtocolAndPoolConn(t *testing.T) {
 		c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
 	})
 	stale, tok := b.nextToken(t), b.nextToken(t)
-	tokL := b.acquireLease(t, "ledger", "A")
+	tokL, secL := b.acquireLease(t, "ledger", "A")
 
 	_, err := upsertAccount.Exec(ctx, pool, tok, 1, 100)
 	require.NoError(t, err)
 	_, err = addBalance.Exec(ctx, pool, stale, 5, 1)
 	require.ErrorIs(t, err, pgfence.ErrFenced)
-	_, err = addBalance.LeaseSchema(b.schema).UnderLease("ledger").Exec(ctx, pool, tokL, 5, 1)
+	_, err = addBalance.LeaseSchema(b.schema).UnderLease("ledger", secL).Exec(ctx, pool, tokL, 5, 1)
 	require.NoError(t, err)
 
 	conn, err := pool.Acquire(ctx)

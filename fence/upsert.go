@@ -113,8 +113,12 @@ func (s *UpsertStmt) Column(name string) *UpsertStmt { c := *s; c.g.setColumn(na
 func (s *UpsertStmt) Strict() *UpsertStmt { c := *s; c.g.setStrict(); return &c }
 
 // UnderLease makes the upsert also require that the lease name is held with
-// the token, as for [UpdateStmt.UnderLease].
-func (s *UpsertStmt) UnderLease(name string) *UpsertStmt { c := *s; c.g.setLease(name); return &c }
+// the token and secret, as for [UpdateStmt.UnderLease].
+func (s *UpsertStmt) UnderLease(name string, secret pgfence.Secret) *UpsertStmt {
+	c := *s
+	c.g.setLease(name, secret)
+	return &c
+}
 
 // LeaseSchema sets the schema pgfence is installed in, as for
 // [UpdateStmt.LeaseSchema].

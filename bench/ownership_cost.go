@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -74,6 +76,47 @@ type ownershipResult struct {
 	Batches, Cycles, Rounds int
 	Arms                    []ownershipArmResult // version 11, then the latest
 	LoadStart, LoadEnd      string
+	// Later lists the embedded migrations after 12 and, for each, the lease
+	// functions it (re)defines, if any.
+	Later []laterMigration
+}
+
+// laterMigration is a migration after 000012 and the functions of the
+// lease path that it creates, replaces or drops.
+type laterMigration struct {
+	File      string
+	Redefines []string
+}
+
+// leasePathFunction matches a CREATE, REPLACE or DROP of a function the
+// lease statements call.
+var leasePathFunction = regexp.MustCompile(`FUNCTION\s+(pgfence_(?:acquire|renew|release|notify_payload|next_token|check_us))\s*\(`)
+
+// laterMigrations reads migrations.FS for the up files after version 12.
+func laterMigrations() ([]laterMigration, error) {
+	files, err := fs.Glob(migrations.FS, "*.up.sql")
+	if err != nil {
+		return nil, err
+	}
+	var out []laterMigration
+	for _, f := range files {
+		v, err := strconv.Atoi(strings.SplitN(f, "_", 2)[0])
+		if err != nil || v <= ownershipMinLatest {
+			continue
+		}
+		body, err := fs.ReadFile(migrations.FS, f)
+		if err != nil {
+			return nil, err
+		}
+		m := laterMigration{File: f}
+		for _, sm := range leasePathFunction.FindAllStringSubmatch(string(body), -1) {
+			if !slices.Contains(m.Redefines, sm[1]) {
+				m.Redefines = append(m.Redefines, sm[1])
+			}
+		}
+		out = append(out, m)
+	}
+	return out, nil
 }
 
 // ownershipLease is a lease one arm's connection holds.
@@ -432,6 +475,11 @@ func (r *runner) ownershipCost(ctx context.Context) error {
 	fmt.Printf("scenario 13: ownership secret cost, version 11 against the latest (%d), %d alternating batches of %d acquire/renew/release cycles and %d hand-overs per arm\n",
 		migrations.Latest(), b, n, rounds)
 	res := &ownershipResult{Batches: b, Cycles: n, Rounds: rounds, LoadStart: loadAvg()}
+	later, err := laterMigrations()
+	if err != nil {
+		return err
+	}
+	res.Later = later
 	var dbs []*ownershipDB
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
@@ -575,7 +623,15 @@ func renderOwnershipCost(p func(string, ...any), res *results) {
 	for _, b := range o.Arms[0].Handover {
 		hs += len(b)
 	}
-	p("%s calls of each kind and %s hand-overs per version, after one unrecorded batch each.\n\n", report.Thousands(int64(calls)), report.Thousands(int64(hs)))
+	p("%s calls of each kind and %s hand-overs per version, after one unrecorded batch each.", report.Thousands(int64(calls)), report.Thousands(int64(hs)))
+	for _, m := range o.Later {
+		if len(m.Redefines) == 0 {
+			p(" `%s`, after 000012, defines none of the functions these statements call (pgfence_acquire, _renew, _release, _notify_payload, _next_token, _check_us).", m.File)
+		} else {
+			p(" `%s`, after 000012, redefines %s: the newer column measures it too.", m.File, strings.Join(m.Redefines, ", "))
+		}
+	}
+	p("\n\n")
 }
 
 // writeOwnershipCost writes results/ownership-cost.md (in -out): the run's

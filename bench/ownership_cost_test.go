@@ -38,9 +38,32 @@ func TestOwnershipRows(t *testing.T) {
 	require.Contains(t, b.String(), "| acquire (free name) | 1.00 ms | 2.00 ms | 1.00 ms | 2.00x | 1.75x |")
 	require.Contains(t, b.String(), "6 calls of each kind and 6 hand-overs per version")
 
+	o.Later = []laterMigration{{File: "000013_x.up.sql"}, {File: "000014_y.up.sql", Redefines: []string{"pgfence_acquire"}}}
+	b.Reset()
+	renderOwnershipCost(func(f string, a ...any) { fmt.Fprintf(&b, f, a...) }, &results{Ownership: o})
+	require.Contains(t, b.String(), "`000013_x.up.sql`, after 000012, defines none of the functions")
+	require.Contains(t, b.String(), "`000014_y.up.sql`, after 000012, redefines pgfence_acquire: the newer column measures it too.")
+
 	var none strings.Builder
 	renderOwnershipCost(func(f string, a ...any) { fmt.Fprintf(&none, f, a...) }, &results{})
 	require.Empty(t, none.String())
+}
+
+func TestLaterMigrations(t *testing.T) {
+	t.Parallel()
+	later, err := laterMigrations()
+	require.NoError(t, err)
+	for _, m := range later {
+		require.NotContains(t, m.File, "000012")
+	}
+	require.Equal(t, []string{"pgfence_acquire", "pgfence_renew"},
+		func() []string {
+			var out []string
+			for _, sm := range leasePathFunction.FindAllStringSubmatch("CREATE OR REPLACE FUNCTION pgfence_acquire(a text) ... DROP FUNCTION pgfence_renew (x); -- pgfence_release()", -1) {
+				out = append(out, sm[1])
+			}
+			return out
+		}())
 }
 
 func TestOwnershipReleasedBy(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/bench/internal/harness"
 	"github.com/pgfence/pgfence/fence"
 )
@@ -19,7 +20,7 @@ import (
 var FenceBeforeWriters = []harness.WriterSpec{
 	fullStatementWriter("fence.Update full statement (before)", "UpdateStmt.SQL(2) sent alone: the statement fence.Update's Exec sent on every call before issue 16",
 		modeGuarded),
-	fullStatementWriter("fence.Update.UnderLease full statement (before)", "the same with UnderLease: UpdateStmt.UnderLease(name).SQL(2) sent alone",
+	fullStatementWriter("fence.Update.UnderLease full statement (before)", "the same with UnderLease: UpdateStmt.UnderLease(name, secret).SQL(2) sent alone",
 		modeLeaseChecked),
 	deleteWriter("plain DELETE + INSERT", "BEGIN; DELETE FROM bench_accounts WHERE id = $1; INSERT the row again; COMMIT", false),
 	deleteWriter("fence.Delete + INSERT", "BEGIN; fence.Delete(\"bench_accounts\").Where(\"id = $1\").Exec; INSERT the row again; COMMIT", true),
@@ -43,7 +44,7 @@ func fullStatementWriter(name, note string, mode writeMode) harness.WriterSpec {
 			}
 			s := stmt
 			if mode == modeLeaseChecked {
-				s = s.UnderLease("lease")
+				s = s.UnderLease("lease", pgfence.NewSecret("unused")) // SQL only: the secret is an argument
 			}
 			if w.sql, err = s.SQL(2); err != nil {
 				pool.Close()

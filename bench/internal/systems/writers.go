@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/bench/internal/harness"
 	"github.com/pgfence/pgfence/fence"
 )
@@ -32,22 +33,33 @@ const (
 const nextToken = `SELECT pgfence.pgfence_next_token()`
 
 // insertBenchLease makes worker leases that the lease-checked write
-// requires; the token comes from pgfence's sequence.
-const insertBenchLease = `INSERT INTO pgfence.pgfence_leases (name, owner, fence, expires_at)
-SELECT 'bench-write-' || g, 'bench', pgfence.pgfence_next_token(), pg_catalog.now() + interval '1 day'
+// requires; the token comes from pgfence's sequence, and the secret of
+// lease bench-write-g is benchLeaseSecret(g), stored as its SHA-256 as
+// pgfence_acquire stores a secret (migration 000012).
+const insertBenchLease = `INSERT INTO pgfence.pgfence_leases AS l (name, owner, fence, expires_at, secret_hash)
+SELECT 'bench-write-' || g, 'bench', pgfence.pgfence_next_token(), pg_catalog.now() + interval '1 day',
+       pg_catalog.sha256(pg_catalog.convert_to('bench-write-secret-' || g, 'UTF8'))
 FROM pg_catalog.generate_series(0, $1::pg_catalog.int4 - 1) AS g
-ON CONFLICT (name) DO UPDATE SET owner = 'bench', fence = pgfence.pgfence_next_token(), expires_at = pg_catalog.now() + interval '1 day'
-RETURNING fence, name`
+ON CONFLICT (name) DO UPDATE SET owner = 'bench', fence = pgfence.pgfence_next_token(), expires_at = pg_catalog.now() + interval '1 day',
+    secret_hash = excluded.secret_hash
+RETURNING l.fence, l.name`
 
-// The write statements compared. $1 amount, $2 row id, $3 token, $4 lease name.
+// benchLeaseSecret is the secret of the lease insertBenchLease makes for
+// worker i.
+func benchLeaseSecret(i int) string { return fmt.Sprintf("bench-write-secret-%d", i) }
+
+// The write statements compared. $1 amount, $2 row id, $3 token, $4 lease
+// name, $5 its secret.
 const (
 	writePlain   = `UPDATE %s SET balance = balance + $1 WHERE id = $2`
 	writeGuarded = `UPDATE %s SET balance = balance + $1, fence_token = $3 WHERE id = $2 AND fence_token <= $3`
 	// writeLeaseChecked also requires, atomically, that the lease is still
-	// held with this token and unexpired, locking the lease row FOR SHARE
-	// so no takeover commits between the check and the write.
+	// held with this token and secret and unexpired, locking the lease row
+	// FOR SHARE so no takeover commits between the check and the write.
 	writeLeaseChecked = `WITH lease AS (
-    SELECT 1 FROM pgfence.pgfence_leases WHERE name = $4 AND fence = $3 AND expires_at > pg_catalog.now() FOR SHARE
+    SELECT 1 FROM pgfence.pgfence_leases
+    WHERE name = $4 AND fence = $3 AND secret_hash = pg_catalog.sha256(pg_catalog.convert_to($5, 'UTF8'))
+      AND expires_at > pg_catalog.now() FOR SHARE
 )
 UPDATE bench_accounts SET balance = balance + $1, fence_token = $3
 WHERE id = $2 AND fence_token <= $3 AND EXISTS (SELECT 1 FROM lease)`
@@ -146,7 +158,7 @@ func (w *rawWrite) args(worker int) []any {
 	case modeGuarded:
 		args = []any{1, worker, w.tokens[worker]}
 	case modeLeaseChecked:
-		args = []any{1, worker, w.tokens[worker], w.leases[worker]}
+		args = []any{1, worker, w.tokens[worker], w.leases[worker], benchLeaseSecret(worker)}
 	}
 	return args
 }
@@ -171,7 +183,7 @@ var RawWriters = []harness.WriterSpec{
 	rawWriter("guarded UPDATE", "adds fence_token = $3 to SET and fence_token <= $3 to WHERE", "bench_accounts", modeGuarded),
 	rawWriter("plain UPDATE + trigger", "the plain UPDATE on a table with the pgfence_guard trigger", "bench_accounts_guarded", modePlain),
 	rawWriter("guarded UPDATE + trigger", "the guarded UPDATE on a table with the pgfence_guard trigger", "bench_accounts_guarded", modeGuarded),
-	rawWriter("lease-checked UPDATE", "guarded UPDATE that also requires the lease row (name, token, unexpired) FOR SHARE in a CTE", "bench_accounts", modeLeaseChecked),
+	rawWriter("lease-checked UPDATE", "guarded UPDATE that also requires the lease row (name, token, the secret's SHA-256, unexpired) FOR SHARE in a CTE", "bench_accounts", modeLeaseChecked),
 }
 
 // FenceWriters are the pgfence fence builder's write paths, written to the
@@ -180,7 +192,7 @@ var RawWriters = []harness.WriterSpec{
 var FenceWriters = []harness.WriterSpec{
 	fenceWriter("fence.Update", "fence.Update(\"bench_accounts\").Set(\"balance = balance + $1\").Where(\"id = $2\").Exec: one statement that presents the token as pgfence.token too, writes the row if its token is not newer and, only when nothing was written, locks and reads the row to report stale (newest token) or missing",
 		fence.Update("bench_accounts").Set("balance = balance + $1").Where("id = $2"), modeGuarded),
-	fenceWriter("fence.Update.UnderLease", "the same with .UnderLease(name): also requires pgfence.pgfence_lease_held(name, token), a SECURITY DEFINER function that checks the lease row (token, expires_at > clock_timestamp()) and locks it FOR SHARE",
+	fenceWriter("fence.Update.UnderLease", "the same with .UnderLease(name, secret): also requires pgfence.pgfence_lease_held(name, token, secret), a SECURITY DEFINER function that checks the lease row (token, the secret's SHA-256, expires_at > clock_timestamp()) and locks it FOR SHARE",
 		fence.Update("bench_accounts").Set("balance = balance + $1").Where("id = $2"), modeLeaseChecked),
 }
 
@@ -203,7 +215,7 @@ func fenceWriter(name, note string, stmt *fence.UpdateStmt, mode writeMode) harn
 			for i := range fw.stmts {
 				fw.stmts[i] = stmt
 				if mode == modeLeaseChecked {
-					fw.stmts[i] = stmt.UnderLease(w.leases[i])
+					fw.stmts[i] = stmt.UnderLease(w.leases[i], pgfence.NewSecret(benchLeaseSecret(i)))
 				}
 			}
 			return fw, nil
@@ -238,7 +250,7 @@ func (w *fenceWrite) Explain(ctx context.Context, worker int) (string, error) {
 	}
 	args := []any{1, worker, w.tokens[worker]}
 	if w.mode == modeLeaseChecked {
-		args = append(args, w.leases[worker])
+		args = append(args, w.leases[worker], benchLeaseSecret(worker))
 	}
 	return explain(ctx, w.pool, sql, args)
 }

@@ -212,9 +212,10 @@
 // tokens from one value; every token drawn later is larger still); an UPDATE
 // that moves the column backwards or to NULL is rejected whatever
 // pgfence.token says. INSERT ... ON CONFLICT DO UPDATE is checked as the
-// UPDATE of the existing row. Every rejection is PF001, mapped to
-// [*StaleTokenError] (with Presented 0 when no token was presented); the
-// table owner can still empty the table by disabling the TRUNCATE trigger.
+// UPDATE of the existing row. A write that presents no token is PF004,
+// mapped to [*NoTokenError]; every other rejection is PF001, mapped to
+// [*StaleTokenError]. Since schema version 13, pgfence.token (set by
+// [Present]) is how hand-written SQL presents a token in both modes.
 // Attached any other way (AFTER, FOR EACH STATEMENT, on INSERT), the two
 // functions refuse every write with SQLSTATE 39P01 instead of guarding
 // nothing.
@@ -281,46 +282,57 @@
 //
 // # Plain SQL and sqlc
 //
-// Hand-written and sqlc queries can be guarded without the builders. With
-// the trigger attached, set the column to the token and leave the guard
-// predicate out; [Check] then tells the outcomes apart in one round trip
-// (PF001 becomes [*StaleTokenError], zero rows pgx.ErrNoRows):
+// Hand-written and sqlc queries are guarded by the trigger, in either mode,
+// the same way: present the token once in the transaction, with [Present]
+// (SQL: SELECT pgfence.pgfence_present(token)), then write, setting the
+// guard column to the token in every UPDATE; [Check] (or [Classify] for
+// :one and :many) tells the outcomes apart in one round trip:
 //
+//	-- name: Present :exec
+//	SELECT pgfence.pgfence_present(@token);
+//	-- name: ClaimAccount :one
+//	UPDATE accounts SET fence_token = @token WHERE id = @id RETURNING balance;
 //	-- name: AddBalance :execresult
 //	UPDATE accounts SET balance = balance + @amount, fence_token = @token WHERE id = @id;
 //
-//	_, err := fence.Check(q.AddBalance(ctx, params))
-//
-// The claim before a read is the same UPDATE setting only the column, with
-// RETURNING: the trigger rejects it (PF001, mapped by [Classify]) when a
-// newer holder has written the row, and a missing row returns no row. For a
-// set (:many), one stale row makes the trigger fail the whole statement, so
-// the claim is all or nothing:
-//
-//	-- name: ClaimAccount :one
-//	UPDATE accounts SET fence_token = @token WHERE id = @id RETURNING balance;
-//
+//	err = q.Present(ctx, token)
 //	balance, err := q.ClaimAccount(ctx, params)
 //	err = fence.Classify(err)
+//	_, err = fence.Check(q.AddBalance(ctx, params))
 //
-// The module examples/sqlc in pgfence's repository is a tested service
-// built this way. A trigger's rejection aborts the caller's transaction
-// (see "How a rejection leaves the transaction"), which for a claim at the
-// start of it costs nothing. The builders' full statements (SQL) are not
-// accepted by sqlc's own analyzer, which resolves the caller's column names
-// against every reference to the table in the statement and reports them
-// as ambiguous; use the trigger's route with sqlc.
+// Outcomes: PF001 a [*StaleTokenError] (pgfence.ErrFenced), PF004 a
+// [*NoTokenError] (pgfence.ErrNoToken: strict mode saw no token, a bug, not
+// a lost lock), zero rows pgx.ErrNoRows. A set (:many) is all or nothing:
+// one stale row fails the statement. The module examples/sqlc is a tested
+// service built this way. sqlc's analyzer does not accept the builders'
+// full statements (SQL); use this route with sqlc. Without a trigger, add
+// [Predicate]'s condition to the WHERE; stale and missing are then both
+// zero rows.
 //
-// For deletes, and for every write to a strict table, set pgfence.token in
-// the same statement too:
+// # Installing the guard
 //
-//	DELETE FROM accounts
-//	WHERE id = $1 AND pg_catalog.set_config('pgfence.token', $2::pg_catalog.int8::pg_catalog.text, true) IS NOT NULL;
+// SELECT pgfence.pgfence_protect('accounts', 'fence_token', true) attaches
+// strict mode (false: the default mode) as triggers pgfence_guard and
+// pgfence_guard_truncate, and refuses (SQLSTATE PF005) a placement where
+// they cannot protect:
 //
-// Without the trigger, add [Predicate]'s condition ("fence_token" <= $n) to
-// the WHERE; a stale write and a missing row are then both zero rows
-// affected. [Classify] maps PF001 in the error of any query (a sqlc :one or
-// :exec) to [*StaleTokenError].
+//   - Inheritance: triggers of a parent do not fire for its children's rows,
+//     so it protects every descendant too; run it again after adding one. A
+//     partitioned table's row trigger reaches its partitions by itself; the
+//     TRUNCATE trigger is created on each existing partition.
+//   - Triggers fire in name order: another BEFORE UPDATE row trigger that
+//     fires first and may write the column (its function names it,
+//     rewrites NEW generically, or is not SQL or PL/pgSQL) is refused; one
+//     firing after is warned of.
+//   - A row moved to another partition by an UPDATE is a DELETE and an
+//     INSERT underneath; the DELETE presents the token the UPDATE presented.
+//
+// The table's owner (only) backfills or corrects a strict table with
+// SELECT pgfence.pgfence_maintenance('accounts') in the transaction: until
+// it ends the owner's writes to the table and its descendants, TRUNCATE
+// included, are not checked. Another role is refused (42501). Prefer it to
+// ALTER TABLE ... DISABLE TRIGGER, which takes an ACCESS EXCLUSIVE lock and
+// unguards the table for every role until enabled again.
 //
 // # How a rejection leaves the transaction
 //

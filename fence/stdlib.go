@@ -36,8 +36,8 @@ type StdlibQuerier interface {
 // and nil RawValues and Conn. Its QueryRow's Scan returns an error
 // matching both pgx.ErrNoRows and sql.ErrNoRows when there is no row.
 // Another driver works as far as it accepts pgx's argument types (int64,
-// string) and its errors are its own, so [Classify] does not recognise the
-// triggers' rejections.
+// string); [Classify] and [CheckResult] recognise its errors when they have
+// a SQLState() string method, as lib/pq's *pq.Error has.
 func Stdlib(q StdlibQuerier) pgfence.DB { return stdlibDB{q} }
 
 type stdlibDB struct{ q StdlibQuerier }

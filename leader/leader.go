@@ -15,11 +15,14 @@ import (
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/install"
+	"github.com/pgfence/pgfence/internal/notifykey"
 	"github.com/pgfence/pgfence/leasetable"
 )
 
 // NotifyChannel is the LISTEN/NOTIFY channel on which a new term's value
-// (a proclamation) is announced; the payload is the election's name.
+// (a proclamation) is announced; the payload is tag:token:mac, keyed with
+// the install's pgfence_notify_key (the tag stands for the election's
+// name), as on [leasetable.NotifyChannel].
 // Resignations are announced by the lease table's release, on
 // [leasetable.NotifyChannel]. Observers listen on both.
 const NotifyChannel = "pgfence_leader"
@@ -190,6 +193,8 @@ type Elector struct {
 	closeCtx  context.Context
 	closeFunc context.CancelFunc
 	wg        sync.WaitGroup // observers, the notifier, Run's observer
+	notifyKey notifykey.Key  // checks notifications (see notify)
+	notifyTag string         // the election's tag in notifications
 
 	mu              sync.Mutex
 	closed          bool
@@ -206,8 +211,10 @@ type Elector struct {
 // in a round trip or two through pool bounded by ctx, that the Locker's
 // schema holds pgfence at the version this code needs (with
 // pgfence_leaders), and returns an error matching [pgfence.ErrNotInstalled]
-// that says how to fix it when not. ctx has no effect on the Elector after
-// New returns. The pool stays the caller's; Close does not close it.
+// that says how to fix it when not; then it reads the install's
+// notification key (SELECT on pgfence_notify_key, granted by
+// migrations.Grant). ctx has no effect on the Elector after New returns.
+// The pool stays the caller's; Close does not close it.
 func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Elector, error) {
 	if pool == nil {
 		return nil, errors.New("pgfence: leader: pool is nil")
@@ -223,6 +230,10 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Elector, error)
 	if _, err := install.Check(ctx, pool, schema, quoted); err != nil {
 		return nil, fmt.Errorf("pgfence: leader: %w", err)
 	}
+	key, err := notifykey.Load(ctx, pool, quoted)
+	if err != nil {
+		return nil, fmt.Errorf("pgfence: leader: %w", err)
+	}
 	if r.ListenConnConfig == nil && !r.DisableListen {
 		r.ListenConnConfig = pool.Config().ConnConfig.Copy()
 	}
@@ -235,6 +246,8 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Elector, error)
 		closeCtx:  closeCtx,
 		closeFunc: cancel,
 		watchers:  make(map[chan struct{}]struct{}),
+		notifyKey: key,
+		notifyTag: key.Tag(r.Election),
 	}
 	if r.TTL > 0 {
 		e.opts = &pgfence.AcquireOpts{TTL: r.TTL}

@@ -242,9 +242,11 @@ func (e *Elector) removeWatcher(w chan struct{}) {
 	delete(e.watchers, w)
 }
 
-// notify wakes the observers when a notification names the election.
+// notify wakes the observers when a notification names the election: its
+// payload (tag:token:mac) carries the election's tag under the install's
+// key and a valid MAC.
 func (e *Elector) notify(payload string) {
-	if payload == e.cfg.Election {
+	if tag, _, ok := e.notifyKey.Verify(payload); ok && tag == e.notifyTag {
 		e.wakeAll()
 	}
 }

@@ -60,6 +60,18 @@
 // and the follower takes over a few milliseconds later. The measured
 // figures are in the README.
 //
+// A resigning leader does not race its followers for the next term: its
+// release reaches them a notification later, while it could take the lease
+// again at once. So after [Term.Resign] (and [Elector.Resign], and Run's
+// resignation when OnStartedLeading returns) the Elector's next Campaign
+// waits until the election's lease has been granted to someone else, which
+// it learns from the new leader's proclamation on the observers' LISTEN
+// connection, or until [Config].HandoverTimeout has passed since the
+// resignation (when no other candidate was waiting). With DisableListen it
+// waits out the timeout; the hand-over itself is not delayed.
+// [Elector.StepAside] resigns and keeps the Elector out of the election for
+// a given time, whoever leads meanwhile (a replica being drained).
+//
 // Never two terms at once in one process: an Elector that leads refuses
 // to campaign ([ErrAlreadyLeading]), a Locker never holds a lease twice
 // (two Electors sharing one Locker take turns), and [Elector.Run]

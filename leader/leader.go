@@ -40,6 +40,9 @@ const DefaultObserveInterval = 5 * time.Second
 // doubles it, up to 30 times as long.
 const DefaultRetryInterval = time.Second
 
+// DefaultHandoverTimeout is [Config].HandoverTimeout when it is zero.
+const DefaultHandoverTimeout = 500 * time.Millisecond
+
 // queryTimeout bounds the statements the Elector runs on its own behalf
 // (a proclamation after the caller's ctx ended, a resignation from Close
 // or Run).
@@ -89,6 +92,13 @@ type Config struct {
 	// [DefaultRetryInterval].
 	RetryInterval time.Duration
 
+	// HandoverTimeout is how long, after this Elector resigned a term, its
+	// next campaign lets the other candidates take the election first: it
+	// waits until the election's lease has been granted to another
+	// candidate, or this time has passed since the resignation (see
+	// [Term.Resign]). Zero means [DefaultHandoverTimeout].
+	HandoverTimeout time.Duration
+
 	// Logger receives failed campaigns and observer reads (Warn) and term
 	// changes (Debug). Nil means silent.
 	Logger *slog.Logger
@@ -136,12 +146,17 @@ func (c *Config) resolve() (Config, error) {
 			r.ObserveInterval, minObserveInterval, DefaultObserveInterval)
 	case r.RetryInterval < 0:
 		return r, fmt.Errorf("pgfence: leader: Config.RetryInterval is %v; it must not be negative", r.RetryInterval)
+	case r.HandoverTimeout < 0:
+		return r, fmt.Errorf("pgfence: leader: Config.HandoverTimeout is %v; it must not be negative", r.HandoverTimeout)
 	}
 	if r.ObserveInterval == 0 {
 		r.ObserveInterval = DefaultObserveInterval
 	}
 	if r.RetryInterval == 0 {
 		r.RetryInterval = DefaultRetryInterval
+	}
+	if r.HandoverTimeout == 0 {
+		r.HandoverTimeout = DefaultHandoverTimeout
 	}
 	if r.Logger == nil {
 		r.Logger = slog.New(slog.DiscardHandler)
@@ -193,6 +208,7 @@ type Elector struct {
 	closeCtx  context.Context
 	closeFunc context.CancelFunc
 	wg        sync.WaitGroup // observers, the notifier, Run's observer
+	hooks     *testHooks     // nil in production
 	notifyKey notifykey.Key  // checks notifications (see notify)
 	notifyTag string         // the election's tag in notifications
 
@@ -202,6 +218,13 @@ type Elector struct {
 	running         bool  // Run is running
 	listenerStarted bool
 	watchers        map[chan struct{}]struct{} // buffered(1): wake an observer
+	aside           time.Time                  // StepAside: no campaign before then
+	handover        handover                   // the last resignation's, until it ends
+}
+
+// testHooks change an Elector's behaviour for tests (export_handover_test.go).
+type testHooks struct {
+	noHandover bool // a campaign after a resignation does not wait
 }
 
 // New returns an Elector for cfg.Election that campaigns with cfg.Locker
@@ -309,6 +332,9 @@ func (alreadyLeadingError) Is(target error) bool {
 // within one Locker, and otherwise when the leader's lease expires), then
 // proclaims [Config].Value for the term, and returns once both are
 // committed: by then [Elector.Leader] shows the new term to everyone.
+// After this Elector resigned, Campaign first lets the other candidates
+// take over (see [Term.Resign]); while it steps aside, it waits for the
+// end of that ([Elector.StepAside]).
 //
 // The term lasts until [Term.Resign], [Elector.Resign] or [Elector.Close],
 // or until its lease is lost (see [Term.Context]); ctx does not bound it.
@@ -333,6 +359,12 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 	defer cancel(nil)
 	stop := context.AfterFunc(e.closeCtx, func() { cancel(pgfence.ErrClosed) })
 	defer stop()
+	if err := e.awaitTurn(ctx); err != nil {
+		if errors.Is(context.Cause(ctx), pgfence.ErrClosed) {
+			err = pgfence.ErrClosed
+		}
+		return nil, fmt.Errorf("pgfence: leader: campaign %q: %w", e.cfg.Election, err)
+	}
 	for {
 		l, err := e.locker.Acquire(ctx, e.cfg.Election, e.opts)
 		if err != nil {
@@ -404,6 +436,109 @@ func (e *Elector) Resign(ctx context.Context) error {
 		return nil
 	}
 	return t.Resign(ctx)
+}
+
+// StepAside resigns the term this Elector holds, if any, and keeps the
+// Elector from campaigning for d: until then Campaign, and so [Elector.Run],
+// waits, however many terms of other candidates begin and end meanwhile.
+// A later call replaces the period; a d of zero or less ends it. It
+// returns what Resign returns, and [pgfence.ErrClosed] after Close.
+func (e *Elector) StepAside(ctx context.Context, d time.Duration) error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return pgfence.ErrClosed
+	}
+	e.aside = time.Time{}
+	if d > 0 {
+		e.aside = time.Now().Add(d)
+	}
+	e.mu.Unlock()
+	e.wakeAll() // a Campaign waiting for an earlier period's end
+	return e.Resign(ctx)
+}
+
+// handover is what a campaign after a resignation waits for: a grant of
+// the election's lease newer than token, or until.
+type handover struct {
+	token int64
+	until time.Time
+}
+
+// beginHandover makes the next campaigns wait for a hand-over of t: called
+// before t's release is sent, so that a campaign cannot slip in between.
+func (e *Elector) beginHandover(t *Term) {
+	if t.Err() != nil || (e.hooks != nil && e.hooks.noHandover) {
+		return // lost, or already being resigned
+	}
+	e.mu.Lock()
+	e.handover = handover{token: t.Token(), until: time.Now().Add(e.cfg.HandoverTimeout)}
+	e.mu.Unlock()
+}
+
+// grantedSQL reads the token of the election lease's latest grant (%[1]s
+// is the schema), held or released: a release keeps the row and its
+// token. No row when it was never granted. It takes no locks.
+const grantedSQL = `SELECT l.fence FROM %[1]s.pgfence_leases l WHERE l.name OPERATOR(pg_catalog.=) $1`
+
+// awaitTurn returns when this Elector may campaign: once its StepAside
+// period is over, and after a resignation once the election's lease has
+// been granted since (another candidate took over) or the hand-over's
+// bound has passed. It learns of grants from the proclamations' and
+// releases' notifications on the observers' LISTEN connection; it returns
+// ctx's cause when ctx ends first.
+func (e *Elector) awaitTurn(ctx context.Context) error {
+	var wake chan struct{}
+	defer func() {
+		if wake != nil {
+			e.removeWatcher(wake)
+		}
+	}()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		e.mu.Lock()
+		aside, h := e.aside, e.handover
+		e.mu.Unlock()
+		now := time.Now()
+		if !now.Before(aside) && (h.token == 0 || !now.Before(h.until)) {
+			return nil
+		}
+		if wake == nil {
+			w, err := e.addWatcher()
+			if err != nil {
+				return err
+			}
+			wake = w
+		}
+		wait := aside.Sub(now)
+		if !now.Before(aside) {
+			var latest *int64
+			err := e.pool.QueryRow(ctx, e.sql.granted, e.cfg.Election).Scan(&latest)
+			switch {
+			case err == nil && latest != nil && *latest > h.token:
+				e.mu.Lock()
+				if e.handover == h {
+					e.handover = handover{}
+				}
+				e.mu.Unlock()
+				return nil
+			case ctx.Err() != nil:
+				return context.Cause(ctx)
+			case err != nil && !errors.Is(err, pgx.ErrNoRows):
+				e.cfg.Logger.WarnContext(ctx, "pgfence: leader: reading the election's last grant failed; waiting out the hand-over",
+					"election", e.cfg.Election, "error", err)
+			}
+			wait = h.until.Sub(now)
+		}
+		timer.Reset(wait)
+		select {
+		case <-wake:
+		case <-timer.C:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
 }
 
 // proclaimSQL records the value of a term through pgfence_leader_proclaim
@@ -507,12 +642,16 @@ func (t *Term) Proclaim(ctx context.Context, value string) error {
 // the term's lease, which wakes the other candidates (within the Locker
 // directly, in other Lockers through LISTEN/NOTIFY), and the observers.
 // The term's context is cancelled (cause matching [pgfence.ErrNotHeld])
-// before the release is sent. Resign returns an error matching
-// [pgfence.ErrNotHeld] when the term had already ended by a loss; after
-// one call returned nil or that error, later calls return nil. It runs
-// under context.WithoutCancel(ctx) bounded by the Locker's QueryTimeout
-// (see [leasetable.Lease.Release]), so it works from a defer.
+// before the release is sent. The Elector's next Campaign (Run's too)
+// leaves the election to them: it waits until the lease has been granted
+// to another candidate, or [Config].HandoverTimeout has passed since the
+// resignation. Resign returns an error matching [pgfence.ErrNotHeld] when
+// the term had already ended by a loss; after one call returned nil or
+// that error, later calls return nil. It runs under
+// context.WithoutCancel(ctx) bounded by the Locker's QueryTimeout (see
+// [leasetable.Lease.Release]), so it works from a defer.
 func (t *Term) Resign(ctx context.Context) error {
+	t.e.beginHandover(t)
 	err := t.resign(ctx)
 	if err != nil && !errors.Is(err, pgfence.ErrNotHeld) {
 		return fmt.Errorf("pgfence: leader: resign %q (token %d): %w", t.Election(), t.Token(), err)
@@ -535,9 +674,12 @@ func (t *Term) resign(ctx context.Context) error {
 // statements is the Elector's SQL, with its schema filled in.
 type statements struct {
 	proclaim, current string
+	granted           string
 }
 
 func newStatements(schema string) statements {
 	f := func(tmpl string) string { return fmt.Sprintf(tmpl, schema) }
-	return statements{proclaim: f(proclaimSQL), current: f(currentSQL)}
+	s := statements{proclaim: f(proclaimSQL), current: f(currentSQL)}
+	s.granted = f(grantedSQL)
+	return s
 }

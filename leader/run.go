@@ -16,7 +16,7 @@ type Callbacks struct {
 	// cancelled when the term ends (cause: see [Term.Context]) or Run's
 	// ctx ends; it must then stop promptly and return. Run resigns the
 	// term when it returns, so a callback that returns early hands the
-	// election over and Run campaigns again.
+	// election over, and Run campaigns again as [Term.Resign] describes.
 	OnStartedLeading func(ctx context.Context, t *Term)
 	// OnStoppedLeading, when set, is called after each term ended and
 	// OnStartedLeading returned; t.Err() says why it ended.
@@ -33,7 +33,10 @@ var errRunning = errors.New("pgfence: leader: Run is already running on this Ele
 // Run campaigns, leads and campaigns again, until ctx ends or the Elector
 // is closed: each time it wins a term, it calls OnStartedLeading and waits
 // for it to return; then it resigns the term (if it has not ended),
-// calls OnStoppedLeading, and campaigns again. One term at a time: Run
+// calls OnStoppedLeading, and campaigns again: after a resignation, once
+// another candidate has taken over or [Config].HandoverTimeout has passed
+// (see [Term.Resign]), and not while the Elector steps aside
+// ([Elector.StepAside]). One term at a time: Run
 // never campaigns while OnStartedLeading runs, so a callback that does not
 // return when its ctx ends holds Run up, never overlaps a next term of
 // this process. (Another process may lead meanwhile once the term ended:
@@ -120,6 +123,7 @@ func (e *Elector) lead(ctx context.Context, t *Term, cb Callbacks) {
 	cb.OnStartedLeading(tctx, t)
 	stop()
 	cancel(nil)
+	e.beginHandover(t)
 	if err := t.resign(ctx); err != nil && !errors.Is(err, pgfence.ErrNotHeld) {
 		e.cfg.Logger.WarnContext(ctx, "pgfence: leader: resigning failed; the term ends at its lease's expiry",
 			"election", e.cfg.Election, "token", t.Token(), "error", err)

@@ -384,3 +384,45 @@ func TestContractEventsAndStats(t *testing.T) {
 		})
 	}
 }
+
+// TestContractMaxHold: past AcquireOpts.MaxHold the lock ends with cause
+// ErrMaxHold (a loss) and is released at once, so another Locker takes it
+// well before a lease-table TTL would end; the next Release reports the
+// loss once. Negative control: without MaxHold the lock is still held
+// after the same time.
+func TestContractMaxHold(t *testing.T) {
+	t.Parallel()
+	contract(t, func(t *testing.T, s strategy, db *pgtest.DB) {
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		defer cancel()
+		a := s.newLocker(t, db.NewPool(t, nil))
+		b := s.newLocker(t, db.NewPool(t, nil))
+
+		_, err := a.TryAcquire(ctx, "bounded", &pgfence.AcquireOpts{MaxHold: -time.Second})
+		require.Error(t, err, "a negative MaxHold is refused")
+		require.NotErrorIs(t, err, pgfence.ErrNotAcquired)
+
+		l, err := a.TryAcquire(ctx, "bounded", &pgfence.AcquireOpts{MaxHold: 300 * time.Millisecond})
+		require.NoError(t, err)
+		unbounded, err := a.TryAcquire(ctx, "unbounded", nil)
+		require.NoError(t, err)
+		<-l.Done()
+		require.ErrorIs(t, l.Err(), pgfence.ErrMaxHold)
+		require.ErrorIs(t, l.Err(), pgfence.ErrLeaseLost)
+		require.ErrorIs(t, context.Cause(l.Context()), pgfence.ErrMaxHold)
+		// Released, not left to expire (the lease table's TTL is 5s).
+		lb, err := b.Acquire(ctx, "bounded", &pgfence.AcquireOpts{WaitTimeout: 2 * time.Second})
+		require.NoError(t, err)
+		require.Greater(t, lb.Token(), l.Token())
+		require.NoError(t, lb.Release(ctx))
+		require.ErrorIs(t, l.Release(ctx), pgfence.ErrMaxHold, "the next Release reports the loss")
+		require.NoError(t, l.Release(ctx), "once")
+
+		// Negative control: the lock acquired without MaxHold at the same
+		// time is still held.
+		require.NoError(t, unbounded.Err())
+		_, err = b.TryAcquire(ctx, "unbounded", nil)
+		require.ErrorIs(t, err, pgfence.ErrNotAcquired)
+		require.NoError(t, unbounded.Release(ctx))
+	})
+}

@@ -110,6 +110,9 @@ func (k *Locker) try(ctx context.Context, name string, t leaseTiming, attempts *
 func (k *Locker) attempt(ctx context.Context, name string, t leaseTiming, attempts *int) (l *Lease, local bool, retryIn time.Duration, err error) {
 	*attempts++
 	rep, err := k.submitAcquire(ctx, name, t)
+	if err == nil && rep.acquired {
+		defer k.granting.Done() // adopted or given back: Close may return
+	}
 	if err == nil {
 		err = rep.err
 	}
@@ -143,7 +146,8 @@ func (k *Locker) attempt(ctx context.Context, name string, t leaseTiming, attemp
 	}
 	if !k.adopt(l) {
 		// Closed while acquiring: give it straight back.
-		_ = l.release(ctx, errLostClosed)
+		l.cancel(errLostClosed)
+		k.giveBack([]giveBackReq{{ctx, name, rep.token, rep.secret}})
 		return nil, false, 0, fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, pgfence.ErrClosed)
 	}
 	k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: acquired", "lease", name, "token", rep.token, "ttl", t.ttl)
@@ -164,6 +168,9 @@ func (k *Locker) adopt(l *Lease) bool {
 	k.held[l.name] = l
 	l.adopted = true
 	l.timer = time.AfterFunc(time.Until(l.deadline), func() { k.checkDeadline(l) })
+	if l.timing.maxHold > 0 {
+		l.maxTimer = time.AfterFunc(time.Until(l.grantedAt.Add(l.timing.maxHold)), func() { k.maxHoldReached(l) })
+	}
 	if !k.watchdogRunning {
 		k.watchdogRunning = true
 		k.background.Add(1)
@@ -233,8 +240,9 @@ func (k *Locker) failAcquire(r *acquireReq, err error) {
 // context carries the values of the first request's context (for tracers).
 // The wait for a connection ends once every caller in the batch stopped
 // waiting; the statement, once sent, runs to its answer (for at most
-// QueryTimeout after the last caller left; Close cancels it), so that a
-// lease taken for a caller who stopped waiting is known and given back.
+// QueryTimeout after the last caller left or Close began), so that a lease
+// taken for a caller who stopped waiting, or after Close, is known and
+// given back.
 func (k *Locker) execAcquires(batch []*acquireReq) (err error) {
 	// One request per name; the others learn the first one's outcome as
 	// "held" (by this Locker when the first one acquired it), exactly as
@@ -251,12 +259,13 @@ func (k *Locker) execAcquires(batch []*acquireReq) (err error) {
 			ttls = append(ttls, r.ttlUs)
 		}
 	}
-	// Until the statement is sent, it is abandoned with its callers: the
-	// wait for a connection ends when all of them stopped waiting. Once
-	// sent, it is not cancelled with them at once: a statement cancelled in
-	// flight may still commit, and only its answer tells which leases to
-	// give back. It gets QueryTimeout more after the last caller left, and
-	// is cancelled by Close.
+	// Until the statement is sent, it is abandoned with its callers (or
+	// Close): the wait for a connection ends when all of them stopped
+	// waiting. Once sent, it is not cancelled with them at once: a
+	// statement cancelled in flight may still commit, and only its answer
+	// tells which leases to give back. It gets QueryTimeout more after the
+	// last caller left or Close began; Close waits for it, and for the
+	// give-back.
 	values := batch[0].ctx
 	if k.ev.Enabled() && len(batch) > 1 {
 		// One statement for several callers: an operation of its own,
@@ -281,8 +290,10 @@ func (k *Locker) execAcquires(batch []*acquireReq) (err error) {
 	// connection ends and is retried on another.
 	qctx, qcancel := context.WithTimeout(context.WithoutCancel(ctx), time.Duration(slices.Max(ttls))*time.Microsecond)
 	defer qcancel()
-	stopClose := context.AfterFunc(k.closeCtx, qcancel)
-	defer stopClose()
+	if k.noGrantWait {
+		// The negative control: Close cuts the statement, as it once did.
+		defer context.AfterFunc(k.closeCtx, qcancel)()
+	}
 	var graceMu sync.Mutex
 	var grace *time.Timer
 	stopAbandon := context.AfterFunc(ctx, func() {
@@ -342,12 +353,14 @@ func (k *Locker) execAcquires(batch []*acquireReq) (err error) {
 }
 
 // replyAcquires answers every request in batch: with err when it is not
-// nil, else from got. A lease taken for a caller that stopped waiting is
-// given back at once. Only the first request for a name gets got's answer;
-// got is updated so that later ones find the lease held.
+// nil, else from got. A lease taken for a caller that stopped waiting, or
+// after Close began, is given back at once (Close waits for this). Only the
+// first request for a name gets got's answer; got is updated so that later
+// ones find the lease held.
 func (k *Locker) replyAcquires(batch []*acquireReq, got map[string]acquireReply, sent time.Time, err error) {
 	var back []giveBackReq
 	defer func() { k.giveBack(back) }()
+	closed := k.closeCtx.Err() != nil
 	for _, r := range batch {
 		rep := acquireReply{err: err}
 		if err == nil {
@@ -357,8 +370,15 @@ func (k *Locker) replyAcquires(batch []*acquireReq, got map[string]acquireReply,
 			held.acquired = false
 			got[r.name] = held
 		}
+		if closed && rep.acquired {
+			back = append(back, giveBackReq{r.ctx, r.name, rep.token, rep.secret})
+			rep = acquireReply{err: pgfence.ErrClosed}
+		}
 		r.mu.Lock()
 		if !r.abandoned {
+			if rep.acquired {
+				k.granting.Add(1)
+			}
 			r.res <- rep
 			r.mu.Unlock()
 			continue

@@ -201,6 +201,7 @@ func TestReleaseDurability(t *testing.T) {
 			require.NoError(t, err)
 			require.NoError(t, rep.err)
 			require.True(t, rep.acquired)
+			k.granting.Done() // not adopted: released below, by hand
 			tokens[j], secrets[j] = rep.token, rep.secret
 		}
 		tx, err := db.Pool.Begin(ctx)

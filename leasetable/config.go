@@ -253,7 +253,7 @@ func (c *Config) resolve() (Config, error) {
 // leaseTiming is the timing of one lease: its TTL and the renewal interval
 // and safety margin scaled to it.
 type leaseTiming struct {
-	ttl, renewEvery, margin, atLeast time.Duration
+	ttl, renewEvery, margin, atLeast, maxHold time.Duration
 }
 
 func (c *Config) timing(o *AcquireOpts) (leaseTiming, error) {
@@ -276,7 +276,10 @@ func (c *Config) timing(o *AcquireOpts) (leaseTiming, error) {
 	if o.AtLeast < 0 || o.AtLeast > MaxTTL {
 		return t, fmt.Errorf("pgfence: leasetable: AcquireOpts.AtLeast is %v; it must be between 0 and %v", o.AtLeast, MaxTTL)
 	}
-	t.atLeast = o.AtLeast
+	if o.MaxHold < 0 {
+		return t, fmt.Errorf("pgfence: leasetable: AcquireOpts.MaxHold is %v; it must not be negative (zero means no bound)", o.MaxHold)
+	}
+	t.atLeast, t.maxHold = o.AtLeast, o.MaxHold
 	if o.TTL != 0 && o.TTL != c.TTL {
 		scale := func(d time.Duration) time.Duration {
 			return time.Duration(float64(d) * float64(o.TTL) / float64(c.TTL))

@@ -31,7 +31,26 @@
 // write privilege on pgfence_leases and none on its sequence, so it cannot
 // forge, rewind or reissue a token, take over a lease that has not expired,
 // or revive one that has. migrations.Grant gives a role exactly what a
-// Locker needs. Every statement names the schema and calls built-ins through
+// Locker needs.
+//
+// # Ownership
+//
+// Each acquisition draws a secret in the database ([Lease.Secret]); only
+// its SHA-256 is stored, so no role can read it back. Renewing, releasing,
+// a lease-checked write (fence's UnderLease, pgfence_lease_held) and
+// proclaiming a leader all present it: a role that reads a lease's name,
+// owner and token from pgfence_leases still cannot act on it. The token
+// stays public: it is the fencing token. Hand the secret only to code that
+// acts for the holder. TTLs and AtLeast are at most [MaxTTL], in SQL too.
+//
+// Another role's transaction cannot stall a holder: an acquire answers at
+// once, not acquired, for a name another transaction is claiming or whose
+// expired row it has locked (a "busy" name, retried soon by Acquire), and
+// a renewal skips a row another transaction has locked instead of waiting,
+// so the rest of its batch is renewed. Release notifications carry a tag
+// and a MAC under the install's key (pgfence_notify_key) instead of the
+// name: a role without pgfence's grant reads no lease name from them, and
+// forged or replayed ones cost a waiting Locker no statement. Every statement names the schema and calls built-ins through
 // pg_catalog, so no object another role plants on the search_path is ever
 // called.
 //
@@ -190,7 +209,7 @@
 // # Release
 //
 // [Lease.Release] is owner-checked: it changes only the row with this
-// lease's name, owner and token that is still held, and it expires that row
+// lease's name, token and secret that is still held, and it expires that row
 // in place (expires_at = now(), or acquired_at + [AcquireOpts].AtLeast if
 // that is later). It never deletes a row and never touches another owner's
 // lease.

@@ -69,3 +69,7 @@ func FastestRenewal(k *Locker) time.Duration { return k.fastestRenewal() }
 // SetSendLateRenewals has k send a renewal however little time is left
 // before its deadline, for a negative control. Call it before using k.
 func SetSendLateRenewals(k *Locker) { k.lateRenewals = true }
+
+// SetNoGrantWait has Close return without waiting for grants in flight
+// (the negative control of TestCloseRacingAcquire).
+func SetNoGrantWait(k *Locker) { k.noGrantWait = true }

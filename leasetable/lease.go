@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pgfence/pgfence"
@@ -57,6 +58,9 @@ type Lease struct {
 	retryErr   error         // its last error, once retrying is closed
 	renewFails int           // consecutive failed renewal attempts
 	adopted    bool          // handed out (renewed by the watchdog)
+	maxTimer   *time.Timer   // fires at MaxHold
+
+	endedAtMax atomic.Bool // released at MaxHold; the next Release reports it
 }
 
 var _ pgfence.Lease = (*Lease)(nil)
@@ -161,7 +165,30 @@ func (l *Lease) Release(ctx context.Context) error {
 	if l == nil {
 		return nil
 	}
-	return l.release(ctx, errReleased)
+	if err := l.release(ctx, errReleased); err != nil {
+		return err
+	}
+	if l.endedAtMax.CompareAndSwap(true, false) {
+		return l.Err()
+	}
+	return nil
+}
+
+// maxHoldReached releases l at its MaxHold bound: its context ends with a
+// cause matching [pgfence.ErrMaxHold], and it counts as lost.
+func (k *Locker) maxHoldReached(l *Lease) {
+	cause := fmt.Errorf("pgfence: leasetable: lease %q (token %d) held for its MaxHold of %v: %w",
+		l.name, l.token, l.timing.maxHold, pgfence.ErrMaxHold)
+	k.mu.Lock()
+	held := l.state == stateHeld
+	k.mu.Unlock()
+	if !held {
+		return
+	}
+	l.endedAtMax.Store(true)
+	if err := l.release(l.values, cause); err != nil {
+		k.cfg.Logger.WarnContext(l.values, "pgfence: leasetable: release at MaxHold failed; the lease expires after its TTL", append(logAttrs(l), "error", err)...)
+	}
 }
 
 // release ends l, with cause as its Err, and releases its row. It sends
@@ -195,7 +222,7 @@ func (l *Lease) release(ctx context.Context, cause error) error {
 		if k.ev.Enabled() {
 			k.ev.Sync(ctx, pgfence.Released{Lock: l.lock(), HeldFor: time.Since(l.grantedAt), Err: err})
 		}
-	default: // Close
+	default: // Close, MaxHold
 		k.nLost.Add(1)
 		if k.ev.Enabled() {
 			k.ev.Async(l.values, pgfence.Lost{Lock: l.lock(), HeldFor: time.Since(l.grantedAt), Cause: cause})
@@ -363,6 +390,9 @@ func (k *Locker) endLocked(l *Lease, state leaseState, cause error) {
 	l.state = state
 	if l.timer != nil {
 		l.timer.Stop()
+	}
+	if l.maxTimer != nil {
+		l.maxTimer.Stop()
 	}
 	delete(k.leases, l)
 	if k.held[l.name] == l {

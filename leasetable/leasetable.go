@@ -39,6 +39,7 @@ type Locker struct {
 	onRound      func()          // tests: runs each time a waiting Acquire goes round its loop again
 	onListen     func()          // tests: runs when a waiter first waits for notifications (listenFor)
 	noListenWake bool            // tests: the LISTEN connection's subscribing wakes no waiter
+	noGrantWait  bool            // tests: Close cuts acquire statements in flight and does not wait for grants (the negative control)
 	ev           *events.Emitter // nil without Config.Observer
 
 	// Stats counters.
@@ -74,6 +75,7 @@ type Locker struct {
 	lines *waitline.Lines[string]
 
 	acquires batcher[*acquireReq] // combines concurrent acquires
+	granting sync.WaitGroup       // grants handed to callers, not yet adopted or given back
 	releases batcher[*releaseReq] // combines concurrent releases
 }
 
@@ -167,7 +169,10 @@ func (k *Locker) Schema() string { return k.cfg.Schema }
 // the LISTEN connection. The releases go out together, and a transient
 // error is retried for at most [Config].QueryTimeout (never in the
 // background); the release retries that earlier Release calls left in the
-// background stop, their leases expiring after their TTL. Close returns
+// background stop, their leases expiring after their TTL. An acquire
+// statement in flight is waited for (at most QueryTimeout) and its grants
+// given back, so no lease of the Locker is held once Close returns unless
+// the database stopped answering. Close returns
 // when all background goroutines have stopped, the Observer's queued
 // events were delivered, and pgx has finished closing the LISTEN
 // connection; it waits at most a second for the latter when the server
@@ -204,6 +209,9 @@ func (k *Locker) Close() {
 	}
 	releases.Wait()
 	k.acquires.close()
+	if !k.noGrantWait {
+		k.granting.Wait() // grants handed to callers as Close began: adopted (and released above) or given back
+	}
 	k.releases.close()
 	k.background.Wait()
 	k.ev.Close() // delivers the queued events
@@ -246,8 +254,9 @@ var errLostClosed = fmt.Errorf("%w: %w", pgfence.ErrLeaseLost, pgfence.ErrClosed
 // is in flight, TryAcquire returns at once, but the statement is not
 // cancelled: it runs on to its answer (for at most [Config].QueryTimeout
 // more), and a lease it took is given back then, a round trip later. Only
-// when the answer never comes (the database or the network failed, or
-// Close) may such a lease stay held until its TTL ends. A statement still
+// when the answer never comes (the database or the network failed) may
+// such a lease stay held until its TTL ends. A ctx that has already ended
+// sends nothing. A statement still
 // unanswered a TTL after it was sent is cancelled in any case (its grant
 // would come past the lease's local deadline), and counts as a transient
 // error: a connection that died silently costs an attempt, not the wait.
@@ -545,6 +554,13 @@ func (k *Locker) checkOpen() error {
 
 // prepare validates an acquire of name and returns the lease's timing.
 func (k *Locker) prepare(ctx context.Context, name string, opts *AcquireOpts) (leaseTiming, error) {
+	if err := ctx.Err(); err != nil {
+		// Nothing is sent for a call whose ctx already ended.
+		if cause := context.Cause(ctx); cause != err {
+			err = fmt.Errorf("%w: %w", cause, err)
+		}
+		return leaseTiming{}, fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, err)
+	}
 	if err := checkText("lease name", name); err != nil {
 		return leaseTiming{}, err
 	}

@@ -85,7 +85,7 @@ func TestStaleHolderIsFencedEndToEnd(t *testing.T) {
 	require.Equal(t, leaseA.Token(), stale.Presented)
 	require.Equal(t, leaseB.Token(), stale.Current)
 
-	_, err = deposit.UnderLease("account:42").Exec(ctx, db.Pool, leaseA.Token(), 1000, 42)
+	_, err = deposit.UnderLease("account:42", leaseA.(*leasetable.Lease).Secret()).Exec(ctx, db.Pool, leaseA.Token(), 1000, 42)
 	require.ErrorIs(t, err, pgfence.ErrLeaseLost, "a lease-checked write sees the lease is gone")
 
 	_, err = db.Pool.Exec(ctx, "UPDATE accounts SET balance = 0, fence_token = $1 WHERE id = 42", leaseA.Token())

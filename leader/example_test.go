@@ -38,7 +38,7 @@ func Example() {
 	must(err)
 	// The leader's work, fenced with the term's token and checked against
 	// the election's lease: rejected once the term has ended.
-	relayBatch := fence.Update("relay").Set("batches = batches + 1").Where("id = 1").UnderLease("outbox-relay")
+	relayBatch := fence.Update("relay").Set("batches = batches + 1").Where("id = 1")
 	ran := make(chan int64, 1000) // the token of each batch, for this example to follow
 
 	replicas := map[string]*leader.Elector{}
@@ -61,7 +61,7 @@ func Example() {
 					// whose term ended without its noticing (a pause)
 					// cannot write after its successor.
 					for ctx.Err() == nil {
-						if _, err := relayBatch.Exec(ctx, pool, t.Token()); err != nil {
+						if _, err := relayBatch.UnderLease("outbox-relay", t.Lease().Secret()).Exec(ctx, pool, t.Token()); err != nil {
 							return
 						}
 						select {

@@ -543,14 +543,13 @@ func (e *Elector) awaitTurn(ctx context.Context) error {
 
 // proclaimSQL records the value of a term through pgfence_leader_proclaim
 // (%[1]s is the schema), a SECURITY DEFINER function: only while the term's
-// lease is held (name, token, owner, not expired on clock_timestamp()),
+// lease is held (name, token, secret, not expired on clock_timestamp()),
 // whose row it locks FOR SHARE for the statement; it notifies
-// [NotifyChannel] with the election's name at commit. It returns whether
-// the lease was held.
+// [NotifyChannel] at commit. It returns whether the lease was held.
 const proclaimSQL = `SELECT %[1]s.pgfence_leader_proclaim($1, $2, $3, $4)`
 
 func (e *Elector) proclaim(ctx context.Context, l *leasetable.Lease, value string) (held bool, err error) {
-	err = e.pool.QueryRow(ctx, e.sql.proclaim, l.Name(), l.Token(), e.locker.Owner(), value).Scan(&held)
+	err = e.pool.QueryRow(ctx, e.sql.proclaim, l.Name(), l.Token(), l.Secret(), value).Scan(&held)
 	return held, err
 }
 

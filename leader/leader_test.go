@@ -308,10 +308,11 @@ func TestObserveSeesExpiry(t *testing.T) {
 	// The crashed leader's term: a lease of 300ms, proclaimed, never
 	// renewed.
 	var token int64
+	var secret string
 	require.NoError(t, db.Pool.QueryRow(ctx,
-		"SELECT fence FROM pgfence.pgfence_acquire(ARRAY['exp'], 'crashed', ARRAY[300000::bigint]) WHERE acquired").Scan(&token))
+		"SELECT fence, secret FROM pgfence.pgfence_acquire(ARRAY['exp'], 'crashed', ARRAY[300000::bigint]) WHERE acquired").Scan(&token, &secret))
 	var held bool
-	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT pgfence.pgfence_leader_proclaim('exp', $1, 'crashed', 'addr')", token).Scan(&held))
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT pgfence.pgfence_leader_proclaim('exp', $1, $2, 'addr')", token, secret).Scan(&held))
 	require.True(t, held)
 	octx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -437,7 +438,9 @@ func TestListAndTerms(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	db := pgtest.NewDB(t)
-	a := newCandidate(t, db.Pool, "ls-a", "addr-a", nil, nil)
+	// A lone candidate that resigns leads again after its HandoverTimeout.
+	short := func(c *leader.Config) { c.HandoverTimeout = time.Millisecond }
+	a := newCandidate(t, db.Pool, "ls-a", "addr-a", nil, short)
 	b := newCandidate(t, db.Pool, "ls-b", "addr-b", nil, nil)
 	var last *leader.Term
 	for i := 0; i < 12; i++ {

@@ -103,7 +103,9 @@ func (e *Elector) read(ctx context.Context) (TermInfo, time.Duration, error) {
 	if value != nil {
 		info.Value = *value
 	}
-	untilExpiry = max(expires.Sub(dbNow), 0)
+	// Clamped: an expiry beyond what pgfence writes (set by hand) must not
+	// overflow the observer's waits into a busy loop.
+	untilExpiry = min(max(expires.Sub(dbNow), 0), leasetable.MaxTTL)
 	return info, untilExpiry, nil
 }
 

@@ -69,18 +69,20 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	denied("INSERT INTO pgfence.pgfence_leaders VALUES ('least', $1, 'x', 'forged', now(), now())", term.Token()+1)
 	denied("UPDATE pgfence.pgfence_leaders SET value = 'forged'")
 	denied("DELETE FROM pgfence.pgfence_leaders")
-	// The function proclaims only for the held term: a wrong token or
-	// owner writes nothing.
+	// The function proclaims only for the held term with its secret: a
+	// wrong token, or the owner (readable by every granted role) where the
+	// secret goes, writes nothing.
 	var held bool
+	secret := term.Lease().Secret()
 	require.NoError(t, app.QueryRow(ctx, "SELECT pgfence.pgfence_leader_proclaim('least', $1, $2, 'forged')",
-		term.Token()+1, a.locker.Owner()).Scan(&held))
+		term.Token()+1, secret).Scan(&held))
 	require.False(t, held)
-	require.NoError(t, app.QueryRow(ctx, "SELECT pgfence.pgfence_leader_proclaim('least', $1, 'someone-else', 'forged')",
-		term.Token()).Scan(&held))
+	require.NoError(t, app.QueryRow(ctx, "SELECT pgfence.pgfence_leader_proclaim('least', $1, $2, 'forged')",
+		term.Token(), a.locker.Owner()).Scan(&held))
 	require.False(t, held)
 	// Control: the holder's own proclamation passes.
 	require.NoError(t, app.QueryRow(ctx, "SELECT pgfence.pgfence_leader_proclaim('least', $1, $2, 'a2')",
-		term.Token(), a.locker.Owner()).Scan(&held))
+		term.Token(), secret).Scan(&held))
 	require.True(t, held)
 	info, err = o.e.Leader(ctx)
 	require.NoError(t, err)

@@ -339,7 +339,7 @@ func TestPruneKeepsFencing(t *testing.T) {
 
 	la, err := a.TryAcquire(ctx, "account:42", nil)
 	require.NoError(t, err)
-	_, err = addBalance.UnderLease("account:42").Exec(ctx, db.Pool, la.Token(), 10, 42)
+	_, err = addBalance.UnderLease("account:42", la.(*leasetable.Lease).Secret()).Exec(ctx, db.Pool, la.Token(), 10, 42)
 	require.NoError(t, err)
 
 	// A is paused; its lease ended long ago and its row is pruned.
@@ -348,7 +348,7 @@ func TestPruneKeepsFencing(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n)
 
-	_, err = addBalance.UnderLease("account:42").Exec(ctx, db.Pool, la.Token(), 1, 42)
+	_, err = addBalance.UnderLease("account:42", la.(*leasetable.Lease).Secret()).Exec(ctx, db.Pool, la.Token(), 1, 42)
 	require.ErrorIs(t, err, pgfence.ErrLeaseLost, "no row: the lease check fails")
 	_, err = addBalance.Exec(ctx, db.Pool, la.Token(), 0, 42)
 	require.NoError(t, err, "negative control: token fencing alone accepts A until a newer holder writes")
@@ -356,12 +356,12 @@ func TestPruneKeepsFencing(t *testing.T) {
 	lb, err := b.TryAcquire(ctx, "account:42", nil)
 	require.NoError(t, err)
 	require.Greater(t, lb.Token(), la.Token())
-	_, err = addBalance.UnderLease("account:42").Exec(ctx, db.Pool, lb.Token(), 5, 42)
+	_, err = addBalance.UnderLease("account:42", lb.(*leasetable.Lease).Secret()).Exec(ctx, db.Pool, lb.Token(), 5, 42)
 	require.NoError(t, err)
 
 	_, err = addBalance.Exec(ctx, db.Pool, la.Token(), 1, 42)
 	require.ErrorIs(t, err, pgfence.ErrFenced)
-	_, err = addBalance.UnderLease("account:42").Exec(ctx, db.Pool, la.Token(), 1, 42)
+	_, err = addBalance.UnderLease("account:42", la.(*leasetable.Lease).Secret()).Exec(ctx, db.Pool, la.Token(), 1, 42)
 	require.ErrorIs(t, err, pgfence.ErrLeaseLost)
 	require.ErrorIs(t, la.Release(ctx), pgfence.ErrNotHeld, "A finds its lease gone")
 

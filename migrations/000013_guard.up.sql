@@ -373,3 +373,5 @@ ALTER FUNCTION pgfence_schema_version() SET search_path FROM CURRENT;
 ALTER FUNCTION pgfence_guard_strict() SET search_path FROM CURRENT;
 ALTER FUNCTION pgfence_guard_truncate() SET search_path FROM CURRENT;
 ALTER FUNCTION pgfence_protect(regclass, name, boolean) SET search_path FROM CURRENT;
+ALTER FUNCTION pgfence_present(bigint) SET search_path FROM CURRENT;
+ALTER FUNCTION pgfence_maintenance(regclass) SET search_path FROM CURRENT;

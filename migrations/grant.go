@@ -51,6 +51,12 @@ var appFunctions = []grantedFunction{
 	{4, 0, "pgfence_guard_strict()"},
 	{4, 0, "pgfence_guard_truncate()"},
 	{4, 0, "pgfence_last_token()"},
+	// Fencing helpers: presenting a token in a transaction, installing the
+	// guard on a table (as its owner, checked by CREATE TRIGGER), and the
+	// owner's maintenance window (it refuses any other role).
+	{13, 0, "pgfence_present(pg_catalog.int8)"},
+	{13, 0, "pgfence_protect(pg_catalog.regclass, pg_catalog.name, pg_catalog.bool)"},
+	{13, 0, "pgfence_maintenance(pg_catalog.regclass)"},
 }
 
 // grantedTable is a table the application role may read, from migration

@@ -547,7 +547,8 @@ func TestGrantSQL(t *testing.T) {
 	t.Parallel()
 	// 4 added its trigger functions and pgfence_last_token to the EXECUTE
 	// list, 5 pgfence_leaders and pgfence_leader_proclaim, 9
-	// pgfence_next_tokens, 12 the secret arguments and pgfence_notify_key.
+	// pgfence_next_tokens, 12 the secret arguments and pgfence_notify_key,
+	// 13 the fencing helpers.
 	require.Equal(t, []string{
 		`GRANT USAGE ON SCHEMA "pgfence" TO "app"`,
 		`GRANT SELECT ON TABLE "pgfence"."pgfence_leases", "pgfence"."pgfence_leaders", "pgfence"."pgfence_notify_key", "pgfence"."pgfence_schema_migrations" TO "app"`,
@@ -561,7 +562,9 @@ func TestGrantSQL(t *testing.T) {
 			`"pgfence".pgfence_leader_proclaim(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text), ` +
 			`"pgfence".pgfence_next_tokens(pg_catalog.bool[]), ` +
 			`"pgfence".pgfence_guard(), "pgfence".pgfence_guard_strict(), "pgfence".pgfence_guard_truncate(), ` +
-			`"pgfence".pgfence_last_token() TO "app"`,
+			`"pgfence".pgfence_last_token(), "pgfence".pgfence_present(pg_catalog.int8), ` +
+			`"pgfence".pgfence_protect(pg_catalog.regclass, pg_catalog.name, pg_catalog.bool), ` +
+			`"pgfence".pgfence_maintenance(pg_catalog.regclass) TO "app"`,
 	}, migrations.GrantSQL("", "app", nil))
 
 	op := migrations.GrantSQL(`we"ird`, `Ro le`, &migrations.GrantOpts{Operator: true})

@@ -150,6 +150,23 @@ type FenceRegister struct {
 	write   *fence.UpdateStmt
 	claim   *fence.UpdateStmt
 	noClaim bool
+	lease   string         // the lease its writes are checked against, if any
+	secret  pgfence.Secret // that lease's secret, set by ForHolder
+}
+
+// ForHolder implements [HolderRegister]: a lease-checked register presents
+// h's secret (h must be a lease-table lease); others are returned as they
+// are.
+func (r *FenceRegister) ForHolder(h Holder) Register {
+	if r.lease == "" {
+		return r
+	}
+	c := *r
+	if s, ok := h.(interface{ Secret() pgfence.Secret }); ok {
+		c.secret = s.Secret()
+	}
+	c.write, c.claim = r.write.UnderLease(r.lease, c.secret), r.claim.UnderLease(r.lease, c.secret)
+	return &c
 }
 
 // WithoutClaim returns a copy of r whose reads do not claim the row (a
@@ -165,8 +182,9 @@ func (r *FenceRegister) WithoutClaim() *FenceRegister {
 // NewFenceRegister creates table (if missing) with its one row, as
 // [NewSQLRegister] does, and returns a register writing it through package
 // fence. A non-empty lease makes every claim and write lease-checked
-// (UnderLease(lease)): use the workload's lock name with a [PgfenceLocker]
-// of a leasetable Locker.
+// (UnderLease(lease, secret)) once [FenceRegister.ForHolder] has given it
+// the holder's secret, as the workload does: use the workload's lock name
+// with a [PgfenceLocker] of a leasetable Locker.
 func NewFenceRegister(ctx context.Context, db pgfence.DB, table, lease string) (*FenceRegister, error) {
 	if _, err := NewSQLRegister(ctx, db, table, true); err != nil {
 		return nil, err
@@ -178,7 +196,10 @@ func NewFenceRegister(ctx context.Context, db pgfence.DB, table, lease string) (
 		claim: fence.UpdateIdent(pgx.Identifier{table}).Set("val = val").Where("id = 1"),
 	}
 	if lease != "" {
-		r.write, r.claim = r.write.UnderLease(lease), r.claim.UnderLease(lease)
+		// Until ForHolder gives it a secret, a lease-checked write is
+		// refused (a zero Secret proves nothing).
+		r.lease = lease
+		r.write, r.claim = r.write.UnderLease(lease, pgfence.Secret{}), r.claim.UnderLease(lease, pgfence.Secret{})
 	}
 	return r, nil
 }

@@ -119,7 +119,10 @@ func childMain(in io.Reader, out io.Writer) int {
 			cancel()
 			if err == nil {
 				if os.Getenv(EnvChildRegister) == "fence-lease" {
-					reg, err = NewFenceRegister(ctx, pool, table, f[1])
+					var fr *FenceRegister
+					if fr, err = NewFenceRegister(ctx, pool, table, f[1]); err == nil {
+						reg = fr.ForHolder(lease)
+					}
 				}
 			}
 			if err == nil {

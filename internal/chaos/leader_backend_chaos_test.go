@@ -45,7 +45,7 @@ func killedBackend(t *testing.T, guarded bool) {
 		term, err := victim.e.Campaign(ctx)
 		require.NoError(t, err)
 		old, oldEnded := watchTerm("victim", term)
-		require.NoError(t, leaderWrite(ctx, victimPool, term.Token(), true))
+		require.NoError(t, leaderWrite(ctx, victimPool, term.Token(), term.Lease().Secret(), true))
 
 		won := make(chan *leader.Term, 1)
 		go func() {
@@ -70,12 +70,12 @@ func killedBackend(t *testing.T, guarded bool) {
 		rec, ended := watchTerm("follower", next)
 		<-oldEnded // already: its deadline came first (checked below)
 		require.ErrorIs(t, term.Err(), pgfence.ErrLeaseLost)
-		require.NoError(t, leaderWrite(ctx, db.Pool, next.Token(), true))
+		require.NoError(t, leaderWrite(ctx, db.Pool, next.Token(), next.Lease().Secret(), true))
 
 		// The victim's session is back; its late change arrives.
 		_, err = db.Pool.Exec(ctx, "ALTER ROLE "+ident+" LOGIN")
 		require.NoError(t, err)
-		err = leaderWrite(ctx, victimPool, term.Token(), guarded)
+		err = leaderWrite(ctx, victimPool, term.Token(), term.Lease().Secret(), guarded)
 		if guarded {
 			require.ErrorIs(t, err, pgfence.ErrFenced, "the old leader's late change must be rejected")
 		} else {

@@ -57,11 +57,11 @@ const inProcessTTL = 600 * time.Millisecond
 // guardedWork is the leader's write: fenced with the term's token and
 // checked against the term's lease (rejected once the lease is not held,
 // on the database clock).
-var guardedWork = fence.Update("leader_work").Set("writes = writes + 1").Where("id = 1").UnderLease(leaderElection)
+var guardedWork = fence.Update("leader_work").Set("writes = writes + 1").Where("id = 1")
 
 // leaderWrite makes one change of the leader's work with token, guarded or
 // not (the negative control), and logs it in the same transaction.
-func leaderWrite(ctx context.Context, db *pgxpool.Pool, token int64, guarded bool) error {
+func leaderWrite(ctx context.Context, db *pgxpool.Pool, token int64, secret pgfence.Secret, guarded bool) error {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return err
@@ -71,7 +71,7 @@ func leaderWrite(ctx context.Context, db *pgxpool.Pool, token int64, guarded boo
 		return err
 	}
 	if guarded {
-		_, err = guardedWork.Exec(ctx, tx, token)
+		_, err = guardedWork.UnderLease(leaderElection, secret).Exec(ctx, tx, token)
 	} else {
 		_, err = tx.Exec(ctx, "UPDATE leader_work SET writes = writes + 1, fence_token = $1 WHERE id = 1", token)
 	}
@@ -366,7 +366,11 @@ func leaderChildMain(in io.Reader, out io.Writer) int {
 			reply = fmt.Sprintf("ok %d %d", term.Token(), term.BeganAt().UnixNano())
 		case len(f) == 2 && f[0] == "write":
 			tok, _ := strconv.ParseInt(f[1], 10, 64)
-			err := leaderWrite(ctx, pool, tok, guarded)
+			var secret pgfence.Secret
+			if term != nil {
+				secret = term.Lease().Secret()
+			}
+			err := leaderWrite(ctx, pool, tok, secret, guarded)
 			switch {
 			case err == nil:
 				reply = "ok"

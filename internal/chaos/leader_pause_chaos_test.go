@@ -54,7 +54,7 @@ func pausedLeader(t *testing.T, guarded bool) {
 		t.Logf("round %d: the child was stopped for %v when the parent's term began", i, time.Since(stopped).Round(time.Millisecond))
 		// The new leader changes the work first (so the fence is ahead of
 		// the child's token too); then the child resumes.
-		require.NoError(t, leaderWrite(ctx, db.Pool, term.Token(), true))
+		require.NoError(t, leaderWrite(ctx, db.Pool, term.Token(), term.Lease().Secret(), true))
 		child.cont(t)
 		late := child.recv(t, ctx)
 		if guarded {

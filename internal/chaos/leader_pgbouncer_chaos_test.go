@@ -67,7 +67,7 @@ func TestLeaderPgBouncerTransactionMode(t *testing.T) {
 						OnStartedLeading: func(ctx context.Context, term *leader.Term) {
 							rec, ended := watchTerm(who, term)
 							for i := 0; i < 3 && ctx.Err() == nil; i++ {
-								if err := leaderWrite(ctx, pool, term.Token(), true); err != nil && ctx.Err() == nil {
+								if err := leaderWrite(ctx, pool, term.Token(), term.Lease().Secret(), true); err != nil && ctx.Err() == nil {
 									t.Errorf("term %d: %v", term.Token(), err)
 								}
 								time.Sleep(5 * time.Millisecond)

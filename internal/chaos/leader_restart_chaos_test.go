@@ -41,7 +41,7 @@ func restartedServer(t *testing.T, guarded bool) {
 		term, err := old.e.Campaign(ctx)
 		require.NoError(t, err)
 		rec, ended := watchTerm("leader", term)
-		require.NoError(t, leaderWrite(ctx, oldPool, term.Token(), true))
+		require.NoError(t, leaderWrite(ctx, oldPool, term.Token(), term.Lease().Secret(), true))
 
 		won := make(chan *leader.Term, 1)
 		go func() {
@@ -75,22 +75,22 @@ func restartedServer(t *testing.T, guarded bool) {
 		require.True(t, rec.learned.Before(up), "the old leader learnt while the server was down")
 		// Both pools still hold connections the restart broke: a change
 		// that fails on one is retried on a fresh one.
-		write := func(pool *pgxpool.Pool, token int64, guarded bool) (err error) {
+		write := func(pool *pgxpool.Pool, token int64, secret pgfence.Secret, guarded bool) (err error) {
 			for attempt := 0; attempt < 20; attempt++ {
-				if err = leaderWrite(ctx, pool, token, guarded); err == nil || !isConnErr(err) {
+				if err = leaderWrite(ctx, pool, token, secret, guarded); err == nil || !isConnErr(err) {
 					return err
 				}
 				time.Sleep(50 * time.Millisecond)
 			}
 			return err
 		}
-		if err := write(followerPool, next.Token(), true); err != nil {
+		if err := write(followerPool, next.Token(), next.Lease().Secret(), true); err != nil {
 			// Its renewals can meet the broken connections too: on a
 			// loaded machine its short term may end before it writes.
 			require.ErrorIs(t, err, pgfence.ErrFenced)
 			require.Error(t, next.Err(), "rejected only once its term ended: %v", err)
 		}
-		lateErr := write(oldPool, term.Token(), guarded)
+		lateErr := write(oldPool, term.Token(), term.Lease().Secret(), guarded)
 		if guarded {
 			require.ErrorIs(t, lateErr, pgfence.ErrFenced, "the old leader's late change must be rejected")
 		} else {

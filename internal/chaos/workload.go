@@ -39,6 +39,14 @@ type Holder interface {
 	Release(ctx context.Context) error
 }
 
+// HolderRegister is a [Register] whose operations depend on the holder,
+// beyond its token: ForHolder returns the register to use for h's
+// operations (a lease-checked register presents h's secret).
+type HolderRegister interface {
+	Register
+	ForHolder(h Holder) Register
+}
+
 // Register is the resource a workload protects: one row holding a value and
 // a fencing token.
 type Register interface {
@@ -201,6 +209,9 @@ func criticalSection(ctx context.Context, cfg WorkloadConfig, lk Locker, p int, 
 	acq.Complete(Ok, func(o *Op) { o.Token = token })
 
 	reg := cfg.Register
+	if hr, ok := reg.(HolderRegister); ok {
+		reg = hr.ForHolder(h)
+	}
 	// A transaction-scoped holder: the register runs in its transaction,
 	// and the operations' outcomes are decided by the commit (Release).
 	var provisional []provisionalOp

@@ -28,7 +28,12 @@ FUZZ_TARGETS := ./leasetable:FuzzLeaseName ./advisory:FuzzNameKey ./fence:FuzzSc
 	./fence:FuzzParseTable ./fence:FuzzBuilderFragments ./fence:FuzzBuilderIdentifiers \
 	./internal/chaos:FuzzCheckSequentialRegister
 
-.PHONY: chaos chaos-ci fuzz patroni-ci
+.PHONY: chaos chaos-ci fuzz patroni-ci tools-ci
+
+# tools-ci runs the tests outside the fault suite that need a tool beyond
+# the PostgreSQL server binaries (build tag "tools": PgBouncer).
+tools-ci:
+	$(GO) test -race -count=1 -tags tools -run 'BehindTransactionPooler' ./leasetable/
 
 # chaos-ci is the short schedule CI runs: every fault, a few minutes in all.
 # The summary lines are printed; on failure the whole log follows (with the

@@ -1,3 +1,9 @@
+//go:build tools
+
+// This file needs PgBouncer on the machine: it runs under the "tools" build
+// tag (make tools-ci, which CI runs), so that go test ./... passes with only
+// the PostgreSQL server binaries.
+
 package leasetable_test
 
 import (
@@ -20,7 +26,8 @@ const deafWarn = "LISTEN does not receive notifications on this connection"
 
 // startBouncer starts a transaction-pooling PgBouncer in front of db's
 // server and returns a pool through it. CI installs PgBouncer; without it
-// the test fails, as a test that cannot run must not pass.
+// the test fails (under the tools tag), as a test that cannot run must not
+// pass.
 func startBouncer(t *testing.T, ctx context.Context, db *pgtest.DB) *pgxpool.Pool {
 	t.Helper()
 	if _, err := exec.LookPath("pgbouncer"); err != nil {

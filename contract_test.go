@@ -426,3 +426,30 @@ func TestContractMaxHold(t *testing.T) {
 		require.NoError(t, unbounded.Release(ctx))
 	})
 }
+
+// TestContractDoErrorOneLine: Do's error joining fn's error with the loss
+// is one line ("; " between the parts) and matches every part; fn's error
+// alone is returned as it is. Control: errors.Join of the same parts spans
+// two lines.
+func TestContractDoErrorOneLine(t *testing.T) {
+	t.Parallel()
+	contract(t, func(t *testing.T, s strategy, db *pgtest.DB) {
+		ctx := t.Context()
+		k := s.newLocker(t, db.NewPool(t, nil))
+		fnErr := errors.New("job failed")
+		var loss error
+		err := k.Do(ctx, "oneline", &pgfence.AcquireOpts{MaxHold: 50 * time.Millisecond}, func(ctx context.Context, l pgfence.Lease) error {
+			<-ctx.Done() // ended by MaxHold
+			loss = l.Err()
+			return fnErr
+		})
+		require.ErrorIs(t, err, fnErr)
+		require.ErrorIs(t, err, pgfence.ErrMaxHold)
+		require.NotContains(t, err.Error(), "\n")
+		require.Contains(t, err.Error(), "job failed; ")
+		require.Contains(t, errors.Join(fnErr, loss).Error(), "\n", "control: errors.Join spans lines")
+
+		err = k.Do(ctx, "oneline", nil, func(context.Context, pgfence.Lease) error { return fnErr })
+		require.EqualError(t, err, "job failed")
+	})
+}

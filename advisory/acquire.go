@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"time"
 
 	"github.com/pgfence/pgfence"
@@ -423,34 +422,14 @@ func (k *Locker) Do(ctx context.Context, name string, opts *AcquireOpts, fn func
 // with the release's error: one error, whose message is one line ("; "
 // between the parts), matching each part with errors.Is and errors.As.
 func (k *Locker) DoKey(ctx context.Context, key Key, opts *AcquireOpts, fn func(ctx context.Context, l pgfence.Lease) error) error {
-	return oneLine(hold.Do(ctx, k, key.markName(), "pgfence: advisory", func(ctx context.Context) (pgfence.Lease, error) {
+	return hold.Do(ctx, k, key.markName(), "pgfence: advisory", func(ctx context.Context) (pgfence.Lease, error) {
 		l, err := k.AcquireKey(ctx, key, opts)
 		if err != nil {
 			return nil, err
 		}
 		return l, nil
-	}, fn))
+	}, fn)
 }
-
-// oneLine returns err with its message on one line when it joins several
-// errors (errors.Join puts each on a line of its own): the same parts,
-// for errors.Is and errors.As, with "; " between their messages.
-func oneLine(err error) error {
-	j, ok := err.(interface{ Unwrap() []error })
-	if !ok || !strings.Contains(err.Error(), "\n") {
-		return err
-	}
-	return &joinedError{msg: strings.ReplaceAll(err.Error(), "\n", "; "), errs: j.Unwrap()}
-}
-
-// joinedError is oneLine's error.
-type joinedError struct {
-	msg  string
-	errs []error
-}
-
-func (e *joinedError) Error() string   { return e.msg }
-func (e *joinedError) Unwrap() []error { return e.errs }
 
 // heldHereError is the refusal of a key held in this Locker in a
 // conflicting mode. It matches pgfence.ErrNotAcquired. Callers may retry

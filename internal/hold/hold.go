@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/pgfence/pgfence"
@@ -82,8 +83,40 @@ func Do(ctx context.Context, locker any, name, prefix string,
 	if lost != nil {
 		relErr = nil // the release can only repeat the loss
 	}
-	return errors.Join(fnErr, lost, relErr)
+	return Join(fnErr, lost, relErr)
 }
+
+// Join joins the non-nil errors of errs as errors.Join does (nil when there
+// is none, the error itself when there is one), with "; " between the
+// messages instead of newlines, so that a log line stays one line.
+func Join(errs ...error) error {
+	var parts []error
+	for _, err := range errs {
+		if err != nil {
+			parts = append(parts, err)
+		}
+	}
+	switch len(parts) {
+	case 0:
+		return nil
+	case 1:
+		return parts[0]
+	}
+	msgs := make([]string, len(parts))
+	for i, err := range parts {
+		msgs[i] = err.Error()
+	}
+	return &joined{msg: strings.Join(msgs, "; "), errs: parts}
+}
+
+// joined is Join's error.
+type joined struct {
+	msg  string
+	errs []error
+}
+
+func (e *joined) Error() string   { return e.msg }
+func (e *joined) Unwrap() []error { return e.errs }
 
 // TimedOut is the error of a wait that ran out of its WaitTimeout d by
 // other means than a context (a lock_timeout): it matches

@@ -47,6 +47,10 @@ holder releases it. --wait 0 does not wait, like --no-wait (flock -w 0). SIGINT 
 
 The command gets PGFENCE_LEASE (the name) and PGFENCE_TOKEN (the fencing
 token of this acquisition) in its environment, so its own SQL can be fenced.
+It does not get the lease's secret: renewing and releasing stay with
+pgfence run, and a token is all a fenced write needs; a secret in the
+environment would let any process that reads it release or renew the
+lease.
 It runs in its own process group; SIGINT, SIGTERM and SIGHUP sent to pgfence
 are forwarded to that group. Its exit status becomes pgfence's.
 

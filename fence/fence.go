@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/permerr"
 )
 
 // DefaultColumn is the guard column the builders use unless told otherwise
@@ -218,7 +219,7 @@ func Classify(err error) error {
 		return e
 	case SQLState:
 	default:
-		return err
+		return permerr.Wrap(err, "", "")
 	}
 	stale := &StaleTokenError{Err: err}
 	if m := detailRE.FindStringSubmatch(detail(st)); m != nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/permerr"
 )
 
 // acquireSQL takes a batch of leases in one statement (%[1]s is the
@@ -244,6 +245,7 @@ func (k *Locker) failAcquire(r *acquireReq, err error) {
 // taken for a caller who stopped waiting, or after Close, is known and
 // given back.
 func (k *Locker) execAcquires(batch []*acquireReq) (err error) {
+	defer func() { err = permerr.Wrap(err, "", k.cfg.Schema) }() // names the missing grant
 	// One request per name; the others learn the first one's outcome as
 	// "held" (by this Locker when the first one acquired it), exactly as
 	// if they had run just after it.

@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/permerr"
 )
 
 // Key is an install's notification key.
@@ -23,7 +24,7 @@ type Key []byte
 func Load(ctx context.Context, db pgfence.DB, quoted string) (Key, error) {
 	var k []byte
 	if err := db.QueryRow(ctx, "SELECT key FROM "+quoted+".pgfence_notify_key").Scan(&k); err != nil {
-		return nil, fmt.Errorf("read %s.pgfence_notify_key (the role needs SELECT on it: pgfence grant): %w", quoted, err)
+		return nil, fmt.Errorf("read %s.pgfence_notify_key: %w", quoted, permerr.Wrap(err, "", ""))
 	}
 	return k, nil
 }

@@ -98,6 +98,10 @@ func pausedLease(t *testing.T, register string) chaos.History {
 		t2 := lease.Token()
 		acq.Complete(chaos.Ok, func(o *chaos.Op) { o.Token = t2 })
 		require.Greater(t, t2, t1)
+		reg := reg
+		if hr, ok := reg.(chaos.HolderRegister); ok {
+			reg = hr.ForHolder(lease) // a lease-checked register presents the new holder's secret
+		}
 		rd2 := rec.Invoke(chaos.Op{Process: 1, Kind: chaos.Read, Token: t2})
 		v2, rt, err := reg.Read(ctx, t2)
 		rd2.Complete(chaos.Classify(err), func(o *chaos.Op) { o.Value, o.RowToken = v2, rt })

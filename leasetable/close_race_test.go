@@ -93,3 +93,32 @@ func TestEndedContextSendsNothing(t *testing.T) {
 	require.Equal(t, int64(1), counter.n.Load(), "negative control: a live ctx sends the statement")
 	require.NoError(t, l.Release(ctx))
 }
+
+// TestFarExpiryDoesNotSpin: a holder's expiry centuries ahead (written by
+// hand: pgfence's functions refuse more than MaxTTL) makes a waiting
+// Acquire wait, not loop: a handful of statements in a second. Control:
+// the wait computed without the clamp (expiry - now, plus jitter) wraps
+// negative.
+func TestFarExpiryDoesNotSpin(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	holder := newLocker(t, db.Pool, nil)
+	l, err := holder.TryAcquire(ctx, "far", nil)
+	require.NoError(t, err)
+	defer func() { _ = l.Release(ctx) }()
+	_, err = db.Pool.Exec(ctx, "UPDATE pgfence.pgfence_leases SET expires_at = '2500-01-01' WHERE name = 'far'")
+	require.NoError(t, err)
+
+	counter := &acquireCounter{}
+	waiter := newLocker(t, db.NewPool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = counter }), nil)
+	wctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, err = waiter.Acquire(wctx, "far", nil)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	t.Logf("acquire statements in a second: %d", counter.n.Load())
+	require.LessOrEqual(t, counter.n.Load(), int64(5))
+
+	far := time.Date(2500, 1, 1, 0, 0, 0, 0, time.UTC).Sub(time.Now())
+	require.Negative(t, far+5*time.Millisecond, "control: the unclamped wait overflows")
+}

@@ -243,8 +243,9 @@ func (k *Locker) Stats() pgfence.Stats {
 var errLostClosed = fmt.Errorf("%w: %w", pgfence.ErrLeaseLost, pgfence.ErrClosed)
 
 // TryAcquire takes the lease name if it is free or expired, in one round
-// trip, and returns at once. When another owner holds it, TryAcquire returns
-// an error matching [pgfence.ErrNotAcquired]; when another caller of this
+// trip, and returns at once. When another owner holds it, or another
+// transaction is claiming it or holds its expired row locked, TryAcquire
+// returns an error matching [pgfence.ErrNotAcquired]; when another caller of this
 // Locker holds it, the same, at once and without a round trip; when ctx
 // descends from the held lease's own context (the caller holds it), an
 // error matching [pgfence.ErrAlreadyHeld]. A Locker never re-enters a name.

@@ -173,15 +173,14 @@
 //
 // It does not stop an application role from doing what the functions allow:
 // drawing fresh tokens with pgfence_next_token (which is how advisory locks
-// get theirs, and which only ever moves tokens forward), acquiring any free
-// lease name under any owner string and for any TTL, and releasing or
-// renewing a lease whose name, owner and token it knows. SELECT on
-// pgfence_leases shows all three, so an application role can end another
-// holder's lease early and then acquire it: the earlier holder is then
-// fenced out by the newer token, never left writing beside the new one, but
-// it loses the lease. Roles that must not interfere with each other's locks
-// need separate databases. Nor does any of this protect against the owner, a
-// superuser, or anyone who can change the functions.
+// get theirs, and which only ever moves tokens forward), and acquiring any
+// free lease name under any owner string for a TTL of up to 7 days. Acting
+// on a held lease (renewing, releasing, a lease-checked write, proclaiming
+// a leader) needs the secret its acquisition returned, which no role can
+// read back (from migration 12), so reading a lease's name, owner and token
+// from pgfence_leases is not enough to end or extend it. Nor does any of
+// this protect against the owner, a superuser, or anyone who can change the
+// functions.
 //
 // # Contexts
 //

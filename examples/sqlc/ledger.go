@@ -4,11 +4,14 @@
 // that paused past its lease cannot overwrite the work of the one that
 // replaced it.
 //
-// The queries (query.sql) rely on the pgfence_guard trigger on accounts
-// (schema.sql): it rejects a write that moves an account's token backwards
-// with SQLSTATE PF001, which [fence.Classify] and [fence.Check] turn into a
-// *fence.StaleTokenError. So each query tells a stale token from a missing
-// account in one round trip, and sqlc needs nothing but plain SQL.
+// schema.sql attaches the guard to accounts with pgfence_protect in strict
+// mode, and each transaction follows the fencing recipe: Present (the query
+// calling pgfence_present) once, then every UPDATE sets the guard column to
+// the token. The guard rejects a stale token with SQLSTATE PF001 and a
+// write that presents none with PF004; [fence.Classify] and [fence.Check]
+// turn these into a *fence.StaleTokenError (pgfence.ErrFenced) and a
+// *fence.NoTokenError (pgfence.ErrNoToken), and tell both from a missing
+// account in one round trip.
 //
 // Deposit is a read-modify-write, so it claims the account before reading
 // it: ClaimAccount sets the token on the row and returns the balance in one
@@ -34,9 +37,10 @@ import (
 )
 
 // Deposit adds amount to account id, as the holder of the fencing token,
-// in one transaction: it claims the account and reads its balance, writes
-// the new balance and records the deposit. pause, when not nil, is called
-// after the write and before the commit (the tests pause a worker there).
+// in one transaction: it presents the token, claims the account and reads
+// its balance, writes the new balance and records the deposit. pause, when
+// not nil, is called after the write and before the commit (the tests
+// pause a worker there).
 //
 // It returns an error matching pgfence.ErrFenced when a newer holder has
 // claimed or written the account (nothing is written), and pgx.ErrNoRows
@@ -44,12 +48,21 @@ import (
 func Deposit(ctx context.Context, pool *pgxpool.Pool, token int64, id int32, amount int64, pause func()) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		q := ledgerdb.New(tx)
-		balance, err := q.ClaimAccount(ctx, ledgerdb.ClaimAccountParams{Token: token, ID: id})
-		if err != nil {
-			return fmt.Errorf("ledger: claim account %d: %w", id, fence.Classify(err))
+		if err := q.Present(ctx, token); err != nil {
+			return fmt.Errorf("ledger: present token %d: %w", token, err)
 		}
-		return write(ctx, q, token, id, balance, amount, pause)
+		return claimAndWrite(ctx, q, token, id, amount, pause)
 	})
+}
+
+// claimAndWrite claims account id, reads its balance and writes it, in a
+// transaction that presented token.
+func claimAndWrite(ctx context.Context, q *ledgerdb.Queries, token int64, id int32, amount int64, pause func()) error {
+	balance, err := q.ClaimAccount(ctx, ledgerdb.ClaimAccountParams{Token: token, ID: id})
+	if err != nil {
+		return fmt.Errorf("ledger: claim account %d: %w", id, fence.Classify(err))
+	}
+	return write(ctx, q, token, id, balance, amount, pause)
 }
 
 // write sets the new balance, checked, records the deposit, and pauses.

@@ -54,6 +54,9 @@ func nextToken(t *testing.T, db *pgtest.DB) int64 {
 func depositWithoutClaim(ctx context.Context, pool *pgxpool.Pool, token int64, id int32, amount int64, pause func()) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		q := ledgerdb.New(tx)
+		if err := q.Present(ctx, token); err != nil {
+			return err
+		}
 		balance, err := q.ReadBalance(ctx, id)
 		if err != nil {
 			return err
@@ -62,7 +65,71 @@ func depositWithoutClaim(ctx context.Context, pool *pgxpool.Pool, token int64, i
 	})
 }
 
+// depositWithoutPresent is Deposit without Present: the negative control
+// for the strict guard.
+func depositWithoutPresent(ctx context.Context, pool *pgxpool.Pool, token int64, id int32, amount int64, pause func()) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return claimAndWrite(ctx, ledgerdb.New(tx), token, id, amount, pause)
+	})
+}
+
 type depositFunc func(ctx context.Context, pool *pgxpool.Pool, token int64, id int32, amount int64, pause func()) error
+
+// Under the strict guard: the holder of the "ledger" lease deposits, again
+// and again into the same account; once the lease has passed on, its
+// deposit is fenced (PF001) and the new holder's goes through; a deposit
+// that does not present its token is refused (PF004) even from the current
+// holder, the negative control showing that Present is what lets the
+// writes through.
+func TestStrictGuard(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := setup(t)
+	locker, err := leasetable.New(ctx, db.Pool, &leasetable.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	t.Cleanup(locker.Close)
+
+	first, err := locker.TryAcquire(ctx, "ledger", nil)
+	require.NoError(t, err)
+	for _, id := range []int32{1, 1, 2, 1} {
+		require.NoError(t, Deposit(ctx, db.Pool, first.Token(), id, 10, nil))
+	}
+	require.NoError(t, first.Release(ctx))
+
+	second, err := locker.TryAcquire(ctx, "ledger", nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = second.Release(context.Background()) })
+	require.Greater(t, second.Token(), first.Token())
+	require.NoError(t, Deposit(ctx, db.Pool, second.Token(), 1, 5, nil))
+
+	err = Deposit(ctx, db.Pool, first.Token(), 1, 7, nil)
+	require.ErrorIs(t, err, pgfence.ErrFenced)
+	require.NotErrorIs(t, err, pgfence.ErrNoToken)
+	var stale *fence.StaleTokenError
+	require.ErrorAs(t, err, &stale)
+	require.Equal(t, first.Token(), stale.Presented)
+	require.Equal(t, second.Token(), stale.Current)
+
+	for _, id := range []int32{1, 3} { // claimed by second already, and not yet
+		err = depositWithoutPresent(ctx, db.Pool, second.Token(), id, 7, nil)
+		require.ErrorIs(t, err, pgfence.ErrNoToken, "account %d", id)
+		require.NotErrorIs(t, err, pgfence.ErrFenced, "account %d", id)
+		var none *fence.NoTokenError
+		require.ErrorAs(t, err, &none, "account %d", id)
+	}
+
+	q := ledgerdb.New(db.Pool)
+	for id, want := range map[int32]int64{1: 35, 2: 10, 3: 0} {
+		balance, err := q.ReadBalance(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, want, balance, "account %d", id)
+	}
+	diff, err := Audit(ctx, db.Pool)
+	require.NoError(t, err)
+	for id, d := range diff {
+		require.Zero(t, d, "account %d: balance minus deposits", id)
+	}
+}
 
 // The lost deposit, step by step: the first holder has written
 // +36 and pauses before committing; its lease passes on; the next holder

@@ -1,3 +1,8 @@
+-- name: Present :exec
+-- Presents the token to the guard for the rest of the transaction: every
+-- later UPDATE and DELETE in it presents this token.
+SELECT pgfence.pgfence_present(@token);
+
 -- name: ClaimAccount :one
 -- Claims the account for the token before reading it, and reads it, in one
 -- statement: the trigger rejects the claim (PF001) when a newer holder has
@@ -16,7 +21,7 @@ RETURNING id, balance;
 SELECT balance FROM accounts WHERE id = @id;
 
 -- name: SetBalance :execresult
--- A guarded write: it presents the token by setting the guard column.
+-- A guarded write, after Present: it sets the guard column to the token.
 UPDATE accounts SET balance = @balance, fence_token = @token WHERE id = @id;
 
 -- name: AddDeposit :exec

@@ -1,15 +1,17 @@
--- The service's tables. Each account row carries the fencing token of the
--- holder that last wrote it, and the pgfence_guard trigger rejects (SQLSTATE
--- PF001) a write that would move it backwards, whatever query sends it.
+-- The service's tables, for a database migrated by pgfence (schema version
+-- 13 or later). Each account row carries the fencing token of the holder
+-- that last wrote it. pgfence_protect attaches the guard in strict mode:
+-- whatever query sends it, an UPDATE or DELETE must present a token at
+-- least the row's (a stale one is SQLSTATE PF001) and must present one at
+-- all (none is PF004). pgfence_stub.sql declares pgfence_present for sqlc
+-- alone; the tests build their database from this file only.
 CREATE TABLE accounts (
     id          int    PRIMARY KEY,
     balance     bigint NOT NULL DEFAULT 0,
     fence_token bigint NOT NULL DEFAULT 0
 );
 
-CREATE TRIGGER accounts_fence
-    BEFORE UPDATE OR DELETE ON accounts
-    FOR EACH ROW EXECUTE FUNCTION pgfence.pgfence_guard('fence_token');
+SELECT pgfence.pgfence_protect('accounts', 'fence_token', true);
 
 -- The audit trail: one row per deposit, written in the deposit's
 -- transaction.

@@ -117,6 +117,17 @@ func (q *Queries) ClaimAccounts(ctx context.Context, arg ClaimAccountsParams) ([
 	return items, nil
 }
 
+const present = `-- name: Present :exec
+SELECT pgfence.pgfence_present($1)
+`
+
+// Presents the token to the guard for the rest of the transaction: every
+// later UPDATE and DELETE in it presents this token.
+func (q *Queries) Present(ctx context.Context, token int64) error {
+	_, err := q.db.Exec(ctx, present, token)
+	return err
+}
+
 const readBalance = `-- name: ReadBalance :one
 SELECT balance FROM accounts WHERE id = $1
 `
@@ -139,7 +150,7 @@ type SetBalanceParams struct {
 	ID      int32
 }
 
-// A guarded write: it presents the token by setting the guard column.
+// A guarded write, after Present: it sets the guard column to the token.
 func (q *Queries) SetBalance(ctx context.Context, arg SetBalanceParams) (pgconn.CommandTag, error) {
 	return q.db.Exec(ctx, setBalance, arg.Balance, arg.Token, arg.ID)
 }

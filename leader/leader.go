@@ -218,6 +218,7 @@ type Elector struct {
 	running         bool  // Run is running
 	listenerStarted bool
 	watchers        map[chan struct{}]struct{} // buffered(1): wake an observer
+	notifiedTerm    int64                      // the newest term a notification announced (see notify)
 	aside           time.Time                  // StepAside: no campaign before then
 	handover        handover                   // the last resignation's, until it ends
 }

@@ -246,9 +246,18 @@ func (e *Elector) removeWatcher(w chan struct{}) {
 
 // notify wakes the observers when a notification names the election: its
 // payload (tag:token:mac) carries the election's tag under the install's
-// key and a valid MAC.
+// key and a valid MAC, and a term no older than the newest one notified (a
+// replay of an older term's notification is dropped).
 func (e *Elector) notify(payload string) {
-	if tag, _, ok := e.notifyKey.Verify(payload); ok && tag == e.notifyTag {
+	tag, token, ok := e.notifyKey.Verify(payload)
+	if !ok || tag != e.notifyTag {
+		return
+	}
+	e.mu.Lock()
+	stale := token < e.notifiedTerm
+	e.notifiedTerm = max(e.notifiedTerm, token)
+	e.mu.Unlock()
+	if !stale {
 		e.wakeAll()
 	}
 }

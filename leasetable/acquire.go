@@ -130,6 +130,7 @@ func (k *Locker) attempt(ctx context.Context, name string, t leaseTiming, attemp
 		return nil, false, jitter(10*time.Millisecond, 50*time.Millisecond), nil
 	}
 	if !rep.acquired {
+		k.noteHolder(name, rep.token)
 		// Clamped: an expiry further ahead than any pgfence function writes
 		// (set by hand) must not overflow the wait into a busy loop.
 		wait := min(max(rep.expiresAt.Sub(rep.dbNow), 0), MaxTTL)

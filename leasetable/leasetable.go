@@ -61,8 +61,8 @@ type Locker struct {
 	listener        *notifier.Notifier // the LISTEN loop, once started
 	waiters         map[string]map[*waiter]struct{}
 	notifyKey       notifykey.Key       // checks notifications (see notify)
-	tagNames        map[string]string   // a waited-for name by its notification tag
-	notified        map[string]int64    // a waited-for name's newest release acted on
+	tagNames        map[string]string   // a listened-for name by its notification tag
+	watched         map[string]*watch   // the listened-for names (see listenFor)
 	waiterSeq       uint64              // the seq of the last waiter added
 	listenWants     int                 // waiters that wait for notifications (see wantListen)
 	listenIdleSince time.Time           // when listenWants last fell to 0
@@ -81,7 +81,16 @@ type Locker struct {
 
 var _ pgfence.Locker = (*Locker)(nil)
 
+// watch is what a Locker knows of a name its waiters listen for: the tag
+// its notifications carry, and the newest released token acted on, so that
+// a replayed notification is dropped.
+type watch struct {
+	tag      string
+	notified int64
+}
+
 type waiter struct {
+	name    string
 	ch      chan struct{} // buffered(1)
 	seq     uint64        // order of registration (Locker.waiterSeq)
 	listens bool          // it waits for notifications (counted in Locker.listenWants)
@@ -144,7 +153,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 		waiters:      make(map[string]map[*waiter]struct{}),
 		notifyKey:    key,
 		tagNames:     make(map[string]string),
-		notified:     make(map[string]int64),
+		watched:      make(map[string]*watch),
 		attempts:     make(map[string]*attempt),
 		lines:        waitline.New[string](false),
 		backoff:      retry.Default,

@@ -18,12 +18,11 @@ func (k *Locker) addWaiter(name string) (*waiter, error) {
 		return nil, pgfence.ErrClosed
 	}
 	k.waiterSeq++
-	w := &waiter{ch: make(chan struct{}, 1), seq: k.waiterSeq}
+	w := &waiter{ch: make(chan struct{}, 1), seq: k.waiterSeq, name: name}
 	set := k.waiters[name]
 	if set == nil {
 		set = make(map[*waiter]struct{})
 		k.waiters[name] = set
-		k.tagNames[k.notifyKey.Tag(name)] = name
 	}
 	set[w] = struct{}{}
 	if k.listener == nil && !k.cfg.DisableListen {
@@ -68,8 +67,10 @@ func (k *Locker) removeWaiter(name string, w *waiter) {
 	delete(set, w)
 	if len(set) == 0 {
 		delete(k.waiters, name)
-		delete(k.tagNames, k.notifyKey.Tag(name))
-		delete(k.notified, name)
+		if wa := k.watched[name]; wa != nil {
+			delete(k.tagNames, wa.tag)
+			delete(k.watched, name)
+		}
 	}
 	if w.listens {
 		k.listenWants--
@@ -115,6 +116,7 @@ func (k *Locker) listenFor(w *waiter) {
 		return
 	}
 	w.listens = true
+	k.watchLocked(w.name)
 	k.listenWants++
 	if k.listenWants == 1 && k.listener != nil && !k.listenAnswer {
 		k.listener.Kick() // subscribe
@@ -158,11 +160,36 @@ func (k *Locker) wakeAll() {
 	}
 }
 
+// watchLocked returns the watch of name, a name waiters wait for, creating
+// it: from then on its notifications are known by their tag. k.mu is held.
+func (k *Locker) watchLocked(name string) *watch {
+	wa := k.watched[name]
+	if wa == nil {
+		wa = &watch{tag: k.notifyKey.Tag(name)}
+		k.watched[name] = wa
+		k.tagNames[wa.tag] = name
+	}
+	return wa
+}
+
+// noteHolder records, while waiters wait for name, that an attempt found it
+// held with token: a release notification of an older token (an earlier
+// grant's, or a replay) is then dropped.
+func (k *Locker) noteHolder(name string, token int64) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if _, waiting := k.waiters[name]; waiting {
+		wa := k.watchLocked(name)
+		wa.notified = max(wa.notified, token-1)
+	}
+}
+
 // notify wakes the waiters for the lease a notification announces, once per
 // released token. A payload that does not verify under the install's key
 // (forged by a role without pgfence's grant), that names no lease waited
-// for, or whose token is not newer than one already acted on (replayed) is
-// dropped without a statement.
+// for, or whose token is older than the holder an attempt found or not
+// newer than one already acted on (replayed) is dropped without a
+// statement.
 func (k *Locker) notify(payload string) {
 	tag, token, ok := k.notifyKey.Verify(payload)
 	if !ok {
@@ -171,10 +198,10 @@ func (k *Locker) notify(payload string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	name, ok := k.tagNames[tag]
-	if !ok || token <= k.notified[name] {
+	if !ok || token <= k.watched[name].notified {
 		return
 	}
-	k.notified[name] = token
+	k.watched[name].notified = token
 	for w := range k.waiters[name] {
 		w.wake()
 	}

@@ -31,7 +31,9 @@
 // write privilege on pgfence_leases and none on its sequence, so it cannot
 // forge, rewind or reissue a token, take over a lease that has not expired,
 // or revive one that has. migrations.Grant gives a role exactly what a
-// Locker needs.
+// Locker needs. Every statement names the schema and calls built-ins through
+// pg_catalog, so no object another role plants on the search_path is ever
+// called.
 //
 // # Ownership
 //
@@ -50,9 +52,7 @@
 // so the rest of its batch is renewed. Release notifications carry a tag
 // and a MAC under the install's key (pgfence_notify_key) instead of the
 // name: a role without pgfence's grant reads no lease name from them, and
-// forged or replayed ones cost a waiting Locker no statement. Every statement names the schema and calls built-ins through
-// pg_catalog, so no object another role plants on the search_path is ever
-// called.
+// forged or replayed ones cost a waiting Locker no statement.
 //
 // # What "held" means
 //

@@ -150,7 +150,7 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease, own bool) (lost map[
 	sctx, cancel := context.WithDeadline(ctx, stmtDeadline)
 	defer cancel()
 	renewed := make(map[int64]bool, len(names))
-	busy := make(map[int64]bool)
+	var busy map[int64]bool // skipped as locked by another transaction; rare
 	// The wait for a connection ends when too little time is left for the
 	// statement to be answered before the deadline (less than the Locker's
 	// fastest renewal round trip): a statement sent later could not be of
@@ -186,6 +186,9 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease, own bool) (lost map[
 			if ok {
 				renewed[token] = true
 			} else {
+				if busy == nil {
+					busy = make(map[int64]bool)
+				}
 				busy[token] = true
 			}
 		}

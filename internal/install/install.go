@@ -19,13 +19,10 @@ import (
 // lease's secret.
 const Version = 12
 
-// From schema version TokenStepVersion (migration 000010) the token
-// sequence steps by TokenStep instead of by 1: one value covers a block of
-// TokenStep consecutive tokens (pgfence_next_tokens).
-const (
-	TokenStepVersion = 10
-	TokenStep        = 1024
-)
+// TokenStep is what the token sequence steps by (from migration 000010,
+// older than [Version]): one value covers a block of TokenStep consecutive
+// tokens (pgfence_next_tokens).
+const TokenStep = 1024
 
 // Install is what Check found beyond what it requires.
 type Install struct {
@@ -121,10 +118,7 @@ func Check(ctx context.Context, db pgfence.DB, schema, quoted string) (Install, 
 	if version < Version {
 		return Install{}, notInstalled("schema %q holds pgfence schema version %d; this code needs %d: %s", schema, version, Version, fix)
 	}
-	step := int64(1)
-	if version >= TokenStepVersion {
-		step = TokenStep
-	}
+	const step = TokenStep
 	if increment == nil || *increment != step || *cache != 1 || *cycle {
 		settings := "is missing"
 		if increment != nil {

@@ -4,3 +4,10 @@ package leader
 // without waiting for a hand-over: the negative control of the hand-over
 // tests. Call it before e's first Campaign or Run.
 func DisableHandover(e *Elector) { e.hooks = &testHooks{noHandover: true} }
+
+// Listening reports whether e's observers' LISTEN connection is listening.
+func Listening(e *Elector) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.listener.Listening()
+}

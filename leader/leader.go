@@ -15,6 +15,7 @@ import (
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/install"
+	"github.com/pgfence/pgfence/internal/notifier"
 	"github.com/pgfence/pgfence/internal/notifykey"
 	"github.com/pgfence/pgfence/leasetable"
 )
@@ -212,15 +213,15 @@ type Elector struct {
 	notifyKey notifykey.Key  // checks notifications (see notify)
 	notifyTag string         // the election's tag in notifications
 
-	mu              sync.Mutex
-	closed          bool
-	term            *Term // the term held, if any
-	running         bool  // Run is running
-	listenerStarted bool
-	watchers        map[chan struct{}]struct{} // buffered(1): wake an observer
-	notifiedTerm    int64                      // the newest term a notification announced (see notify)
-	aside           time.Time                  // StepAside: no campaign before then
-	handover        handover                   // the last resignation's, until it ends
+	mu           sync.Mutex
+	closed       bool
+	term         *Term                      // the term held, if any
+	running      bool                       // Run is running
+	listener     *notifier.Notifier         // the observers' LISTEN connection, once started
+	watchers     map[chan struct{}]struct{} // buffered(1): wake an observer
+	notifiedTerm int64                      // the newest term a notification announced (see notify)
+	aside        time.Time                  // StepAside: no campaign before then
+	handover     handover                   // the last resignation's, until it ends
 }
 
 // testHooks change an Elector's behaviour for tests (export_handover_test.go).

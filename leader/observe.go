@@ -218,10 +218,9 @@ func (e *Elector) addWatcher() (chan struct{}, error) {
 	}
 	w := make(chan struct{}, 1)
 	e.watchers[w] = struct{}{}
-	if !e.listenerStarted && !e.cfg.DisableListen {
-		e.listenerStarted = true
+	if e.listener == nil && !e.cfg.DisableListen {
 		checkInterval := leasetable.DefaultListenCheckInterval
-		notifier.Start(e.closeCtx, notifier.Config{
+		e.listener = notifier.Start(e.closeCtx, notifier.Config{
 			ConnConfig:    e.cfg.ListenConnConfig,
 			Channel:       NotifyChannel,
 			CheckInterval: checkInterval,

@@ -48,7 +48,10 @@ func TestReplayedNotificationsCostNoRead(t *testing.T) {
 
 	ch := o.e.Observe(ctx)
 	require.Equal(t, term.Token(), (<-ch).Token)
-	// Let the observer learn of the current term through a notification.
+	// Let the observer learn of the current term through a notification,
+	// sent once it listens (one sent before is never delivered, and the
+	// replays below would then each wake it).
+	require.Eventually(t, func() bool { return leader.Listening(o.e) }, 30*time.Second, time.Millisecond)
 	before := counter.n.Load()
 	_, err = db.Pool.Exec(ctx, "SELECT pg_notify($1, $2)", leader.NotifyChannel, key.Payload("replay", term.Token()))
 	require.NoError(t, err)

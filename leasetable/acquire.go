@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/hold"
 	"github.com/pgfence/pgfence/internal/permerr"
+	"github.com/pgfence/pgfence/internal/retry"
+	"github.com/pgfence/pgfence/internal/waitline"
 )
 
 // acquireSQL takes a batch of leases in one statement (%[1]s is the
@@ -32,6 +36,301 @@ const acquireSQL = `SELECT acquired, name, owner, fence, acquired_at, expires_at
 // (the waiters of one Locker share one), so a few milliseconds suffice; a
 // waiter is late by at most that much plus a round trip.
 const expiryJitter = 5 * time.Millisecond
+
+// TryAcquire takes the lease name if it is free or expired, in one round
+// trip, and returns at once. When another owner holds it, or another
+// transaction is claiming it or holds its expired row locked, TryAcquire
+// returns an error matching [pgfence.ErrNotAcquired]; when another caller of this
+// Locker holds it, the same, at once and without a round trip; when ctx
+// descends from the held lease's own context (the caller holds it), an
+// error matching [pgfence.ErrAlreadyHeld]. A Locker never re-enters a name.
+//
+// ctx covers only the acquiring statement; the lease's lifetime is
+// independent of it (see [Lease.Context]). If ctx ends while the statement
+// is in flight, TryAcquire returns at once, but the statement is not
+// cancelled: it runs on to its answer (for at most [Config].QueryTimeout
+// more), and a lease it took is given back then, a round trip later. Only
+// when the answer never comes (the database or the network failed) may
+// such a lease stay held until its TTL ends. A ctx that has already ended
+// sends nothing. A statement still
+// unanswered a TTL after it was sent is cancelled in any case (its grant
+// would come past the lease's local deadline), and counts as a transient
+// error: a connection that died silently costs an attempt, not the wait.
+//
+// A transient database error (connection refused or reset, the server
+// shutting down or starting, a read-only standby such as a demoted primary,
+// a serialization failure: the database is failing over) is retried with
+// capped, jittered backoff for at most [Config].QueryTimeout from the call
+// (and while ctx lasts); when that runs out, TryAcquire returns an error
+// matching [pgfence.ErrUnavailable] that wraps the last attempt's error.
+// A lease whose grant arrives after its local deadline (the commit waited
+// longer than the TTL, say for a synchronous standby) is never returned:
+// it is given back, and TryAcquire returns an error matching
+// [pgfence.ErrNotAcquired].
+//
+// Other errors: [pgfence.ErrClosed] after Close, an invalid name or opts
+// (nothing written), an error matching [context.DeadlineExceeded] that
+// says the pool is exhausted when it gave no connection within
+// [Config].QueryTimeout (nothing sent), and other database errors
+// (wrapped, not retried). The returned [pgfence.Lease] is a *[Lease].
+func (k *Locker) TryAcquire(ctx context.Context, name string, opts *AcquireOpts) (pgfence.Lease, error) {
+	l, err := k.observeAcquire(ctx, name, opts, k.tryAcquire)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// Acquire takes the lease name, waiting while another owner holds it, until
+// it is held or ctx ends. While waiting it wakes when the holder releases
+// the lease (at once when the holder is this Locker; through LISTEN/NOTIFY,
+// within milliseconds, from other Lockers) and otherwise when the holder's
+// lease is due to expire (plus a little jitter). Each attempt is the same
+// single statement as [Locker.TryAcquire]. The calls of one Locker waiting
+// for a lease are served about in the order they began to wait; across
+// Lockers no order holds. The first Acquire opens the Locker's LISTEN
+// connection, which stays open until [Locker.Close] but listens only while
+// a call waits (and a second after).
+//
+// When ctx ends first, Acquire returns an error wrapping ctx's cause; when
+// opts.WaitTimeout elapses first, an error matching [pgfence.ErrNotAcquired]
+// and [context.DeadlineExceeded]. When ctx descends from the context of the
+// lease it asks for (a nested [Locker.Do]), it returns at once with an
+// error matching [pgfence.ErrAlreadyHeld]. After Close it returns
+// [pgfence.ErrClosed].
+//
+// A transient database error (see [Locker.TryAcquire]: the database is
+// failing over) is retried with capped, jittered backoff (from 25ms up to
+// 500ms between attempts) for as long as ctx and opts.WaitTimeout allow.
+// When the wait ends while the last attempt had failed that way, the error
+// also matches [pgfence.ErrUnavailable] and wraps that attempt's error, in
+// addition to what it matches as described above (ctx's cause, or
+// ErrNotAcquired and DeadlineExceeded). A grant that arrives after its
+// local deadline is given back and the wait goes on. Other database errors
+// are returned at once (wrapped), and so is a wait for a pool connection
+// that took longer than [Config].QueryTimeout (see [Locker.TryAcquire]).
+// ctx does not bound the lease's lifetime. The returned [pgfence.Lease] is
+// a *[Lease].
+func (k *Locker) Acquire(ctx context.Context, name string, opts *AcquireOpts) (pgfence.Lease, error) {
+	l, err := k.observeAcquire(ctx, name, opts, k.acquire)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// Do acquires the lease name like [Locker.Acquire], calls fn with it, and
+// releases it when fn returns. fn's context is derived from ctx and is also
+// cancelled, with cause [pgfence.ErrLeaseLost], when the lease is lost while
+// fn runs; fn must then stop its protected work promptly. fn may release
+// the lease itself; Do then does not release it again. A Do nested in fn
+// for the same name returns [pgfence.ErrAlreadyHeld] at once.
+//
+// Do returns the error from acquiring (and does not call fn); it matches
+// [pgfence.ErrUnavailable] when the database stayed unavailable, as for
+// Acquire. Otherwise it returns fn's error joined with the loss (an error
+// matching [pgfence.ErrLeaseLost]) whenever the lease was lost before fn
+// returned, since fn's work may not have been protected throughout, and
+// joined with the release's error (the lease then expires after its TTL,
+// unless the error matches ErrUnavailable: then a background retry
+// releases it once the database is back; see [Lease.Release]).
+func (k *Locker) Do(ctx context.Context, name string, opts *AcquireOpts, fn func(ctx context.Context, l pgfence.Lease) error) error {
+	return hold.Do(ctx, k, name, "pgfence: leasetable", func(ctx context.Context) (pgfence.Lease, error) {
+		return k.Acquire(ctx, name, opts)
+	}, fn)
+}
+
+// acquireFunc is tryAcquire or acquire: it counts its round trips in
+// *attempts.
+type acquireFunc func(ctx context.Context, name string, t leaseTiming, opts *AcquireOpts, attempts *int) (*Lease, error)
+
+// observeAcquire validates an acquire of name and runs it through f,
+// bracketed by the OpObserver's StartOp and EndOp, and reports the
+// outcome: the Acquired or NotAcquired event (bad input aside) and the
+// Stats counters. The statements run on StartOp's ctx.
+func (k *Locker) observeAcquire(ctx context.Context, name string, opts *AcquireOpts, f acquireFunc) (*Lease, error) {
+	start := time.Now()
+	t, err := k.prepare(ctx, name, opts)
+	if err != nil && !errors.Is(err, pgfence.ErrNotAcquired) && !errors.Is(err, pgfence.ErrClosed) {
+		return nil, err // bad input
+	}
+	op := pgfence.Op{Kind: pgfence.OpAcquire, Strategy: pgfence.StrategyLeaseTable, Name: name, Batch: 1}
+	ctx = k.ev.StartOp(ctx, op)
+	attempts := 0
+	var l *Lease
+	if err == nil {
+		l, err = f(ctx, name, t, opts, &attempts)
+	}
+	if err != nil {
+		k.nNotAcquired.Add(1)
+		if k.ev.Enabled() {
+			k.ev.Sync(ctx, pgfence.NotAcquired{Lock: pgfence.Lock{Kind: pgfence.StrategyLeaseTable, Name: name},
+				Wait: time.Since(start), Attempts: attempts, Err: err})
+		}
+	} else {
+		k.nAcquired.Add(1)
+		if k.ev.Enabled() {
+			k.ev.Sync(ctx, pgfence.Acquired{Lock: l.lock(), Wait: time.Since(start), Attempts: attempts})
+		}
+	}
+	k.ev.EndOp(ctx, op, err)
+	return l, err
+}
+
+// prepare validates an acquire of name and returns the lease's timing.
+func (k *Locker) prepare(ctx context.Context, name string, opts *AcquireOpts) (leaseTiming, error) {
+	if err := ctx.Err(); err != nil {
+		// Nothing is sent for a call whose ctx already ended.
+		if cause := context.Cause(ctx); cause != err {
+			err = fmt.Errorf("%w: %w", cause, err)
+		}
+		return leaseTiming{}, fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, err)
+	}
+	if err := checkText("lease name", name); err != nil {
+		return leaseTiming{}, err
+	}
+	t, err := k.cfg.timing(opts)
+	if err != nil {
+		return leaseTiming{}, err
+	}
+	if hold.Held(ctx, k, name) {
+		return leaseTiming{}, fmt.Errorf("pgfence: leasetable: lease %q: %w", name, pgfence.ErrAlreadyHeld)
+	}
+	return t, k.checkOpen()
+}
+
+func (k *Locker) tryAcquire(ctx context.Context, name string, t leaseTiming, _ *AcquireOpts, attempts *int) (*Lease, error) {
+	start := time.Now()
+	var (
+		l     *Lease
+		local bool
+		err   error
+	)
+	for failures := 1; ; failures++ {
+		l, local, _, err = k.try(ctx, name, t, attempts, nil)
+		if err == nil || ctx.Err() != nil || !k.retryable(err) {
+			break
+		}
+		// The database is unavailable: retry while QueryTimeout lasts.
+		wait := k.backoff.Wait(failures)
+		if time.Since(start)+wait >= k.cfg.QueryTimeout {
+			return nil, acquireError(name, retry.Unavailable("", err))
+		}
+		k.suspectListen()
+		k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: acquire failed; retrying", "lease", name, "error", err, "retry_in", wait)
+		if serr := sleep(ctx, wait); serr != nil {
+			return nil, fmt.Errorf("pgfence: leasetable: acquire %q: %w; last attempt: %w", name, serr, retry.Unavailable("", err))
+		}
+	}
+	switch {
+	case err != nil:
+		return nil, acquireError(name, err)
+	case l == nil && local:
+		return nil, fmt.Errorf("pgfence: leasetable: lease %q is held by another caller of this Locker: %w", name, pgfence.ErrNotAcquired)
+	case l == nil:
+		return nil, fmt.Errorf("pgfence: leasetable: lease %q: %w", name, pgfence.ErrNotAcquired)
+	}
+	return l, nil
+}
+
+func (k *Locker) acquire(ctx context.Context, name string, t leaseTiming, opts *AcquireOpts, attempts *int) (*Lease, error) {
+	k.waiting.Add(1)
+	defer k.waiting.Add(-1)
+	if opts != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = hold.WaitTimeout(ctx, opts.WaitTimeout)
+		defer cancel()
+	}
+	w, err := k.addWaiter(name)
+	if err != nil {
+		return nil, err
+	}
+	defer k.removeWaiter(name, w)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	failures := 0
+	var unavailable error // the last attempt's transient error
+	ended := func() error {
+		if unavailable != nil {
+			return fmt.Errorf("pgfence: leasetable: acquire %q: %w; last attempt: %w", name, context.Cause(ctx), retry.Unavailable("", unavailable))
+		}
+		return fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, context.Cause(ctx))
+	}
+	// The calls of this Locker waiting for name stand in its line, joined
+	// at the first refusal: only the head waits for wake-ups and retries,
+	// the others wait for its turn (see package waitline). They stay
+	// registered (w) meanwhile, so that the attempt a new head sends or
+	// shares at once cannot miss a release.
+	var ln *waitline.Line
+	head := false
+	defer func() {
+		if ln != nil {
+			k.lines.Leave(name, ln, head)
+		}
+	}()
+	for round := 0; ; round++ {
+		if round > 0 && k.onRound != nil {
+			k.onRound()
+		}
+		l, _, retryIn, err := k.try(ctx, name, t, attempts, w)
+		switch {
+		case err == nil:
+			failures, unavailable = 0, nil
+		case ctx.Err() != nil:
+			return nil, ended()
+		case errors.Is(err, errLateGrant):
+			failures, unavailable = failures+1, nil
+			retryIn = k.backoff.Wait(failures)
+		case k.retryable(err):
+			failures, unavailable = failures+1, err
+			retryIn = k.backoff.Wait(failures)
+			k.suspectListen()
+			k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: acquire failed; retrying", "lease", name, "error", err, "retry_in", retryIn)
+		default:
+			return nil, acquireError(name, err)
+		}
+		if l != nil {
+			return l, nil
+		}
+		if ln == nil {
+			ln = k.lines.Join(name)
+		}
+		if !head {
+			waited, stopped := ln.Head(ctx, k.closeCtx.Done())
+			switch {
+			case stopped && ctx.Err() != nil:
+				return nil, ended()
+			case stopped:
+				return nil, fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, pgfence.ErrClosed)
+			}
+			head = true
+			if waited {
+				continue // the call before got the lease, or left: try at once
+			}
+		}
+		if unavailable == nil {
+			k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: waiting for lease", "lease", name, "retry_in", retryIn)
+		}
+		k.listenFor(w)
+		timer.Reset(retryIn)
+		select {
+		case <-w.ch:
+		case <-timer.C:
+		case <-ctx.Done():
+			return nil, ended()
+		case <-k.closeCtx.Done():
+			return nil, fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, pgfence.ErrClosed)
+		}
+	}
+}
+
+// acquireError prefixes an error of an acquire of name.
+func acquireError(name string, err error) error {
+	if errors.Is(err, pgfence.ErrClosed) || errors.Is(err, errLateGrant) {
+		return err // already says which lease
+	}
+	return fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, err)
+}
 
 // attempt is an acquire statement in flight for one name, which waiting
 // Acquire calls of the same Locker may wait for instead of sending their
@@ -159,31 +458,11 @@ func (k *Locker) attempt(ctx context.Context, name string, t leaseTiming, attemp
 // errLateGrant marks a grant that arrived after its local deadline.
 var errLateGrant = errors.New("granted too late")
 
-// adopt starts renewing l. It reports false when the Locker was closed.
-func (k *Locker) adopt(l *Lease) bool {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.closed {
-		return false
+func jitter(lo, hi time.Duration) time.Duration {
+	if hi <= lo {
+		return lo
 	}
-	k.leases[l] = struct{}{}
-	k.held[l.name] = l
-	l.adopted = true
-	l.timer = time.AfterFunc(time.Until(l.deadline), func() { k.checkDeadline(l) })
-	if l.timing.maxHold > 0 {
-		l.maxTimer = time.AfterFunc(time.Until(l.grantedAt.Add(l.timing.maxHold)), func() { k.maxHoldReached(l) })
-	}
-	if !k.watchdogRunning {
-		k.watchdogRunning = true
-		k.background.Add(1)
-		go k.watchdog()
-	} else {
-		select {
-		case k.watchdogWake <- struct{}{}:
-		default:
-		}
-	}
-	return true
+	return lo + rand.N(hi-lo)
 }
 
 // acquireReq is one caller's request to acquire a lease.
@@ -230,11 +509,6 @@ func (k *Locker) submitAcquire(ctx context.Context, name string, t leaseTiming) 
 		r.abandoned = true
 		return acquireReply{}, ctx.Err()
 	}
-}
-
-// failAcquire answers one acquire request with err.
-func (k *Locker) failAcquire(r *acquireReq, err error) {
-	k.replyAcquires([]*acquireReq{r}, nil, time.Time{}, err)
 }
 
 // execAcquires runs acquireSQL for batch and answers each request; on a
@@ -391,6 +665,11 @@ func (k *Locker) replyAcquires(batch []*acquireReq, got map[string]acquireReply,
 			back = append(back, giveBackReq{r.ctx, r.name, rep.token, rep.secret})
 		}
 	}
+}
+
+// failAcquire answers one acquire request with err.
+func (k *Locker) failAcquire(r *acquireReq, err error) {
+	k.replyAcquires([]*acquireReq{r}, nil, time.Time{}, err)
 }
 
 // giveBackReq is a lease taken for a caller that stopped waiting.

@@ -11,12 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Group commit. Concurrent acquires (and concurrent releases) of one Locker
-// are combined: while a statement is in flight, new requests queue, and the
-// next statement carries all of them, so N requests cost one round trip and
-// one WAL flush instead of N. A request that finds no statement in flight
-// is sent at once: there is no timer, and a lone request is not delayed.
-
 // maxInflight is how many statements of one kind (acquire or release) a
 // Locker runs at once; requests arriving while that many are in flight wait
 // for the next batch. One makes the largest batches and the fewest WAL

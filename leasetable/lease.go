@@ -2,20 +2,13 @@ package leasetable
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"log/slog"
-	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/pgfence/pgfence"
-	"github.com/pgfence/pgfence/internal/events"
 	"github.com/pgfence/pgfence/internal/hold"
-	"github.com/pgfence/pgfence/internal/permerr"
-	"github.com/pgfence/pgfence/internal/retry"
 )
 
 type leaseState int
@@ -83,6 +76,33 @@ func (k *Locker) newLease(ctx context.Context, name string, rep acquireReply, t 
 	return l
 }
 
+// adopt starts renewing l. It reports false when the Locker was closed.
+func (k *Locker) adopt(l *Lease) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed {
+		return false
+	}
+	k.leases[l] = struct{}{}
+	k.held[l.name] = l
+	l.adopted = true
+	l.timer = time.AfterFunc(time.Until(l.deadline), func() { k.checkDeadline(l) })
+	if l.timing.maxHold > 0 {
+		l.maxTimer = time.AfterFunc(time.Until(l.grantedAt.Add(l.timing.maxHold)), func() { k.maxHoldReached(l) })
+	}
+	if !k.watchdogRunning {
+		k.watchdogRunning = true
+		k.background.Add(1)
+		go k.watchdog()
+	} else {
+		select {
+		case k.watchdogWake <- struct{}{}:
+		default:
+		}
+	}
+	return true
+}
+
 // lock identifies l in events.
 func (l *Lease) lock() pgfence.Lock {
 	return pgfence.Lock{Kind: pgfence.StrategyLeaseTable, Name: l.name, Token: l.token}
@@ -135,251 +155,22 @@ func (l *Lease) Context() context.Context { return l.ctx }
 // an error matching [pgfence.ErrNotHeld].
 func (l *Lease) Err() error { return context.Cause(l.ctx) }
 
-var errReleased = fmt.Errorf("pgfence: leasetable: lease was released: %w", pgfence.ErrNotHeld)
-
-// Release gives the lease up: Done is closed, renewals stop, and the row is
-// expired in place if this lease still holds it (owner and token match and it
-// has not expired), which wakes waiters in this and other Lockers at once.
-// With [AcquireOpts].AtLeast the row stays held until acquired_at + AtLeast;
-// waiters are woken then too, learn the new expiry and retry at it.
-//
-// Release returns an error matching [pgfence.ErrNotHeld] when the lease was
-// no longer held: it had been lost (locally or in the database). Then nothing
-// belonging to another owner is changed. After one call returned nil or
-// ErrNotHeld, later calls return nil, and so does a call on a nil *Lease.
-//
-// A transient database error (the database is failing over; see
-// [Locker.TryAcquire]) is retried with capped, jittered backoff within
-// the call's bound. When that runs out, Release returns an error matching
-// [pgfence.ErrUnavailable] that wraps the last attempt's error, and goes
-// on retrying in the background until the release succeeds (waking
-// waiters) or the lease would have expired in the database anyway, or
-// [Locker.Close]; a later Release waits for that retry (within its own
-// bound). So a failover does not block the name for the rest of its TTL.
-// When the statement fails otherwise, the error is returned and a later
-// call tries again; without one the lease simply expires after its TTL.
-//
-// Release runs under context.WithoutCancel(ctx) bounded by
-// [Config].QueryTimeout, so it still works from a defer whose ctx has
-// ended; ctx's values are kept.
-func (l *Lease) Release(ctx context.Context) error {
-	if l == nil {
-		return nil
-	}
-	if err := l.release(ctx, errReleased); err != nil {
-		return err
-	}
-	if l.endedAtMax.CompareAndSwap(true, false) {
-		return l.Err()
-	}
-	return nil
-}
-
-// maxHoldReached releases l at its MaxHold bound: its context ends with a
-// cause matching [pgfence.ErrMaxHold], and it counts as lost.
-func (k *Locker) maxHoldReached(l *Lease) {
-	cause := fmt.Errorf("pgfence: leasetable: lease %q (token %d) held for its MaxHold of %v: %w",
-		l.name, l.token, l.timing.maxHold, pgfence.ErrMaxHold)
-	k.mu.Lock()
-	held := l.state == stateHeld
-	k.mu.Unlock()
-	if !held {
-		return
-	}
-	l.endedAtMax.Store(true)
-	if err := l.release(l.values, cause); err != nil {
-		k.cfg.Logger.WarnContext(l.values, "pgfence: leasetable: release at MaxHold failed; the lease expires after its TTL", append(logAttrs(l), "error", err)...)
-	}
-}
-
-// release ends l, with cause as its Err, and releases its row. It sends
-// the Released event (a Release of a held lease) or the Lost event
-// (Close's release, cause errLostClosed), bracketed by the release
-// operation.
-func (l *Lease) release(ctx context.Context, cause error) error {
-	l.releaseMu.Lock()
-	defer l.releaseMu.Unlock()
-	k := l.k
-	k.mu.Lock()
-	if l.dbReleased {
-		k.mu.Unlock()
-		return nil
-	}
-	endsNow := l.state == stateHeld && l.adopted
-	if l.state == stateHeld {
-		k.endLocked(l, stateReleased, cause)
-		l.wasHeld = true
-	}
-	inflight, retrying := l.inflight, l.retrying
-	k.mu.Unlock()
-
-	op := pgfence.Op{Kind: pgfence.OpRelease, Strategy: pgfence.StrategyLeaseTable, Name: l.name, Batch: 1}
-	ctx = k.ev.StartOp(ctx, op)
-	err := l.releaseInDB(ctx, inflight, retrying)
-	switch {
-	case !endsNow:
-	case cause == errReleased:
-		k.nReleased.Add(1)
-		if k.ev.Enabled() {
-			k.ev.Sync(ctx, pgfence.Released{Lock: l.lock(), HeldFor: time.Since(l.grantedAt), Err: err})
-		}
-	default: // Close, MaxHold
-		k.nLost.Add(1)
-		if k.ev.Enabled() {
-			k.ev.Async(l.values, pgfence.Lost{Lock: l.lock(), HeldFor: time.Since(l.grantedAt), Cause: cause})
-		}
-	}
-	k.ev.EndOp(ctx, op, err)
-	return err
-}
-
-// releaseInDB releases l's row, after the background retry (retrying) and
-// renewal (inflight) that may be running, retrying transient errors, and
-// handing the release to a background retry when they outlast its bound.
-func (l *Lease) releaseInDB(ctx context.Context, inflight, retrying chan struct{}) error {
-	k := l.k
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.cfg.QueryTimeout)
-	defer cancel()
-	if retrying != nil {
-		// A background retry of an earlier Release runs: wait for it.
-		select {
-		case <-retrying:
-		case <-ctx.Done():
-			return fmt.Errorf("pgfence: leasetable: release %q (token %d): still retrying in the background: %w",
-				l.name, l.token, pgfence.ErrUnavailable)
-		}
-		k.mu.Lock()
-		done, err := l.dbReleased, l.retryErr
-		l.retrying = nil
-		k.mu.Unlock()
-		if done {
-			return nil
-		}
-		if err != nil && !k.retryable(err) {
-			return fmt.Errorf("pgfence: leasetable: release %q (token %d): %w", l.name, l.token, err)
-		}
-		// It gave up (the lease has expired by now, or Close): one more try.
-	}
-	if inflight != nil {
-		// Let a renewal that includes this lease finish first, so that it
-		// cannot extend the row after the release.
-		select {
-		case <-inflight:
-		case <-ctx.Done():
-			return fmt.Errorf("pgfence: leasetable: release %q: waiting for a renewal: %w", l.name, ctx.Err())
-		}
-	}
-	held, err := k.releaseRetrying(ctx, l)
-	if err != nil {
-		if k.retryable(err) || (ctx.Err() != nil && !k.noRetry) {
-			// The database is unavailable, or the statement hung (a dead
-			// connection) until the bound: retry in the background.
-			if err == ctx.Err() {
-				err = fmt.Errorf("no answer within QueryTimeout %v: %w", k.cfg.QueryTimeout, err)
-			}
-			later := "; retrying in the background until it expires"
-			if !k.retryReleaseLater(ctx, l) {
-				later = "; the lease expires after its TTL"
-			}
-			return fmt.Errorf("pgfence: leasetable: release %q (token %d): %w%s",
-				l.name, l.token, retry.Unavailable("", err), later)
-		}
-		return fmt.Errorf("pgfence: leasetable: release %q (token %d): %w", l.name, l.token, err)
-	}
-	k.released(l)
-	if !held || !l.wasHeld {
-		return fmt.Errorf("pgfence: leasetable: release %q (token %d): %w", l.name, l.token, pgfence.ErrNotHeld)
-	}
-	k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: released", logAttrs(l)...)
-	return nil
-}
-
-// released records that l's row was released (or found not held) in the
-// database, and wakes the name's waiters: the row is free (or AtLeast-held)
-// now.
-func (k *Locker) released(l *Lease) {
+// checkDeadline runs when a lease's local deadline timer fires. Renewals move
+// the deadline without resetting the timer, so it re-arms itself when the
+// deadline has moved.
+func (k *Locker) checkDeadline(l *Lease) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	l.dbReleased = true
-	for w := range k.waiters[l.name] {
-		w.wake()
+	if l.state != stateHeld {
+		return
 	}
-}
-
-// releaseRetrying releases l's row, retrying transient errors with backoff
-// while ctx lasts. It reports whether the row was still held by l.
-func (k *Locker) releaseRetrying(ctx context.Context, l *Lease) (bool, error) {
-	for failures := 1; ; failures++ {
-		held, err := k.releaseRow(ctx, l.name, l.token, l.secret, l.timing.atLeast)
-		if err == nil || ctx.Err() != nil || !k.retryable(err) {
-			return held, err
-		}
-		k.suspectListen()
-		wait := k.backoff.Wait(failures)
-		k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: release failed; retrying", append(logAttrs(l), "error", err, "retry_in", wait)...)
-		if sleep(ctx, wait) != nil {
-			return false, err
-		}
+	if d := time.Until(l.deadline); d > 0 {
+		l.timer.Reset(d)
+		return
 	}
-}
-
-// retryReleaseLater retries l's release in the background, after a
-// Release gave up on a transient error: until it succeeds, until the
-// lease would have expired in the database anyway (its last successful
-// acquire or renewal request plus the TTL), or until Close. The retry's
-// statements carry ctx's values. It does nothing after Close, and then
-// reports false.
-func (k *Locker) retryReleaseLater(ctx context.Context, l *Lease) bool {
-	k.mu.Lock()
-	if k.closed {
-		k.mu.Unlock()
-		return false
-	}
-	until := l.deadline.Add(l.timing.margin)
-	done := make(chan struct{})
-	l.retrying = done
-	k.background.Add(1)
-	k.mu.Unlock()
-	values := context.WithoutCancel(ctx)
-	go func() {
-		defer k.background.Done()
-		rctx, stop := events.Values(values, k.closeCtx)
-		defer stop()
-		rctx, cancel := context.WithDeadline(rctx, until)
-		defer cancel()
-		var err error
-		defer func() {
-			k.mu.Lock()
-			l.retryErr = err
-			k.mu.Unlock()
-			close(done)
-		}()
-		for failures := 1; ; failures++ {
-			if sleep(rctx, k.backoff.Wait(failures)) != nil {
-				level := slog.LevelWarn
-				if k.closeCtx.Err() != nil {
-					level = slog.LevelDebug // Close stopped it
-				}
-				k.cfg.Logger.Log(values, level, "pgfence: leasetable: gave up retrying a release; the lease expires after its TTL",
-					append(logAttrs(l), "error", err)...)
-				return
-			}
-			actx, acancel := context.WithTimeout(rctx, k.cfg.QueryTimeout)
-			_, err = k.releaseRow(actx, l.name, l.token, l.secret, l.timing.atLeast)
-			acancel()
-			if err == nil {
-				k.released(l)
-				k.cfg.Logger.InfoContext(values, "pgfence: leasetable: released after retrying", append(logAttrs(l), "attempts", failures+1)...)
-				return
-			}
-			if !k.retryable(err) && rctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
-				k.cfg.Logger.WarnContext(values, "pgfence: leasetable: retrying a release failed; the lease expires after its TTL",
-					append(logAttrs(l), "error", err)...)
-				return
-			}
-		}
-	}()
-	return true
+	k.endLocked(l, stateLost, fmt.Errorf(
+		"pgfence: leasetable: lease %q (token %d): no successful renewal before the local deadline: %w",
+		l.name, l.token, pgfence.ErrLeaseExpired))
 }
 
 // endLocked ends a held lease: it is lost or released. Waiters of this
@@ -412,150 +203,4 @@ func (k *Locker) endLocked(l *Lease, state leaseState, cause error) {
 	}
 }
 
-// checkDeadline runs when a lease's local deadline timer fires. Renewals move
-// the deadline without resetting the timer, so it re-arms itself when the
-// deadline has moved.
-func (k *Locker) checkDeadline(l *Lease) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if l.state != stateHeld {
-		return
-	}
-	if d := time.Until(l.deadline); d > 0 {
-		l.timer.Reset(d)
-		return
-	}
-	k.endLocked(l, stateLost, fmt.Errorf(
-		"pgfence: leasetable: lease %q (token %d): no successful renewal before the local deadline: %w",
-		l.name, l.token, pgfence.ErrLeaseExpired))
-}
-
-// releaseSQL gives a batch of leases up (%[1]s is the schema) through
-// pgfence_release, a SECURITY DEFINER function: only rows still held with
-// the name, token and secret presented, expired in place
-// (never deleted), and a notification on [NotifyChannel] for each one
-// (delivered at commit): freed now, or held only until acquired_at +
-// AtLeast, which a waiter must learn to retry then rather than at the old
-// expiry. It returns the token of each lease it released, and locks those
-// rows.
-//
-// When every released row becomes free at once (no AtLeast keeps one held),
-// the transaction commits with synchronous_commit off: it does not wait for
-// its WAL to be flushed. The notifications make each such commit take a
-// database-wide lock until it completes, so waiting for the flush there
-// would serialise every release on the server behind the disk. Losing such
-// a release in a crash only keeps the lease held until its TTL ends; it can
-// never make a lease look free early, and whoever takes the freed row
-// commits durably, which flushes the release's WAL first. A release that
-// keeps a row held (AtLeast) commits durably.
-//
-// $1 names, $2 tokens, $3 secrets, $4 AtLeast in microseconds (parallel
-// arrays).
-const releaseSQL = `SELECT fence, durability FROM %[1]s.pgfence_release($1, $2, $3, $4)`
-
-// releaseReq is one caller's request to release a lease.
-type releaseReq struct {
-	ctx       context.Context
-	name      string
-	token     int64
-	secret    string
-	atLeastUs int64
-	res       chan releaseReply // buffered(1)
-}
-
-// releaseReply is the outcome of one release request: held reports whether
-// the row was still this lease's and was released.
-type releaseReply struct {
-	held bool
-	err  error
-}
-
-// releaseRow releases one lease row through the Locker's batcher. It
-// reports whether the row was still held by the lease.
-func (k *Locker) releaseRow(ctx context.Context, name string, token int64, secret string, atLeast time.Duration) (bool, error) {
-	r := &releaseReq{ctx: ctx, name: name, token: token, secret: secret, atLeastUs: atLeast.Microseconds(), res: make(chan releaseReply, 1)}
-	if k.releases.runNow(r) {
-		rep := <-r.res
-		if rep.err != nil && ctx.Err() != nil {
-			// The statement ended because ctx did (its wait for a
-			// connection, or the statement, was cancelled with it): the
-			// caller gets ctx's error, as when it stops waiting for a
-			// batch goroutine's answer.
-			return false, ctx.Err()
-		}
-		return rep.held, rep.err
-	}
-	k.releases.submit(r)
-	select {
-	case rep := <-r.res:
-		return rep.held, rep.err
-	case <-ctx.Done():
-		return false, ctx.Err()
-	}
-}
-
-// failRelease answers one release request with err.
-func failRelease(r *releaseReq, err error) { r.res <- releaseReply{err: err} }
-
-// execReleases runs releaseSQL for batch and answers each request; on a
-// statement error it answers none and returns the error.
-func (k *Locker) execReleases(batch []*releaseReq) (err error) {
-	defer func() { err = permerr.Wrap(err, "", k.cfg.Schema) }() // names the missing grant
-	ctxs := make([]context.Context, 0, len(batch))
-	for _, r := range batch {
-		ctxs = append(ctxs, r.ctx) // the opener's first
-	}
-	values := ctxs[0]
-	if k.ev.Enabled() && len(batch) > 1 {
-		// One statement for several callers: an operation of its own,
-		// under the opener's, linked to the others'.
-		op := pgfence.Op{Kind: pgfence.OpRelease, Strategy: pgfence.StrategyLeaseTable, Batch: len(batch), Links: ctxs[1:]}
-		values = k.ev.StartOp(values, op)
-		defer func() { k.ev.EndOp(values, op, err) }()
-	}
-	slices.SortFunc(batch, func(a, b *releaseReq) int { return strings.Compare(a.name, b.name) })
-	names := make([]string, 0, len(batch))
-	tokens := make([]int64, 0, len(batch))
-	secrets := make([]string, 0, len(batch))
-	atLeast := make([]int64, 0, len(batch))
-	for _, r := range batch {
-		names = append(names, r.name)
-		tokens = append(tokens, r.token)
-		secrets = append(secrets, r.secret)
-		atLeast = append(atLeast, r.atLeastUs)
-	}
-	// The callers' contexts are already detached from cancellation and
-	// bounded by the query timeout.
-	ctx, cancel := batchContext(context.Background(), values, ctxs)
-	defer cancel()
-	conn, err := k.conn(ctx, "release", k.cfg.QueryTimeout, true)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	rows, err := conn.Query(ctx, k.sql.release, names, tokens, secrets, atLeast)
-	if err != nil {
-		k.discardStale(conn, err)
-		return err
-	}
-	released := make(map[int64]bool, len(batch))
-	for rows.Next() {
-		var (
-			token      int64
-			durability *string
-		)
-		if err := rows.Scan(&token, &durability); err != nil {
-			rows.Close()
-			return err
-		}
-		released[token] = true
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	for _, r := range batch {
-		r.res <- releaseReply{held: released[r.token]}
-	}
-	return nil
-}
+var errLostClosed = fmt.Errorf("%w: %w", pgfence.ErrLeaseLost, pgfence.ErrClosed)

@@ -8,6 +8,28 @@ import (
 	"github.com/pgfence/pgfence/internal/notifier"
 )
 
+type waiter struct {
+	name    string
+	ch      chan struct{} // buffered(1)
+	seq     uint64        // order of registration (Locker.waiterSeq)
+	listens bool          // it waits for notifications (counted in Locker.listenWants)
+}
+
+func (w *waiter) wake() {
+	select {
+	case w.ch <- struct{}{}:
+	default:
+	}
+}
+
+// watch is what a Locker knows of a name its waiters listen for: the tag
+// its notifications carry, and the newest released token acted on, so that
+// a replayed notification is dropped.
+type watch struct {
+	tag      string
+	notified int64
+}
+
 // addWaiter registers a waiter for name's release notifications, starting
 // the Locker's LISTEN connection on first use. The connection listens only
 // while a waiter of the Locker waits for notifications (see listenFor).
@@ -43,21 +65,6 @@ func (k *Locker) addWaiter(name string) (*waiter, error) {
 		}, &k.background)
 	}
 	return w, nil
-}
-
-// listenLost reports that the LISTEN connection stopped listening.
-func (k *Locker) listenLost(err error) {
-	if k.ev.Enabled() {
-		k.ev.Async(context.Background(), pgfence.ListenLost{Kind: pgfence.StrategyLeaseTable, Err: err})
-	}
-}
-
-// listenRestored reports that the LISTEN connection listens again.
-func (k *Locker) listenRestored(down time.Duration) {
-	k.cfg.Logger.InfoContext(context.Background(), "pgfence: leasetable: LISTEN connection restored", "down", down)
-	if k.ev.Enabled() {
-		k.ev.Async(context.Background(), pgfence.ListenRestored{Kind: pgfence.StrategyLeaseTable, Down: down})
-	}
 }
 
 func (k *Locker) removeWaiter(name string, w *waiter) {
@@ -229,4 +236,29 @@ func probeTimeout(checkInterval time.Duration) time.Duration {
 		return maxListenCheckTimeout
 	}
 	return min(checkInterval, maxListenCheckTimeout)
+}
+
+// listenLost reports that the LISTEN connection stopped listening.
+func (k *Locker) listenLost(err error) {
+	if k.ev.Enabled() {
+		k.ev.Async(context.Background(), pgfence.ListenLost{Kind: pgfence.StrategyLeaseTable, Err: err})
+	}
+}
+
+// listenRestored reports that the LISTEN connection listens again.
+func (k *Locker) listenRestored(down time.Duration) {
+	k.cfg.Logger.InfoContext(context.Background(), "pgfence: leasetable: LISTEN connection restored", "down", down)
+	if k.ev.Enabled() {
+		k.ev.Async(context.Background(), pgfence.ListenRestored{Kind: pgfence.StrategyLeaseTable, Down: down})
+	}
+}
+
+// suspectListen asks the LISTEN connection, if any, to check itself now:
+// a statement just failed with a transient error, and the LISTEN
+// connection may have died with the others without noticing.
+func (k *Locker) suspectListen() {
+	k.mu.Lock()
+	n := k.listener
+	k.mu.Unlock()
+	n.Suspect()
 }

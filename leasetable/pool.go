@@ -8,16 +8,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-)
 
-// The Locker runs its statements on the caller's pool, so it competes with
-// the caller for connections. Each statement the Locker runs first takes a
-// connection, waiting at most a bound (QueryTimeout, or less); when the
-// pool has none to give in that time, the error says so with the pool's
-// figures instead of leaving a bare deadline error, or waiting for as long
-// as the caller's context lasts (forever for context.Background): a caller
-// that holds the only connection of a pool of one (a transaction) and
-// acquires inside it would otherwise wait for itself.
+	"github.com/pgfence/pgfence/internal/retry"
+)
 
 // conn takes a connection from the pool for the Locker's statement what,
 // waiting at most wait and while ctx lasts. When the wait ends with every
@@ -98,4 +91,23 @@ func (k *Locker) discardStale(c *pgxpool.Conn, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_ = c.Conn().Close(ctx)
+}
+
+// retryable reports whether err of one of the Locker's statements is
+// retried: a transient database error (retry.Transient).
+func (k *Locker) retryable(err error) bool {
+	var noAnswer *noAnswerError
+	return !k.noRetry && (retry.Transient(err) || errors.As(err, &noAnswer))
+}
+
+// sleep waits d or until ctx ends, returning ctx's cause then.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
 }

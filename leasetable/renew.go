@@ -33,6 +33,50 @@ const renewSQL = `SELECT fence, renewed FROM %[1]s.pgfence_renew($1, $2, $3, $4)
 // another transaction had it locked.
 var errRenewBusy = errors.New("the lease's row is locked by another transaction")
 
+// Renew renews the lease now, in one statement bounded by ctx and
+// [Config].QueryTimeout, instead of waiting for the watchdog (which goes on
+// renewing it as before): for a long job about to start a step that must
+// not be interrupted, or to confirm the lease after a pause. On success the
+// database's expiry and [Lease.Expiry] move forward by the TTL from now.
+//
+// When the database no longer holds the lease (it expired or was taken
+// over), the lease is lost (Done closes) and Renew returns an error
+// matching [pgfence.ErrLeaseLost]. After a release or loss it returns
+// [Lease.Err] (matching [pgfence.ErrNotHeld] or ErrLeaseLost) without a
+// round trip. When the statement fails (the database is unreachable, or ctx
+// ended), the error is returned wrapped and the lease stays held: the
+// watchdog retries until the local deadline, as for any failed renewal.
+// Renew itself does not retry: a transient error (the database is failing
+// over; see [Locker.TryAcquire]) is returned as an error matching
+// [pgfence.ErrUnavailable] that wraps it.
+func (l *Lease) Renew(ctx context.Context) error {
+	if err := l.Err(); err != nil {
+		return err
+	}
+	k := l.k
+	k.mu.Lock()
+	inflight := l.inflight
+	k.mu.Unlock()
+	if inflight != nil {
+		// One renewal at a time per lease: wait for the watchdog's.
+		select {
+		case <-inflight:
+		case <-ctx.Done():
+			return fmt.Errorf("pgfence: leasetable: renew %q: %w", l.name, context.Cause(ctx))
+		}
+	}
+	lost, err := k.renew(ctx, []*Lease{l}, false)
+	switch {
+	case lost[l]:
+		return l.Err()
+	case err != nil && ctx.Err() == nil && k.retryable(err):
+		return fmt.Errorf("pgfence: leasetable: renew %q (token %d): %w", l.name, l.token, retry.Unavailable("", err))
+	case err != nil:
+		return fmt.Errorf("pgfence: leasetable: renew %q (token %d): %w", l.name, l.token, err)
+	}
+	return l.Err()
+}
+
 // watchdog renews the Locker's leases until none are left or the Locker is
 // closed. When a lease is due, it and all leases due within half their
 // renewal interval are renewed together in one statement.
@@ -275,50 +319,6 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease, own bool) (lost map[
 		}
 	}
 	return lost, err
-}
-
-// Renew renews the lease now, in one statement bounded by ctx and
-// [Config].QueryTimeout, instead of waiting for the watchdog (which goes on
-// renewing it as before): for a long job about to start a step that must
-// not be interrupted, or to confirm the lease after a pause. On success the
-// database's expiry and [Lease.Expiry] move forward by the TTL from now.
-//
-// When the database no longer holds the lease (it expired or was taken
-// over), the lease is lost (Done closes) and Renew returns an error
-// matching [pgfence.ErrLeaseLost]. After a release or loss it returns
-// [Lease.Err] (matching [pgfence.ErrNotHeld] or ErrLeaseLost) without a
-// round trip. When the statement fails (the database is unreachable, or ctx
-// ended), the error is returned wrapped and the lease stays held: the
-// watchdog retries until the local deadline, as for any failed renewal.
-// Renew itself does not retry: a transient error (the database is failing
-// over; see [Locker.TryAcquire]) is returned as an error matching
-// [pgfence.ErrUnavailable] that wraps it.
-func (l *Lease) Renew(ctx context.Context) error {
-	if err := l.Err(); err != nil {
-		return err
-	}
-	k := l.k
-	k.mu.Lock()
-	inflight := l.inflight
-	k.mu.Unlock()
-	if inflight != nil {
-		// One renewal at a time per lease: wait for the watchdog's.
-		select {
-		case <-inflight:
-		case <-ctx.Done():
-			return fmt.Errorf("pgfence: leasetable: renew %q: %w", l.name, context.Cause(ctx))
-		}
-	}
-	lost, err := k.renew(ctx, []*Lease{l}, false)
-	switch {
-	case lost[l]:
-		return l.Err()
-	case err != nil && ctx.Err() == nil && k.retryable(err):
-		return fmt.Errorf("pgfence: leasetable: renew %q (token %d): %w", l.name, l.token, retry.Unavailable("", err))
-	case err != nil:
-		return fmt.Errorf("pgfence: leasetable: renew %q (token %d): %w", l.name, l.token, err)
-	}
-	return l.Err()
 }
 
 // fastestRenewal returns the shortest round trip of a renewal statement of

@@ -1,0 +1,262 @@
+package leasetable
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/events"
+	"github.com/pgfence/pgfence/internal/install"
+	"github.com/pgfence/pgfence/internal/notifier"
+	"github.com/pgfence/pgfence/internal/notifykey"
+	"github.com/pgfence/pgfence/internal/retry"
+	"github.com/pgfence/pgfence/internal/waitline"
+)
+
+// Locker acquires, renews and releases leases in the pgfence_leases table
+// through a pool. It is safe for concurrent use. Create it with [New] and
+// stop it with [Locker.Close]. It satisfies [pgfence.Locker].
+type Locker struct {
+	pool         *pgxpool.Pool
+	cfg          Config          // resolved: defaults filled in
+	sql          statements      // the SQL, with the schema filled in
+	closeCtx     context.Context // cancelled by Close
+	closeFunc    context.CancelFunc
+	background   sync.WaitGroup  // watchdog, listener and release-retry goroutines
+	backoff      retry.Backoff   // spaces retries after transient errors
+	noRetry      bool            // tests: transient errors are not retried
+	keepStale    bool            // tests: connections to a read-only server are kept
+	noShare      bool            // tests: waiters do not share attempts (see try)
+	onRound      func()          // tests: runs each time a waiting Acquire goes round its loop again
+	onListen     func()          // tests: runs when a waiter first waits for notifications (listenFor)
+	noListenWake bool            // tests: the LISTEN connection's subscribing wakes no waiter
+	noGrantWait  bool            // tests: Close cuts acquire statements in flight and does not wait for grants (the negative control)
+	ev           *events.Emitter // nil without Config.Observer
+
+	// Stats counters.
+	waiting                                                   atomic.Int64
+	nAcquired, nNotAcquired, nReleased, nLost, nRenewFailures atomic.Uint64
+
+	// renewRTT is the shortest round trip, in nanoseconds, of an answered
+	// renewal statement (see fastestRenewal); lateRenewals turns its check
+	// off (tests: the negative control).
+	renewRTT     atomic.Int64
+	lateRenewals bool
+
+	mu              sync.Mutex
+	closed          bool
+	leases          map[*Lease]struct{} // held leases, renewed by the watchdog
+	held            map[string]*Lease   // the same, by name
+	watchdogRunning bool
+	watchdogWake    chan struct{}      // buffered(1): a lease was added
+	listener        *notifier.Notifier // the LISTEN loop, once started
+	waiters         map[string]map[*waiter]struct{}
+	notifyKey       notifykey.Key       // checks notifications (see notify)
+	tagNames        map[string]string   // a listened-for name by its notification tag
+	watched         map[string]*watch   // the listened-for names (see listenFor)
+	waiterSeq       uint64              // the seq of the last waiter added
+	listenWants     int                 // waiters that wait for notifications (see wantListen)
+	listenIdleSince time.Time           // when listenWants last fell to 0
+	listenAnswer    bool                // wantListen's last answer to the notifier
+	listenAsked     int64               // wantListen's answers so far (tests)
+	lingerTimer     *time.Timer         // asks the notifier again once listenLinger has passed
+	attempts        map[string]*attempt // attempts in flight, by name (see try)
+	// lines queues the waiting Acquire calls by name: only the head of a
+	// name's line retries and is woken (see acquire).
+	lines *waitline.Lines[string]
+
+	acquires batcher[*acquireReq] // combines concurrent acquires
+	granting sync.WaitGroup       // grants handed to callers, not yet adopted or given back
+	releases batcher[*releaseReq] // combines concurrent releases
+}
+
+var _ pgfence.Locker = (*Locker)(nil)
+
+// New returns a Locker that uses pool for every statement. cfg may be nil for
+// the defaults. New returns an error when cfg is invalid or pool is nil;
+// then nothing is sent. Otherwise it checks once, in a round trip or two
+// bounded by ctx, that pgfence's schema ([Config].Schema) is installed at
+// the version this code needs and that its token sequence is sound, and
+// returns an error matching [pgfence.ErrNotInstalled] that says how to fix
+// it when not. Database errors are returned wrapped. ctx has no effect on
+// the Locker after New returns.
+//
+// The pool stays the caller's: [Locker.Close] does not close it, and it must
+// stay open until Close returns. The Locker takes a connection from it for
+// each statement, as the caller does, waiting at most [Config].QueryTimeout
+// for one; it needs MaxConns of at least 2, and New logs a Warn for a pool
+// of one (see "Pool size" in the package documentation).
+func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
+	if pool == nil {
+		return nil, errNilPool
+	}
+	resolved, err := cfg.resolve()
+	if err != nil {
+		return nil, err
+	}
+	schema, quoted, err := install.Schema("pgfence: leasetable: Config.Schema", resolved.Schema)
+	if err != nil {
+		return nil, err
+	}
+	resolved.Schema = schema
+	if _, err := install.Check(ctx, pool, schema, quoted); err != nil {
+		return nil, fmt.Errorf("pgfence: leasetable: %w", err)
+	}
+	key, err := notifykey.Load(ctx, pool, quoted)
+	if err != nil {
+		return nil, fmt.Errorf("pgfence: leasetable: %w", err)
+	}
+	if resolved.ListenConnConfig == nil && !resolved.DisableListen {
+		resolved.ListenConnConfig = pool.Config().ConnConfig.Copy()
+	}
+	closeCtx, cancel := context.WithCancel(context.Background())
+	k := &Locker{
+		pool:         pool,
+		cfg:          resolved,
+		sql:          newStatements(quoted),
+		closeCtx:     closeCtx,
+		closeFunc:    cancel,
+		leases:       make(map[*Lease]struct{}),
+		held:         make(map[string]*Lease),
+		watchdogWake: make(chan struct{}, 1),
+		waiters:      make(map[string]map[*waiter]struct{}),
+		notifyKey:    key,
+		tagNames:     make(map[string]string),
+		watched:      make(map[string]*watch),
+		attempts:     make(map[string]*attempt),
+		lines:        waitline.New[string](false),
+		backoff:      retry.Default,
+		ev:           events.New(resolved.Observer),
+	}
+	k.acquires.exec, k.acquires.fail = k.execAcquires, k.failAcquire
+	k.releases.exec, k.releases.fail = k.execReleases, failRelease
+	k.warnSmallPool(ctx)
+	return k, nil
+}
+
+// Owner returns the owner id this Locker writes into the leases it takes.
+func (k *Locker) Owner() string { return k.cfg.Owner }
+
+// Schema returns the schema the Locker's statements use.
+func (k *Locker) Schema() string { return k.cfg.Schema }
+
+// Close releases every lease the Locker still holds (each such lease is
+// lost: its context is cancelled with a cause matching both
+// [pgfence.ErrLeaseLost] and [pgfence.ErrClosed]), wakes waiting Acquire
+// calls, which return [pgfence.ErrClosed], and stops the renewal watchdog and
+// the LISTEN connection. The releases go out together, and a transient
+// error is retried for at most [Config].QueryTimeout (never in the
+// background); the release retries that earlier Release calls left in the
+// background stop, their leases expiring after their TTL. An acquire
+// statement in flight is waited for (at most QueryTimeout) and its grants
+// given back, so no lease of the Locker is held once Close returns unless
+// the database stopped answering. Close returns
+// when all background goroutines have stopped, the Observer's queued
+// events were delivered, and pgx has finished closing the LISTEN
+// connection; it waits at most a second for the latter when the server
+// does not answer. It does not close the pool. Close is idempotent; later
+// calls of the Locker's methods return [pgfence.ErrClosed].
+func (k *Locker) Close() {
+	k.mu.Lock()
+	if k.closed {
+		k.mu.Unlock()
+		return
+	}
+	k.closed = true
+	if k.lingerTimer != nil {
+		k.lingerTimer.Stop()
+	}
+	held := make([]*Lease, 0, len(k.leases))
+	for l := range k.leases {
+		held = append(held, l)
+	}
+	k.mu.Unlock()
+	k.closeFunc() // stops the watchdog's in-flight renewal, the listener, waiters and release retries
+	// Released together: they go out in one batch, and during an outage
+	// Close waits one QueryTimeout for all of them, not one each.
+	var releases sync.WaitGroup
+	for _, l := range held {
+		releases.Add(1)
+		go func() {
+			defer releases.Done()
+			err := l.release(l.values, errLostClosed)
+			if err != nil && !errors.Is(err, pgfence.ErrNotHeld) {
+				k.cfg.Logger.WarnContext(l.values, "pgfence: leasetable: release on close failed", "lease", l.name, "token", l.token, "error", err)
+			}
+		}()
+	}
+	releases.Wait()
+	k.acquires.close()
+	if !k.noGrantWait {
+		k.granting.Wait() // grants handed to callers as Close began: adopted (and released above) or given back
+	}
+	k.releases.close()
+	k.background.Wait()
+	k.ev.Close() // delivers the queued events
+}
+
+// Stats returns a snapshot of the Locker's state and counters: leases held
+// and Acquire calls waiting now, totals of grants, calls that returned
+// without a lease (bad input aside), releases, losses and failed renewal
+// attempts, whether the LISTEN connection listens now, and how many
+// background events a slow [Config].Observer made it drop. It never sends
+// a statement, and works after Close.
+func (k *Locker) Stats() pgfence.Stats {
+	k.mu.Lock()
+	held, listener := len(k.leases), k.listener
+	k.mu.Unlock()
+	return pgfence.Stats{
+		Held:            held,
+		Waiting:         int(k.waiting.Load()),
+		Acquired:        k.nAcquired.Load(),
+		NotAcquired:     k.nNotAcquired.Load(),
+		Released:        k.nReleased.Load(),
+		Lost:            k.nLost.Load(),
+		RenewalFailures: k.nRenewFailures.Load(),
+		Listening:       listener.Listening(),
+		EventsDropped:   k.ev.Dropped(),
+	}
+}
+
+func (k *Locker) checkOpen() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed {
+		return pgfence.ErrClosed
+	}
+	return nil
+}
+
+// logAttrs are the log attributes describing a lease.
+func logAttrs(l *Lease) []any {
+	return []any{slog.String("lease", l.name), slog.Int64("token", l.token)}
+}
+
+// statements is the Locker's SQL, with its schema filled in.
+type statements struct {
+	acquire, release, renew, list, get, forceRelease, listForced string
+	pruneScan, pruneDelete                                       string
+}
+
+// newStatements fills the quoted schema into every statement template.
+func newStatements(schema string) statements {
+	f := func(tmpl string) string { return fmt.Sprintf(tmpl, schema) }
+	return statements{
+		acquire:      f(acquireSQL),
+		release:      f(releaseSQL),
+		renew:        f(renewSQL),
+		list:         f(listSQL),
+		get:          f(getSQL),
+		forceRelease: f(forceReleaseSQL),
+		listForced:   f(listForcedSQL),
+		pruneScan:    f(pruneScanSQL),
+		pruneDelete:  f(pruneDeleteSQL),
+	}
+}

@@ -11,43 +11,34 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// maxInflight is how many statements of one kind (acquire or release) a
-// Locker runs at once; requests arriving while that many are in flight wait
-// for the next batch. One makes the largest batches and the fewest WAL
-// flushes; the measurements behind the choice are in bench/results.
-const maxInflight = 1
-
 // maxBatch bounds the number of requests in one statement.
 const maxBatch = 1000
 
-// drainLinger is how long a batch goroutine whose queue ran empty waits
-// for the next request before it exits. A Locker that acquires or releases
-// every few milliseconds keeps its goroutine, whose stack has grown to what
-// a statement needs, instead of starting a new one for each statement and
-// growing its stack again (copying it several times): that was a tenth of
-// the client CPU of a hand-over. An idle Locker keeps no goroutine.
+// drainLinger is how long the drain goroutine waits for a request once its
+// queue ran empty before it exits.
 const drainLinger = time.Second
 
-// batcher runs requests in batches, at most maxInflight batches at a time:
-// in batch goroutines, which linger for drainLinger once the queue is
-// empty, or, through runNow, in the caller's goroutine.
+// batcher combines concurrent requests of one kind (acquires, or releases)
+// into one statement: while a statement is in flight, new requests queue,
+// and the next statement carries all of them. One statement runs at a
+// time, in the drain goroutine or, through runNow, in the caller's.
 type batcher[R any] struct {
 	// exec runs one statement for batch and answers every request in it;
 	// on a statement error it answers none and returns the error.
 	exec func(batch []R) error
 	fail func(r R, err error) // answers r with err
 
-	mu         sync.Mutex
-	queue      []R
-	inflight   int // batches running, in batch goroutines or callers
-	goroutines int // batch goroutines, lingering ones included
-	idle       int // lingering batch goroutines not yet woken
-	wake       chan struct{}
-	closed     bool
-	wg         sync.WaitGroup // batch goroutines
+	mu       sync.Mutex
+	queue    []R
+	busy     bool          // a statement runs, in the drain goroutine or a caller
+	draining bool          // the drain goroutine exists, lingering or not
+	idle     bool          // the drain goroutine lingers, not yet woken
+	wake     chan struct{} // buffered(1): wakes the lingering drain goroutine
+	closed   bool
+	wg       sync.WaitGroup // the drain goroutine
 }
 
-// submit queues r and sees that a batch goroutine will take it. After
+// submit queues r and sees that the drain goroutine will take it. After
 // close, r runs alone in the calling goroutine.
 func (b *batcher[R]) submit(r R) {
 	b.mu.Lock()
@@ -62,28 +53,24 @@ func (b *batcher[R]) submit(r R) {
 }
 
 // runNow runs r alone in the calling goroutine, and reports true, when no
-// batch of this kind is in flight and no request waits; otherwise it does
-// nothing and reports false (the caller submits r). A lone request is then
-// sent without handing it to a batch goroutine and its answer back, two
-// goroutine switches on the way of every uncontended statement. Requests
-// that arrive meanwhile queue, and go out together once it is answered, as
-// behind a batch goroutine's statement. Only for requests whose callers
-// wait for the answer in any case (a release, which runs to its answer or
-// its own timeout), since the caller cannot leave before it.
+// statement is in flight and no request waits; otherwise it reports false
+// and the caller submits r. Requests that arrive meanwhile queue and go
+// out together once it is answered. Only for requests whose callers wait
+// for the answer in any case (a release).
 func (b *batcher[R]) runNow(r R) bool {
 	b.mu.Lock()
-	if b.closed || b.inflight >= maxInflight || len(b.queue) > 0 {
+	if b.closed || b.busy || len(b.queue) > 0 {
 		b.mu.Unlock()
 		return false
 	}
-	b.inflight++
+	b.busy = true
 	b.mu.Unlock()
 	b.run([]R{r})
 	b.mu.Lock()
-	b.inflight--
+	b.busy = false
 	if b.closed {
-		// The batch goroutines may have exited with requests queued
-		// behind this one: run them here.
+		// The drain goroutine may have exited with requests queued behind
+		// this one: run them here.
 		for len(b.queue) > 0 {
 			batch := b.takeLocked()
 			b.mu.Unlock()
@@ -97,25 +84,25 @@ func (b *batcher[R]) runNow(r R) bool {
 	return true
 }
 
-// kickLocked sees that a batch goroutine takes the queue when a batch may
-// start: it wakes a lingering one, or starts one. A goroutine that runs a
-// batch now takes the queue when it is done.
+// kickLocked sees that the drain goroutine takes the queue when no
+// statement is in flight: it wakes the lingering goroutine, or starts one.
+// A goroutine that runs a statement now takes the queue when it is done.
 func (b *batcher[R]) kickLocked() {
-	if len(b.queue) == 0 || b.inflight >= maxInflight {
+	if len(b.queue) == 0 || b.busy {
 		return
 	}
-	if b.idle > 0 {
-		b.idle--
-		b.wake <- struct{}{} // buffered for every goroutine: never blocks
+	if b.idle {
+		b.idle = false
+		b.wake <- struct{}{} // buffered(1): never blocks
 		return
 	}
-	if b.goroutines >= maxInflight {
-		return // all of them between batches: they take it
+	if b.draining {
+		return // between statements: it takes the queue
 	}
 	if b.wake == nil {
-		b.wake = make(chan struct{}, maxInflight)
+		b.wake = make(chan struct{}, 1)
 	}
-	b.goroutines++
+	b.draining = true
 	b.wg.Add(1)
 	go b.drain()
 }
@@ -128,30 +115,30 @@ func (b *batcher[R]) takeLocked() []R {
 	return batch
 }
 
-// drain runs batches while there are requests and a batch may start, then
-// lingers for drainLinger (or until close or a kick) and exits unless
+// drain runs batches while requests wait and no statement is in flight,
+// then lingers for drainLinger (or until close or a kick) and exits unless
 // kicked.
 func (b *batcher[R]) drain() {
 	defer b.wg.Done()
 	var linger *time.Timer
 	for {
 		b.mu.Lock()
-		if len(b.queue) > 0 && b.inflight < maxInflight {
+		if len(b.queue) > 0 && !b.busy {
 			batch := b.takeLocked()
-			b.inflight++
+			b.busy = true
 			b.mu.Unlock()
 			b.run(batch)
 			b.mu.Lock()
-			b.inflight--
+			b.busy = false
 			b.mu.Unlock()
 			continue
 		}
 		if b.closed {
-			b.goroutines--
+			b.draining = false
 			b.mu.Unlock()
 			return
 		}
-		b.idle++
+		b.idle = true
 		b.mu.Unlock()
 		if linger == nil {
 			linger = time.NewTimer(drainLinger)
@@ -160,7 +147,7 @@ func (b *batcher[R]) drain() {
 		}
 		select {
 		case <-b.wake:
-			continue // kicked (or closed): idle was taken off for it
+			continue // kicked (or closed): idle was cleared for it
 		case <-linger.C:
 		}
 		b.mu.Lock()
@@ -171,8 +158,8 @@ func (b *batcher[R]) drain() {
 			continue
 		default:
 		}
-		b.idle--
-		b.goroutines--
+		b.idle = false
+		b.draining = false
 		b.mu.Unlock()
 		return
 	}
@@ -200,13 +187,14 @@ func (b *batcher[R]) run(batch []R) {
 	}
 }
 
-// close waits for the batch goroutines, ending the lingering ones; later
+// close waits for the drain goroutine, ending it if it lingers; later
 // requests run alone in the caller's goroutine (and requests queued behind
 // a runNow still running, in its caller's).
 func (b *batcher[R]) close() {
 	b.mu.Lock()
 	b.closed = true
-	for ; b.idle > 0; b.idle-- {
+	if b.idle {
+		b.idle = false
 		b.wake <- struct{}{}
 	}
 	b.mu.Unlock()

@@ -52,9 +52,9 @@ func waitQueued(t *testing.T, k *Locker, n int) {
 	}
 }
 
-// TestConcurrentAcquiresShareOneStatement fills every statement slot, queues
-// acquires of one name from many goroutines together with acquires of
-// distinct names, and checks that they go out as one statement in which
+// TestConcurrentAcquiresShareOneStatement holds one statement in flight,
+// queues acquires of one name from many goroutines together with acquires
+// of distinct names, and checks that they go out as one statement in which
 // exactly one of the duplicates wins.
 func TestConcurrentAcquiresShareOneStatement(t *testing.T) {
 	t.Parallel()
@@ -76,10 +76,8 @@ func TestConcurrentAcquiresShareOneStatement(t *testing.T) {
 		l, err := k.TryAcquire(ctx, name, nil)
 		results <- result{name, l, err}
 	}
-	for i := range maxInflight {
-		go try(fmt.Sprintf("slot-%d", i))
-		require.Len(t, <-g.started, 1)
-	}
+	go try("in-flight")
+	require.Len(t, <-g.started, 1)
 	const dups, distinct = 10, 5
 	for range dups {
 		go try("dup")
@@ -94,7 +92,7 @@ func TestConcurrentAcquiresShareOneStatement(t *testing.T) {
 
 	won := map[string]int{}
 	tokens := map[int64]bool{}
-	for range maxInflight + dups + distinct {
+	for range 1 + dups + distinct {
 		r := <-results
 		if errors.Is(r.err, pgfence.ErrNotAcquired) {
 			continue
@@ -123,17 +121,15 @@ func TestAbandonedAcquireIsGivenBack(t *testing.T) {
 	k, err := New(ctx, pool, nil)
 	require.NoError(t, err)
 
-	slots := make(chan error, maxInflight)
-	for i := range maxInflight {
-		go func() {
-			l, err := k.TryAcquire(ctx, fmt.Sprintf("slot-%d", i), nil)
-			if err == nil {
-				err = l.Release(ctx)
-			}
-			slots <- err
-		}()
-		<-g.started
-	}
+	inFlight := make(chan error, 1)
+	go func() {
+		l, err := k.TryAcquire(ctx, "in-flight", nil)
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		inFlight <- err
+	}()
+	<-g.started
 	abandonCtx, abandon := context.WithCancel(ctx)
 	abandoned := make(chan error, 1)
 	go func() {
@@ -156,9 +152,7 @@ func TestAbandonedAcquireIsGivenBack(t *testing.T) {
 	r := <-kept
 	require.NoError(t, r.err)
 	require.Equal(t, "kept", r.l.Name())
-	for range maxInflight {
-		require.NoError(t, <-slots)
-	}
+	require.NoError(t, <-inFlight)
 	k.Close() // waits for the batch, and so for the give-back
 
 	var held bool
@@ -235,7 +229,7 @@ func TestReleaseDurability(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
-// TestBatcherGoroutineLingers checks the batch goroutine's life: once its
+// TestBatcherGoroutineLingers checks the drain goroutine's life: once its
 // queue is empty it lingers (idle) and the next request wakes it rather
 // than starting another; with no request for drainLinger it exits; close
 // ends a lingering one at once, after which requests run in the caller.
@@ -258,19 +252,19 @@ func TestBatcherGoroutineLingers(t *testing.T) {
 		},
 		fail: func(*req, error) { t.Error("no request may fail") },
 	}
-	state := func() (running, idle int) {
+	state := func() (running, idle bool) {
 		b.mu.Lock()
 		defer b.mu.Unlock()
-		return b.goroutines, b.idle
+		return b.draining, b.idle
 	}
-	waitState := func(running, idle int) {
+	waitState := func(running, idle bool) {
 		t.Helper()
 		for i := 0; ; i++ {
 			r, d := state()
 			if r == running && d == idle {
 				return
 			}
-			require.Less(t, i, 10000, "batcher did not reach running %d, idle %d (at %d, %d)", running, idle, r, d)
+			require.Less(t, i, 10000, "batcher did not reach running %t, idle %t (at %t, %t)", running, idle, r, d)
 			time.Sleep(time.Millisecond)
 		}
 	}
@@ -282,29 +276,29 @@ func TestBatcherGoroutineLingers(t *testing.T) {
 	}
 
 	submit()
-	waitState(1, 1) // lingering, not exited
+	waitState(true, true) // lingering, not exited
 	for range 5 {
 		submit() // wakes the lingering goroutine, which lingers again
-		waitState(1, 1)
+		waitState(true, true)
 	}
 	// Control: left alone past drainLinger, it exits.
-	waitState(0, 0)
+	waitState(false, false)
 	submit()
-	waitState(1, 1)
+	waitState(true, true)
 	b.close()
 	r, d := state()
-	require.Equal(t, 0, r, "close must end the lingering goroutine")
-	require.Equal(t, 0, d)
+	require.False(t, r, "close must end the lingering goroutine")
+	require.False(t, d)
 	submit() // after close: run in the caller
 	r, _ = state()
-	require.Equal(t, 0, r)
+	require.False(t, r)
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, 8, execs)
 }
 
 // TestBatcherRunNow checks runNow: a lone request runs in the caller, with
-// no batch goroutine; requests that arrive while it runs queue and go out
+// no drain goroutine; requests that arrive while it runs queue and go out
 // together in one batch once it is answered; and while a batch is in
 // flight (control), runNow declines, so the request waits its turn.
 func TestBatcherRunNow(t *testing.T) {
@@ -346,7 +340,7 @@ func TestBatcherRunNow(t *testing.T) {
 	require.True(t, b.runNow(r0), "a lone request runs at once")
 	<-r0.done
 	b.mu.Lock()
-	require.Zero(t, b.goroutines, "runNow must not start a batch goroutine")
+	require.False(t, b.draining, "runNow must not start the drain goroutine")
 	b.mu.Unlock()
 
 	// Request 1 runs in this test's goroutine and blocks in exec; 2 and 3
@@ -373,7 +367,7 @@ func TestBatcherRunNow(t *testing.T) {
 
 // TestBatcherRunNowAcrossClose: a request queued behind a runNow still
 // running when close is called is run by that runNow's caller, since no
-// batch goroutine is left to take it.
+// drain goroutine is left to take it.
 func TestBatcherRunNowAcrossClose(t *testing.T) {
 	t.Parallel()
 	type req struct {
@@ -381,7 +375,7 @@ func TestBatcherRunNowAcrossClose(t *testing.T) {
 		done chan struct{}
 	}
 	hold, entered := make(chan struct{}), make(chan struct{})
-	goroutinesAt2 := -1
+	drainingAt2 := true
 	var b *batcher[*req]
 	b = &batcher[*req]{
 		exec: func(batch []*req) error {
@@ -391,7 +385,7 @@ func TestBatcherRunNowAcrossClose(t *testing.T) {
 			}
 			if batch[0].id == 2 {
 				b.mu.Lock()
-				goroutinesAt2 = b.goroutines
+				drainingAt2 = b.draining
 				b.mu.Unlock()
 			}
 			for _, r := range batch {
@@ -406,7 +400,7 @@ func TestBatcherRunNowAcrossClose(t *testing.T) {
 	go func() { ran <- b.runNow(r1) }()
 	<-entered
 	b.submit(r2) // queued: the batch in flight is r1's
-	b.close()    // no batch goroutine to wait for
+	b.close()    // no drain goroutine to wait for
 	select {
 	case <-r2.done:
 		t.Fatal("r2 ran before r1's statement was answered")
@@ -418,5 +412,5 @@ func TestBatcherRunNowAcrossClose(t *testing.T) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	require.Empty(t, b.queue)
-	require.Zero(t, goroutinesAt2, "r2 must run in runNow's caller, not in a batch goroutine started after close")
+	require.False(t, drainingAt2, "r2 must run in runNow's caller, not in a drain goroutine started after close")
 }

@@ -312,7 +312,7 @@ func (k *Locker) releaseRow(ctx context.Context, name string, token int64, secre
 			// The statement ended because ctx did (its wait for a
 			// connection, or the statement, was cancelled with it): the
 			// caller gets ctx's error, as when it stops waiting for a
-			// batch goroutine's answer.
+			// drain goroutine's answer.
 			return false, ctx.Err()
 		}
 		return rep.held, rep.err

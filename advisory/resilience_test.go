@@ -16,7 +16,6 @@ import (
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/advisory"
-	"github.com/pgfence/pgfence/internal/chaos"
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
@@ -237,11 +236,11 @@ func TestLossOnNetworkCut(t *testing.T) {
 // proxiedPool returns a proxy in front of db's server (over TCP) and a pool
 // on db that connects through it; configure, when not nil, edits the
 // pool's configuration further. The proxy is closed when t ends.
-func proxiedPool(t *testing.T, db *pgtest.DB, configure func(*pgxpool.Config)) (*chaos.Proxy, *pgxpool.Pool) {
+func proxiedPool(t *testing.T, db *pgtest.DB, configure func(*pgxpool.Config)) (*pgtest.Proxy, *pgxpool.Pool) {
 	t.Helper()
 	cc, err := pgx.ParseConfig(db.TCPURL)
 	require.NoError(t, err)
-	proxy, err := chaos.NewProxy(net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
+	proxy, err := pgtest.NewProxy(net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = proxy.Close() })
 	pool := db.NewTCPPool(t, func(c *pgxpool.Config) {

@@ -17,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgfence/pgfence/internal/chaos"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/leasetable"
 )
@@ -36,7 +35,7 @@ func startBouncer(t *testing.T, ctx context.Context, db *pgtest.DB) *pgxpool.Poo
 	}
 	cc, err := pgx.ParseConfig(db.TCPURL)
 	require.NoError(t, err)
-	b, err := chaos.StartPgBouncer(ctx, chaos.PgBouncerConfig{ServerPort: int(cc.Port), Password: cc.Password, PoolSize: 2})
+	b, err := pgtest.StartPgBouncer(ctx, pgtest.PgBouncerConfig{ServerPort: int(cc.Port), Password: cc.Password, PoolSize: 2})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		if t.Failed() {

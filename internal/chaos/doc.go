@@ -80,7 +80,8 @@
 //
 // # Faults
 //
-//   - network: [Proxy] (in-process TCP proxy: cut, blackhole, latency);
+//   - network: internal/pgtest's Proxy (in-process TCP proxy: cut,
+//     blackhole, latency);
 //     [Netns] (nftables drop and reset rules inside a network namespace
 //     created by the test, clients dialling from inside it);
 //   - process pause: [StartChild] runs a holder in a child process (the test
@@ -92,7 +93,8 @@
 //   - clock: [FakeClock] moves a server's wall clock through libfaketime;
 //   - failover: internal/pgtest's NewStandby (synchronous or asynchronous)
 //     and Cluster.Promote;
-//   - pooling: [StartPgBouncer] runs a transaction-pooling PgBouncer.
+//   - pooling: internal/pgtest's StartPgBouncer runs a transaction-pooling
+//     PgBouncer.
 //
 // # Adding a locker
 //

@@ -63,7 +63,7 @@ type failoverPair struct {
 	db               *pgtest.DB
 	// proxy carries an asynchronous standby's replication stream; nil for
 	// a synchronous standby.
-	proxy *chaos.Proxy
+	proxy *pgtest.Proxy
 }
 
 // newFailoverPair starts a primary with a database and a standby of it. An
@@ -76,7 +76,7 @@ func newFailoverPair(t *testing.T, synchronous bool) *failoverPair {
 	opts := &pgtest.StandbyOptions{Synchronous: synchronous}
 	if !synchronous {
 		var err error
-		f.proxy, err = chaos.NewProxy(fmt.Sprintf("127.0.0.1:%d", c.Port))
+		f.proxy, err = pgtest.NewProxy(fmt.Sprintf("127.0.0.1:%d", c.Port))
 		require.NoError(t, err)
 		t.Cleanup(func() { require.NoError(t, f.proxy.Close()) })
 		opts.PrimaryAddr = f.proxy.Addr()

@@ -19,14 +19,14 @@ import (
 // newNetns creates a namespace whose clients reach db's server through a
 // proxy on the host end of the veth pair. It fails (never skips) when
 // namespaces are not permitted: CI must run these tests as root.
-func newNetns(t *testing.T, ctx context.Context, db *pgtest.DB) (*chaos.Netns, *chaos.Proxy, func(string) *pgx.ConnConfig) {
+func newNetns(t *testing.T, ctx context.Context, db *pgtest.DB) (*chaos.Netns, *pgtest.Proxy, func(string) *pgx.ConnConfig) {
 	t.Helper()
 	ns, err := chaos.NewNetns(ctx)
 	require.NoError(t, err, "the nftables fault tests need network namespaces: root with CAP_NET_ADMIN, iproute2 and nftables")
 	t.Cleanup(func() { require.NoError(t, ns.Close()) })
 	cfg, err := pgx.ParseConfig(db.TCPURL)
 	require.NoError(t, err)
-	p, err := chaos.NewProxyOn(ns.HostIP+":0", fmt.Sprintf("%s:%d", cfg.Host, cfg.Port))
+	p, err := pgtest.NewProxyOn(ns.HostIP+":0", fmt.Sprintf("%s:%d", cfg.Host, cfg.Port))
 	require.NoError(t, err)
 	p.Password = cfg.Password
 	t.Cleanup(func() { require.NoError(t, p.Close()) })

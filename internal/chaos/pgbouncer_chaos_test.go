@@ -17,12 +17,12 @@ import (
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
-func startBouncer(t *testing.T, ctx context.Context, poolSize int) (*chaos.PgBouncer, *pgtest.DB) {
+func startBouncer(t *testing.T, ctx context.Context, poolSize int) (*pgtest.PgBouncer, *pgtest.DB) {
 	t.Helper()
 	db := pgtest.NewDB(t)
 	cfg, err := pgx.ParseConfig(db.TCPURL)
 	require.NoError(t, err)
-	b, err := chaos.StartPgBouncer(ctx, chaos.PgBouncerConfig{ServerPort: int(cfg.Port), Password: cfg.Password, PoolSize: poolSize})
+	b, err := pgtest.StartPgBouncer(ctx, pgtest.PgBouncerConfig{ServerPort: int(cfg.Port), Password: cfg.Password, PoolSize: poolSize})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		if t.Failed() {

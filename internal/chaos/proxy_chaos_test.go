@@ -20,11 +20,11 @@ import (
 
 // newProxy starts a proxy in front of db's server and returns it with a URL
 // for db through it.
-func newProxy(t *testing.T, db *pgtest.DB) (*chaos.Proxy, string) {
+func newProxy(t *testing.T, db *pgtest.DB) (*pgtest.Proxy, string) {
 	t.Helper()
 	cfg, err := pgx.ParseConfig(db.TCPURL)
 	require.NoError(t, err)
-	p, err := chaos.NewProxy(fmt.Sprintf("%s:%d", cfg.Host, cfg.Port))
+	p, err := pgtest.NewProxy(fmt.Sprintf("%s:%d", cfg.Host, cfg.Port))
 	require.NoError(t, err)
 	p.Password = cfg.Password
 	t.Cleanup(func() { require.NoError(t, p.Close()) })

@@ -212,7 +212,7 @@ func TestRealLeaseServerClockJumps(t *testing.T) {
 // holder inside its critical section, every time.
 type spikeRegister struct {
 	chaos.Register
-	p      *chaos.Proxy
+	p      *pgtest.Proxy
 	on     atomic.Bool
 	spikes atomic.Int64
 	wg     sync.WaitGroup

@@ -172,7 +172,7 @@ func TestRealLockersTokensSurviveCrashSyncCommitOff(t *testing.T) {
 
 // bouncerPool is a pool through PgBouncer (transaction mode), with pgx's
 // "exec" mode (no named prepared statements).
-func bouncerPool(t *testing.T, ctx context.Context, b *chaos.PgBouncer, db *pgtest.DB) *pgxpool.Pool {
+func bouncerPool(t *testing.T, ctx context.Context, b *pgtest.PgBouncer, db *pgtest.DB) *pgxpool.Pool {
 	t.Helper()
 	return appPool(t, ctx, b.URL(db.Name), "", 8, nil)
 }

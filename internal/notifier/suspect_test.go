@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgfence/pgfence/internal/chaos"
 	"github.com/pgfence/pgfence/internal/notifier"
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
@@ -27,7 +26,7 @@ func TestSuspect(t *testing.T) {
 	ctx := t.Context()
 	cc, err := pgx.ParseConfig(db.TCPURL)
 	require.NoError(t, err)
-	proxy, err := chaos.NewProxy(net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
+	proxy, err := pgtest.NewProxy(net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = proxy.Close() })
 	cc.Host, cc.Port = "127.0.0.1", uint16(proxy.Port())

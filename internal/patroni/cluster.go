@@ -20,7 +20,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/pgfence/pgfence/internal/chaos"
+	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
 // Options configures a [Cluster].
@@ -58,7 +58,7 @@ const (
 // private temporary directory, all started and stopped by this process. Each
 // node's PostgreSQL listens on its own port (clients connect there); its
 // Patroni connect_address, through which the other nodes replicate from it
-// (and rewind from it), is an in-process [chaos.Proxy] in front of that
+// (and rewind from it), is an in-process [pgtest.Proxy] in front of that
 // port, so a test can cut a node's replication without touching clients.
 type Cluster struct {
 	// Dir is the private directory holding every configuration, data
@@ -87,7 +87,7 @@ type Node struct {
 	APIPort int
 	// Replication is the proxy in front of Port that the other nodes
 	// replicate through (the node's connect_address).
-	Replication *chaos.Proxy
+	Replication *pgtest.Proxy
 	// DataDir is PostgreSQL's data directory.
 	DataDir string
 
@@ -158,7 +158,7 @@ func Start(ctx context.Context, opts *Options) (c *Cluster, err error) {
 		if n.APIPort, err = freePort(); err != nil {
 			return nil, err
 		}
-		if n.Replication, err = chaos.NewProxy(net.JoinHostPort("127.0.0.1", strconv.Itoa(n.Port))); err != nil {
+		if n.Replication, err = pgtest.NewProxy(net.JoinHostPort("127.0.0.1", strconv.Itoa(n.Port))); err != nil {
 			return nil, err
 		}
 		c.Nodes = append(c.Nodes, n)

@@ -16,7 +16,7 @@
 // retry_timeout 4 and primary_start_timeout 0, synchronous_mode on or off.
 // Clients connect to each node's own port, with the multi-host URL of
 // [Cluster.URL] (target_session_attrs=read-write, connect_timeout). The
-// nodes replicate from each other through an in-process [chaos.Proxy] in
+// nodes replicate from each other through an in-process [pgtest.Proxy] in
 // front of each node (its Patroni connect_address), so a test can cut one
 // node's replication without touching the clients. The faults: a Patroni
 // switchover ([Cluster.Switchover]), a postmaster killed with SIGKILL

@@ -28,6 +28,10 @@
 //
 // Use [Main] in TestMain: it stops the shared server when the tests end and
 // checks that no goroutine leaked.
+//
+// For network faults, [NewProxy] puts an in-process TCP proxy in front of a
+// server; [StartPgBouncer] starts a throwaway PgBouncer (the tests that need
+// it carry the build tag "tools", or are in the fault suite).
 package pgtest
 
 import (

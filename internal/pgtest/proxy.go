@@ -1,4 +1,4 @@
-package chaos
+package pgtest
 
 import (
 	"errors"
@@ -19,7 +19,7 @@ import (
 // A connection that saw bytes dropped is poisoned: its stream lost data, so
 // it is closed when the blackhole ends, as TCP would eventually time it out.
 type Proxy struct {
-	// Password is the postgres role\'s password, for URL.
+	// Password is the postgres role's password, for URL.
 	Password string
 	ln       net.Listener
 	target   string
@@ -43,14 +43,14 @@ type proxyConn struct {
 func NewProxy(target string) (*Proxy, error) { return NewProxyOn("127.0.0.1:0", target) }
 
 // NewProxyOn is [NewProxy] listening on listen (host:port; port 0 picks a
-// free one), e.g. the host side of a [Netns]'s veth pair.
+// free one), e.g. the host side of a network namespace's veth pair.
 func NewProxyOn(listen, target string) (*Proxy, error) {
 	if _, _, err := net.SplitHostPort(target); err != nil {
-		return nil, fmt.Errorf("chaos: proxy target: %w", err)
+		return nil, fmt.Errorf("pgtest: proxy target: %w", err)
 	}
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
-		return nil, fmt.Errorf("chaos: proxy listen: %w", err)
+		return nil, fmt.Errorf("pgtest: proxy listen: %w", err)
 	}
 	p := &Proxy{ln: ln, target: target, conns: map[*proxyConn]struct{}{}}
 	p.wg.Add(1)

@@ -1,4 +1,4 @@
-package chaos
+package pgtest
 
 import (
 	"context"
@@ -15,6 +15,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/pgfence/pgfence/internal/sysproc"
 )
 
 // PgBouncerConfig configures [StartPgBouncer].
@@ -71,7 +73,7 @@ admin_users = postgres
 // accepts connections. Close it when done.
 func StartPgBouncer(ctx context.Context, cfg PgBouncerConfig) (*PgBouncer, error) {
 	if cfg.ServerPort <= 0 {
-		return nil, errors.New("chaos: PgBouncerConfig.ServerPort is required")
+		return nil, errors.New("pgtest: PgBouncerConfig.ServerPort is required")
 	}
 	if cfg.PoolMode == "" {
 		cfg.PoolMode = "transaction"
@@ -88,7 +90,7 @@ func StartPgBouncer(ctx context.Context, cfg PgBouncerConfig) (*PgBouncer, error
 		}
 	}
 	if _, err := os.Stat(bin); err != nil {
-		return nil, fmt.Errorf("chaos: pgbouncer not found (apt-get install pgbouncer): %w", err)
+		return nil, fmt.Errorf("pgtest: pgbouncer not found (apt-get install pgbouncer): %w", err)
 	}
 	port, err := freeLoopbackPort()
 	if err != nil {
@@ -96,7 +98,7 @@ func StartPgBouncer(ctx context.Context, cfg PgBouncerConfig) (*PgBouncer, error
 	}
 	dir, err := os.MkdirTemp("", "pgfence-pgbouncer-*")
 	if err != nil {
-		return nil, fmt.Errorf("chaos: %w", err)
+		return nil, fmt.Errorf("pgtest: %w", err)
 	}
 	b := &PgBouncer{Port: port, password: cfg.Password, dir: dir, done: make(chan struct{})}
 	fail := func(err error) (*PgBouncer, error) {
@@ -107,37 +109,38 @@ func StartPgBouncer(ctx context.Context, cfg PgBouncerConfig) (*PgBouncer, error
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
 		if err != nil {
-			return fail(fmt.Errorf("chaos: running as root and no postgres user to run pgbouncer as: %w", err))
+			return fail(fmt.Errorf("pgtest: running as root and no postgres user to run pgbouncer as: %w", err))
 		}
 		uid, _ := strconv.Atoi(u.Uid)
 		gid, _ := strconv.Atoi(u.Gid)
 		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 		if err := os.Chown(dir, uid, gid); err != nil {
-			return fail(fmt.Errorf("chaos: %w", err))
+			return fail(fmt.Errorf("pgtest: %w", err))
 		}
 	}
 	ini := filepath.Join(dir, "pgbouncer.ini")
 	users := filepath.Join(dir, "userlist.txt")
 	logf := filepath.Join(dir, "pgbouncer.log")
 	if err := os.WriteFile(users, []byte(`"postgres" "`+strings.ReplaceAll(cfg.Password, `"`, `""`)+`"`+"\n"), 0o600); err != nil {
-		return fail(fmt.Errorf("chaos: %w", err))
+		return fail(fmt.Errorf("pgtest: %w", err))
 	}
 	if cred != nil {
 		// The password file is readable by PgBouncer's user alone.
 		if err := os.Chown(users, int(cred.Uid), int(cred.Gid)); err != nil {
-			return fail(fmt.Errorf("chaos: %w", err))
+			return fail(fmt.Errorf("pgtest: %w", err))
 		}
 	}
 	conf := fmt.Sprintf(pgbouncerIni, cfg.ServerPort, port, users, cfg.PoolMode, cfg.PoolSize, logf)
 	if err := os.WriteFile(ini, []byte(conf), 0o644); err != nil {
-		return fail(fmt.Errorf("chaos: %w", err))
+		return fail(fmt.Errorf("pgtest: %w", err))
 	}
 	b.cmd = exec.Command(bin, ini)
 	b.cmd.Dir = dir
-	b.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	b.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true}
+	sysproc.SetParentDeathSignal(b.cmd.SysProcAttr, syscall.SIGKILL)
 	started := make(chan error, 1)
 	go func() {
-		// Pdeathsig is tied to the creating thread.
+		// The parent-death signal is tied to the creating thread.
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
 		if err := b.cmd.Start(); err != nil {
@@ -150,7 +153,7 @@ func StartPgBouncer(ctx context.Context, cfg PgBouncerConfig) (*PgBouncer, error
 		close(b.done)
 	}()
 	if err := <-started; err != nil {
-		return fail(fmt.Errorf("chaos: start pgbouncer: %w", err))
+		return fail(fmt.Errorf("pgtest: start pgbouncer: %w", err))
 	}
 	for {
 		c, err := net.DialTimeout("tcp", b.Addr(), time.Second)
@@ -162,7 +165,7 @@ func StartPgBouncer(ctx context.Context, cfg PgBouncerConfig) (*PgBouncer, error
 		case <-b.done:
 			log, _ := os.ReadFile(logf)
 			_ = os.RemoveAll(dir)
-			return nil, fmt.Errorf("chaos: pgbouncer exited during start-up:\n%s", log)
+			return nil, fmt.Errorf("pgtest: pgbouncer exited during start-up:\n%s", log)
 		case <-ctx.Done():
 			b.Close()
 			return nil, ctx.Err()
@@ -174,7 +177,7 @@ func StartPgBouncer(ctx context.Context, cfg PgBouncerConfig) (*PgBouncer, error
 func freeLoopbackPort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return 0, fmt.Errorf("chaos: find a free port: %w", err)
+		return 0, fmt.Errorf("pgtest: find a free port: %w", err)
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil

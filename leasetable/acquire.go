@@ -269,8 +269,8 @@ func (k *Locker) acquire(ctx context.Context, name string, t leaseTiming, opts *
 		}
 	}()
 	for round := 0; ; round++ {
-		if round > 0 && k.onRound != nil {
-			k.onRound()
+		if round > 0 && k.hooks != nil && k.hooks.onRound != nil {
+			k.hooks.onRound()
 		}
 		l, _, retryIn, err := k.try(ctx, name, t, attempts, w)
 		switch {
@@ -371,7 +371,7 @@ func (k *Locker) try(ctx context.Context, name string, t leaseTiming, attempts *
 			return nil, true, retryIn, nil
 		}
 		a := k.attempts[name]
-		if a == nil || w == nil || w.seq > a.seq || k.noShare {
+		if a == nil || w == nil || w.seq > a.seq || (k.hooks != nil && k.hooks.noShare) {
 			break
 		}
 		k.mu.Unlock()
@@ -567,7 +567,7 @@ func (k *Locker) execAcquires(batch []*acquireReq) (err error) {
 	// connection ends and is retried on another.
 	qctx, qcancel := context.WithTimeout(context.WithoutCancel(ctx), time.Duration(slices.Max(ttls))*time.Microsecond)
 	defer qcancel()
-	if k.noGrantWait {
+	if k.hooks != nil && k.hooks.noGrantWait {
 		// The negative control: Close cuts the statement, as it once did.
 		defer context.AfterFunc(k.closeCtx, qcancel)()
 	}

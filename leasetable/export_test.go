@@ -6,18 +6,26 @@ import (
 	"github.com/pgfence/pgfence/internal/waitline"
 )
 
+// hooksOf returns k's test hooks, creating them: call it before using k.
+func hooksOf(k *Locker) *testHooks {
+	if k.hooks == nil {
+		k.hooks = &testHooks{}
+	}
+	return k.hooks
+}
+
 // SetNoRetry turns off the retries of transient database errors, for the
 // negative controls of the failover tests. Call it before using k.
-func SetNoRetry(k *Locker) { k.noRetry = true }
+func SetNoRetry(k *Locker) { hooksOf(k).noRetry = true }
 
 // SetKeepStale keeps the connections on which a statement failed because
 // the server is read-only, for a negative control. Call it before using k.
-func SetKeepStale(k *Locker) { k.keepStale = true }
+func SetKeepStale(k *Locker) { hooksOf(k).keepStale = true }
 
 // SetNoShareAttempts makes every waiting Acquire of k send its own attempt
 // rather than wait for one in flight, for the negative control of the
 // herd test. Call it before using k.
-func SetNoShareAttempts(k *Locker) { k.noShare = true }
+func SetNoShareAttempts(k *Locker) { hooksOf(k).noShare = true }
 
 // SetNoLine makes every waiting Acquire of k the head of its name's line,
 // so that each is woken by every release (the negative control of the
@@ -27,17 +35,21 @@ func SetNoLine(k *Locker) { k.lines = waitline.New[string](true) }
 // SetOnRound sets a function run each time one of k's waiting Acquire
 // calls goes round its loop again (woken, or at its retry time), as
 // advisory.SetOnRound does. Call it before using k.
-func SetOnRound(k *Locker, f func()) { k.onRound = f }
+func SetOnRound(k *Locker, f func()) { hooksOf(k).onRound = f }
 
 // SetOnListen sets a function run when one of k's waiting Acquire calls
 // first waits for notifications, before it has the LISTEN connection
 // subscribe. Call it before using k.
-func SetOnListen(k *Locker, f func()) { k.onListen = f }
+func SetOnListen(k *Locker, f func()) { hooksOf(k).onListen = f }
 
 // SetNoListenWake keeps k's LISTEN connection from waking the waiters when
 // it connects or subscribes, for a negative control. Call it before using
 // k.
-func SetNoListenWake(k *Locker) { k.noListenWake = true }
+func SetNoListenWake(k *Locker) { hooksOf(k).noListenWake = true }
+
+// TrackListenAsks has k count the times its LISTEN connection asks whether
+// to listen (see ListenAsked). Call it before using k.
+func TrackListenAsks(k *Locker) { hooksOf(k) }
 
 // KickListen has k's LISTEN connection, once started, ask again whether to
 // listen (as a waiter's arrival or the linger's end does).
@@ -48,11 +60,11 @@ func KickListen(k *Locker) {
 }
 
 // ListenAsked returns how many times k's LISTEN connection asked whether
-// to listen, and the last answer.
+// to listen since TrackListenAsks, and the last answer.
 func ListenAsked(k *Locker) (int64, bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return k.listenAsked, k.listenAnswer
+	return k.hooks.listenAsked, k.listenAnswer
 }
 
 // Waiters returns the number of k's Acquire calls in name's line.
@@ -68,8 +80,8 @@ func FastestRenewal(k *Locker) time.Duration { return k.fastestRenewal() }
 
 // SetSendLateRenewals has k send a renewal however little time is left
 // before its deadline, for a negative control. Call it before using k.
-func SetSendLateRenewals(k *Locker) { k.lateRenewals = true }
+func SetSendLateRenewals(k *Locker) { hooksOf(k).lateRenewals = true }
 
 // SetNoGrantWait has Close return without waiting for grants in flight
-// (the negative control of TestCloseRacingAcquire).
-func SetNoGrantWait(k *Locker) { k.noGrantWait = true }
+// (the negative control of TestCloseRacingAcquire). Call it before using k.
+func SetNoGrantWait(k *Locker) { hooksOf(k).noGrantWait = true }

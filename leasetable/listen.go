@@ -114,8 +114,8 @@ const listenLinger = time.Second
 // subscribing) and will not unsubscribe without asking again, which now
 // answers yes: no Kick, so a busy Locker's waits do not interrupt it.
 func (k *Locker) listenFor(w *waiter) {
-	if k.onListen != nil && !w.listens {
-		k.onListen()
+	if k.hooks != nil && k.hooks.onListen != nil && !w.listens {
+		k.hooks.onListen()
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -143,7 +143,9 @@ func (k *Locker) wantListen() bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.listenAnswer = k.listenWants > 0 || time.Since(k.listenIdleSince) < listenLinger
-	k.listenAsked++
+	if k.hooks != nil {
+		k.hooks.listenAsked++
+	}
 	return k.listenAnswer
 }
 
@@ -151,7 +153,7 @@ func (k *Locker) wantListen() bool {
 // listens (again), having connected or subscribed, so every waiter tries
 // again (wakeAll), as a release may have been missed meanwhile.
 func (k *Locker) listening() {
-	if !k.noListenWake {
+	if k.hooks == nil || !k.hooks.noListenWake {
 		k.wakeAll()
 	}
 }

@@ -41,6 +41,7 @@ func TestListenOnlyWhileWaiting(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
 	waiter := newLocker(t, db.NewPool(t, nil), nil)
+	leasetable.TrackListenAsks(waiter)
 	holder := newLocker(t, db.Pool, &leasetable.Config{TTL: time.Minute})
 
 	// An Acquire that is granted at once opens the connection, which does
@@ -103,8 +104,17 @@ func TestReleaseBeforeSubscribingIsNotMissed(t *testing.T) {
 			if !wake {
 				leasetable.SetNoListenWake(waiter)
 			}
+			// The holder's lease is released as the waiter first waits for
+			// notifications: after its refusal, before it subscribes.
+			var (
+				l    pgfence.Lease
+				once sync.Once
+			)
+			leasetable.SetOnListen(waiter, func() {
+				once.Do(func() { require.NoError(t, l.Release(ctx)) })
+			})
 			// The LISTEN connection is open, and unsubscribed, before the
-			// wait.
+			// wait (an Acquire granted at once does not wait).
 			warm, err := waiter.Acquire(ctx, "warm", nil)
 			require.NoError(t, err)
 			require.NoError(t, warm.Release(ctx))
@@ -113,12 +123,8 @@ func TestReleaseBeforeSubscribingIsNotMissed(t *testing.T) {
 				return len(qs) == 1 && qs[0] == `UNLISTEN "pgfence_lease_released"`
 			}, 30*time.Second, 10*time.Millisecond)
 
-			l, err := holder.TryAcquire(ctx, "x", nil)
+			l, err = holder.TryAcquire(ctx, "x", nil)
 			require.NoError(t, err)
-			var once sync.Once
-			leasetable.SetOnListen(waiter, func() {
-				once.Do(func() { require.NoError(t, l.Release(ctx)) })
-			})
 			r := <-acquireAsync(waiter, "x", 3*time.Second)
 			if wake {
 				require.NoError(t, r.err)

@@ -24,31 +24,23 @@ import (
 // through a pool. It is safe for concurrent use. Create it with [New] and
 // stop it with [Locker.Close]. It satisfies [pgfence.Locker].
 type Locker struct {
-	pool         *pgxpool.Pool
-	cfg          Config          // resolved: defaults filled in
-	sql          statements      // the SQL, with the schema filled in
-	closeCtx     context.Context // cancelled by Close
-	closeFunc    context.CancelFunc
-	background   sync.WaitGroup  // watchdog, listener and release-retry goroutines
-	backoff      retry.Backoff   // spaces retries after transient errors
-	noRetry      bool            // tests: transient errors are not retried
-	keepStale    bool            // tests: connections to a read-only server are kept
-	noShare      bool            // tests: waiters do not share attempts (see try)
-	onRound      func()          // tests: runs each time a waiting Acquire goes round its loop again
-	onListen     func()          // tests: runs when a waiter first waits for notifications (listenFor)
-	noListenWake bool            // tests: the LISTEN connection's subscribing wakes no waiter
-	noGrantWait  bool            // tests: Close cuts acquire statements in flight and does not wait for grants (the negative control)
-	ev           *events.Emitter // nil without Config.Observer
+	pool       *pgxpool.Pool
+	cfg        Config          // resolved: defaults filled in
+	sql        statements      // the SQL, with the schema filled in
+	closeCtx   context.Context // cancelled by Close
+	closeFunc  context.CancelFunc
+	background sync.WaitGroup  // watchdog, listener and release-retry goroutines
+	backoff    retry.Backoff   // spaces retries after transient errors
+	ev         *events.Emitter // nil without Config.Observer
+	hooks      *testHooks      // nil in production
 
 	// Stats counters.
 	waiting                                                   atomic.Int64
 	nAcquired, nNotAcquired, nReleased, nLost, nRenewFailures atomic.Uint64
 
 	// renewRTT is the shortest round trip, in nanoseconds, of an answered
-	// renewal statement (see fastestRenewal); lateRenewals turns its check
-	// off (tests: the negative control).
-	renewRTT     atomic.Int64
-	lateRenewals bool
+	// renewal statement (see fastestRenewal).
+	renewRTT atomic.Int64
 
 	mu              sync.Mutex
 	closed          bool
@@ -65,7 +57,6 @@ type Locker struct {
 	listenWants     int                 // waiters that wait for notifications (see wantListen)
 	listenIdleSince time.Time           // when listenWants last fell to 0
 	listenAnswer    bool                // wantListen's last answer to the notifier
-	listenAsked     int64               // wantListen's answers so far (tests)
 	lingerTimer     *time.Timer         // asks the notifier again once listenLinger has passed
 	attempts        map[string]*attempt // attempts in flight, by name (see try)
 	// lines queues the waiting Acquire calls by name: only the head of a
@@ -78,6 +69,20 @@ type Locker struct {
 }
 
 var _ pgfence.Locker = (*Locker)(nil)
+
+// testHooks are the switches and callbacks that tests set through
+// export_test.go, most of them for negative controls.
+type testHooks struct {
+	noRetry      bool   // transient errors are not retried
+	keepStale    bool   // connections to a read-only server are kept
+	noShare      bool   // waiters do not share attempts (see try)
+	noListenWake bool   // the LISTEN connection's subscribing wakes no waiter
+	noGrantWait  bool   // Close cuts acquire statements in flight and does not wait for grants
+	lateRenewals bool   // a renewal is sent however little time is left (see fastestRenewal)
+	onRound      func() // a waiting Acquire goes round its loop again
+	onListen     func() // a waiter first waits for notifications (see listenFor)
+	listenAsked  int64  // wantListen's answers so far; guarded by Locker.mu
+}
 
 // New returns a Locker that uses pool for every statement. cfg may be nil for
 // the defaults. New returns an error when cfg is invalid or pool is nil;
@@ -194,7 +199,7 @@ func (k *Locker) Close() {
 	}
 	releases.Wait()
 	k.acquires.close()
-	if !k.noGrantWait {
+	if k.hooks == nil || !k.hooks.noGrantWait {
 		k.granting.Wait() // grants handed to callers as Close began: adopted (and released above) or given back
 	}
 	k.releases.close()

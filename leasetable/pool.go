@@ -81,7 +81,7 @@ func (k *Locker) warnSmallPool(ctx context.Context) {
 // c.Release. pgx closes the connections that failed at the network level
 // itself.
 func (k *Locker) discardStale(c *pgxpool.Conn, err error) {
-	if k.keepStale {
+	if k.hooks != nil && k.hooks.keepStale {
 		return
 	}
 	var pgErr *pgconn.PgError
@@ -97,7 +97,7 @@ func (k *Locker) discardStale(c *pgxpool.Conn, err error) {
 // retried: a transient database error (retry.Transient).
 func (k *Locker) retryable(err error) bool {
 	var noAnswer *noAnswerError
-	return !k.noRetry && (retry.Transient(err) || errors.As(err, &noAnswer))
+	return (k.hooks == nil || !k.hooks.noRetry) && (retry.Transient(err) || errors.As(err, &noAnswer))
 }
 
 // sleep waits d or until ctx ends, returning ctx's cause then.

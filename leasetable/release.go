@@ -174,7 +174,7 @@ func (l *Lease) releaseInDB(ctx context.Context, inflight, retrying chan struct{
 	}
 	held, err := k.releaseRetrying(ctx, l)
 	if err != nil {
-		if k.retryable(err) || (ctx.Err() != nil && !k.noRetry) {
+		if k.retryable(err) || (ctx.Err() != nil && (k.hooks == nil || !k.hooks.noRetry)) {
 			// The database is unavailable, or the statement hung (a dead
 			// connection) until the bound: retry in the background.
 			if err == ctx.Err() {

@@ -201,7 +201,7 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease, own bool) (lost map[
 	// use, and cutting it at the deadline would have pgx close the
 	// connection, which the pool would then have to dial again.
 	wait := time.Until(stmtDeadline)
-	if !k.lateRenewals {
+	if k.hooks == nil || !k.hooks.lateRenewals {
 		wait -= k.fastestRenewal()
 	}
 	var conn *pgxpool.Conn

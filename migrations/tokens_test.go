@@ -7,12 +7,83 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgfence/pgfence/internal/install"
 	"github.com/pgfence/pgfence/internal/pgtest"
-	"github.com/pgfence/pgfence/migrations"
 )
+
+// tokenStep is the token sequence's increment: the size of the block of
+// tokens one value covers.
+const tokenStep = install.TokenStep
+
+// TestNextTokens: pgfence_next_tokens draws a token for each true position
+// of its argument, in order, after every token drawn before and before
+// every token drawn after, and NULL elsewhere; an empty array gives an
+// empty one and NULL gives NULL. More than 65536 positions are refused
+// before anything is drawn.
+func TestNextTokens(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := pgtest.NewDB(t)
+	draw := func() int64 {
+		t.Helper()
+		var tok int64
+		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT pgfence.pgfence_next_token()").Scan(&tok))
+		return tok
+	}
+	tokens := func(wanted []*bool) []*int64 {
+		t.Helper()
+		var got []*int64
+		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT pgfence.pgfence_next_tokens($1)", wanted).Scan(&got))
+		return got
+	}
+	yes, no := true, false
+
+	// The sequence steps by a block (tokenStep): a single draw takes one
+	// value; a call hands out consecutive tokens from one value per block.
+	before := draw()
+	got := tokens([]*bool{&yes, &no, nil, &yes, &yes})
+	require.Len(t, got, 5)
+	require.Nil(t, got[1])
+	require.Nil(t, got[2])
+	require.Equal(t, before+tokenStep, *got[0])
+	require.Equal(t, before+tokenStep+1, *got[3])
+	require.Equal(t, before+tokenStep+2, *got[4])
+	require.Equal(t, before+2*tokenStep, draw())
+
+	require.Equal(t, []*int64{nil, nil}, tokens([]*bool{&no, &no}))
+	require.Equal(t, before+3*tokenStep, draw(), "no position wanted, no token drawn")
+	require.Empty(t, tokens([]*bool{}))
+	require.NotNil(t, tokens([]*bool{}), "an empty array, not NULL")
+	var null []*int64
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT pgfence.pgfence_next_tokens(NULL)").Scan(&null))
+	require.Nil(t, null)
+
+	require.Len(t, tokens(make([]*bool, 65536)), 65536, "the limit itself is accepted")
+	var tooMany []*int64
+	err := db.Pool.QueryRow(ctx, "SELECT pgfence.pgfence_next_tokens(array_fill(true, ARRAY[65537]))").Scan(&tooMany)
+	requireSQLState(t, err, "22023")
+	require.ErrorContains(t, err, "at most 65536")
+	require.Equal(t, before+4*tokenStep, draw(), "the refused call drew nothing")
+
+	// More than a block: a new value for each block, the tokens consecutive
+	// across them, every one at or below pgfence_last_token and below the
+	// next draw.
+	many := make([]*bool, 2500)
+	for i := range many {
+		many[i] = &yes
+	}
+	base := before + 5*tokenStep
+	got = tokens(many)
+	for i, tok := range got {
+		require.Equal(t, base+int64(i), *tok, "position %d", i+1)
+	}
+	var last int64
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT pgfence.pgfence_last_token()").Scan(&last))
+	require.Equal(t, base+3*tokenStep-1, last, "the top of the last value's block")
+	require.Equal(t, base+3*tokenStep, draw(), "three values drawn for 2500 tokens")
+}
 
 // flushCounter counts the WAL flushes (pg_stat_wal.wal_sync) of a server
 // over draws made on conn in autocommit, each token checked to be greater
@@ -52,8 +123,8 @@ func (f flushCounter) flushes(draw string, n int) int64 {
 const bareDraw = "SELECT pg_catalog.nextval('pgfence.pgfence_leases_fence_seq')"
 
 // draws are the two ways to draw tokens durably, each as a statement
-// returning its greatest token: pgfence_next_token() (000006, 000008) and
-// pgfence_next_tokens (000009), here drawing three tokens in one call.
+// returning its greatest token: pgfence_next_token() and
+// pgfence_next_tokens, here drawing three tokens in one call.
 var draws = []struct {
 	name, sql string
 	tokens    int64 // drawn by one statement
@@ -65,7 +136,7 @@ var draws = []struct {
 // TestTokenSurvivesCrashWhenCoveredByUnflushedWAL: a token handed out by a
 // committed draw is never handed out again after a crash, also when the
 // WAL record that covers it belongs to another transaction, still open and
-// not flushed (000006, 000008). Transaction A draws right after a
+// not flushed. Transaction A draws right after a
 // checkpoint, so that nextval() writes a record logging 32 values ahead,
 // and stays open; B draws the next value, which that record covers, and
 // commits; the server then crashes (immediate shutdown, nothing flushed)
@@ -125,11 +196,12 @@ func TestTokenSurvivesCrashWhenCoveredByUnflushedWAL(t *testing.T) {
 }
 
 // TestTokenDrawFlushesOnlyWhenNeeded: draws in autocommit whose covering
-// WAL is already flushed write nothing and do not wait for the disk
-// (000008, and 000009 for pgfence_next_tokens): about one nextval() in 32,
-// the one that writes the record, makes its statement flush. The negative
-// control is the draw of 000006, which flushed on every commit. The count is the server's WAL flushes over the
-// draws, on a cluster of the test's own so that nothing else flushes.
+// WAL is already flushed write nothing and do not wait for the disk: about
+// one nextval() in 32, the one that writes the record, makes its statement
+// flush. The negative control is a pgfence_next_token that writes its WAL
+// record on every draw, whose commits all flush. The count is the server's
+// WAL flushes over the draws, on a cluster of the test's own so that
+// nothing else flushes.
 func TestTokenDrawFlushesOnlyWhenNeeded(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
@@ -146,9 +218,10 @@ func TestTokenDrawFlushesOnlyWhenNeeded(t *testing.T) {
 		require.LessOrEqual(t, got, int64(n/8), d.name)
 	}
 
-	require.NoError(t, migrations.DownTo(ctx, migrations.Target{URL: db.URL}, nil, 7))
+	weaken(t, db, edit{"pgfence_next_token()", "IF pg_catalog.current_setting('synchronous_standby_names') <> ''",
+		"IF true OR pg_catalog.current_setting('synchronous_standby_names') <> ''"})
 	old := f.flushes("SELECT pgfence.pgfence_next_token()", n)
-	t.Logf("negative control, the draw of 000006: %d WAL flushes for %d draws", old, n)
+	t.Logf("negative control, a draw that always writes WAL: %d WAL flushes for %d draws", old, n)
 	// Each draw's commit flushes; a flush the WAL writer made just
 	// before one of them may spare it, hence the margin.
 	require.GreaterOrEqual(t, old, int64(n*3/4))
@@ -156,7 +229,7 @@ func TestTokenDrawFlushesOnlyWhenNeeded(t *testing.T) {
 
 // TestTokenDrawWaitsForSynchronousStandby: where synchronous standbys are
 // named, every draw writes its WAL record, so that its commit waits for
-// them (000008, 000009): a flush on the primary alone would not keep the token
+// them: a flush on the primary alone would not keep the token
 // through a failover. Counted as in TestTokenDrawFlushesOnlyWhenNeeded, on
 // a primary with a synchronous standby. The negative control is the same
 // primary with synchronous_standby_names emptied: the draws flush rarely.
@@ -199,43 +272,4 @@ func TestTokenDrawWaitsForSynchronousStandby(t *testing.T) {
 		t.Logf("negative control, no synchronous standby named, %s: %d WAL flushes for %d statements", d.name, alone, n)
 		require.LessOrEqual(t, alone, int64(n/8), d.name)
 	}
-}
-
-// TestMigration000006: the flush sequence is installed with its privileges
-// revoked from PUBLIC and the token function keeps its pinned search_path;
-// reverting 000006 leaves exactly what 000005 left, compared with an
-// install that stopped at version 5.
-func TestMigration000006(t *testing.T) {
-	t.Parallel()
-	ctx := testCtx(t)
-	db := pgtest.NewDB(t)
-	var (
-		publicSelect, publicUpdate bool
-		config                     []string
-	)
-	require.NoError(t, db.Pool.QueryRow(ctx, `
-		SELECT has_sequence_privilege('public', 'pgfence.pgfence_token_flush_seq', 'SELECT'),
-		       has_sequence_privilege('public', 'pgfence.pgfence_token_flush_seq', 'UPDATE'),
-		       (SELECT p.proconfig FROM pg_proc p WHERE p.oid = 'pgfence.pgfence_next_token()'::regprocedure)`).
-		Scan(&publicSelect, &publicUpdate, &config))
-	require.False(t, publicSelect)
-	require.False(t, publicUpdate)
-	require.Equal(t, []string{"search_path=pg_catalog, pgfence, pg_temp"}, config)
-
-	requireRevertsTo(t, db, 5)
-}
-
-// TestMigration000008: the token function keeps its pinned search_path;
-// reverting 000008 leaves exactly what 000007 left, compared with an
-// install that stopped at version 7, and Up restores version 8.
-func TestMigration000008(t *testing.T) {
-	t.Parallel()
-	ctx := testCtx(t)
-	db := pgtest.NewDB(t)
-	var config []string
-	require.NoError(t, db.Pool.QueryRow(ctx,
-		`SELECT p.proconfig FROM pg_proc p WHERE p.oid = 'pgfence.pgfence_next_token()'::regprocedure`).Scan(&config))
-	require.Equal(t, []string{"search_path=pg_catalog, pgfence, pg_temp"}, config)
-
-	requireRevertsTo(t, db, 7)
 }

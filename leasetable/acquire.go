@@ -74,7 +74,7 @@ const expiryJitter = 5 * time.Millisecond
 // [Config].QueryTimeout (nothing sent), and other database errors
 // (wrapped, not retried). The returned [pgfence.Lease] is a *[Lease].
 func (k *Locker) TryAcquire(ctx context.Context, name string, opts *AcquireOpts) (pgfence.Lease, error) {
-	l, err := k.observeAcquire(ctx, name, opts, k.tryAcquire)
+	l, err := k.observeAcquire(ctx, name, opts, false)
 	if err != nil {
 		return nil, err
 	}
@@ -112,7 +112,7 @@ func (k *Locker) TryAcquire(ctx context.Context, name string, opts *AcquireOpts)
 // ctx does not bound the lease's lifetime. The returned [pgfence.Lease] is
 // a *[Lease].
 func (k *Locker) Acquire(ctx context.Context, name string, opts *AcquireOpts) (pgfence.Lease, error) {
-	l, err := k.observeAcquire(ctx, name, opts, k.acquire)
+	l, err := k.observeAcquire(ctx, name, opts, true)
 	if err != nil {
 		return nil, err
 	}
@@ -140,15 +140,11 @@ func (k *Locker) Do(ctx context.Context, name string, opts *AcquireOpts, fn func
 	}, fn)
 }
 
-// acquireFunc is tryAcquire or acquire: it counts its round trips in
-// *attempts.
-type acquireFunc func(ctx context.Context, name string, t leaseTiming, opts *AcquireOpts, attempts *int) (*Lease, error)
-
 // observeAcquire validates an acquire of name and runs it through f,
 // bracketed by the OpObserver's StartOp and EndOp, and reports the
 // outcome: the Acquired or NotAcquired event (bad input aside) and the
 // Stats counters. The statements run on StartOp's ctx.
-func (k *Locker) observeAcquire(ctx context.Context, name string, opts *AcquireOpts, f acquireFunc) (*Lease, error) {
+func (k *Locker) observeAcquire(ctx context.Context, name string, opts *AcquireOpts, wait bool) (*Lease, error) {
 	start := time.Now()
 	t, err := k.prepare(ctx, name, opts)
 	if err != nil && !errors.Is(err, pgfence.ErrNotAcquired) && !errors.Is(err, pgfence.ErrClosed) {
@@ -158,8 +154,11 @@ func (k *Locker) observeAcquire(ctx context.Context, name string, opts *AcquireO
 	ctx = k.ev.StartOp(ctx, op)
 	attempts := 0
 	var l *Lease
-	if err == nil {
-		l, err = f(ctx, name, t, opts, &attempts)
+	switch {
+	case err == nil && wait:
+		l, err = k.waitAcquire(ctx, name, t, opts, &attempts)
+	case err == nil:
+		l, err = k.tryAcquire(ctx, name, t, &attempts)
 	}
 	if err != nil {
 		k.nNotAcquired.Add(1)
@@ -199,7 +198,7 @@ func (k *Locker) prepare(ctx context.Context, name string, opts *AcquireOpts) (l
 	return t, k.checkOpen()
 }
 
-func (k *Locker) tryAcquire(ctx context.Context, name string, t leaseTiming, _ *AcquireOpts, attempts *int) (*Lease, error) {
+func (k *Locker) tryAcquire(ctx context.Context, name string, t leaseTiming, attempts *int) (*Lease, error) {
 	start := time.Now()
 	var (
 		l     *Lease
@@ -233,7 +232,7 @@ func (k *Locker) tryAcquire(ctx context.Context, name string, t leaseTiming, _ *
 	return l, nil
 }
 
-func (k *Locker) acquire(ctx context.Context, name string, t leaseTiming, opts *AcquireOpts, attempts *int) (*Lease, error) {
+func (k *Locker) waitAcquire(ctx context.Context, name string, t leaseTiming, opts *AcquireOpts, attempts *int) (*Lease, error) {
 	k.waiting.Add(1)
 	defer k.waiting.Add(-1)
 	if opts != nil {
@@ -670,36 +669,4 @@ func (k *Locker) replyAcquires(batch []*acquireReq, got map[string]acquireReply,
 // failAcquire answers one acquire request with err.
 func (k *Locker) failAcquire(r *acquireReq, err error) {
 	k.replyAcquires([]*acquireReq{r}, nil, time.Time{}, err)
-}
-
-// giveBackReq is a lease taken for a caller that stopped waiting.
-type giveBackReq struct {
-	ctx    context.Context // the caller's: lends its values
-	name   string
-	token  int64
-	secret string
-}
-
-// giveBack releases the leases in back, taken for callers that stopped
-// waiting before they learnt of them, each bounded by QueryTimeout. The
-// releases go to the release batcher together, so they cost one round
-// trip, not one each.
-func (k *Locker) giveBack(back []giveBackReq) {
-	if len(back) == 0 {
-		return
-	}
-	var wg sync.WaitGroup
-	for _, b := range back {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ctx, cancel := context.WithTimeout(context.WithoutCancel(b.ctx), k.cfg.QueryTimeout)
-			defer cancel()
-			if _, err := k.releaseRow(ctx, b.name, b.token, b.secret, 0); err != nil {
-				k.cfg.Logger.WarnContext(ctx, "pgfence: leasetable: giving back a lease whose acquirer stopped waiting failed; it expires after its TTL",
-					"lease", b.name, "token", b.token, "error", err)
-			}
-		}()
-	}
-	wg.Wait()
 }

@@ -3,6 +3,7 @@ package leasetable
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -204,3 +205,8 @@ func (k *Locker) endLocked(l *Lease, state leaseState, cause error) {
 }
 
 var errLostClosed = fmt.Errorf("%w: %w", pgfence.ErrLeaseLost, pgfence.ErrClosed)
+
+// logAttrs are the log attributes describing a lease.
+func logAttrs(l *Lease) []any {
+	return []any{slog.String("lease", l.name), slog.Int64("token", l.token)}
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -237,11 +236,6 @@ func (k *Locker) checkOpen() error {
 		return pgfence.ErrClosed
 	}
 	return nil
-}
-
-// logAttrs are the log attributes describing a lease.
-func logAttrs(l *Lease) []any {
-	return []any{slog.String("lease", l.name), slog.Int64("token", l.token)}
 }
 
 // statements is the Locker's SQL, with its schema filled in.

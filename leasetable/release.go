@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/pgfence/pgfence"
@@ -391,3 +392,35 @@ func (k *Locker) execReleases(batch []*releaseReq) (err error) {
 
 // failRelease answers one release request with err.
 func failRelease(r *releaseReq, err error) { r.res <- releaseReply{err: err} }
+
+// giveBackReq is a lease taken for a caller that stopped waiting.
+type giveBackReq struct {
+	ctx    context.Context // the caller's: lends its values
+	name   string
+	token  int64
+	secret string
+}
+
+// giveBack releases the leases in back, taken for callers that stopped
+// waiting before they learnt of them, each bounded by QueryTimeout. The
+// releases go to the release batcher together, so they cost one round
+// trip, not one each.
+func (k *Locker) giveBack(back []giveBackReq) {
+	if len(back) == 0 {
+		return
+	}
+	var wg sync.WaitGroup
+	for _, b := range back {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(b.ctx), k.cfg.QueryTimeout)
+			defer cancel()
+			if _, err := k.releaseRow(ctx, b.name, b.token, b.secret, 0); err != nil {
+				k.cfg.Logger.WarnContext(ctx, "pgfence: leasetable: giving back a lease whose acquirer stopped waiting failed; it expires after its TTL",
+					"lease", b.name, "token", b.token, "error", err)
+			}
+		}()
+	}
+	wg.Wait()
+}

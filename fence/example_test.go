@@ -230,3 +230,46 @@ func ExampleClaim() {
 	// older holder fenced: true
 	// missing row: true
 }
+
+// The strict guard: pgfence_protect makes the table check every UPDATE and
+// DELETE, whatever SQL sends it. A writer presents its token once per
+// transaction; a stale holder's write is rejected, and so is a write that
+// presents no token.
+func ExamplePresent() {
+	databaseURL, drop := exampleDatabase()
+	defer drop()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, databaseURL)
+	must(err)
+	defer pool.Close()
+	var oldToken, token int64 // as the lock strategies hand them out
+	must(pool.QueryRow(ctx, "SELECT pgfence.pgfence_next_token(), pgfence.pgfence_next_token()").Scan(&oldToken, &token))
+
+	// In a migration of your own, as the table's owner:
+	_, err = pool.Exec(ctx, `
+		CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL, fence_token bigint NOT NULL DEFAULT 0);
+		INSERT INTO accounts (id, balance) VALUES (42, 100);
+		SELECT pgfence.pgfence_protect('accounts', 'fence_token', true)`)
+	must(err)
+
+	// deposit presents a token, then writes with plain SQL (or sqlc).
+	deposit := func(token int64, present bool) error {
+		tx, err := pool.Begin(ctx)
+		must(err)
+		defer tx.Rollback(ctx)
+		if present {
+			must(fence.Present(ctx, tx, token)) // SQL: SELECT pgfence.pgfence_present($1)
+		}
+		if _, err := fence.Check(tx.Exec(ctx, `UPDATE accounts SET balance = balance + 10 WHERE id = 42`)); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}
+	fmt.Println(deposit(token, true))
+	fmt.Println(errors.Is(deposit(oldToken, true), pgfence.ErrFenced))
+	fmt.Println(errors.Is(deposit(token, false), pgfence.ErrNoToken))
+	// Output:
+	// <nil>
+	// true
+	// true
+}

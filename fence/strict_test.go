@@ -30,9 +30,9 @@ CREATE TRIGGER guarded_fence_truncate BEFORE TRUNCATE ON guarded
 
 // rowToken and lastIssued are the guarded row's token and the last token the
 // sequence has handed out, in the mode tests. The sequence steps by
-// install.TokenStep (migration 000010), and a value's whole block may have
-// been handed out: setting it to lastValue makes lastIssued the largest
-// token issued (pgfence_last_token).
+// install.TokenStep, and a value's whole block may have been handed out:
+// setting it to lastValue makes lastIssued the largest token issued
+// (pgfence_last_token).
 const (
 	rowToken   = 50
 	lastIssued = 1060

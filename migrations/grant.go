@@ -18,63 +18,35 @@ type GrantOpts struct {
 	Operator bool
 }
 
-// grantedFunction is a function the application role may execute, from
-// the migration that installs it (since) until the one that replaces it
-// (until; 0 while it is current).
-type grantedFunction struct {
-	since, until uint
-	signature    string // name(argument types), types qualified
+// appFunctions are the functions an application role executes: every write
+// to pgfence's tables goes through them, so the role gets SELECT on the
+// tables and nothing on the sequences. The trigger functions are among them
+// because EXECUTE is checked when a trigger is created with one, and the
+// strict trigger calls pgfence_last_token as the writing role.
+var appFunctions = []string{
+	"pgfence_next_token()",
+	"pgfence_schema_version()",
+	"pgfence_acquire(pg_catalog.text[], pg_catalog.text, pg_catalog.int8[])",
+	"pgfence_release(pg_catalog.text[], pg_catalog.int8[], pg_catalog.text[], pg_catalog.int8[])",
+	"pgfence_renew(pg_catalog.text[], pg_catalog.int8[], pg_catalog.text[], pg_catalog.int8[])",
+	"pgfence_lease_held(pg_catalog.text, pg_catalog.int8, pg_catalog.text)",
+	"pgfence_prune_scan(pg_catalog.text, pg_catalog.int4, pg_catalog.interval)",
+	"pgfence_prune_delete(pg_catalog.text[], pg_catalog.int8[], pg_catalog.interval)",
+	"pgfence_leader_proclaim(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text)",
+	"pgfence_next_tokens(pg_catalog.bool[])",
+	"pgfence_guard()",
+	"pgfence_guard_strict()",
+	"pgfence_guard_truncate()",
+	"pgfence_last_token()",
+	"pgfence_present(pg_catalog.int8)",
+	"pgfence_protect(pg_catalog.regclass, pg_catalog.name, pg_catalog.bool)",
+	"pgfence_maintenance(pg_catalog.regclass)",
 }
 
-// appFunctions are the functions an application role executes. Every other
-// write to pgfence_leases (and pgfence_leaders) goes through them; the role
-// gets no privilege on the tables but SELECT, and none on the sequence.
-var appFunctions = []grantedFunction{
-	{3, 0, "pgfence_next_token()"},
-	{3, 0, "pgfence_schema_version()"},
-	{3, 0, "pgfence_acquire(pg_catalog.text[], pg_catalog.text, pg_catalog.int8[])"},
-	{3, 12, "pgfence_release(pg_catalog.text[], pg_catalog.int8[], pg_catalog.int8[], pg_catalog.text)"},
-	{12, 0, "pgfence_release(pg_catalog.text[], pg_catalog.int8[], pg_catalog.text[], pg_catalog.int8[])"},
-	{3, 12, "pgfence_renew(pg_catalog.text[], pg_catalog.int8[], pg_catalog.int8[])"},
-	{12, 0, "pgfence_renew(pg_catalog.text[], pg_catalog.int8[], pg_catalog.text[], pg_catalog.int8[])"},
-	{3, 12, "pgfence_lease_held(pg_catalog.text, pg_catalog.int8)"},
-	{12, 0, "pgfence_lease_held(pg_catalog.text, pg_catalog.int8, pg_catalog.text)"},
-	{3, 0, "pgfence_prune_scan(pg_catalog.text, pg_catalog.int4, pg_catalog.interval)"},
-	{3, 0, "pgfence_prune_delete(pg_catalog.text[], pg_catalog.int8[], pg_catalog.interval)"},
-	// From 12 the third argument is the lease's secret, not its owner.
-	{5, 0, "pgfence_leader_proclaim(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text)"},
-	{9, 0, "pgfence_next_tokens(pg_catalog.bool[])"},
-	// Trigger functions: EXECUTE is checked when a trigger is created with
-	// them, and pgfence_last_token is called by the strict trigger as the
-	// writing role.
-	{2, 0, "pgfence_guard()"},
-	{4, 0, "pgfence_guard_strict()"},
-	{4, 0, "pgfence_guard_truncate()"},
-	{4, 0, "pgfence_last_token()"},
-	// Fencing helpers: presenting a token in a transaction, installing the
-	// guard on a table (as its owner, checked by CREATE TRIGGER), and the
-	// owner's maintenance window (it refuses any other role).
-	{13, 0, "pgfence_present(pg_catalog.int8)"},
-	{13, 0, "pgfence_protect(pg_catalog.regclass, pg_catalog.name, pg_catalog.bool)"},
-	{13, 0, "pgfence_maintenance(pg_catalog.regclass)"},
-}
-
-// grantedTable is a table the application role may read, from migration
-// since on.
-type grantedTable struct {
-	since uint
-	name  string
-}
-
-// appTables are the tables an application role reads: the leases (listing
-// them), the elections' leaders, the key of notification payloads and the
-// version, for [Version] and [Up] at start-up.
-var appTables = []grantedTable{
-	{1, "pgfence_leases"},
-	{5, "pgfence_leaders"},
-	{12, "pgfence_notify_key"},
-	{1, Table},
-}
+// appTables are the tables an application role reads: the leases, the
+// elections' leaders, the key of notification payloads, and the version
+// ([Version], and [Up] at start-up).
+var appTables = []string{"pgfence_leases", "pgfence_leaders", "pgfence_notify_key", Table}
 
 // operatorFunction is what GrantOpts.Operator adds.
 const operatorFunction = "pgfence_force_release(pg_catalog.text, pg_catalog.text)"
@@ -88,9 +60,8 @@ type privilege struct {
 
 func (p privilege) String() string { return p.priv + " on " + p.kind + " " + p.object }
 
-// grants returns GrantSQL's statements for migration version, and the
-// privileges they give.
-func grants(schema, role string, version uint, opts *GrantOpts) ([]string, []privilege) {
+// grants returns GrantSQL's statements and the privileges they give.
+func grants(schema, role string, opts *GrantOpts) ([]string, []privilege) {
 	if schema == "" {
 		schema = defaultSchema
 	}
@@ -99,16 +70,12 @@ func grants(schema, role string, version uint, opts *GrantOpts) ([]string, []pri
 	privs := []privilege{{"schema", s, "USAGE"}}
 	var tables, fns []string
 	for _, t := range appTables {
-		if t.since <= version {
-			tables = append(tables, pgx.Identifier{schema, t.name}.Sanitize())
-			privs = append(privs, privilege{"table", tables[len(tables)-1], "SELECT"})
-		}
+		tables = append(tables, pgx.Identifier{schema, t}.Sanitize())
+		privs = append(privs, privilege{"table", tables[len(tables)-1], "SELECT"})
 	}
 	for _, f := range appFunctions {
-		if f.since <= version && (f.until == 0 || version < f.until) {
-			fns = append(fns, s+"."+f.signature)
-			privs = append(privs, privilege{"function", fns[len(fns)-1], "EXECUTE"})
-		}
+		fns = append(fns, s+"."+f)
+		privs = append(privs, privilege{"function", fns[len(fns)-1], "EXECUTE"})
 	}
 	stmts := []string{
 		"GRANT USAGE ON SCHEMA " + s + to,
@@ -144,7 +111,7 @@ func grants(schema, role string, version uint, opts *GrantOpts) ([]string, []pri
 // table: the functions make every write. GrantSQL does not validate its
 // arguments; [Grant] does.
 func GrantSQL(schema, role string, opts *GrantOpts) []string {
-	stmts, _ := grants(schema, role, Latest(), opts)
+	stmts, _ := grants(schema, role, opts)
 	return stmts
 }
 
@@ -180,7 +147,7 @@ func grant(ctx context.Context, t Target, role string, cfg *Config, opts *GrantO
 			return err
 		}
 		defer r.rollback(tx)
-		stmts, privs := grants(r.schema, role, v, opts)
+		stmts, privs := grants(r.schema, role, opts)
 		for _, stmt := range stmts {
 			if _, err := tx.Exec(r.ctx, stmt); err != nil {
 				return fmt.Errorf("%s: %w", stmt, err)

@@ -1,11 +1,10 @@
 package migrations_test
 
 import (
-	"context"
 	"fmt"
-	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
@@ -46,51 +45,29 @@ func TestGrantChecksWhatItGranted(t *testing.T) {
 	require.True(t, hasUsage(t, db, other))
 }
 
-// TestGrantSQLAtEachVersion: the statements for version v run on an install
-// at v, so every function they name exists there; from migration 12 on they
-// name the new signatures of pgfence_renew, pgfence_release and
-// pgfence_lease_held and SELECT on pgfence_notify_key, and not the old ones.
-func TestGrantSQLAtEachVersion(t *testing.T) {
+// TestGrantSQLRuns: GrantSQL's statements, with Operator, run on an install
+// (every object they name exists) and give the role EXECUTE on every
+// function of the schema but pgfence_notify_payload and pgfence_check_us,
+// which only the functions call, and pgfence_force_release without
+// Operator.
+func TestGrantSQLRuns(t *testing.T) {
 	t.Parallel()
+	ctx := testCtx(t)
 	role := newRoles(t, "app")[0]
-	latest := migrations.Latest()
-	require.Equal(t, migrations.GrantSQLAt("", "app", latest, nil), migrations.GrantSQL("", "app", nil))
-	for _, v := range []uint{3, 5, 9, 11, latest} {
-		t.Run(fmt.Sprint(v), func(t *testing.T) {
-			t.Parallel()
-			db := dbAt(t, v)
-			stmts := migrations.GrantSQLAt("", role, v, &migrations.GrantOpts{Operator: true})
-			tx, err := db.Pool.Begin(testCtx(t))
-			require.NoError(t, err)
-			defer func() { _ = tx.Rollback(context.Background()) }()
-			for _, stmt := range stmts {
-				_, err := tx.Exec(testCtx(t), stmt)
-				require.NoError(t, err, stmt)
-			}
-			all := strings.Join(stmts, ";\n")
-			before12 := []string{
-				"pgfence_renew(pg_catalog.text[], pg_catalog.int8[], pg_catalog.int8[])",
-				"pgfence_release(pg_catalog.text[], pg_catalog.int8[], pg_catalog.int8[], pg_catalog.text)",
-				"pgfence_lease_held(pg_catalog.text, pg_catalog.int8)",
-			}
-			from12 := []string{
-				"pgfence_renew(pg_catalog.text[], pg_catalog.int8[], pg_catalog.text[], pg_catalog.int8[])",
-				"pgfence_release(pg_catalog.text[], pg_catalog.int8[], pg_catalog.text[], pg_catalog.int8[])",
-				"pgfence_lease_held(pg_catalog.text, pg_catalog.int8, pg_catalog.text)",
-				`"pgfence"."pgfence_notify_key"`,
-			}
-			present, absent := before12, from12
-			if v >= 12 {
-				present, absent = from12, before12
-			}
-			for _, s := range present {
-				require.Contains(t, all, s)
-			}
-			for _, s := range absent {
-				require.NotContains(t, all, s)
-			}
-			require.Contains(t, all, `"pgfence"."`+migrations.Table+`"`)
-			require.Equal(t, v >= 5, strings.Contains(all, "pgfence_leader_proclaim("))
-		})
+	db := pgtest.NewDB(t)
+	stmts := migrations.GrantSQL("", role, &migrations.GrantOpts{Operator: true})
+	exec(t, db, stmts[:3]...)
+	denied := func() []string {
+		t.Helper()
+		rows, err := db.Pool.Query(ctx, `SELECT p.proname::text FROM pg_proc p
+			WHERE p.pronamespace = 'pgfence'::regnamespace AND NOT has_function_privilege($1, p.oid, 'EXECUTE')
+			ORDER BY 1`, role)
+		require.NoError(t, err)
+		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return names
 	}
+	require.Equal(t, []string{"pgfence_check_us", "pgfence_force_release", "pgfence_notify_payload"}, denied())
+	exec(t, db, stmts[3:]...)
+	require.Equal(t, []string{"pgfence_check_us", "pgfence_notify_payload"}, denied())
 }

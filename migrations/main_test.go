@@ -107,13 +107,22 @@ func emptyDB(t *testing.T) *pgtest.DB {
 	return db
 }
 
-// dbAt returns a fresh database with pgfence installed up to version, as
-// an install that stopped there (the default schema).
-func dbAt(t *testing.T, version uint) *pgtest.DB {
+// edit replaces old with new in the definition of function fn (a
+// regprocedure in schema pgfence): the negative controls remove one check
+// of a function this way.
+type edit struct{ fn, old, new string }
+
+// weaken redefines each edited function in db from its current definition
+// (pg_get_functiondef, which keeps its settings, owner and grants), with
+// every occurrence of old replaced by new; it fails t unless old occurs.
+func weaken(t *testing.T, db *pgtest.DB, edits ...edit) {
 	t.Helper()
-	db := emptyDB(t)
-	require.NoError(t, migrations.UpTo(testCtx(t), migrations.Target{URL: db.URL}, nil, version))
-	return db
+	for _, e := range edits {
+		var def string
+		require.NoError(t, db.Pool.QueryRow(testCtx(t), "SELECT pg_get_functiondef($1::regprocedure)", "pgfence."+e.fn).Scan(&def))
+		require.Contains(t, def, e.old, "the control's edit must match %s", e.fn)
+		exec(t, db, strings.ReplaceAll(def, e.old, e.new))
+	}
 }
 
 // quoteLiteral quotes s as an SQL string literal.

@@ -23,15 +23,14 @@ import (
 
 func TestLatest(t *testing.T) {
 	t.Parallel()
-	// The versions are 1, 2, ... with no gap: Latest is the number of up
-	// files, each with its down file.
+	// One baseline, version 1, with its down file.
 	ups, err := fs.Glob(migrations.FS, "*.up.sql")
 	require.NoError(t, err)
 	downs, err := fs.Glob(migrations.FS, "*.down.sql")
 	require.NoError(t, err)
-	require.Len(t, downs, len(ups))
-	require.GreaterOrEqual(t, len(ups), 3)
-	require.Equal(t, uint(len(ups)), migrations.Latest())
+	require.Equal(t, []string{"000001_baseline.up.sql"}, ups)
+	require.Equal(t, []string{"000001_baseline.down.sql"}, downs)
+	require.Equal(t, uint(1), migrations.Latest())
 }
 
 func TestUpCreatesSchemaAndIsIdempotent(t *testing.T) {
@@ -74,6 +73,47 @@ func TestUpDefaultSchema(t *testing.T) {
 	v, _, err := migrations.Version(ctx, migrations.Target{URL: db.URL}, &migrations.Config{})
 	require.NoError(t, err)
 	require.Equal(t, migrations.Latest(), v)
+}
+
+// TestBaselineCatalog: what the baseline installs beyond its objects'
+// names: the functions that run as the owner, nothing for PUBLIC, the token
+// sequence's settings, the version, and a notification key of its own per
+// install.
+func TestBaselineCatalog(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := pgtest.NewDB(t)
+	list := func(sql string) []string {
+		t.Helper()
+		rows, err := db.Pool.Query(ctx, sql)
+		require.NoError(t, err)
+		out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return out
+	}
+	require.Equal(t, []string{"pgfence_acquire", "pgfence_force_release", "pgfence_last_token", "pgfence_leader_proclaim",
+		"pgfence_lease_held", "pgfence_next_token", "pgfence_next_tokens", "pgfence_prune_delete", "pgfence_prune_scan",
+		"pgfence_release", "pgfence_renew"},
+		list(`SELECT proname::text FROM pg_proc WHERE pronamespace = 'pgfence'::regnamespace AND prosecdef ORDER BY 1`))
+	require.Empty(t, list(`
+		SELECT p.oid::regprocedure::text FROM pg_proc p
+		WHERE p.pronamespace = 'pgfence'::regnamespace AND has_function_privilege('public', p.oid, 'EXECUTE')
+		UNION ALL
+		SELECT c.relname::text FROM pg_class c
+		WHERE c.relnamespace = 'pgfence'::regnamespace AND c.relkind IN ('r', 'S')
+		  AND (has_table_privilege('public', c.oid, 'SELECT') OR has_table_privilege('public', c.oid, 'UPDATE'))`))
+	require.Equal(t, []string{"1024 1 false"}, list(`SELECT seqincrement || ' ' || seqcache || ' ' || seqcycle FROM pg_sequence
+		WHERE seqrelid = 'pgfence.pgfence_leases_fence_seq'::regclass`))
+	require.Equal(t, []string{"1"}, list(`SELECT pgfence.pgfence_schema_version()::text`))
+
+	keys := list(`SELECT encode(key, 'hex') FROM pgfence.pgfence_notify_key`)
+	require.Len(t, keys, 1)
+	require.Len(t, keys[0], 64)
+	fresh := emptyDB(t)
+	require.NoError(t, migrations.Up(ctx, migrations.Target{URL: fresh.URL}, nil))
+	var other string
+	require.NoError(t, fresh.Pool.QueryRow(ctx, `SELECT encode(key, 'hex') FROM pgfence.pgfence_notify_key`).Scan(&other))
+	require.NotEqual(t, keys[0], other, "each install draws its own key")
 }
 
 func TestUpTargets(t *testing.T) {
@@ -216,14 +256,14 @@ func TestContextStopsRunMidMigration(t *testing.T) {
 	ctx := testCtx(t)
 	db := pgtest.NewDB(t)
 	target := migrations.Target{URL: db.URL}
-	require.NoError(t, migrations.DownTo(ctx, target, nil, 2))
+	require.NoError(t, migrations.Down(ctx, target, nil))
 
-	// A transaction that drew from the sequence holds a lock on it that
-	// 000003's ALTER SEQUENCE waits for.
+	// An uncommitted table of the same name: the migration's CREATE TABLE
+	// waits for its transaction.
 	blocker, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = blocker.Rollback(context.Background()) }()
-	_, err = blocker.Exec(ctx, "SELECT nextval('pgfence.pgfence_leases_fence_seq')")
+	_, err = blocker.Exec(ctx, "CREATE TABLE pgfence.pgfence_leases (name text)")
 	require.NoError(t, err)
 
 	cfg, err := pgx.ParseConfig(db.URL)
@@ -246,7 +286,7 @@ func TestContextStopsRunMidMigration(t *testing.T) {
 	waitFor(t, db, "SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = 'pgfence-cancel-test'")
 	v, dirty, err := migrations.Version(ctx, target, nil)
 	require.NoError(t, err)
-	require.Equal(t, uint(2), v)
+	require.Zero(t, v)
 	require.False(t, dirty)
 	require.NotContains(t, objectsIn(t, db, "pgfence"), "function pgfence_acquire")
 
@@ -335,17 +375,17 @@ func TestUpRefusesSecondInstall(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, migrations.Up(ctx, migrations.Target{URL: db.URL}, nil))
 
-	// The migrate CLI path: 000003 refuses too (golang-migrate leaves the
-	// schema dirty at 3, with 000001 and 000002 applied).
+	// The migrate CLI path: the baseline refuses too (golang-migrate leaves
+	// the schema dirty at 1, with nothing applied).
 	exec(t, db, "CREATE SCHEMA other2")
 	m := cliMigrate(t, db, "postgres", "other2")
 	err = m.Up()
 	require.ErrorContains(t, err, "pgfence: already installed in schema pgfence of this database")
 	v, dirty, err := m.Version()
 	require.NoError(t, err)
-	require.Equal(t, uint(3), v)
+	require.Equal(t, uint(1), v)
 	require.True(t, dirty)
-	require.NotContains(t, objectsIn(t, db, "other2"), "function pgfence_acquire")
+	require.NotContains(t, objectsIn(t, db, "other2"), "relation pgfence_leases")
 
 	// Negative control: TestCLIPath runs the same CLI path, successfully,
 	// on a database where pgfence is not installed elsewhere.
@@ -387,25 +427,6 @@ func TestUpRefusesDirty(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, dirty)
 	require.Equal(t, migrations.Latest(), v)
-}
-
-func TestUpgradeReleaseCandidateInPublic(t *testing.T) {
-	t.Parallel()
-	ctx := testCtx(t)
-	db := emptyDB(t)
-	public := &migrations.Config{Schema: "public"}
-	// The release candidate installed 000001 and 000002 in public.
-	require.NoError(t, migrations.UpTo(ctx, migrations.Target{URL: db.URL}, public, 2))
-	var token int64
-	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT public.pgfence_next_token()").Scan(&token))
-
-	require.NoError(t, migrations.Up(ctx, migrations.Target{URL: db.URL}, public))
-	v, _, err := migrations.Version(ctx, migrations.Target{URL: db.URL}, public)
-	require.NoError(t, err)
-	require.Equal(t, migrations.Latest(), v)
-	var next int64
-	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT public.pgfence_next_token()").Scan(&next))
-	require.Greater(t, next, token, "the upgrade keeps the token sequence")
 }
 
 func TestMigrateUsesOwnTableAndLeavesAppTableAlone(t *testing.T) {
@@ -484,71 +505,8 @@ func TestDownRemovesEverything(t *testing.T) {
 	require.NoError(t, migrations.Up(ctx, migrations.Target{URL: db.URL}, nil), "and Up installs again")
 }
 
-// TestDown3RestoresVersion2: reverting 000003 leaves exactly what 000002
-// left, compared with an install that stopped at version 2.
-func TestDown3RestoresVersion2(t *testing.T) {
-	t.Parallel()
-	ctx := testCtx(t)
-	at2 := dbAt(t, 2)
-	reverted := pgtest.NewDB(t)
-	require.NoError(t, migrations.DownTo(ctx, migrations.Target{URL: reverted.URL}, nil, 2))
-	want, got := describe(t, at2), describe(t, reverted)
-	require.Equal(t, want, got)
-
-	// Negative control: version 3 differs from version 2 in that view.
-	require.NotEqual(t, want, describe(t, pgtest.NewDB(t)))
-}
-
-// requireRevertsTo checks that migrating a fresh install down to version
-// leaves exactly what an install that stopped at version has (the
-// objects as describe lists them), that the latest install differs from
-// it in that view (the negative control: the migrations after version
-// changed something describe sees), and that Up on the reverted install
-// brings back exactly latest.
-func requireRevertsTo(t *testing.T, latest *pgtest.DB, version uint) {
-	t.Helper()
-	ctx := testCtx(t)
-	stopped := dbAt(t, version)
-	reverted := pgtest.NewDB(t)
-	require.NoError(t, migrations.DownTo(ctx, migrations.Target{URL: reverted.URL}, nil, version))
-	want := describe(t, stopped)
-	require.Equal(t, want, describe(t, reverted))
-	require.NotEqual(t, want, describe(t, latest), "the latest install differs from version %d", version)
-	require.NoError(t, migrations.Up(ctx, migrations.Target{URL: reverted.URL}, nil))
-	require.Equal(t, describe(t, latest), describe(t, reverted))
-}
-
-// describe lists what matters about each object in schema pgfence.
-func describe(t *testing.T, db *pgtest.DB) []string {
-	t.Helper()
-	rows, err := db.Pool.Query(testCtx(t), `
-		SELECT 'function ' || p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')'
-			|| ' src=' || md5(p.prosrc) || ' secdef=' || p.prosecdef
-			|| ' config=' || coalesce(array_to_string(p.proconfig, ';'), '') || ' volatile=' || p.provolatile::text
-			|| ' public_execute=' || has_function_privilege('public', p.oid, 'EXECUTE')
-			|| ' comment=' || coalesce(obj_description(p.oid, 'pg_proc'), '')
-		FROM pg_proc p WHERE p.pronamespace = 'pgfence'::regnamespace
-		UNION ALL
-		SELECT 'relation ' || c.relname || ' kind=' || c.relkind::text
-			|| ' public_select=' || has_table_privilege('public', c.oid, 'SELECT')
-			|| ' comment=' || coalesce(obj_description(c.oid, 'pg_class'), '')
-		FROM pg_class c WHERE c.relnamespace = 'pgfence'::regnamespace
-		UNION ALL
-		SELECT 'sequence increment=' || seqincrement || ' cache=' || seqcache || ' cycle=' || seqcycle
-		FROM pg_sequence WHERE seqrelid = 'pgfence.pgfence_leases_fence_seq'::regclass
-		ORDER BY 1`)
-	require.NoError(t, err)
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	return out
-}
-
 func TestGrantSQL(t *testing.T) {
 	t.Parallel()
-	// 4 added its trigger functions and pgfence_last_token to the EXECUTE
-	// list, 5 pgfence_leaders and pgfence_leader_proclaim, 9
-	// pgfence_next_tokens, 12 the secret arguments and pgfence_notify_key,
-	// 13 the fencing helpers.
 	require.Equal(t, []string{
 		`GRANT USAGE ON SCHEMA "pgfence" TO "app"`,
 		`GRANT SELECT ON TABLE "pgfence"."pgfence_leases", "pgfence"."pgfence_leaders", "pgfence"."pgfence_notify_key", "pgfence"."pgfence_schema_migrations" TO "app"`,
@@ -584,7 +542,7 @@ func TestGrantChecks(t *testing.T) {
 	require.ErrorContains(t, migrations.Grant(ctx, target, strings.Repeat("r", 64), nil, nil), "longer than 63 bytes")
 	requireSQLState(t, migrations.Grant(ctx, target, "pgfence_no_such_role", nil, nil), "42704")
 
-	require.NoError(t, migrations.DownTo(ctx, target, nil, 2))
+	require.NoError(t, migrations.Down(ctx, target, nil))
 	require.ErrorContains(t, migrations.Grant(ctx, target, "postgres", nil, nil), "run Up first")
 	require.NoError(t, migrations.Up(ctx, target, nil))
 	require.NoError(t, migrations.Grant(ctx, target, "postgres", nil, nil), "negative control: at the latest version it grants")

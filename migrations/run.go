@@ -105,7 +105,7 @@ func Down(ctx context.Context, t Target, cfg *Config) error {
 		if err := r.setSearchPath(); err != nil {
 			return err
 		}
-		return r.down(0)
+		return r.down()
 	})
 }
 
@@ -366,13 +366,11 @@ func (r *runner) explainDenied(err error, privs []privilege) error {
 }
 
 // installOwnerSQL reads the role that owns the install: the owner of its
-// version table, else of pgfence_leases (the release candidate's installs
-// may lack the table); no row when neither exists.
+// version table; no row when it does not exist.
 const installOwnerSQL = `
 SELECT pg_catalog.pg_get_userbyid(c.relowner) FROM pg_catalog.pg_class c
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = $1 AND c.relname IN ($2, 'pgfence_leases')
-ORDER BY c.relname = $2 DESC LIMIT 1`
+WHERE n.nspname = $1 AND c.relname = $2`
 
 // installOwner returns the role that owns the install, or "" when there is
 // none.
@@ -606,11 +604,6 @@ func (r *runner) current(ms []migration) (uint, error) {
 // up applies the migrations after the current version, each in its own
 // transaction with the new version.
 func (r *runner) up() error {
-	return r.upTo(^uint(0))
-}
-
-// upTo applies the pending migrations up to version target.
-func (r *runner) upTo(target uint) error {
 	ms, err := load()
 	if err != nil {
 		return err
@@ -620,19 +613,18 @@ func (r *runner) upTo(target uint) error {
 		return err
 	}
 	for _, m := range ms {
-		if m.version <= v || m.version > target {
-			continue
-		}
-		if err := r.apply(m.version, m.identifier, "up", m.up, int64(m.version)); err != nil {
-			return err
+		if m.version > v {
+			if err := r.apply(m.version, m.identifier, "up", m.up, int64(m.version)); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
 }
 
-// down reverts the applied migrations newer than target, newest first;
-// reverting all of them (target 0) also drops the version table.
-func (r *runner) down(target uint) error {
+// down reverts the applied migrations, newest first, then drops the version
+// table.
+func (r *runner) down() error {
 	ms, err := load()
 	if err != nil {
 		return err
@@ -647,7 +639,7 @@ func (r *runner) down(target uint) error {
 	}
 	for i := len(ms) - 1; i >= 0; i-- {
 		m := ms[i]
-		if m.version > v || m.version <= target {
+		if m.version > v {
 			continue
 		}
 		prev := int64(-1)
@@ -657,9 +649,6 @@ func (r *runner) down(target uint) error {
 		if err := r.apply(m.version, m.identifier, "down", m.down, prev); err != nil {
 			return err
 		}
-	}
-	if target > 0 {
-		return nil
 	}
 	if _, err := r.conn.Exec(r.ctx, "DROP TABLE IF EXISTS "+r.table()); err != nil {
 		return fmt.Errorf("drop %s: %w", r.table(), err)

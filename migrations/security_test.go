@@ -292,29 +292,30 @@ func TestHostileSearchPath(t *testing.T) {
 	require.Contains(t, ran, "bigint * interval")
 }
 
-// TestHostileSearchPathOldBody is the negative control of
-// TestHostileSearchPath on the function 000003 replaces: 000001's
-// pgfence_next_token resolves nextval through the caller's search_path, so
-// the planted nextval(text) runs and forges token 1.
-func TestHostileSearchPathOldBody(t *testing.T) {
+// TestHostileSearchPathUnpinned is the negative control of
+// TestHostileSearchPath: the same install with pgfence_next_token's
+// search_path pin removed resolves its sequences through the caller's
+// search_path, so the attacker's planted look-alikes (set to pass the
+// function's checks) hand out a forged token 1.
+func TestHostileSearchPathUnpinned(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
-	roles := newRoles(t, "app", "attacker")
-	app, attacker := roles[0], roles[1]
-	db := dbAt(t, 2)
-	exec(t, db,
-		"GRANT CREATE ON SCHEMA public TO "+pgx.Identifier{attacker}.Sanitize(),
-		"GRANT USAGE ON SCHEMA pgfence TO "+pgx.Identifier{app}.Sanitize())
+	roles := newRoles(t, "owner", "app", "attacker")
+	owner, app, attacker := roles[0], roles[1], roles[2]
+	db := ownedInstall(t, owner, app, "")
+	exec(t, db, "GRANT CREATE ON SCHEMA public TO "+pgx.Identifier{attacker}.Sanitize())
+	weaken(t, db, edit{"pgfence_next_token()", " SET search_path TO 'pg_catalog', 'pgfence', 'pg_temp'\n", ""})
 	// Advance the real sequence so a forged 1 is unmistakable.
 	exec(t, db, "SELECT setval('pgfence.pgfence_leases_fence_seq', 1000)")
-	_, err := connAs(t, db, attacker).Exec(ctx, plantSQL)
+	_, err := connAs(t, db, attacker).Exec(ctx, plantSQL+`
+		ALTER SEQUENCE public.pgfence_leases_fence_seq INCREMENT 1024;
+		CREATE SEQUENCE public.pgfence_token_flush_seq MINVALUE 0 MAXVALUE 1 START 0;
+		GRANT ALL ON SEQUENCE public.pgfence_token_flush_seq TO PUBLIC;`)
 	require.NoError(t, err)
 
-	c := connAs(t, db, app)
 	var tok int64
-	require.NoError(t, c.QueryRow(ctx, "SELECT pgfence.pgfence_next_token()").Scan(&tok))
-	require.Equal(t, int64(1), tok, "the planted nextval forged the token")
-	require.Equal(t, []string{"nextval(text)"}, planted(t, c))
+	require.NoError(t, connAs(t, db, app).QueryRow(ctx, "SELECT pgfence.pgfence_next_token()").Scan(&tok))
+	require.Equal(t, int64(1), tok, "the planted sequence forged the token")
 }
 
 // TestAppRoleDenied: each privilege the application role does not get is

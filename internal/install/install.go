@@ -15,19 +15,17 @@ import (
 )
 
 // Version is the oldest schema version (pgfence_schema_version()) this code
-// works with: 12, from which every function acting on a held lease takes the
-// lease's secret.
-const Version = 12
+// works with.
+const Version = 1
 
-// TokenStep is what the token sequence steps by (from migration 000010,
-// older than [Version]): one value covers a block of TokenStep consecutive
-// tokens (pgfence_next_tokens).
+// TokenStep is what the token sequence steps by: one value covers a block of
+// TokenStep consecutive tokens (pgfence_next_tokens).
 const TokenStep = 1024
 
 // Install is what Check found beyond what it requires.
 type Install struct {
-	// TokenBatch reports that pgfence_next_tokens(boolean[]) (migration
-	// 000009) exists in the schema and the connecting role may execute it.
+	// TokenBatch reports that pgfence_next_tokens(boolean[]) may be used:
+	// always true, since every supported schema has it.
 	TokenBatch bool
 }
 
@@ -56,8 +54,7 @@ func Schema(field, cfgSchema string) (name, quoted string, err error) {
 // catalogSQL reads, from the catalogs only (it takes no lock and needs no
 // privilege on pgfence's objects), whether schema $1 exists, whether it has
 // pgfence's lease table and version function, the token sequence's
-// settings, the other schemas that hold a pgfence lease table, and whether
-// the connecting role may execute pgfence_next_tokens(boolean[]) there.
+// settings, and the other schemas that hold a pgfence lease table.
 const catalogSQL = `
 SELECT n.oid IS NOT NULL,
        pg_catalog.to_regclass(pg_catalog.quote_ident($1) OPERATOR(pg_catalog.||) '.pgfence_leases') IS NOT NULL,
@@ -68,9 +65,7 @@ SELECT n.oid IS NOT NULL,
            JOIN pg_catalog.pg_namespace o ON o.oid OPERATOR(pg_catalog.=) c.relnamespace
            WHERE c.relname OPERATOR(pg_catalog.=) 'pgfence_leases' AND c.relkind OPERATOR(pg_catalog.=) 'r'
              AND o.nspname OPERATOR(pg_catalog.<>) $1
-           ORDER BY 1),
-       COALESCE(pg_catalog.has_function_privilege(pg_catalog.to_regprocedure(
-           pg_catalog.quote_ident($1) OPERATOR(pg_catalog.||) '.pgfence_next_tokens(pg_catalog.bool[])'), 'EXECUTE'), false)
+           ORDER BY 1)
 FROM (SELECT) AS one
 LEFT JOIN pg_catalog.pg_namespace n ON n.nspname OPERATOR(pg_catalog.=) $1
 LEFT JOIN pg_catalog.pg_sequence s
@@ -78,9 +73,8 @@ LEFT JOIN pg_catalog.pg_sequence s
 
 // Check verifies, in at most two round trips bounded by ctx, that schema
 // (quoted: its SQL form) holds pgfence at Version or later and that its
-// token sequence steps as its version needs (by 1, or by 1024 from schema
-// version 10, migration 000010), without a cache and without cycling, and
-// returns what it found. A problem is reported with an error matching
+// token sequence steps by TokenStep, without a cache and without cycling,
+// and returns what it found. A problem is reported with an error matching
 // pgfence.ErrNotInstalled that says how to fix it; a database error is
 // returned wrapped.
 func Check(ctx context.Context, db pgfence.DB, schema, quoted string) (Install, error) {
@@ -89,9 +83,8 @@ func Check(ctx context.Context, db pgfence.DB, schema, quoted string) (Install, 
 		increment, cache                *int64
 		cycle                           *bool
 		elsewhere                       []string
-		found                           Install
 	)
-	err := db.QueryRow(ctx, catalogSQL, schema).Scan(&hasSchema, &hasTable, &hasVersion, &increment, &cache, &cycle, &elsewhere, &found.TokenBatch)
+	err := db.QueryRow(ctx, catalogSQL, schema).Scan(&hasSchema, &hasTable, &hasVersion, &increment, &cache, &cycle, &elsewhere)
 	if err != nil {
 		return Install{}, fmt.Errorf("check pgfence's schema %q: %w", schema, permerr.Wrap(err, "", schema))
 	}
@@ -109,7 +102,7 @@ func Check(ctx context.Context, db pgfence.DB, schema, quoted string) (Install, 
 		return Install{}, notInstalled("schema %q %s%s%s", schema, what, where, prefixed("; ", fix))
 	}
 	if !hasVersion {
-		return Install{}, notInstalled("schema %q holds an older pgfence (before migration %d); %s", schema, Version, fix)
+		return Install{}, notInstalled("schema %q holds a pgfence_leases table but no pgfence_schema_version(): it is not a pgfence install; %s", schema, fix)
 	}
 	var version int
 	if err := db.QueryRow(ctx, "SELECT "+quoted+".pgfence_schema_version()").Scan(&version); err != nil {
@@ -124,10 +117,10 @@ func Check(ctx context.Context, db pgfence.DB, schema, quoted string) (Install, 
 		if increment != nil {
 			settings = fmt.Sprintf("has INCREMENT %d CACHE %d %s", *increment, *cache, map[bool]string{true: "CYCLE", false: "NO CYCLE"}[*cycle])
 		}
-		return Install{}, notInstalled("token sequence %s.pgfence_leases_fence_seq %s; at schema version %d tokens are only ordered with INCREMENT %d CACHE 1 NO CYCLE: "+
-			"ALTER SEQUENCE %s.pgfence_leases_fence_seq INCREMENT %d CACHE 1 NO CYCLE (as its owner)", quoted, settings, version, step, quoted, step)
+		return Install{}, notInstalled("token sequence %s.pgfence_leases_fence_seq %s; tokens are only ordered with INCREMENT %d CACHE 1 NO CYCLE: "+
+			"ALTER SEQUENCE %s.pgfence_leases_fence_seq INCREMENT %d CACHE 1 NO CYCLE (as its owner)", quoted, settings, step, quoted, step)
 	}
-	return found, nil
+	return Install{TokenBatch: true}, nil
 }
 
 func prefixed(p, s string) string {

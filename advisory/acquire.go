@@ -13,9 +13,8 @@ import (
 	"github.com/pgfence/pgfence/internal/waitline"
 )
 
-// TryAcquire takes the session lock on [Name](name) and returns at once; it
-// is [Locker.TryAcquireKey] for that key. The returned [pgfence.Lease] is a
-// *[Lease].
+// TryAcquire is [Locker.TryAcquireKey] for [Name](name). The returned
+// [pgfence.Lease] is a *[Lease].
 func (k *Locker) TryAcquire(ctx context.Context, name string, opts *AcquireOpts) (pgfence.Lease, error) {
 	l, err := k.TryAcquireKey(ctx, Name(name), opts)
 	if err != nil {
@@ -25,47 +24,71 @@ func (k *Locker) TryAcquire(ctx context.Context, name string, opts *AcquireOpts)
 }
 
 // TryAcquireKey takes the session lock on key if it is free, and returns at
-// once.
+// once. ctx bounds the wait for a session; the lock statement is bounded by
+// Config.QueryTimeout alone, since cancelling it would close the session.
+// When it returns an error, the lock is not held.
 //
-// When another holder has it (another session, or another caller of this
-// Locker), TryAcquireKey returns an error matching pgfence.ErrNotAcquired;
-// when ctx descends from the held lock's own context (the caller holds it),
-// one matching pgfence.ErrAlreadyHeld. After the Locker is closed it
-// returns pgfence.ErrClosed.
-//
-// ctx bounds the wait for a session of the Locker (opening one, or for
-// statements queued on it). The lock statement itself is bounded by
-// Config.QueryTimeout only, because cancelling a statement closes the
-// session with every lock on it; ctx's values still reach the pgx tracer.
-// If ctx ends while the statement runs and the lock was granted, the lock
-// is released and the error wraps ctx's cause: when it returns an error,
-// the lock is not held. When ctx has already ended it sends nothing and
-// returns an error wrapping ctx's cause and matching ctx.Err().
-//
-// A transient database error (the server unreachable, restarting or
-// failing over, a session that died: see pgfence.ErrUnavailable) is
-// retried with capped, jittered backoff on a new session for at most
-// Config.QueryTimeout in all, then returned wrapped in an error matching
-// pgfence.ErrUnavailable. A grant whose session died before TryAcquireKey
-// could return it is retried likewise: it never returns a lock that is
-// already lost.
-//
-// Another error the server reports for the statement (such as SQLSTATE
-// 53200, out of shared memory, when its lock table is full) is returned
-// wrapped, and the session keeps its other locks. When the session itself
-// fails during the statement (or its state cannot be told, as when a
-// shared key it already holds fails again), every lock on that session is
-// lost; for a transient failure the acquire then retries as above, for
-// another it returns the failure.
+// It returns an error matching pgfence.ErrNotAcquired when another holder
+// has the key, pgfence.ErrAlreadyHeld when ctx descends from the key's own
+// Lease, pgfence.ErrClosed after Close, and ctx's cause when ctx ends.
+// Transient errors are retried on a new session for up to QueryTimeout, then
+// returned matching pgfence.ErrUnavailable. Other server errors are returned
+// wrapped.
 func (k *Locker) TryAcquireKey(ctx context.Context, key Key, opts *AcquireOpts) (*Lease, error) {
 	return k.acquire(ctx, key, opts, false)
 }
 
+// Acquire is [Locker.AcquireKey] for [Name](name). The returned
+// [pgfence.Lease] is a *[Lease].
+func (k *Locker) Acquire(ctx context.Context, name string, opts *AcquireOpts) (pgfence.Lease, error) {
+	l, err := k.AcquireKey(ctx, Name(name), opts)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// AcquireKey waits until it holds the session lock on key, ctx ends, or
+// opts.WaitTimeout runs out. While another session holds the key it waits
+// in the server on a parked session, or polls and listens for the release
+// (see Waiting in the package documentation). Transient errors are retried
+// on a new session for as long as ctx and WaitTimeout allow.
+//
+// A WaitTimeout that runs out returns an error matching
+// pgfence.ErrNotAcquired and context.DeadlineExceeded; an ended ctx, its
+// cause; either one also matches pgfence.ErrUnavailable when the last
+// attempt failed transiently. Other errors are as for
+// [Locker.TryAcquireKey]. When it returns an error, the lock is not held.
+func (k *Locker) AcquireKey(ctx context.Context, key Key, opts *AcquireOpts) (*Lease, error) {
+	return k.acquire(ctx, key, opts, true)
+}
+
+// Do is [Locker.DoKey] for [Name](name).
+func (k *Locker) Do(ctx context.Context, name string, opts *AcquireOpts, fn func(ctx context.Context, l pgfence.Lease) error) error {
+	return k.DoKey(ctx, Name(name), opts, fn)
+}
+
+// DoKey waits for the lock on key as [Locker.AcquireKey] does, calls fn
+// while holding it, then releases it. fn's context is cancelled, with a
+// cause matching pgfence.ErrLeaseLost, when the lock is lost; a nested Do
+// for the same key returns pgfence.ErrAlreadyHeld.
+//
+// It returns the acquire's error (fn is not called), or fn's error joined
+// with the loss, if the lock was lost before fn returned, and with the
+// release's error.
+func (k *Locker) DoKey(ctx context.Context, key Key, opts *AcquireOpts, fn func(ctx context.Context, l pgfence.Lease) error) error {
+	return hold.Do(ctx, k, key.markName(), "pgfence: advisory", func(ctx context.Context) (pgfence.Lease, error) {
+		l, err := k.AcquireKey(ctx, key, opts)
+		if err != nil {
+			return nil, err
+		}
+		return l, nil
+	}, fn)
+}
+
 // acquire is TryAcquireKey (wait false) and AcquireKey (wait true): it
-// validates the call, brackets its attempts with an OpAcquire (whose ctx
-// the statements run with) and reports the outcome: the Acquired or
-// NotAcquired event, sent with that ctx before EndOp (bad input aside),
-// and the Stats counters.
+// validates the call, runs its attempts within an OpAcquire, and reports
+// the outcome (the Acquired or NotAcquired event, and the counters).
 func (k *Locker) acquire(ctx context.Context, key Key, opts *AcquireOpts, wait bool) (*Lease, error) {
 	if err := key.validate(); err != nil {
 		return nil, err
@@ -102,288 +125,261 @@ func (k *Locker) acquire(ctx context.Context, key Key, opts *AcquireOpts, wait b
 	return l, err
 }
 
-// Acquire waits for the session lock on [Name](name); it is
-// [Locker.AcquireKey] for that key. The returned [pgfence.Lease] is a
-// *[Lease].
-func (k *Locker) Acquire(ctx context.Context, name string, opts *AcquireOpts) (pgfence.Lease, error) {
-	l, err := k.AcquireKey(ctx, Name(name), opts)
-	if err != nil {
-		return nil, err
-	}
-	return l, nil
-}
-
-// AcquireKey waits until it holds the session lock on key, until ctx ends
-// (the error wraps ctx's cause), or until opts.WaitTimeout runs out (then
-// the error matches pgfence.ErrNotAcquired and context.DeadlineExceeded).
-// When ctx descends from the context of the lock it asks for (a nested
-// [Locker.Do]) it returns at once with an error matching
-// pgfence.ErrAlreadyHeld.
-//
-// When another session holds the key, it waits in the server: it parks on
-// a session of the Locker that holds no lock (opening one if MaxSessions
-// allows, and leaving at least one session to other keys) and blocks there
-// in pg_advisory_lock, so the holder's Unlock, in any process, hands the
-// lock over at once, and the parked waits of all Lockers are served in the
-// order their wait statements began (a statement is sent again every
-// SessionCheckInterval, or half of the server's deadlock_timeout, and
-// then joins the back of the line: no FIFO order is promised). When no
-// session can be parked (MaxSessions 1, or MaxSessions-1 of them parked
-// already), and for shared locks, it waits by
-// retrying pg_try_advisory_lock on the Locker's sessions, pausing 5ms at
-// first and doubling up to Config.MaxPollInterval, and registers on the
-// Locker's LISTEN connection so that the Unlock wakes it with NOTIFY (see
-// Waiting in the package documentation; Config.DisableListen turns this
-// off). A parked session holds nothing else, and a cancelled wait is ended
-// with a cancel request, so cancelling a wait never closes a session
-// holding other locks. When a holder in this Locker unlocks, the next
-// waiting call of the Locker tries at once. The waiting calls of one
-// Locker are served about in the order they were first refused: only the
-// first of them parks or retries and is woken, the others wait in-process
-// behind it, so a release wakes one call per Locker however many wait.
-//
-// Transient database errors (see pgfence.ErrUnavailable) are retried, on a
-// new session, with capped, jittered backoff (25ms doubling up to 500ms)
-// for as long as ctx and opts.WaitTimeout allow: a wait rides through a
-// restart or failover of the database. When ctx or WaitTimeout ends while
-// the database is unavailable (the last attempt failed with a transient
-// error), the error matches pgfence.ErrUnavailable and wraps the last
-// cause as well as ctx's cause (so a WaitTimeout still matches
-// pgfence.ErrNotAcquired and context.DeadlineExceeded).
-//
-// If ctx ends just as the lock is granted, AcquireKey releases it: when it
-// returns an error, the lock is not held. It never returns a lock already
-// lost. Other errors are as for [Locker.TryAcquireKey].
-func (k *Locker) AcquireKey(ctx context.Context, key Key, opts *AcquireOpts) (*Lease, error) {
-	return k.acquire(ctx, key, opts, true)
-}
-
-// attempts runs the attempts of an acquire: one for TryAcquireKey (plus
-// retries of transient errors), as many as it takes for AcquireKey. ctx is
-// the operation's ctx (statements run with its values), values the
-// caller's own. n counts the attempts that asked the database (a refusal
-// by a holder in this Locker does not).
+// attempts runs the attempts of an acquire. ctx is the operation's (the
+// statements carry its values), values the caller's own. n counts the
+// attempts that asked the database.
 func (k *Locker) attempts(ctx, values context.Context, key Key, opts *AcquireOpts, wait bool) (l *Lease, n int, err error) {
 	if hold.Held(values, k, key.markName()) {
 		return nil, 0, fmt.Errorf("pgfence: advisory: acquire %v: %w", key, pgfence.ErrAlreadyHeld)
 	}
-	var o AcquireOpts
+	w := waiter{k: k, values: values, key: key, wait: wait, pause: k.hooks.pauseStart()}
 	if opts != nil {
-		o = *opts
+		w.opts = *opts
 	}
 	if !wait {
-		o.WaitTimeout = 0
+		w.opts.WaitTimeout = 0
 	}
-	ctx, cancel := hold.WaitTimeout(ctx, o.WaitTimeout)
+	ctx, cancel := hold.WaitTimeout(ctx, w.opts.WaitTimeout)
 	defer cancel()
-	start := time.Now()
-	var last error // the last attempt's transient error; nil after an answer
-	failures := 0  // consecutive transient failures
-	ended := func() error {
-		if last != nil {
-			return fmt.Errorf("pgfence: advisory: acquire %v: %w; last attempt: %w", key, ctxError(ctx), retry.Unavailable("", last))
-		}
-		return fmt.Errorf("pgfence: advisory: acquire %v: %w", key, ctxError(ctx))
-	}
-	pause := k.firstPause
-	// ln is the key's line of waiting calls in this Locker, joined at the
-	// first refusal; only the call at its head (head) retries and selects
-	// on the wake-ups below, the others wait for its turn (package
-	// waitline, and the registration notes above leaveLine).
-	var ln *waitline.Line
-	head := false
-	var armedSeen chan struct{} // the armed channel already acted on
-	// skip is set when this call waited behind another of this Locker's
-	// calls for the key and that call was refused by the server: the next
-	// round waits (for a wake-up or its pause) without asking again, so a
-	// refusal is not repeated once per local waiter.
-	skip := false
-	// parkNext makes the next round wait in the server (park.go), after
-	// a refusal by another session; parkFailed records that it could not
-	// park, so that the round waits as before instead.
-	parkNext, parkFailed := false, false
-	// lastWake is when the last attempt woken by a notification began:
-	// the next one waits until k.wakeGap after it (see Waiting in the
-	// package documentation).
-	var lastWake time.Time
-	defer func() {
-		if ln != nil {
-			k.leaveLine(key.id, ln, head)
-		}
-	}()
+	w.ctx, w.start = ctx, time.Now()
+	l, err = w.run()
+	return l, w.n, err
+}
+
+// step is what the next round of an acquire does.
+type step int
+
+const (
+	stepAsk  step = iota // try the lock on a session
+	stepPark             // wait for it in the server, on a parked session
+	stepSkip             // count as refused without asking: a call of this Locker just was
+)
+
+// waiter is one acquire going round: each round makes the attempt that
+// step names, and its outcome chooses the next step. A TryAcquire makes one
+// attempt, plus the retries of transient errors. An Acquire refused joins
+// the key's line (package waitline): only the line's head asks the server
+// and is woken, so a release wakes one call per Locker.
+type waiter struct {
+	k           *Locker
+	ctx, values context.Context // the operation's ctx, bounded by WaitTimeout; the caller's
+	key         Key
+	opts        AcquireOpts
+	wait        bool // AcquireKey: go round until granted
+	start       time.Time
+	n           int // attempts that asked the database
+
+	next       step
+	parkFailed bool // the last stepPark found no session: poll before parking again
+
+	last     error // the last attempt's transient error; nil after an answer
+	failures int   // consecutive transient failures
+
+	ln   *waitline.Line // the key's line, joined at the first refusal
+	head bool           // at the head of ln
+
+	pause     time.Duration // the next polling pause
+	armedSeen chan struct{} // the armed channel already acted on
+	lastWake  time.Time     // when the last attempt a notification woke began
+}
+
+// run goes round until the lock is granted, a final error comes, or ctx
+// ends.
+func (w *waiter) run() (*Lease, error) {
+	defer w.leaveLine()
 	for round := 0; ; round++ {
-		if round > 0 && k.onRound != nil {
-			k.onRound()
+		if round > 0 {
+			w.k.hooks.round()
 		}
-		if ctx.Err() != nil {
-			return nil, n, ended()
+		if w.ctx.Err() != nil {
+			return nil, w.ended()
 		}
-		// Take the wake channel before the attempt, so that a
-		// notification arriving after the attempt is not missed.
-		var armed, wake chan struct{}
-		if ln != nil {
-			armed, wake = k.lineChannels(ln)
-		}
-		var l *Lease
-		var local *keyState
-		var asked bool
-		var err error
-		if skip {
-			skip, err = false, pgfence.ErrNotAcquired
-		} else {
-			parked := false
-			if parkNext {
-				// Wait in the server (park.go); when no session can be
-				// parked, try once and wait as before.
-				parkNext = false
-				l, parked, err = k.park(ctx, values, key)
-				asked, parkFailed = parked, !parked
-			}
-			if !parked {
-				l, local, asked, err = k.tryAcquire(ctx, values, key, o.Shared)
-			}
-		}
-		if asked {
-			n++
-			if k.onRefused != nil && errors.Is(err, pgfence.ErrNotAcquired) {
-				k.onRefused()
-			}
-		}
+		// Taken before the attempt, so that a notification arriving after
+		// it is not missed.
+		armed, wake := w.lineChannels()
+		l, local, err := w.attempt()
 		if err == nil {
-			l.holdFor(o.MaxHold)
-			return l, n, nil
+			l.holdFor(w.opts.MaxHold)
+			return l, nil
 		}
-		if ctx.Err() != nil {
-			return nil, n, ended()
+		if w.ctx.Err() != nil {
+			return nil, w.ended()
 		}
-		var released chan struct{}
-		if local != nil {
-			released = local.released
-		}
-		if k.transient(err) {
-			last = err
-			failures++
-			d := k.backoff.Wait(failures)
-			if k.noRetry || (!wait && time.Since(start)+d > k.cfg.QueryTimeout) {
-				return nil, n, retry.Unavailable(fmt.Sprintf("pgfence: advisory: acquire %v: ", key), err)
-			}
-			t := time.NewTimer(d)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return nil, n, ended()
-			case <-k.closeCtx.Done():
-				t.Stop()
-				return nil, n, pgfence.ErrClosed
-			case <-t.C:
+		if w.k.transient(err) {
+			if err := w.backOff(err); err != nil {
+				return nil, err
 			}
 			continue
 		}
-		if !wait || !errors.Is(err, pgfence.ErrNotAcquired) {
-			return nil, n, err
+		if !w.wait || !errors.Is(err, pgfence.ErrNotAcquired) {
+			return nil, err
 		}
-		last, failures = nil, 0
-		if ln == nil {
-			ln = k.lines.Join(key.id)
+		if err := w.refused(local, armed, wake); err != nil {
+			return nil, err
 		}
-		if !head {
-			waited, stopped := ln.Head(ctx, k.closeCtx.Done())
-			switch {
-			case stopped && ctx.Err() != nil:
-				return nil, n, ended()
-			case stopped:
-				return nil, n, pgfence.ErrClosed
-			}
-			head = true
-			if waited {
-				// Behind other waiting calls until now: try at once (the
-				// call before got the key, then held here, or left
-				// without it).
-				continue
-			}
-		}
-		if local == nil && !o.Shared && !parkFailed && k.canPark(key.id) {
-			// Held by another session: wait for it in the server.
-			parkNext = true
-			continue
-		}
-		parkFailed = false
-		if local == nil {
-			// Held by another session: ask to be woken. Until the
-			// interest lock is held (armed), an Unlock would not
-			// notify; armed closing makes the next attempt at once.
-			armed, wake = k.lineRegister(ln, values, key.id)
-		}
-		if armed == armedSeen {
-			armed = nil
-		}
-		// Full jitter over [pause/2, pause) spreads competing pollers.
-		t := time.NewTimer(pause/2 + rand.N(pause/2+1))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, n, ended()
-		case <-k.closeCtx.Done():
-			t.Stop()
-			return nil, n, pgfence.ErrClosed
-		case <-released: // nil (blocks) unless held or asked for in this Locker
-			t.Stop()
-			k.mu.Lock()
-			refused := local.refused
-			k.mu.Unlock()
-			if refused {
-				// Asked for by another call of this Locker, and refused:
-				// wait for the holder's Unlock (registering now) or for
-				// the pause, as if refused ourselves.
-				skip = true
-				k.lineRegister(ln, values, key.id)
-				continue
-			}
-		case <-armed: // nil unless waiting for the interest lock
-			t.Stop()
-			armedSeen = armed
-		case <-wake: // nil unless registered
-			t.Stop()
-			if !k.wakeAfterGap(ctx, lastWake) {
-				if ctx.Err() != nil {
-					return nil, n, ended()
-				}
-				return nil, n, pgfence.ErrClosed
-			}
-			lastWake = time.Now()
-		case <-t.C:
-		}
-		pause = min(2*pause, k.cfg.MaxPollInterval)
 	}
 }
 
-// wakeAfterGap waits, after a notification woke an Acquire, until k.wakeGap
-// has passed since the last attempt a notification woke (at last), so that
-// notifications, which any role can send, make at most one attempt per
-// wakeGap for a key of a Locker. It returns false when ctx ended or the
-// Locker closed first.
-func (k *Locker) wakeAfterGap(ctx context.Context, last time.Time) bool {
-	d := k.wakeGap - time.Since(last)
-	if k.onWake != nil {
-		k.onWake(d)
+// attempt makes the attempt of the current step and hands out its grant.
+// local is the key's state when a call of this Locker holds or asks for it.
+func (w *waiter) attempt() (l *Lease, local *keyState, err error) {
+	k := w.k
+	st := w.next
+	w.next = stepAsk
+	if st == stepSkip {
+		return nil, nil, pgfence.ErrNotAcquired
 	}
+	var asked, parked bool
+	if st == stepPark {
+		k.mu.Lock()
+		s, open := k.parkSessionLocked(w.key.id)
+		k.mu.Unlock()
+		if parked = s != nil; parked {
+			l, err = s.park(w.ctx, w.values, w.key, open)
+		}
+		asked, w.parkFailed = parked, !parked
+	}
+	if !parked {
+		l, local, asked, err = k.tryAcquire(w.ctx, w.values, w.key, w.opts.Shared)
+	}
+	if err == nil {
+		l, err = k.handOut(w.ctx, w.key, l)
+	}
+	if asked {
+		w.n++
+		k.hooks.refused(err)
+	}
+	return l, local, err
+}
+
+// backOff waits before the retry of a transient error, or returns the error
+// to give up with.
+func (w *waiter) backOff(err error) error {
+	k := w.k
+	w.last = err
+	w.failures++
+	d := k.backoff.Wait(w.failures)
+	if !k.hooks.retries() || (!w.wait && time.Since(w.start)+d > k.cfg.QueryTimeout) {
+		return retry.Unavailable(fmt.Sprintf("pgfence: advisory: acquire %v: ", w.key), err)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-w.ctx.Done():
+		return w.ended()
+	case <-k.closeCtx.Done():
+		return pgfence.ErrClosed
+	case <-t.C:
+		return nil
+	}
+}
+
+// refused takes a refusal: the call waits for the head of the key's line,
+// then parks when it can, or else waits for a wake-up or its pause.
+func (w *waiter) refused(local *keyState, armed, wake chan struct{}) error {
+	w.last, w.failures = nil, 0
+	if w.ln == nil {
+		w.ln = w.k.lines.Join(w.key.id)
+	}
+	if !w.head {
+		waited, stopped := w.ln.Head(w.ctx, w.k.closeCtx.Done())
+		switch {
+		case stopped && w.ctx.Err() != nil:
+			return w.ended()
+		case stopped:
+			return pgfence.ErrClosed
+		}
+		w.head = true
+		if waited {
+			return nil // behind other calls until now: ask at once
+		}
+	}
+	if local == nil && !w.opts.Shared && !w.parkFailed && w.k.canPark(w.key.id) {
+		w.next = stepPark
+		return nil
+	}
+	w.parkFailed = false
+	return w.sleep(local, armed, wake)
+}
+
+// sleep waits for a pause (jittered over [pause/2, pause), doubling up to
+// MaxPollInterval), or sooner for a wake-up: local's release when a call of
+// this Locker has the key, else a notification (registering for it first).
+func (w *waiter) sleep(local *keyState, armed, wake chan struct{}) error {
+	k := w.k
+	var released chan struct{}
+	if local != nil {
+		released = local.released
+	} else {
+		armed, wake = w.register()
+	}
+	if armed == w.armedSeen {
+		armed = nil
+	}
+	t := time.NewTimer(w.pause/2 + rand.N(w.pause/2+1))
+	defer t.Stop()
+	select {
+	case <-w.ctx.Done():
+		return w.ended()
+	case <-k.closeCtx.Done():
+		return pgfence.ErrClosed
+	case <-released:
+		k.mu.Lock()
+		refused := local.refused
+		k.mu.Unlock()
+		if refused {
+			// The other call was refused by the server: so are we.
+			w.next = stepSkip
+			w.register()
+			return nil
+		}
+	case <-armed:
+		w.armedSeen = armed
+	case <-wake:
+		if !w.wakeAfterGap() {
+			if w.ctx.Err() != nil {
+				return w.ended()
+			}
+			return pgfence.ErrClosed
+		}
+		w.lastWake = time.Now()
+	case <-t.C:
+	}
+	w.pause = min(2*w.pause, k.cfg.MaxPollInterval)
+	return nil
+}
+
+// wakeAfterGap waits until the least gap between two notified attempts has
+// passed since the last one, so that forged notifications make at most one
+// attempt per gap. It returns false when ctx ended or the Locker closed.
+func (w *waiter) wakeAfterGap() bool {
+	d := w.k.hooks.notifiedGap() - time.Since(w.lastWake)
+	w.k.hooks.woke(d)
 	if d <= 0 {
 		return true
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
-	case <-ctx.Done():
+	case <-w.ctx.Done():
 		return false
-	case <-k.closeCtx.Done():
+	case <-w.k.closeCtx.Done():
 		return false
 	case <-t.C:
 		return true
 	}
 }
 
-// ctxError is the error of a call whose ctx ended: ctx's cause, which
-// also matches ctx.Err() (context.Canceled or DeadlineExceeded).
+// ended is the error of a call whose ctx ended, with the last transient
+// failure if the database was unavailable.
+func (w *waiter) ended() error {
+	if w.last != nil {
+		return fmt.Errorf("pgfence: advisory: acquire %v: %w; last attempt: %w", w.key, ctxError(w.ctx), retry.Unavailable("", w.last))
+	}
+	return fmt.Errorf("pgfence: advisory: acquire %v: %w", w.key, ctxError(w.ctx))
+}
+
+// ctxError is ctx's cause, made to match ctx.Err() too.
 func ctxError(ctx context.Context) error {
 	cause := context.Cause(ctx)
 	if errors.Is(cause, ctx.Err()) {
@@ -393,48 +389,17 @@ func ctxError(ctx context.Context) error {
 }
 
 // transient reports whether an attempt's error is worth retrying: the
-// database was unavailable (retry.Transient), or the attempt's session
-// failed (before its turn, or just after the grant).
+// database was unavailable, or the attempt's session failed.
 func (k *Locker) transient(err error) bool {
 	if errors.Is(err, pgfence.ErrNotAcquired) {
-		return false // the hot refusal: spare it retry.Transient's errors.As calls
+		return false // the hot refusal: spare retry.Transient's errors.As calls
 	}
 	return errors.Is(err, errSessionFailed) || errors.Is(err, errLostAtGrant) || retry.Transient(err)
 }
 
-// Do waits for the lock on [Name](name) as [Locker.Acquire] does, calls fn
-// while holding it, then releases it; it is [Locker.DoKey] for that key.
-func (k *Locker) Do(ctx context.Context, name string, opts *AcquireOpts, fn func(ctx context.Context, l pgfence.Lease) error) error {
-	return k.DoKey(ctx, Name(name), opts, fn)
-}
-
-// DoKey waits for the lock on key as [Locker.AcquireKey] does, calls fn
-// while holding it, then releases it. fn's context is derived from ctx and
-// is also cancelled, with a cause matching pgfence.ErrLeaseLost, when the
-// lock is lost: fn must stop then. fn may release the lock itself. A Do
-// nested in fn for the same key returns pgfence.ErrAlreadyHeld at once.
-//
-// DoKey returns the acquire error if the lock was not acquired (fn is not
-// called): as for AcquireKey, it matches pgfence.ErrUnavailable when the
-// database stayed unavailable until ctx or WaitTimeout ended. Otherwise
-// it returns fn's error, joined with the loss (an error matching
-// pgfence.ErrLeaseLost) whenever the lock was lost before fn returned, and
-// with the release's error: one error, whose message is one line ("; "
-// between the parts), matching each part with errors.Is and errors.As.
-func (k *Locker) DoKey(ctx context.Context, key Key, opts *AcquireOpts, fn func(ctx context.Context, l pgfence.Lease) error) error {
-	return hold.Do(ctx, k, key.markName(), "pgfence: advisory", func(ctx context.Context) (pgfence.Lease, error) {
-		l, err := k.AcquireKey(ctx, key, opts)
-		if err != nil {
-			return nil, err
-		}
-		return l, nil
-	}, fn)
-}
-
 // heldHereError is the refusal of a key held in this Locker in a
-// conflicting mode. It matches pgfence.ErrNotAcquired. Callers may retry
-// such a key in a tight loop, and this refusal costs no round trip, so it is
-// built without formatting: the message is rendered only when asked for.
+// conflicting mode; it matches pgfence.ErrNotAcquired. It costs no round
+// trip, so its message is rendered only when asked for.
 type heldHereError struct{ key Key }
 
 func (e *heldHereError) Error() string {
@@ -443,18 +408,15 @@ func (e *heldHereError) Error() string {
 
 func (e *heldHereError) Unwrap() error { return pgfence.ErrNotAcquired }
 
-// errLostAtGrant is the error of an attempt whose lock was granted but
-// whose session failed before the attempt could return it.
+// errLostAtGrant is the error of an attempt whose session failed between
+// the grant and the hand-out.
 var errLostAtGrant = errors.New("the session failed just after the grant")
 
-// tryAcquire makes one attempt at key. When the key is held in this Locker
-// in a conflicting mode, or another call of this Locker is asking the
-// server for it, it returns ErrNotAcquired and that key's state: its
-// released channel closes when that changes, and its refused field (read
-// under k.mu) then tells whether the other call was refused by the server,
-// the key being held by another session. asked reports whether the attempt reached for the database
-// (dialed a session or sent the lock statement). ctx is the acquire's
-// operation ctx; values the caller's, kept by the Lease.
+// tryAcquire asks once for key on a session, the key's own when a call of
+// this Locker holds it shared, and returns the grant, not yet handed out.
+// When the key is held or asked for here in a conflicting mode it returns
+// ErrNotAcquired and the key's state, whose released channel closes when
+// that changes. asked reports that the attempt reached for the database.
 func (k *Locker) tryAcquire(ctx, values context.Context, key Key, shared bool) (l *Lease, local *keyState, asked bool, err error) {
 	id := key.id
 	k.mu.Lock()
@@ -480,8 +442,7 @@ func (k *Locker) tryAcquire(ctx, values context.Context, key Key, shared bool) (
 	s.inflight++
 	k.mu.Unlock()
 
-	// abandon drops the reservation taken above; refused says why: the
-	// server refused the lock (another session holds it).
+	// abandon drops the reservation; refused: the server refused the lock.
 	abandon := func(refused bool) {
 		k.mu.Lock()
 		s.inflight--
@@ -492,13 +453,11 @@ func (k *Locker) tryAcquire(ctx, values context.Context, key Key, shared bool) (
 		k.mu.Unlock()
 	}
 	asked = open
-	if err := k.sessionReady(ctx, s, open); err != nil {
+	if err := s.ready(ctx, open); err != nil {
 		abandon(false)
 		return nil, nil, asked, err
 	}
-	// Wait for the session's turn, or for a caller holding it to run this
-	// request along with its own (batch.go).
-	l, ran, err := k.grant(ctx, values, s, key, shared)
+	l, ran, err := s.grant(ctx, values, key, shared)
 	if !ran {
 		abandon(false)
 		return nil, nil, asked, err
@@ -507,40 +466,14 @@ func (k *Locker) tryAcquire(ctx, values context.Context, key Key, shared bool) (
 		abandon(errors.Is(err, pgfence.ErrNotAcquired))
 		return nil, nil, true, err
 	}
-	l, err = k.handOut(ctx, key, l)
-	return l, nil, true, err
+	return l, nil, true, nil
 }
 
-// sessionReady waits until s is open, dialing it first when open is true
-// (the caller reserved a new session). The dial runs in the background, so
-// that the caller can leave when ctx ends (a dial to a host that does not
-// answer lasts QueryTimeout) while the others routed to the session wait
-// on. It returns ctx's error, or why the session could not be opened.
-func (k *Locker) sessionReady(ctx context.Context, s *session, open bool) error {
-	if open {
-		k.wg.Add(1)
-		go func() {
-			defer k.wg.Done()
-			k.openSession(ctx, s)
-		}()
-	}
-	select {
-	case <-s.ready:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	return s.openErr
-}
-
-// handOut returns l, just granted for key, to the acquire's caller: it
-// releases l when ctx has ended (the caller will not use it), and hands it
-// out only while it is held, since its session may have failed since the
-// statement answered (the watchdog, or a statement of another caller).
-// The caller does not hold l's session.
+// handOut returns l, just granted, to the acquire's caller: it releases l
+// when ctx has ended, and hands it out only while it is held (its session
+// may have failed since the grant).
 func (k *Locker) handOut(ctx context.Context, key Key, l *Lease) (*Lease, error) {
-	if k.afterGrant != nil {
-		k.afterGrant(l)
-	}
+	k.hooks.granted(l)
 	if ctx.Err() != nil {
 		_ = l.Release(ctx)
 		return nil, ctx.Err()
@@ -552,89 +485,4 @@ func (k *Locker) handOut(ctx context.Context, key Key, l *Lease) (*Lease, error)
 	}
 	l.out = true
 	return l, nil
-}
-
-// keyState is the in-process state of one key: who holds (or is acquiring)
-// it here. Advisory locks are re-entrant per session, so the server would
-// grant a key twice to the same session; the Locker grants it in-process
-// instead: at most one exclusive holder, or any number of shared holders
-// that all go to the same session.
-type keyState struct {
-	exclusive bool
-	refs      int           // holders plus acquisitions in flight
-	s         *session      // the session holding it
-	released  chan struct{} // closed when the last ref is dropped
-	// refused is set, before released closes, when the last ref was an
-	// acquisition the server refused: the key is held by another session,
-	// so the calls that waited for this one should not all ask again at
-	// once (see attempts).
-	refused bool
-}
-
-// dropKeyRefLocked drops one reference to key id, forgetting the key and
-// waking waiters when it was the last. The caller holds l.mu.
-func (k *Locker) dropKeyRefLocked(id int64) {
-	ks := k.keys[id]
-	if ks == nil {
-		return
-	}
-	ks.refs--
-	if ks.refs == 0 {
-		delete(k.keys, id)
-		close(ks.released)
-	}
-}
-
-// The calls of one Locker waiting for a key stand in its line (package
-// waitline): only the head retries, polls and listens for the wake-ups (a
-// holder of this Locker unlocking, a NOTIFY from another process); the
-// others wait for its turn. So a release or a notification wakes one call
-// per Locker, not every waiting call. The line keeps one registration for
-// wake-ups from head to head (Locker.lineRegs), so a hand-over inside the
-// Locker does not drop and take again the interest lock. Calls that do not
-// wait (TryAcquire) and the first attempt of an Acquire do not queue.
-
-// leaveLine takes the caller out of key id's line ln (see
-// waitline.Lines.Leave), and drops the line's registration when the caller
-// was the last.
-func (k *Locker) leaveLine(id int64, ln *waitline.Line, head bool) {
-	if !k.lines.Leave(id, ln, head) {
-		return
-	}
-	k.mu.Lock()
-	reg := k.lineRegs[ln]
-	delete(k.lineRegs, ln)
-	k.mu.Unlock()
-	if reg != nil {
-		k.unregister(reg)
-	}
-}
-
-// lineRegister registers ln for wake-ups of key id unless it already is,
-// and returns its channels (see lineChannels).
-func (k *Locker) lineRegister(ln *waitline.Line, values context.Context, id int64) (armed, wake chan struct{}) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	reg, registered := k.lineRegs[ln]
-	if !registered {
-		reg = k.registerLocked(values, id) // nil after Close or with DisableListen
-		k.lineRegs[ln] = reg
-	}
-	if reg == nil {
-		return nil, nil
-	}
-	return reg.in.armed, reg.in.wake
-}
-
-// lineChannels returns the channels the head of ln selects on: armed until
-// the line's interest lock is held, and the current wake channel; both nil
-// while the line is not registered.
-func (k *Locker) lineChannels(ln *waitline.Line) (armed, wake chan struct{}) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	reg := k.lineRegs[ln]
-	if reg == nil {
-		return nil, nil
-	}
-	return reg.in.armed, reg.in.wake
 }

@@ -1,7 +1,5 @@
 package advisory
 
-import "strings"
-
 // HoldTurn takes the turn of k's only session, which must be open, so that
 // the lock requests routed to it queue up until the returned function gives
 // the turn back; they then run in one statement.
@@ -33,7 +31,7 @@ func Pending(k *Locker) int {
 
 // SetOnBatch has k call f with the numbers of lock requests and unlocks
 // each turn of a session answers.
-func SetOnBatch(k *Locker, f func(locks, unlocks int)) { k.onBatch = f }
+func SetOnBatch(k *Locker, f func(locks, unlocks int)) { hooksOf(k).onBatch = f }
 
 // SessionPID returns the backend pid of k's only session.
 func SessionPID(k *Locker) int32 {
@@ -44,15 +42,15 @@ func SessionPID(k *Locker) int32 {
 
 // SetAfterUnlocks has k call f in a session's turn once its unlocks are
 // answered, before it takes the lock requests queued meanwhile.
-func SetAfterUnlocks(k *Locker, f func()) { k.afterUnlocks = f }
+func SetAfterUnlocks(k *Locker, f func()) { hooksOf(k).afterUnlocks = f }
 
 // SetNoRecollect has k's turns leave the lock requests queued while their
 // unlocks ran to the next turn (the negative control of the recollection).
-func SetNoRecollect(k *Locker) { k.noRecollect = true }
+func SetNoRecollect(k *Locker) { hooksOf(k).noRecollect = true }
 
 // SetSessionFill sets the acquisitions in flight on a session from which
 // k routes new keys to another session.
-func SetSessionFill(k *Locker, n int) { k.fill = n }
+func SetSessionFill(k *Locker, n int) { hooksOf(k).fill = n }
 
 // Sessions returns the number of k's live or opening sessions.
 func Sessions(k *Locker) int {
@@ -61,12 +59,9 @@ func Sessions(k *Locker) int {
 	return len(k.sessions)
 }
 
-// TokenBatch reports whether k's combined lock statement draws its tokens
-// with one pgfence_next_tokens call (migration 000009).
-func TokenBatch(k *Locker) bool { return strings.Contains(k.sql.tryLockBatch, ".pgfence_next_tokens(") }
-
 // SetMaxLockBatch sets the most lock requests one statement of k carries,
 // and has k call f with the number of requests of each lock statement.
 func SetMaxLockBatch(k *Locker, n int, f func(requests int)) {
-	k.maxLockBatch, k.onLockStatement = n, f
+	h := hooksOf(k)
+	h.maxLockBatch, h.onLockStatement = n, f
 }

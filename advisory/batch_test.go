@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence"
@@ -139,7 +138,7 @@ func TestCombinedGrants(t *testing.T) {
 		require.Greater(t, l.Token(), held.Token())
 		tokens[l.Token()] = true
 	}
-	// One sequence value for the statement's tokens (migration 000010):
+	// One sequence value for the statement's tokens:
 	// consecutive, in the order of the requests.
 	for i, l := range []*advisory.Lease{rc1.l, rc2.l, rd.l} {
 		require.Equal(t, ra.l.Token()+int64(i)+1, l.Token(), "the statement's tokens come from one value's block")
@@ -550,7 +549,7 @@ func waitForTurn(t *testing.T, test string, n int) {
 		dump := string(buf[:runtime.Stack(buf, true)])
 		got := 0
 		for _, g := range strings.Split(dump, "\n\n") {
-			if strings.Contains(g, "[select") && strings.Contains(g, "advisory.(*Locker).submit") && strings.Contains(g, test) {
+			if strings.Contains(g, "[select") && strings.Contains(g, "advisory.(*session).submit") && strings.Contains(g, test) {
 				got++
 			}
 		}
@@ -615,65 +614,6 @@ func TestSessionsFillBeforeOpening(t *testing.T) {
 				require.NoError(t, r.l.Release(ctx))
 			}
 			require.Zero(t, heldAdvisoryLocks(t, db.Pool))
-		})
-	}
-}
-
-// TestCombinedGrantsWithoutTokenBatch: a Locker on a schema without
-// pgfence_next_tokens (before migration 000009), or whose role may not
-// execute it, combines its grants with the statement that draws a token per
-// grant, and each request gets its own, growing token as with the one-call
-// draw. The control is the Locker on the schema as installed, which draws
-// them in one call.
-func TestCombinedGrantsWithoutTokenBatch(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	for _, tc := range []struct {
-		name string
-		// pool prepares db and returns the pool the Locker uses.
-		pool  func(t *testing.T, db *pgtest.DB) *pgxpool.Pool
-		batch bool
-	}{
-		{"as installed", func(t *testing.T, db *pgtest.DB) *pgxpool.Pool { return db.Pool }, true},
-		{"schema 8", func(t *testing.T, db *pgtest.DB) *pgxpool.Pool {
-			_, err := db.Pool.Exec(ctx, "DROP FUNCTION pgfence.pgfence_next_tokens(boolean[])")
-			require.NoError(t, err)
-			return db.Pool
-		}, false},
-		{"role not granted", func(t *testing.T, db *pgtest.DB) *pgxpool.Pool {
-			// What a Locker needed before 000009: tokens one at a time.
-			role := newRole(t, db, "onetoken",
-				"GRANT USAGE ON SCHEMA pgfence TO %s",
-				"GRANT EXECUTE ON FUNCTION pgfence.pgfence_next_token(), pgfence.pgfence_schema_version() TO %s")
-			return db.NewPool(t, func(c *pgxpool.Config) { c.ConnConfig.User = role })
-		}, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			db := pgtest.NewDB(t)
-			pool := tc.pool(t, db)
-			cfg := fastConfig("pgfence-batch-" + strings.ReplaceAll(tc.name, " ", "-"))
-			cfg.MaxSessions = 1
-			k := newLocker(t, pool, cfg)
-			require.Equal(t, tc.batch, advisory.TokenBatch(k))
-			first, err := k.TryAcquireKey(ctx, advisory.ID(41), nil) // opens the session
-			require.NoError(t, err)
-
-			giveBack := advisory.HoldTurn(k)
-			b := &batchSetup{db: db, k: k}
-			outs := []<-chan batchResult{
-				b.queue(t, advisory.ID(42), false), b.queue(t, advisory.ID(43), true), b.queue(t, advisory.ID(44), false),
-			}
-			giveBack()
-			last := first.Token()
-			for _, o := range outs {
-				r := <-o
-				require.NoError(t, r.err)
-				require.Greater(t, r.l.Token(), last, "tokens grow in the order of the requests")
-				last = r.l.Token()
-				require.NoError(t, r.l.Release(ctx))
-			}
-			require.NoError(t, first.Release(ctx))
 		})
 	}
 }

@@ -6,18 +6,30 @@ import (
 	"github.com/pgfence/pgfence/internal/waitline"
 )
 
-// SetFirstPause sets the first pause of k's waiting Acquire calls (normally
-// 5ms), so that tests can make a waiter's next poll later than its
-// WaitTimeout.
-func SetFirstPause(k *Locker, d time.Duration) { k.firstPause = d }
+// hooksOf returns k's test hooks, made with the production values on first
+// use.
+func hooksOf(k *Locker) *testHooks {
+	if k.hooks == nil {
+		k.hooks = &testHooks{
+			firstPause:   minPollInterval,
+			wakeGap:      minWakeGap,
+			peek:         sessionPeekInterval,
+			fill:         sessionFill,
+			maxLockBatch: maxLockBatch,
+		}
+	}
+	return k.hooks
+}
+
+// SetFirstPause sets the first pause of k's waiting Acquire calls, so that
+// tests can make a waiter's next poll later than its WaitTimeout.
+func SetFirstPause(k *Locker, d time.Duration) { hooksOf(k).firstPause = d }
 
 // Waiters returns the number of k's Acquire calls waiting for key: those
-// in its line (refused once at least), the head that listens for wake-ups
-// and the calls queued behind it.
+// in its line (refused once at least), the head and the calls behind it.
 func Waiters(k *Locker, key Key) int { return k.lines.Members(key.id) }
 
-// Registered reports whether k has registered for wake-ups on key (its
-// line holds a registration).
+// Registered reports whether k has registered for wake-ups on key.
 func Registered(k *Locker, key Key) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -26,48 +38,43 @@ func Registered(k *Locker, key Key) bool {
 }
 
 // SetNotifyAfterHeld sets how long k's locks must have been held for their
-// Release to look for waiters to notify (normally 0: every Release looks),
-// so that tests can build a holder that never notifies.
-func SetNotifyAfterHeld(k *Locker, d time.Duration) { k.notifyHeld = d }
+// Release to look for waiters to notify (0: every Release looks), so that
+// tests can build a holder that never notifies.
+func SetNotifyAfterHeld(k *Locker, d time.Duration) { hooksOf(k).notifyHeld = d }
 
 // SetNoRetry turns off k's retries of transient errors (the negative
-// control of the resilience tests): an attempt's transient error is
-// returned at once, matching pgfence.ErrUnavailable.
-func SetNoRetry(k *Locker) { k.noRetry = true }
+// control of the resilience tests).
+func SetNoRetry(k *Locker) { hooksOf(k).noRetry = true }
 
-// SetNoPeek turns off the watchdog's look at idle sessions' sockets
-// between checks (the negative control of the prompt-loss tests): a
-// session the server ended is then noticed at the next check only.
-func SetNoPeek(k *Locker) { k.peek = 0 }
+// SetNoPeek turns off the watchdog's look at idle sessions' sockets (the
+// negative control of the prompt-loss tests).
+func SetNoPeek(k *Locker) { hooksOf(k).peek = 0 }
 
 // SetOnRound sets a function run each time one of k's waiting Acquire
-// calls goes round its loop again (woken, or at the end of a pause).
-func SetOnRound(k *Locker, f func()) { k.onRound = f }
+// calls goes round its loop again.
+func SetOnRound(k *Locker, f func()) { hooksOf(k).onRound = f }
 
 // SetNoLine makes every waiting Acquire call of k the head of its key's
-// line, so that each is woken by every release and notification (the
-// negative control of the line's tests).
+// line (the negative control of the line's tests).
 func SetNoLine(k *Locker) { k.lines = waitline.New[int64](true) }
 
 // SetOnRefused sets a function run each time the server refuses an attempt
-// of one of k's acquires (another session holds the key).
-func SetOnRefused(k *Locker, f func()) { k.onRefused = f }
+// of one of k's acquires.
+func SetOnRefused(k *Locker, f func()) { hooksOf(k).onRefused = f }
 
-// SetNoPark keeps k's waiting Acquire calls from parking on a session
-// (park.go): they poll and listen for wake-ups instead, as they do when no
-// session can be parked. The tests of that path use it.
-func SetNoPark(k *Locker) { k.noPark = true }
+// SetNoPark keeps k's waiting Acquire calls from parking on a session: they
+// poll and listen for wake-ups instead.
+func SetNoPark(k *Locker) { hooksOf(k).noPark = true }
 
-// SetCloseNoWait makes k's Close return at once, closing its sessions and
-// releasing their locks in the background (the negative control of the
-// Close race tests).
-func SetCloseNoWait(k *Locker) { k.closeNoWait = true }
+// SetCloseNoWait makes k's Close return at once, closing its sessions in
+// the background (the negative control of the Close race tests).
+func SetCloseNoWait(k *Locker) { hooksOf(k).closeNoWait = true }
 
 // SetWakeGap sets the least time between two attempts of k's waiting
-// Acquire calls woken by notifications (normally 25ms); 0 turns the bound
-// off (the negative control of the forged-notification tests).
-func SetWakeGap(k *Locker, d time.Duration) { k.wakeGap = d }
+// Acquire calls woken by notifications; 0 turns the bound off (the negative
+// control of the forged-notification tests).
+func SetWakeGap(k *Locker, d time.Duration) { hooksOf(k).wakeGap = d }
 
 // SetOnWake sets a function run each time a notification wakes one of k's
 // waiting Acquire calls, with the time it then waits before its attempt.
-func SetOnWake(k *Locker, f func(wait time.Duration)) { k.onWake = f }
+func SetOnWake(k *Locker, f func(wait time.Duration)) { hooksOf(k).onWake = f }

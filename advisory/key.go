@@ -7,43 +7,27 @@ import (
 	"strconv"
 )
 
-// Key identifies an advisory lock: one signed 64-bit integer, the argument
-// of PostgreSQL's single-argument pg_advisory_lock(bigint) family. Build one
-// with [ID] or [Name]. The zero Key is ID(0).
-//
-// Keys live in one space per database: ID(k) and a Name that hashes to k are
-// the same lock, and so is any other client calling pg_advisory_lock(k) on
-// the same database. The two-argument form pg_advisory_lock(int, int) is a
-// different space and never conflicts with a Key; waiting Lock calls use
-// the part of it whose first argument is [InterestClassID].
+// Key identifies an advisory lock: the argument of PostgreSQL's
+// pg_advisory_lock(bigint). Build one with [ID] or [Name]; the zero Key is
+// ID(0). Keys live in one space per database, shared with every other
+// client of pg_advisory_lock(bigint).
 type Key struct {
 	id    int64
 	name  string
 	named bool
 }
 
-// ID returns the Key for id, used as given.
-//
-// golang-migrate's PostgreSQL driver locks keys in [0, 2^32) (a CRC-32 of
-// the database name times a salt, truncated to 32 bits); choose IDs outside
-// that range, or Name keys, if the database is also migrated with it.
+// ID returns the Key for id, used as given. golang-migrate locks keys in
+// [0, 2^32): choose IDs outside that range if it migrates the database.
 func ID(id int64) Key { return Key{id: id} }
 
-// Name returns the Key for name: the first 8 bytes of the SHA-256 digest of
-// name's bytes, read as a big-endian signed 64-bit integer; when the upper 32
-// bits of that integer are all zero (a chance of 1 in 2^32), bit 62 is set
-// so that no Name key falls in [0, 2^32), the range golang-migrate's own
-// lock uses. [NameKeySQL] computes the same key in SQL, so services in other
-// languages can take the same lock.
-//
-// Distinct names collide (map to the same key, and so exclude each other)
-// with a chance of about n²/2^65 among n names in use: one in 37 million for
-// a million names. A collision never lets two holders share a lock; it only
-// makes two unrelated names wait for each other.
-//
-// For the SQL expression to agree, name must be valid UTF-8 without NUL
-// bytes (PostgreSQL text holds nothing else). An empty name is not a valid key: the lock
-// methods reject it.
+// Name returns the Key for name: the first 8 bytes of name's SHA-256
+// digest as a big-endian int64, with bit 62 set when the upper 32 bits are
+// zero, so no Name key falls in golang-migrate's range. [NameKeySQL]
+// computes the same key in SQL; for it to agree, name must be valid UTF-8
+// without NUL. Distinct names collide with a chance of about n²/2^65 among
+// n names, which only makes them exclude each other. The empty name is
+// rejected by the lock methods.
 func Name(name string) Key { return Key{id: nameKey(name), name: name, named: true} }
 
 // nameTopBit is set on a Name key whose upper 32 bits come out zero.
@@ -63,15 +47,9 @@ func remapNameKey(h int64) int64 {
 	return h
 }
 
-// NameKeySQL is a PostgreSQL query that computes Name(x).Int64() for the
-// text parameter $1, for use from SQL or from clients in other languages.
-// For example, to take the same lock in a transaction from psql:
-//
-//	SELECT pg_advisory_xact_lock(k) FROM (<NameKeySQL with $1 = 'account:42'>) AS n(k);
-//
-// It needs PostgreSQL 11 or later (sha256). Its functions and operators are
-// named in pg_catalog, so no function or operator that another role created
-// in a schema on the caller's search_path can take their place.
+// NameKeySQL is a query that computes Name($1).Int64() for the text
+// parameter $1, for use from SQL or other languages (PostgreSQL 11 or
+// later). It names every built-in it calls in pg_catalog.
 const NameKeySQL = `SELECT CASE WHEN (h OPERATOR(pg_catalog.>>) 32) OPERATOR(pg_catalog.=) 0 THEN h OPERATOR(pg_catalog.|) 4611686018427387904 ELSE h END ` +
 	`FROM (SELECT ('x' OPERATOR(pg_catalog.||) pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(pg_catalog.convert_to($1::pg_catalog.text, 'UTF8')), 1, 8), 'hex'))::pg_catalog.bit(64)::pg_catalog.int8 AS h) AS s`
 

@@ -24,60 +24,17 @@ import (
 // owns. Create one with [New] and call [Locker.Close] when done. Its
 // methods are safe for concurrent use.
 type Locker struct {
-	cfg        Config
-	sql        statements // the SQL that names the schema
-	log        *slog.Logger
-	connConfig *pgx.ConnConfig // lock sessions
-	// listenConfig is the LISTEN connection's: connConfig with
-	// application_name suffixed "-listen".
-	listenConfig *pgx.ConnConfig
+	cfg          Config
+	sql          statements
+	log          *slog.Logger
+	connConfig   *pgx.ConnConfig // lock sessions
+	listenConfig *pgx.ConnConfig // the LISTEN connection
 	closeCtx     context.Context // cancelled by Close
 	closeStop    context.CancelFunc
-	firstPause   time.Duration   // minPollInterval; tests may raise it
-	notifyHeld   time.Duration   // 0: every Unlock looks for waiters; tests may raise it
-	peek         time.Duration   // sessionPeekInterval; tests may turn it off (0)
-	fill         int             // sessionFill; tests may change it
-	wg           sync.WaitGroup  // watchdogs and the LISTEN loop
+	wg           sync.WaitGroup  // watchdogs, dials and the LISTEN loop
 	ev           *events.Emitter // nil without Config.Observer
-	// backoff spaces the retries of transient errors; noRetry (a test
-	// hook) turns them off.
-	backoff retry.Backoff
-	noRetry bool
-	// afterGrant, a test hook, runs between a grant and its hand-out.
-	afterGrant func(*Lease)
-	// onRound, a test hook, runs each time a waiting Acquire goes round
-	// its loop again (woken, or at the end of a pause).
-	onRound func()
-	// onRefused, a test hook, runs when the server refused an attempt of
-	// an acquire (the key is held by another session).
-	onRefused func()
-	// onBatch, a test hook, runs as a session's turn answers the lock
-	// requests and unlocks queued on it (batch.go).
-	onBatch func(locks, unlocks int)
-	// afterUnlocks, a test hook, runs in a session's turn once its unlocks
-	// are answered, before the lock requests are taken; noRecollect, a
-	// test hook, leaves the lock requests queued meanwhile to the next
-	// turn (batch.go).
-	afterUnlocks func()
-	noRecollect  bool
-	// maxLockBatch is the most lock requests one statement carries
-	// (maxLockBatch, the const; tests may lower it); onLockStatement, a
-	// test hook, runs with the number of requests of each lock statement
-	// a turn runs (batch.go).
-	maxLockBatch    int
-	onLockStatement func(requests int)
-	// noPark, a test hook, keeps waiting Acquire calls from parking on a
-	// session (park.go): they poll and listen instead.
-	noPark bool
-	// closeNoWait, a test hook, has Close return without waiting for its
-	// sessions to be closed and their locks released.
-	closeNoWait bool
-	// wakeGap is the least time between two attempts of a waiting
-	// Acquire woken by notifications (minWakeGap; tests may turn it off);
-	// onWake, a test hook, runs at each such wake-up with the time left
-	// to wait.
-	wakeGap time.Duration
-	onWake  func(wait time.Duration)
+	backoff      retry.Backoff
+	hooks        *testHooks // nil outside tests
 
 	// Counters of Stats.
 	waiting                               atomic.Int64
@@ -85,11 +42,11 @@ type Locker struct {
 
 	mu            sync.Mutex
 	closed        bool
-	sessions      []*session // live or opening
+	sessions      []*session // live or opening, oldest first
 	nextSessionID int
 	keys          map[int64]*keyState
-	// Waiting Acquire calls, by key, and the registrations for wake-ups
-	// of their lines (acquire.go).
+
+	// Lines of waiting calls by key, and their wake-up registrations.
 	lines    *waitline.Lines[int64]
 	lineRegs map[*waitline.Line]*waitReg
 
@@ -102,19 +59,14 @@ type Locker struct {
 }
 
 // New returns a Locker whose sessions are dialed with pool's connection
-// settings (pool.Config().ConnConfig, with the application_name and TCP
-// settings of cfg), tracer included. The sessions are the Locker's own
-// connections: they do not count against the pool, and the pool's
-// BeforeConnect, AfterConnect and other pool hooks do not run for them.
-// The pool is used for nothing else, and is never closed by the Locker.
+// settings (with cfg's application_name and TCP settings, tracer included).
+// The sessions are the Locker's own connections, outside the pool: pool
+// hooks do not run for them, and the pool is never closed by the Locker.
 //
-// A nil cfg means the defaults. New returns an error for a nil pool or an
-// invalid cfg, without a round trip. Otherwise it checks once, through the
-// pool and bounded by ctx, that pgfence's schema ([Config].Schema) is
-// installed at the version this code needs and that its token sequence is
-// sound, and returns an error matching [pgfence.ErrNotInstalled] that says
-// how to fix it when not. It opens no lock session; the first lock does.
-// ctx has no effect on the Locker after New returns.
+// A nil cfg means the defaults. New checks once, through the pool and
+// bounded by ctx, that pgfence's schema is installed at the version this
+// code needs; when not, the error matches [pgfence.ErrNotInstalled] and says
+// how to fix it. It opens no lock session.
 func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 	if pool == nil {
 		return nil, errors.New("pgfence: advisory: New: nil pool")
@@ -128,8 +80,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 		return nil, err
 	}
 	c.Schema = schema
-	inst, err := install.Check(ctx, pool, schema, quoted)
-	if err != nil {
+	if _, err := install.Check(ctx, pool, schema, quoted); err != nil {
 		return nil, fmt.Errorf("pgfence: advisory: %w", err)
 	}
 	cc := pool.Config().ConnConfig.Copy()
@@ -142,17 +93,12 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 	closeCtx, closeStop := context.WithCancel(context.Background())
 	return &Locker{
 		cfg:          c,
-		sql:          newStatements(quoted, inst.TokenBatch),
+		sql:          newStatements(quoted),
 		log:          c.Logger,
 		connConfig:   cc,
 		listenConfig: lc,
 		closeCtx:     closeCtx,
 		closeStop:    closeStop,
-		firstPause:   minPollInterval,
-		wakeGap:      minWakeGap,
-		peek:         sessionPeekInterval,
-		fill:         sessionFill,
-		maxLockBatch: maxLockBatch,
 		ev:           events.New(c.Observer),
 		backoff:      retry.Default,
 		keys:         make(map[int64]*keyState),
@@ -173,19 +119,12 @@ type statements struct {
 }
 
 // newStatements fills the quoted schema into the statement templates.
-// tokenBatch chooses the combined lock statement that draws its tokens with
-// one pgfence_next_tokens call (tryLockTokensSQL, migration 000009) over
-// the one that calls pgfence_next_token per lock granted (tryLockBatchSQL).
-func newStatements(schema string, tokenBatch bool) statements {
+func newStatements(schema string) statements {
 	f := func(tmpl string) string { return fmt.Sprintf(tmpl, schema) }
-	batch := tryLockBatchSQL
-	if tokenBatch {
-		batch = tryLockTokensSQL
-	}
 	return statements{
 		tryLock:           f(tryLockSQL),
 		tryLockShared:     f(tryLockSharedSQL),
-		tryLockBatch:      f(batch),
+		tryLockBatch:      f(tryLockBatchSQL),
 		tryLockXact:       f(tryLockXactSQL),
 		tryLockXactShared: f(tryLockXactSharedSQL),
 		lockXact:          f(lockXactSQL),
@@ -194,18 +133,14 @@ func newStatements(schema string, tokenBatch bool) statements {
 	}
 }
 
-// Close releases every lock of the Locker, closes its sessions, stops its
-// goroutines and makes its methods return pgfence.ErrClosed.
+// Close releases every lock of the Locker (pg_advisory_unlock_all), closes
+// its sessions, stops its goroutines and makes its methods return
+// pgfence.ErrClosed. Calling it again does nothing.
 //
-// Locks still held end as lost: their Err matches pgfence.ErrLeaseLost and
-// pgfence.ErrClosed. Their holders are told first, then the locks are
-// released (pg_advisory_unlock_all), so they are free for others when Close
-// returns; on a session that had failed, the server frees them when it
-// notices the connection end. Waiting Lock calls return pgfence.ErrClosed.
-// Close waits for statements in progress (each bounded by
-// Config.QueryTimeout); the sessions are closed concurrently, so during an
-// outage Close takes at most about two QueryTimeouts, whatever MaxSessions.
-// Calling it again does nothing.
+// Locks still held end as lost, their holders told before the release: their
+// Err matches pgfence.ErrLeaseLost and pgfence.ErrClosed. Waiting Acquire
+// calls return pgfence.ErrClosed. Close waits for the statements in progress,
+// each bounded by Config.QueryTimeout; sessions are closed concurrently.
 func (k *Locker) Close() {
 	k.mu.Lock()
 	if k.closed {
@@ -216,46 +151,38 @@ func (k *Locker) Close() {
 	k.closeStop()
 	sessions := append([]*session(nil), k.sessions...)
 	k.mu.Unlock()
-	if k.closeNoWait {
+	if k.hooks != nil && k.hooks.closeNoWait {
 		go k.closeSessions(sessions)
 		return
 	}
 	k.closeSessions(sessions)
 }
 
-// closeSessions is Close once k is marked closed: it closes sessions, then
-// waits for the Locker's goroutines.
+// closeSessions closes sessions all at once (during an outage each may take
+// QueryTimeout), then waits for the Locker's goroutines.
 func (k *Locker) closeSessions(sessions []*session) {
-	// The sessions are closed at once, not one after the other: during an
-	// outage each may take QueryTimeout.
 	var closing sync.WaitGroup
 	for _, s := range sessions {
-		closing.Add(1)
-		go func() {
-			defer closing.Done()
-			<-s.ready
+		closing.Go(func() {
+			<-s.opened
 			if s.openErr != nil {
 				return
 			}
 			s.sem <- struct{}{}
-			k.failSession(context.Background(), s, fmt.Errorf("pgfence: advisory: Locker closed: %w", pgfence.ErrClosed), nil)
+			s.fail(context.Background(), fmt.Errorf("pgfence: advisory: Locker closed: %w", pgfence.ErrClosed))
 			<-s.sem
-		}()
+		})
 	}
 	closing.Wait()
 	k.wg.Wait()
 	k.ev.Close()
 }
 
-// Stats returns a snapshot of the Locker's state and counters. Held counts
-// the session locks held now (transaction locks are not counted: they
-// belong to the caller's transaction), Waiting the Acquire and Do calls
-// in progress (waiting for the lock, or riding out an outage). Every lock handed out ends counted once, in Released (by
-// its holder, including a release that failed) or in Lost (its session
-// died, its MaxHold passed, or the Locker closed). RenewalFailures is always zero: a failed
-// check of a session loses its locks at once (they count in Lost), as
-// there is no TTL to ride out. It is safe to call at any time, after
-// Close too.
+// Stats returns a snapshot of the Locker's state and counters; it is safe
+// to call at any time, after Close too. Held counts session locks (not
+// transaction locks), Waiting the Acquire and Do calls in progress. Every
+// lock handed out ends counted once, in Released or in Lost.
+// RenewalFailures is always zero: a failed session check loses its locks.
 func (k *Locker) Stats() pgfence.Stats {
 	k.mu.Lock()
 	held := 0

@@ -54,16 +54,16 @@ func TestGrantLostBeforeHandOut(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(k.Close)
 		if !retries {
-			k.noRetry = true // negative control
+			hooksOf(k).noRetry = true // negative control
 		}
 		var first *Lease
-		k.afterGrant = func(l *Lease) {
+		hooksOf(k).afterGrant = func(l *Lease) {
 			if first != nil {
 				return
 			}
 			first = l
 			l.s.sem <- struct{}{}
-			k.failSession(ctx, l.s, errors.New("test: the session failed after the grant"), nil)
+			l.s.fail(ctx, errors.New("test: the session failed after the grant"))
 			<-l.s.sem
 		}
 		lk, err := k.TryAcquireKey(ctx, ID(77), nil)

@@ -68,7 +68,7 @@ func TestParkedGrantAsCtxEnds(t *testing.T) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var granted *Lease
-	k.afterGrant = func(l *Lease) { granted = l; cancel() }
+	hooksOf(k).afterGrant = func(l *Lease) { granted = l; cancel() }
 	res := parkedAcquire(t, wctx, k, key)
 	require.NoError(t, lk.Release(ctx))
 	require.ErrorIs(t, waitResult(t, res), context.Canceled)
@@ -96,18 +96,18 @@ func TestParkedGrantLostBeforeHandOut(t *testing.T) {
 		k, err := New(ctx, db.NewPool(t, nil), nil)
 		require.NoError(t, err)
 		t.Cleanup(k.Close)
-		k.noRetry = !retries
+		hooksOf(k).noRetry = !retries
 		key := ID(int64(80 + i))
 		lk, err := holder.TryAcquireKey(ctx, key, nil)
 		require.NoError(t, err)
 		var first *Lease
-		k.afterGrant = func(l *Lease) {
+		hooksOf(k).afterGrant = func(l *Lease) {
 			if first != nil {
 				return
 			}
 			first = l
 			l.s.sem <- struct{}{}
-			k.failSession(ctx, l.s, errors.New("test: the session failed after the grant"), nil)
+			l.s.fail(ctx, errors.New("test: the session failed after the grant"))
 			<-l.s.sem
 		}
 		res := parkedAcquire(t, ctx, k, key)

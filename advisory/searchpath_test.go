@@ -235,9 +235,8 @@ func testHostileSearchPath(t *testing.T, searchPath string, operatorsWin bool) {
 	require.NoError(t, lk.Release(ctx))
 
 	// The combined statements: three lock requests queued on the
-	// holder's session while the test holds its turn (tryLockTokensSQL),
+	// holder's session while the test holds its turn (tryLockBatchSQL),
 	// then their three releases (unlockBatchSQL).
-	require.True(t, advisory.TokenBatch(holder))
 	giveBack := advisory.HoldTurn(holder)
 	bs := &batchSetup{db: db, k: holder}
 	outs := []<-chan batchResult{

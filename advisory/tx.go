@@ -40,30 +40,15 @@ const restoreLockTimeoutSQL = `SELECT pg_catalog.set_config('lock_timeout', $1, 
 // lockNotAvailable is the SQLSTATE of a lock wait ended by lock_timeout.
 const lockNotAvailable = "55P03"
 
-// TryAcquireTx takes the transaction-level advisory lock on key in tx if it is
-// free, and returns at once with its fencing token. The lock is released
-// when tx commits or rolls back; there is no unlock. It works behind
-// transaction-pooling proxies such as PgBouncer.
+// TryAcquireTx takes the transaction-level advisory lock on key in tx if it
+// is free, and returns at once with its fencing token. The lock is released
+// when tx ends; it works behind transaction-pooling proxies. Locks of one
+// transaction are re-entrant. The token is durable only once tx commits:
+// fence with it only writes made in tx. ctx is used as pgx uses it: if it
+// ends during the statement, pgx closes tx's connection.
 //
-// When another transaction or session holds the lock, TryAcquireTx returns an
-// error matching pgfence.ErrNotAcquired and tx is unchanged. Locks of one
-// transaction are re-entrant: taking the same key twice in tx succeeds
-// (with a new token). The token is drawn in the same statement, after the
-// grant; drawing it makes tx's commit wait for the WAL flush that makes the
-// token durable, where that WAL is not flushed already.
-//
-// The token is durable only once tx commits. If tx rolls back, or the
-// server crashes before the commit, the same token may be drawn again by a
-// later holder; that is harmless for writes made in tx, which roll back with
-// it, but the token must not fence writes made outside tx (on another
-// connection, or in another system): use a session lock ([Locker]) or a
-// lease for those.
-//
-// ctx is used as pgx uses it: if it ends during the statement, pgx closes
-// tx's connection, which ends tx and every lock in it.
-//
-// The Locker is used only for its schema (its sequence draws the token): no
-// lock session is involved.
+// When another transaction or session holds the lock, it returns an error
+// matching pgfence.ErrNotAcquired and tx is unchanged.
 func (k *Locker) TryAcquireTx(ctx context.Context, tx pgx.Tx, key Key, opts *AcquireOpts) (token int64, err error) {
 	if tx == nil {
 		return 0, errors.New("pgfence: advisory: nil transaction")
@@ -114,20 +99,14 @@ func (k *Locker) tryAcquireXact(ctx context.Context, tx xact, key Key, opts *Acq
 	return *tok, nil
 }
 
-// AcquireTx waits in tx for the transaction-level advisory lock on key
-// (pg_advisory_xact_lock) and returns its fencing token, drawn after the
-// grant in the same statement. The lock is released when tx commits or
-// rolls back. It works behind transaction-pooling proxies such as PgBouncer.
-// As for [Locker.TryAcquireTx], the token is durable only once tx commits: fence only
-// writes made in tx with it. The server queues waiters and detects deadlocks between them (an error
-// with SQLSTATE 40P01, which aborts tx).
+// AcquireTx waits in tx for the transaction-level advisory lock on key and
+// returns its fencing token; otherwise it is [Locker.TryAcquireTx]. The
+// server queues waiters and detects deadlocks (SQLSTATE 40P01, which aborts
+// tx). Without opts.WaitTimeout it waits until ctx ends, which ends tx.
 //
-// With opts.WaitTimeout set, AcquireTx waits inside a savepoint with
-// lock_timeout set, and when it runs out returns an error matching
-// pgfence.ErrNotAcquired and context.DeadlineExceeded with tx still usable
-// (the savepoint is rolled back and lock_timeout is as before). Without it,
-// AcquireTx waits until ctx ends; then pgx closes tx's connection, which
-// ends tx.
+// With opts.WaitTimeout, it waits in a savepoint with lock_timeout set; when
+// that runs out it returns an error matching pgfence.ErrNotAcquired and
+// context.DeadlineExceeded, with tx still usable.
 func (k *Locker) AcquireTx(ctx context.Context, tx pgx.Tx, key Key, opts *AcquireOpts) (token int64, err error) {
 	if tx == nil {
 		return 0, errors.New("pgfence: advisory: nil transaction")

@@ -9,13 +9,8 @@ import (
 )
 
 // TryAcquireSQLTx is [Locker.TryAcquireTx] for a database/sql transaction
-// opened on pgx's driver (github.com/jackc/pgx/v5/stdlib): it takes the
-// transaction-level advisory lock on key in tx if it is free and returns
-// its fencing token, or an error matching pgfence.ErrNotAcquired. The lock
-// is released when tx commits or rolls back. Everything said of
-// TryAcquireTx holds, except that ctx is used as database/sql uses it: if
-// it ends during the statement, the driver cancels the statement and
-// database/sql rolls tx back.
+// on pgx's stdlib driver; ctx is used as database/sql uses it (an ended ctx
+// cancels the statement and rolls tx back).
 func (k *Locker) TryAcquireSQLTx(ctx context.Context, tx *sql.Tx, key Key, opts *AcquireOpts) (token int64, err error) {
 	if tx == nil {
 		return 0, errors.New("pgfence: advisory: nil transaction")
@@ -23,13 +18,8 @@ func (k *Locker) TryAcquireSQLTx(ctx context.Context, tx *sql.Tx, key Key, opts 
 	return k.tryAcquireXact(ctx, sqlXact{tx}, key, opts)
 }
 
-// AcquireSQLTx is [Locker.AcquireTx] for a database/sql transaction opened
-// on pgx's driver: it waits in tx for the transaction-level advisory lock
-// on key and returns its fencing token. With opts.WaitTimeout set it waits
-// inside a savepoint with lock_timeout set, and when that runs out returns
-// an error matching pgfence.ErrNotAcquired and context.DeadlineExceeded
-// with tx still usable. ctx is used as database/sql uses it (see
-// [Locker.TryAcquireSQLTx]).
+// AcquireSQLTx is [Locker.AcquireTx] for a database/sql transaction on
+// pgx's stdlib driver; ctx is used as for [Locker.TryAcquireSQLTx].
 func (k *Locker) AcquireSQLTx(ctx context.Context, tx *sql.Tx, key Key, opts *AcquireOpts) (token int64, err error) {
 	if tx == nil {
 		return 0, errors.New("pgfence: advisory: nil transaction")

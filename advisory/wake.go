@@ -14,51 +14,23 @@ import (
 	"github.com/pgfence/pgfence/internal/notifier"
 )
 
-// Wake-ups across sessions.
-//
-// A Lock refused because another session holds its key registers interest
-// in it: the Locker's LISTEN connection (one per Locker, opened on first
-// use) takes a shared session lock on the key's interest key, and the
-// waiter retries whenever a notification for the key arrives. Every Unlock
-// (unlockNotifySQL, unlockBatchSQL) releases the key and, in the same
-// statement, tries the interest key exclusively: only when that fails,
-// because some LISTEN connection holds it shared, does it send NOTIFY, and
-// then its transaction commits without waiting for a WAL flush (an unlock
-// changes no data; the NOTIFY alone gave it a transaction id). Unlocks
-// nobody waits for therefore never notify: they pay one lock-table
-// operation inside the server instead of NOTIFY's database-wide lock at
-// commit. A Locker registers once per key however many of its calls wait:
-// they queue in the key's line (acquire.go), whose head alone listens, so
-// a release wakes one call per waiting Locker, not one per waiter.
-//
-// Interest keys use the two-argument key space, pg_advisory_lock(int4,
-// int4), with InterestClassID as the first argument and a 32-bit fold of
-// the key as the second (interestObjIDSQL). That space never meets a Key
-// (the bigint form is a different space) nor golang-migrate's lock (also
-// bigint). Distinct keys may share an interest key: that costs a needless
-// NOTIFY, never a missed one, as the payload names the key itself.
-//
-// Nothing depends on the notifications for correctness: a waiter keeps
-// polling at its (capped) pace, and only retries sooner when woken.
+// Wake-ups across sessions: a waiting call registers interest in its key,
+// and the Locker's LISTEN connection takes a shared lock on the key's
+// interest key; an unlock that finds that lock held sends NOTIFY (see
+// docs/advisory.md, Waiting). The notifications only hasten a retry.
 
 // InterestClassID is the first argument of the two-argument advisory locks
-// (pg_advisory_lock(int4, int4)) that waiting Lock calls take on their
-// Locker's LISTEN connection to ask for a NOTIFY when the key they wait for
-// is unlocked. Other clients of the database should not use this value as
-// the first argument of two-argument advisory locks: holding such a key
-// exclusively makes every pgfence Unlock of the keys that fold to it send
-// a needless NOTIFY, and keeps waiters from registering (they then wait by
-// polling alone). It is the big-endian reading of the bytes "pgfw".
+// that waiting calls take, on their Locker's LISTEN connection, to ask for
+// a NOTIFY when their key is released: the bytes "pgfw". Other clients of
+// the database should not use it as the first argument of such locks.
 const InterestClassID int32 = 0x70676677
 
-// NotifyChannel is the channel on which Unlock notifies waiting Lock calls
-// of other Lockers; the payload is the key as a decimal int64.
+// NotifyChannel is the channel on which a Release notifies the waiting
+// calls of other Lockers; the payload is the key as a decimal int64.
 const NotifyChannel = "pgfence_advisory_released"
 
 // interestObjIDSQL folds the bigint key $1 to the int4 second argument of
 // its interest key: the xor of its two halves, as a signed 32-bit integer.
-// Operators resolve through search_path like functions do, so they are
-// named in pg_catalog too (as in takeInterestSQL and dropInterestSQL).
 const interestObjIDSQL = `((($1::pg_catalog.int8 OPERATOR(pg_catalog.#) ($1::pg_catalog.int8 OPERATOR(pg_catalog.>>) 32)) ` +
 	`OPERATOR(pg_catalog.&) 4294967295) OPERATOR(pg_catalog.-) 2147483648)::pg_catalog.int4`
 
@@ -76,29 +48,83 @@ const dropInterestSQL = `SELECT pg_catalog.count(*) FILTER (WHERE pg_catalog.pg_
 
 const interestClassIDText = "1885824631"
 
-// interest is the wake-up state of one key that waiting Lock calls of this
-// Locker registered for. Guarded by Locker.mu.
+// interest is the wake-up state of a key that a line of waiting calls of
+// this Locker registered for. Guarded by Locker.mu.
 type interest struct {
 	waiters int           // registered lines: 0 or 1, a line per key (Locker.lineRegs)
 	held    bool          // the LISTEN connection holds the interest lock
 	armed   chan struct{} // closed once held (on the current connection)
 	wake    chan struct{} // closed (and replaced) when the key may be free
-	// values is the ctx (values only) of the Lock call that registered
-	// first: the interest statements carry it.
+	// values is the ctx (values only) of the call that registered first:
+	// the interest statements carry it.
 	values context.Context
 }
 
-// waitReg is the registration of one line of waiting calls (acquire.go).
+// waitReg is the registration of one line of waiting calls.
 type waitReg struct {
 	id int64
 	in *interest
 }
 
+// leaveLine takes the call out of its key's line, and drops the line's
+// registration when it was the last.
+func (w *waiter) leaveLine() {
+	if w.ln == nil {
+		return
+	}
+	k := w.k
+	if !k.lines.Leave(w.key.id, w.ln, w.head) {
+		return
+	}
+	k.mu.Lock()
+	reg := k.lineRegs[w.ln]
+	delete(k.lineRegs, w.ln)
+	k.mu.Unlock()
+	if reg != nil {
+		k.unregister(reg)
+	}
+}
+
+// register registers the call's line for wake-ups unless it already is,
+// and returns its channels (see lineChannels). The line keeps one
+// registration from head to head.
+func (w *waiter) register() (armed, wake chan struct{}) {
+	k := w.k
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	reg, registered := k.lineRegs[w.ln]
+	if !registered {
+		reg = k.registerLocked(w.values, w.key.id) // nil after Close or with DisableListen
+		k.lineRegs[w.ln] = reg
+	}
+	if reg == nil {
+		return nil, nil
+	}
+	return reg.in.armed, reg.in.wake
+}
+
+// lineChannels returns the channels the line's head selects on: armed
+// until the interest lock is held, and the current wake channel; nil while
+// the line is not registered.
+func (w *waiter) lineChannels() (armed, wake chan struct{}) {
+	if w.ln == nil {
+		return nil, nil
+	}
+	k := w.k
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	reg := k.lineRegs[w.ln]
+	if reg == nil {
+		return nil, nil
+	}
+	return reg.in.armed, reg.in.wake
+}
+
 // registerLocked records interest in key id for a line of waiting calls
-// (whose head's ctx is values) and asks the LISTEN loop, starting it on
-// first use, to take the interest lock. It returns nil after Close or when
-// Config.DisableListen is set. It never waits for the database. The caller
-// holds k.mu.
+// (whose head's ctx is values) and asks the LISTEN loop, started on first
+// use, to take the interest lock. It returns nil after Close or with
+// Config.DisableListen, and never waits for the database. The caller holds
+// k.mu.
 func (k *Locker) registerLocked(values context.Context, id int64) *waitReg {
 	if k.closed || k.cfg.DisableListen {
 		return nil
@@ -154,16 +180,14 @@ func (k *Locker) listenUp() {
 }
 
 // listenEnded is the notifier's Ended hook: a connection ended, or failed
-// to start listening. It disarms the interests (waking every waiter when
-// it had been listening) and sends ListenLost once per outage: unless the
-// connection was closed because nobody needs it, no Lock waits any more
-// (the notifier then stops rather than reconnect), or the Locker closed,
-// and unless an outage was already reported (failed reconnects).
+// to start listening. It disarms the interests (waking every waiter when it
+// had been listening) and sends ListenLost once per outage, unless nobody
+// needs the connection any more or the Locker closed.
 func (k *Locker) listenEnded(ls *listenRun, wasListening bool) {
 	k.disarmAll(wasListening)
 	k.mu.Lock()
 	k.listening = false
-	wanted := false // by a waiting Lock; if not, the notifier stops (listenIdle)
+	wanted := false // by a waiting call; if not, the notifier stops (listenIdle)
 	for _, in := range k.interests {
 		wanted = wanted || in.waiters > 0
 	}
@@ -188,7 +212,7 @@ func (k *Locker) unregister(r *waitReg) {
 	}
 }
 
-// wakeLocked wakes the waiters of in. The caller holds l.mu.
+// wakeLocked wakes the waiters of in. The caller holds k.mu.
 func (in *interest) wakeLocked() {
 	close(in.wake)
 	in.wake = make(chan struct{})
@@ -290,10 +314,8 @@ func (k *Locker) applyInterests(ctx context.Context, conn *pgx.Conn) (retryIn ti
 			}
 		}
 		if len(granted) < len(take) {
-			// An interest key is held exclusively: by an Unlock's
-			// statement for an instant, or by someone else using
-			// InterestClassID. Retry at the next check; the waiters
-			// poll meanwhile.
+			// Held exclusively: by a release for an instant, or by a
+			// stranger using InterestClassID. Retry; waiters poll.
 			retryIn = listenRetryInterval
 		}
 		k.mu.Unlock()
@@ -309,11 +331,9 @@ const again = time.Nanosecond
 const listenRetryInterval = 20 * time.Millisecond
 
 // listenIdle is the notifier's Idle hook: the LISTEN connection is no
-// longer needed once no Lock has registered for SessionIdleTimeout, or at
-// once when its connection is down and nothing is registered. It then
-// records that the notifier stopped (the next registration starts one);
-// a ListenLost before it will have no ListenRestored, as nobody needs the
-// connection any more.
+// longer needed once nothing has registered for SessionIdleTimeout, or at
+// once when it is down and nothing is registered. It then records that the
+// notifier stopped; the next registration starts one.
 func (k *Locker) listenIdle(ls *listenRun, connDown bool) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()

@@ -1,0 +1,120 @@
+package advisory
+
+import (
+	"errors"
+	"time"
+
+	"github.com/pgfence/pgfence"
+)
+
+// testHooks holds the knobs and callbacks that tests set (export_test.go).
+// A Locker's hooks are nil outside tests; the methods below then answer
+// with the production values and call nothing.
+type testHooks struct {
+	firstPause   time.Duration // first pause of a polling wait
+	wakeGap      time.Duration // least time between two notified attempts
+	peek         time.Duration // the watchdog's look at idle sockets; 0: off
+	fill         int           // acquisitions in flight before a new session
+	maxLockBatch int           // lock requests per combined statement
+	notifyHeld   time.Duration // unlocks of locks held shorter do not notify
+	noRetry      bool          // transient errors are returned at once
+	noPark       bool          // waiting calls never park
+	noRecollect  bool          // a turn leaves requests queued during its unlocks
+	closeNoWait  bool          // Close returns before its sessions are closed
+
+	afterGrant      func(*Lease)             // between a grant and its hand-out
+	onRound         func()                   // each further round of a waiting call
+	onRefused       func()                   // each refusal by the server
+	onWake          func(wait time.Duration) // each notified wake-up
+	onBatch         func(locks, unlocks int) // each turn of a session
+	afterUnlocks    func()                   // in a turn, after its unlocks
+	onLockStatement func(requests int)       // each lock statement
+}
+
+func (h *testHooks) pauseStart() time.Duration {
+	if h == nil {
+		return minPollInterval
+	}
+	return h.firstPause
+}
+
+func (h *testHooks) notifiedGap() time.Duration {
+	if h == nil {
+		return minWakeGap
+	}
+	return h.wakeGap
+}
+
+func (h *testHooks) peekEvery() time.Duration {
+	if h == nil {
+		return sessionPeekInterval
+	}
+	return h.peek
+}
+
+func (h *testHooks) fillAt() int {
+	if h == nil {
+		return sessionFill
+	}
+	return h.fill
+}
+
+func (h *testHooks) lockBatchMax() int {
+	if h == nil {
+		return maxLockBatch
+	}
+	return h.maxLockBatch
+}
+
+func (h *testHooks) notifyAfter() time.Duration {
+	if h == nil {
+		return 0
+	}
+	return h.notifyHeld
+}
+
+func (h *testHooks) retries() bool   { return h == nil || !h.noRetry }
+func (h *testHooks) parks() bool     { return h == nil || !h.noPark }
+func (h *testHooks) recollect() bool { return h == nil || !h.noRecollect }
+
+func (h *testHooks) granted(l *Lease) {
+	if h != nil && h.afterGrant != nil {
+		h.afterGrant(l)
+	}
+}
+
+func (h *testHooks) round() {
+	if h != nil && h.onRound != nil {
+		h.onRound()
+	}
+}
+
+func (h *testHooks) refused(err error) {
+	if h != nil && h.onRefused != nil && errors.Is(err, pgfence.ErrNotAcquired) {
+		h.onRefused()
+	}
+}
+
+func (h *testHooks) woke(wait time.Duration) {
+	if h != nil && h.onWake != nil {
+		h.onWake(wait)
+	}
+}
+
+func (h *testHooks) turn(locks, unlocks int) {
+	if h != nil && h.onBatch != nil {
+		h.onBatch(locks, unlocks)
+	}
+}
+
+func (h *testHooks) unlocksAnswered() {
+	if h != nil && h.afterUnlocks != nil {
+		h.afterUnlocks()
+	}
+}
+
+func (h *testHooks) lockStatement(requests int) {
+	if h != nil && h.onLockStatement != nil {
+		h.onLockStatement(requests)
+	}
+}

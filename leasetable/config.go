@@ -16,183 +16,108 @@ import (
 	"github.com/pgfence/pgfence"
 )
 
-// DefaultTTL is the lease time-to-live used when [Config].TTL is zero.
+// DefaultTTL is the default of [Config].TTL.
 const DefaultTTL = 30 * time.Second
 
-// MinTTL is the smallest TTL a lease may have. Shorter leases cannot be
-// renewed reliably across a network round trip and a scheduling delay.
+// MinTTL is the smallest TTL a lease may have.
 const MinTTL = 100 * time.Millisecond
 
 // MaxTTL is the longest TTL, and the longest [AcquireOpts].AtLeast, a lease
-// may have; pgfence's functions refuse longer ones too, so no expiry in the
-// table lies further ahead.
+// may have; pgfence's functions refuse longer ones too.
 const MaxTTL = 7 * 24 * time.Hour
 
-// DefaultQueryTimeout bounds each statement the Locker runs on its own
-// (a renewal attempt, a release) when [Config].QueryTimeout is zero.
+// DefaultQueryTimeout is the default of [Config].QueryTimeout.
 const DefaultQueryTimeout = 5 * time.Second
 
-// MaxNameLength is the longest lease name, in bytes, that the lease table
-// accepts. Names must be valid UTF-8 without control characters
-// (U+0000-U+001F, U+007F): they would forge lines and escape sequences in
-// operators' terminals and logs. The same limit applies to owner ids.
+// MaxNameLength is the longest lease name, and owner id, in bytes. Names
+// must be valid UTF-8 without control characters (U+0000-U+001F, U+007F).
 const MaxNameLength = 512
 
-// DefaultListenCheckInterval is how long the LISTEN connection may stay
-// silent before it is checked, when [Config].ListenCheckInterval is zero.
+// DefaultListenCheckInterval is the default of [Config].ListenCheckInterval.
 const DefaultListenCheckInterval = 15 * time.Second
 
-// minListenCheckInterval is the shortest [Config].ListenCheckInterval
-// accepted: shorter ones would spend the connection on checks.
+// minListenCheckInterval is the shortest [Config].ListenCheckInterval.
 const minListenCheckInterval = 100 * time.Millisecond
 
-// maxListenCheckTimeout bounds the health check of the LISTEN connection
-// when [Config].ListenCheckInterval is longer.
+// maxListenCheckTimeout caps the LISTEN connection's health check.
 const maxListenCheckTimeout = 5 * time.Second
 
-// NotifyChannel is the LISTEN/NOTIFY channel on which a release is announced;
-// the payload is the lease name. Waiters in [Locker.Acquire] wake on it.
+// NotifyChannel is the LISTEN/NOTIFY channel on which releases are
+// announced, each with a keyed tag of the lease name instead of the name.
 const NotifyChannel = "pgfence_lease_released"
 
 // Config configures a [Locker]. A nil *Config, and every zero field, means the
 // documented default. [New] validates it and returns an error naming the bad
 // field; the caller's Config is never modified.
 type Config struct {
-	// Schema is the schema pgfence's migrations were applied to. Empty
-	// means [pgfence.DefaultSchema]. Every statement names it.
+	// Schema is the schema pgfence's migrations were installed in. Empty
+	// means [pgfence.DefaultSchema].
 	Schema string
 
-	// TTL is how long a lease stays held in the database after it was
-	// acquired or last renewed, judged on the database clock. Zero means
-	// [DefaultTTL]; it must be at least [MinTTL]. [AcquireOpts].TTL overrides
-	// it for one lease.
+	// TTL is how long a lease stays held after it was acquired or last
+	// renewed, on the database clock. Zero means [DefaultTTL]; it must be at
+	// least [MinTTL]. [AcquireOpts].TTL overrides it for one lease.
 	TTL time.Duration
 
-	// RenewInterval is how often the watchdog renews a lease of length TTL.
-	// Zero means TTL/3. Leases whose TTL differs from TTL (through
-	// [AcquireOpts]) are renewed at the same fraction of their own TTL.
+	// RenewInterval is how often a lease is renewed. Zero means TTL/3. It
+	// scales with a lease's own TTL.
 	RenewInterval time.Duration
 
 	// SafetyMargin is how much earlier than the database the holder gives a
-	// lease up: a lease whose renewals fail is considered lost at
-	// (time the last successful acquire or renew request was sent) + TTL -
-	// SafetyMargin, measured on the local monotonic clock. It absorbs clock
-	// rate differences between the client and the server and the delay
-	// between noticing the loss and stopping work. Zero means TTL/10. It
-	// scales with the lease's TTL like RenewInterval.
-	//
-	// TTL must leave room for two renewal attempts before that deadline:
-	// 2*RenewInterval + SafetyMargin <= TTL.
+	// lease up: its local deadline is the last successful acquire or renewal
+	// request's send time + TTL - SafetyMargin, on the monotonic clock. Zero
+	// means TTL/10; it scales like RenewInterval. 2*RenewInterval +
+	// SafetyMargin must not exceed TTL.
 	SafetyMargin time.Duration
 
-	// Owner identifies this Locker in the owner column, for operators (see
-	// [Locker.List]), and is checked on release together with the token.
-	// Zero means "hostname/pid/random", unique per Locker. Lockers sharing
-	// an Owner are still safe (tokens are unique), but operators cannot
-	// tell their leases apart. At most [MaxNameLength] bytes of valid UTF-8
-	// without control characters (U+0000-U+001F, U+007F), the same rule
-	// as for lease names.
+	// Owner identifies this Locker in the owner column, for operators. Empty
+	// means "hostname/pid/random". It follows the rules of lease names.
 	Owner string
 
-	// Logger receives renewal failures, retries, losses and listener
-	// reconnects. Nil means silent. Every record is logged with a context:
-	// the caller's for what a call does, the acquiring ctx's values for a
-	// lease's background work (renewal, loss, a release retried later),
-	// context.Background() for the LISTEN connection's.
+	// Logger receives renewal failures, retries, losses and LISTEN
+	// reconnects, each with the context of the work it describes. Nil means
+	// silent.
 	Logger *slog.Logger
 
-	// Observer, when not nil, receives the Locker's typed events
-	// ([pgfence.Acquired], [pgfence.NotAcquired], [pgfence.Released] on the
-	// caller's goroutine; [pgfence.Renewed], [pgfence.RenewalFailed],
-	// [pgfence.Lost], [pgfence.ListenLost], [pgfence.ListenRestored] from
-	// one delivery goroutine, so that a slow Observer never delays a
-	// renewal); see [pgfence.Observer]. When it also implements
-	// [pgfence.OpObserver], acquires, releases and renewal round trips are
-	// bracketed by StartOp and EndOp. Nil costs a nil check per event.
+	// Observer, when not nil, receives the Locker's typed events, background
+	// ones from a delivery goroutine; see "Observing" in the package
+	// documentation.
 	Observer pgfence.Observer
 
 	// QueryTimeout bounds each statement the Locker runs on its own behalf
-	// rather than within a caller's context: each renewal attempt (also
-	// never past the lease's local deadline), each release (also from
-	// [Locker.Close] and [Locker.Do]), the give-back of a lease whose
-	// acquirer stopped waiting, and how long an acquire statement runs on
-	// after its last caller stopped waiting; and how long TryAcquire and a
-	// release retry transient database errors (see "Failover" in the
-	// package documentation). It also bounds each wait for a
-	// connection from the pool, by any statement of the Locker's (an
-	// acquire too, whatever its caller's context): a pool that gives none
-	// in time (exhausted) fails the statement with an error saying so, with
-	// the pool's MaxConns and acquired connections. A renewal attempt that
-	// times out is retried like a failed one. Zero means
-	// [DefaultQueryTimeout].
+	// (a renewal attempt, a release, an acquire statement after its callers
+	// left), each wait for a pool connection, and the retries of TryAcquire
+	// and Release. Zero means [DefaultQueryTimeout].
 	QueryTimeout time.Duration
 
-	// DisableListen turns off the LISTEN connection. Waiters in
-	// [Locker.Acquire] are then still woken at once by releases (and losses)
-	// of leases held by the same Locker, but a release by another Locker
-	// reaches them only at the holder's expiry time: a hand-over across
-	// Lockers after an early release waits until the released lease's
-	// original expiry. Use it when no direct (session) connection to the
-	// server is available, for example behind a transaction-pooling
-	// PgBouncer without a ListenConnConfig.
+	// DisableListen turns off the LISTEN connection: a release by another
+	// Locker then reaches waiters only at the holder's expiry. Use it when no
+	// session connection to the server is available.
 	DisableListen bool
 
-	// ListenConnConfig, when not nil, is used to open the LISTEN connection
-	// instead of the pool's connection configuration. Point it at the server
-	// directly when the pool goes through a transaction-pooling PgBouncer,
-	// where LISTEN does not work (the Locker detects that at connect, logs
-	// a Warn once and falls back to timed retries). It is copied; the caller's value is not
-	// modified. Whichever configuration is used, the LISTEN connection
-	// handles a context that ends by setting a deadline on the network
-	// connection (pgconn's DeadlineContextWatcherHandler, pgx's default),
-	// never by sending a cancel request: see ListenCheckInterval. Its
-	// OnNotification callback, if any, is not called: the Locker reads the
-	// connection's notifications itself.
+	// ListenConnConfig, when not nil, opens the LISTEN connection instead of
+	// the pool's configuration: point it at the server when the pool goes
+	// through a transaction-pooling PgBouncer. It is copied; its
+	// OnNotification is not called.
 	ListenConnConfig *pgx.ConnConfig
 
-	// ListenCheckInterval is how long the LISTEN connection may go without
-	// receiving a notification before the Locker checks it with a round
-	// trip (it repeats the LISTEN statement, a no-op on a listening
-	// session). The check must be answered within ListenCheckInterval or 5
-	// seconds, whichever is shorter; otherwise the connection is closed,
-	// re-opened with backoff, and every waiter retries once it is back (a
-	// Warn is logged). This notices a connection that died silently
-	// (firewall or NAT state dropped, a partition without a reset, a proxy
-	// that stopped forwarding), which would otherwise delay every hand-over
-	// until the holder's expiry for as long as it lingers: waiters now
-	// retry within about ListenCheckInterval plus the check's timeout (and
-	// the reconnect) of the connection's last sign of life. The cost is one
-	// round trip per ListenCheckInterval on a quiet channel, once the
-	// Locker has waited (the LISTEN connection opens on the first wait).
-	//
-	// Zero means [DefaultListenCheckInterval]; otherwise it must be at
-	// least 100ms. A negative value turns the check off: a dead connection
-	// is then replaced only when the operating system reports it broken
-	// (through TCP keepalive, if the dialer enables it, as Go's default
-	// dialer does; never while a proxy in between keeps the TCP connection
-	// alive). It has no effect with DisableListen.
+	// ListenCheckInterval is how long the LISTEN connection may receive
+	// nothing before a round trip checks it; one not answered within the
+	// interval (at most 5s) is replaced. Zero means
+	// [DefaultListenCheckInterval]; otherwise it must be at least 100ms. A
+	// negative value turns the check off.
 	ListenCheckInterval time.Duration
 }
 
-// The lease table honours these fields of [pgfence.AcquireOpts]:
-//
-//   - TTL overrides the Locker's TTL for this lease. Zero means the
-//     Locker's TTL; otherwise it must be at least [MinTTL]. The lease is
-//     renewed at the same fraction of this TTL as configured for the
-//     Locker's TTL.
-//   - WaitTimeout bounds how long [Locker.Acquire] and [Locker.Do] wait.
-//   - AtLeast keeps the lease held for at least this long after it was
-//     acquired (on the database clock), even when it is released earlier:
-//     Release then leaves expires_at at acquired_at + AtLeast. This is
-//     ShedLock's lockAtLeastFor: a short scheduled job does not run a
-//     second time on a node whose schedule fires slightly later.
-//
-// Shared is rejected: a lease has one holder.
+// AcquireOpts are an acquire's options. The lease table honours TTL (this
+// lease's TTL, at least [MinTTL]; zero means the Locker's), WaitTimeout
+// (bounds Acquire's wait), AtLeast (the row stays held until acquired_at +
+// AtLeast even when released earlier) and MaxHold (the lease is released
+// then, as lost with [pgfence.ErrMaxHold]). Shared is rejected.
 type AcquireOpts = pgfence.AcquireOpts
 
-// resolve returns a copy of c with defaults filled in, or an error naming
-// the first invalid field. ListenConnConfig, when set, is copied too, so
-// later changes by the caller do not reach the Locker.
+// resolve returns a copy of c, ListenConnConfig included, with defaults
+// filled in, or an error naming the first invalid field.
 func (c *Config) resolve() (Config, error) {
 	var s Config
 	if c != nil {
@@ -250,12 +175,12 @@ func (c *Config) resolve() (Config, error) {
 	return s, nil
 }
 
-// leaseTiming is the timing of one lease: its TTL and the renewal interval
-// and safety margin scaled to it.
+// leaseTiming is one lease's timing, scaled to its TTL.
 type leaseTiming struct {
 	ttl, renewEvery, margin, atLeast, maxHold time.Duration
 }
 
+// timing returns the timing of a lease acquired with o.
 func (c *Config) timing(o *AcquireOpts) (leaseTiming, error) {
 	t := leaseTiming{ttl: c.TTL, renewEvery: c.RenewInterval, margin: c.SafetyMargin}
 	if o == nil {
@@ -289,8 +214,7 @@ func (c *Config) timing(o *AcquireOpts) (leaseTiming, error) {
 	return t, nil
 }
 
-// checkText rejects values the lease table's CHECK constraints or the text
-// type would reject, before anything is sent.
+// checkText rejects, before anything is sent, what the table would.
 func checkText(what, v string) error {
 	switch {
 	case v == "":
@@ -302,8 +226,7 @@ func checkText(what, v string) error {
 	case strings.IndexByte(v, 0) >= 0:
 		return fmt.Errorf("pgfence: leasetable: %s contains a NUL byte", what)
 	}
-	// Control characters would forge lines and escape sequences in
-	// operators' terminals and logs (pgfence ls, psql).
+	// Control characters would forge lines in operators' terminals.
 	if i := strings.IndexFunc(v, func(r rune) bool { return r < 0x20 || r == 0x7f }); i >= 0 {
 		return fmt.Errorf("pgfence: leasetable: %s contains the control character %U at byte %d", what, v[i], i)
 	}

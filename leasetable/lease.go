@@ -21,12 +21,9 @@ const (
 )
 
 // Lease is a held lease: the right, while it lasts, to do the work its name
-// protects, and a fencing token to present to guarded writes. The Locker's
-// watchdog renews it in the background until it is released or lost. It
-// satisfies [pgfence.Lease].
-//
-// The methods are safe for concurrent use, and Release is safe on a nil
-// *Lease.
+// protects, and a fencing token for guarded writes. The Locker renews it
+// until it is released or lost. It satisfies [pgfence.Lease]. Its methods
+// are safe for concurrent use, and Release is safe on a nil *Lease.
 type Lease struct {
 	k         *Locker
 	name      string
@@ -112,25 +109,20 @@ func (l *Lease) lock() pgfence.Lock {
 // Name returns the lease name.
 func (l *Lease) Name() string { return l.name }
 
-// Token returns the lease's fencing token. Tokens come from one database
-// sequence: every acquisition of any lease gets a larger token than every
-// earlier acquisition of the same name. Present it to guarded writes (see
-// package fence) so that a holder that lost the lease without noticing
-// cannot overwrite a later holder's work.
+// Token returns the lease's fencing token, larger than every earlier token
+// of the name. Present it to guarded writes (package fence).
 func (l *Lease) Token() int64 { return l.token }
 
-// Secret returns the secret that proves this acquisition to pgfence's
-// functions, for lease-checked writes (fence's UnderLease, or
-// pgfence_lease_held in SQL). Hand it only to code acting for this holder.
+// Secret returns the secret that proves this acquisition to lease-checked
+// writes. Hand it only to code acting for this holder.
 func (l *Lease) Secret() pgfence.Secret { return pgfence.NewSecret(l.secret) }
 
 // AcquiredAt returns when the lease was acquired, on the database clock.
 func (l *Lease) AcquiredAt() time.Time { return l.acquiredAt }
 
-// Expiry returns the lease's local deadline, on the local clock: when the
-// last successful acquire or renewal request was sent, plus the TTL, minus
-// the safety margin. Unless a renewal succeeds first, the lease is lost
-// then (Done closes), before the database could grant it to anyone else.
+// Expiry returns the lease's local deadline, on the local clock: the last
+// successful acquire or renewal request's send time, plus the TTL, minus the
+// safety margin. Unless renewed first, the lease is lost then.
 func (l *Lease) Expiry() time.Time {
 	l.k.mu.Lock()
 	defer l.k.mu.Unlock()
@@ -138,27 +130,22 @@ func (l *Lease) Expiry() time.Time {
 }
 
 // Done returns a channel that is closed when the lease is lost or released.
-// It is l.Context().Done().
 func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 
-// Context returns a context that is cancelled when the lease is lost, with a
-// cause matching [pgfence.ErrLeaseLost], or released, with a cause matching
-// [pgfence.ErrNotHeld]. It is not derived from the context given to Acquire.
-// Derive the contexts of the protected work from it (or use [Locker.Do]):
-// an Acquire of the same name under it returns [pgfence.ErrAlreadyHeld].
+// Context returns a context, not derived from Acquire's, that is cancelled
+// when the lease is lost (cause matching [pgfence.ErrLeaseLost]) or
+// released ([pgfence.ErrNotHeld]). Derive the protected work's contexts
+// from it: an Acquire of the name under it returns [pgfence.ErrAlreadyHeld].
 func (l *Lease) Context() context.Context { return l.ctx }
 
-// Err returns nil while the lease is held; after it was lost, an error
-// matching [pgfence.ErrLeaseLost] that says why, and matches the cause:
-// [pgfence.ErrLeaseExpired] (no renewal before the local deadline),
-// [pgfence.ErrLeaseTakenOver] (the database no longer holds it for this
-// token) or [pgfence.ErrClosed] (the Locker was closed); after a Release,
-// an error matching [pgfence.ErrNotHeld].
+// Err returns nil while the lease is held. After a loss it returns an error
+// matching [pgfence.ErrLeaseLost] and its cause: [pgfence.ErrLeaseExpired],
+// [pgfence.ErrLeaseTakenOver] or [pgfence.ErrClosed]; after a Release, one
+// matching [pgfence.ErrNotHeld].
 func (l *Lease) Err() error { return context.Cause(l.ctx) }
 
-// checkDeadline runs when a lease's local deadline timer fires. Renewals move
-// the deadline without resetting the timer, so it re-arms itself when the
-// deadline has moved.
+// checkDeadline runs when l's deadline timer fires: renewals move the
+// deadline without resetting the timer, so it re-arms itself.
 func (k *Locker) checkDeadline(l *Lease) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -174,8 +161,8 @@ func (k *Locker) checkDeadline(l *Lease) {
 		l.name, l.token, pgfence.ErrLeaseExpired))
 }
 
-// endLocked ends a held lease: it is lost or released. Waiters of this
-// Locker for the name are woken: it is free here. k.mu must be held.
+// endLocked ends a held lease, lost or released, and wakes the name's
+// waiters of this Locker. k.mu is held.
 func (k *Locker) endLocked(l *Lease, state leaseState, cause error) {
 	if l.state != stateHeld {
 		return

@@ -23,16 +23,14 @@ func (w *waiter) wake() {
 }
 
 // watch is what a Locker knows of a name its waiters listen for: the tag
-// its notifications carry, and the newest released token acted on, so that
-// a replayed notification is dropped.
+// of its notifications, and the newest released token acted on.
 type watch struct {
 	tag      string
 	notified int64
 }
 
-// addWaiter registers a waiter for name's release notifications, starting
-// the Locker's LISTEN connection on first use. The connection listens only
-// while a waiter of the Locker waits for notifications (see listenFor).
+// addWaiter registers a waiter for name, starting the Locker's LISTEN
+// connection on first use.
 func (k *Locker) addWaiter(name string) (*waiter, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -82,10 +80,7 @@ func (k *Locker) removeWaiter(name string, w *waiter) {
 	if w.listens {
 		k.listenWants--
 		if k.listenWants == 0 && k.listener != nil && !k.closed {
-			// Unsubscribe once the linger has passed, unless a waiter
-			// came back: one timer per Locker, pushed back by each
-			// waiter that leaves (and stopped by Close, after which no
-			// waiter re-arms it).
+			// Unsubscribe after the linger unless a waiter came back.
 			k.listenIdleSince = time.Now()
 			if k.lingerTimer == nil {
 				n := k.listener
@@ -98,21 +93,13 @@ func (k *Locker) removeWaiter(name string, w *waiter) {
 }
 
 // listenLinger is how long the LISTEN connection stays subscribed after the
-// last waiter for notifications left: a Locker that waits again within it
-// (a busy one waits every few milliseconds) keeps listening rather than
-// paying a LISTEN, an UNLISTEN and a retry of its waiter each time, while
-// a Locker that no longer waits stops being signalled within a second.
+// last waiter for notifications left.
 const listenLinger = time.Second
 
-// listenFor marks w, a waiter about to block until a release (it was
-// refused), as one that waits for notifications: the first such waiter of
-// the Locker has the LISTEN connection subscribe, and once it has, every
-// waiter is woken to try again (the notifier's Listening hook, wakeAll),
-// as a release committed before then was not announced. Waiters whose
-// first attempt succeeds never make the connection listen. When the
-// notifier's last answer from wantListen was yes, it is subscribed (or
-// subscribing) and will not unsubscribe without asking again, which now
-// answers yes: no Kick, so a busy Locker's waits do not interrupt it.
+// listenFor marks w, refused and about to wait, as waiting for
+// notifications: the first such waiter has the LISTEN connection subscribe,
+// which then wakes every waiter (see listening). No Kick while the
+// notifier's last answer was yes.
 func (k *Locker) listenFor(w *waiter) {
 	if k.hooks != nil && k.hooks.onListen != nil && !w.listens {
 		k.hooks.onListen()
@@ -130,15 +117,9 @@ func (k *Locker) listenFor(w *waiter) {
 	}
 }
 
-// wantListen is the notifier's Wanted hook: the LISTEN connection is
-// subscribed only while a call of the Locker waits for a release (see
-// listenFor), and for listenLinger after the last one left. A session
-// that listens is signalled, and its backend woken, by every NOTIFY
-// committed in the database (PostgreSQL signals each listening backend,
-// whatever the channel), and each signal makes the NOTIFY's commit take
-// longer: an idle Locker that kept listening would slow every release of
-// every Locker on the database, and take a share of the server's CPU, for
-// nothing. The answer is recorded for listenFor.
+// wantListen is the notifier's Wanted hook: subscribed only while a call
+// waits for a release, and for listenLinger after (every NOTIFY of the
+// database signals each listening session).
 func (k *Locker) wantListen() bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -149,9 +130,8 @@ func (k *Locker) wantListen() bool {
 	return k.listenAnswer
 }
 
-// listening is the notifier's Listening hook: the LISTEN connection
-// listens (again), having connected or subscribed, so every waiter tries
-// again (wakeAll), as a release may have been missed meanwhile.
+// listening is the notifier's Listening hook: a release may have been
+// missed before, so every waiter tries again.
 func (k *Locker) listening() {
 	if k.hooks == nil || !k.hooks.noListenWake {
 		k.wakeAll()
@@ -169,8 +149,7 @@ func (k *Locker) wakeAll() {
 	}
 }
 
-// watchLocked returns the watch of name, a name waiters wait for, creating
-// it: from then on its notifications are known by their tag. k.mu is held.
+// watchLocked returns name's watch, creating it. k.mu is held.
 func (k *Locker) watchLocked(name string) *watch {
 	wa := k.watched[name]
 	if wa == nil {
@@ -182,8 +161,7 @@ func (k *Locker) watchLocked(name string) *watch {
 }
 
 // noteHolder records, while waiters wait for name, that an attempt found it
-// held with token: a release notification of an older token (an earlier
-// grant's, or a replay) is then dropped.
+// held with token: older release notifications are then dropped.
 func (k *Locker) noteHolder(name string, token int64) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -194,11 +172,8 @@ func (k *Locker) noteHolder(name string, token int64) {
 }
 
 // notify wakes the waiters for the lease a notification announces, once per
-// released token. A payload that does not verify under the install's key
-// (forged by a role without pgfence's grant), that names no lease waited
-// for, or whose token is older than the holder an attempt found or not
-// newer than one already acted on (replayed) is dropped without a
-// statement.
+// released token. A payload that does not verify, names no watched lease, or
+// is not newer than the last token noted is dropped.
 func (k *Locker) notify(payload string) {
 	tag, token, ok := k.notifyKey.Verify(payload)
 	if !ok {
@@ -216,23 +191,17 @@ func (k *Locker) notify(payload string) {
 	}
 }
 
-// probeSQL sends a probe notification on [NotifyChannel] through the pool,
-// as a release would; it locks nothing.
+// probeSQL sends a probe notification on [NotifyChannel]; it locks nothing.
 const probeSQL = `SELECT pg_catalog.pg_notify($1, $2)`
 
-// probeListen is the notifier's probe: it sends payload through the pool,
-// from another session than the LISTEN connection's, so it arrives only
-// where a release would (a session's own notification arrives even
-// through a transaction pooler, on the server connection it happens to
-// get back, and proves nothing).
+// probeListen is the notifier's probe: sent through the pool, from another
+// session, it arrives only where a release's notification would.
 func (k *Locker) probeListen(ctx context.Context, payload string) error {
 	_, err := k.pool.Exec(ctx, probeSQL, NotifyChannel, payload)
 	return err
 }
 
-// probeTimeout is how long the LISTEN connection waits for its probe after
-// each connect: the health check's timeout, or its cap when the check is
-// off.
+// probeTimeout is how long the LISTEN connection waits for its probe.
 func probeTimeout(checkInterval time.Duration) time.Duration {
 	if checkInterval < 0 {
 		return maxListenCheckTimeout
@@ -255,9 +224,8 @@ func (k *Locker) listenRestored(down time.Duration) {
 	}
 }
 
-// suspectListen asks the LISTEN connection, if any, to check itself now:
-// a statement just failed with a transient error, and the LISTEN
-// connection may have died with the others without noticing.
+// suspectListen has the LISTEN connection, if any, check itself now: a
+// statement just failed with a transient error.
 func (k *Locker) suspectListen() {
 	k.mu.Lock()
 	n := k.listener

@@ -33,13 +33,10 @@ type Locker struct {
 	ev         *events.Emitter // nil without Config.Observer
 	hooks      *testHooks      // nil in production
 
-	// Stats counters.
 	waiting                                                   atomic.Int64
 	nAcquired, nNotAcquired, nReleased, nLost, nRenewFailures atomic.Uint64
 
-	// renewRTT is the shortest round trip, in nanoseconds, of an answered
-	// renewal statement (see fastestRenewal).
-	renewRTT atomic.Int64
+	renewRTT atomic.Int64 // see fastestRenewal
 
 	mu              sync.Mutex
 	closed          bool
@@ -49,18 +46,16 @@ type Locker struct {
 	watchdogWake    chan struct{}      // buffered(1): a lease was added
 	listener        *notifier.Notifier // the LISTEN loop, once started
 	waiters         map[string]map[*waiter]struct{}
-	notifyKey       notifykey.Key       // checks notifications (see notify)
-	tagNames        map[string]string   // a listened-for name by its notification tag
-	watched         map[string]*watch   // the listened-for names (see listenFor)
-	waiterSeq       uint64              // the seq of the last waiter added
-	listenWants     int                 // waiters that wait for notifications (see wantListen)
-	listenIdleSince time.Time           // when listenWants last fell to 0
-	listenAnswer    bool                // wantListen's last answer to the notifier
-	lingerTimer     *time.Timer         // asks the notifier again once listenLinger has passed
-	attempts        map[string]*attempt // attempts in flight, by name (see try)
-	// lines queues the waiting Acquire calls by name: only the head of a
-	// name's line retries and is woken (see acquire).
-	lines *waitline.Lines[string]
+	notifyKey       notifykey.Key           // checks notifications (see notify)
+	tagNames        map[string]string       // a listened-for name by its notification tag
+	watched         map[string]*watch       // the listened-for names (see listenFor)
+	waiterSeq       uint64                  // the seq of the last waiter added
+	listenWants     int                     // waiters that wait for notifications (see wantListen)
+	listenIdleSince time.Time               // when listenWants last fell to 0
+	listenAnswer    bool                    // wantListen's last answer to the notifier
+	lingerTimer     *time.Timer             // asks the notifier again once listenLinger has passed
+	attempts        map[string]*attempt     // attempts in flight, by name (see try)
+	lines           *waitline.Lines[string] // the waiting Acquire calls by name (see waitAcquire)
 
 	acquires batcher[*acquireReq] // combines concurrent acquires
 	granting sync.WaitGroup       // grants handed to callers, not yet adopted or given back
@@ -69,8 +64,7 @@ type Locker struct {
 
 var _ pgfence.Locker = (*Locker)(nil)
 
-// testHooks are the switches and callbacks that tests set through
-// export_test.go, most of them for negative controls.
+// testHooks are the switches and callbacks tests set (export_test.go).
 type testHooks struct {
 	noRetry      bool   // transient errors are not retried
 	keepStale    bool   // connections to a read-only server are kept
@@ -83,20 +77,15 @@ type testHooks struct {
 	listenAsked  int64  // wantListen's answers so far; guarded by Locker.mu
 }
 
-// New returns a Locker that uses pool for every statement. cfg may be nil for
-// the defaults. New returns an error when cfg is invalid or pool is nil;
-// then nothing is sent. Otherwise it checks once, in a round trip or two
-// bounded by ctx, that pgfence's schema ([Config].Schema) is installed at
-// the version this code needs and that its token sequence is sound, and
-// returns an error matching [pgfence.ErrNotInstalled] that says how to fix
-// it when not. Database errors are returned wrapped. ctx has no effect on
-// the Locker after New returns.
+// New returns a Locker that runs its statements on pool; cfg may be nil for
+// the defaults. It checks once, within ctx, that pgfence's schema is
+// installed at the version this code needs. The pool stays the caller's:
+// it must stay open until [Locker.Close] returns, and needs MaxConns of at
+// least 2 (New logs a Warn otherwise).
 //
-// The pool stays the caller's: [Locker.Close] does not close it, and it must
-// stay open until Close returns. The Locker takes a connection from it for
-// each statement, as the caller does, waiting at most [Config].QueryTimeout
-// for one; it needs MaxConns of at least 2, and New logs a Warn for a pool
-// of one (see "Pool size" in the package documentation).
+// New returns an error for an invalid cfg or a nil pool (nothing sent), one
+// matching [pgfence.ErrNotInstalled] that says how to install the schema,
+// and database errors wrapped.
 func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 	if pool == nil {
 		return nil, errNilPool
@@ -151,22 +140,14 @@ func (k *Locker) Owner() string { return k.cfg.Owner }
 // Schema returns the schema the Locker's statements use.
 func (k *Locker) Schema() string { return k.cfg.Schema }
 
-// Close releases every lease the Locker still holds (each such lease is
-// lost: its context is cancelled with a cause matching both
-// [pgfence.ErrLeaseLost] and [pgfence.ErrClosed]), wakes waiting Acquire
-// calls, which return [pgfence.ErrClosed], and stops the renewal watchdog and
-// the LISTEN connection. The releases go out together, and a transient
-// error is retried for at most [Config].QueryTimeout (never in the
-// background); the release retries that earlier Release calls left in the
-// background stop, their leases expiring after their TTL. An acquire
-// statement in flight is waited for (at most QueryTimeout) and its grants
-// given back, so no lease of the Locker is held once Close returns unless
-// the database stopped answering. Close returns
-// when all background goroutines have stopped, the Observer's queued
-// events were delivered, and pgx has finished closing the LISTEN
-// connection; it waits at most a second for the latter when the server
-// does not answer. It does not close the pool. Close is idempotent; later
-// calls of the Locker's methods return [pgfence.ErrClosed].
+// Close releases every lease the Locker holds, each then lost with a cause
+// matching [pgfence.ErrLeaseLost] and [pgfence.ErrClosed], and waits for the
+// grants of acquires in flight, so that no lease of the Locker stays held
+// unless the database stopped answering (each wait bounded by
+// [Config].QueryTimeout). Waiting Acquire calls return [pgfence.ErrClosed];
+// background work, release retries included, stops, and the Observer's
+// queued events are delivered. It does not close the pool. Close is
+// idempotent; later calls of the Locker's methods return [pgfence.ErrClosed].
 func (k *Locker) Close() {
 	k.mu.Lock()
 	if k.closed {
@@ -183,8 +164,7 @@ func (k *Locker) Close() {
 	}
 	k.mu.Unlock()
 	k.closeFunc() // stops the watchdog's in-flight renewal, the listener, waiters and release retries
-	// Released together: they go out in one batch, and during an outage
-	// Close waits one QueryTimeout for all of them, not one each.
+	// Together: one batch, and one QueryTimeout in an outage.
 	var releases sync.WaitGroup
 	for _, l := range held {
 		releases.Add(1)
@@ -206,12 +186,8 @@ func (k *Locker) Close() {
 	k.ev.Close() // delivers the queued events
 }
 
-// Stats returns a snapshot of the Locker's state and counters: leases held
-// and Acquire calls waiting now, totals of grants, calls that returned
-// without a lease (bad input aside), releases, losses and failed renewal
-// attempts, whether the LISTEN connection listens now, and how many
-// background events a slow [Config].Observer made it drop. It never sends
-// a statement, and works after Close.
+// Stats returns a snapshot of the Locker's state and counters (see
+// [pgfence.Stats]). It sends no statement, and works after Close.
 func (k *Locker) Stats() pgfence.Stats {
 	k.mu.Lock()
 	held, listener := len(k.leases), k.listener

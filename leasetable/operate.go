@@ -21,9 +21,7 @@ type LeaseInfo struct {
 }
 
 // listSQL reads the current holders (%[1]s is the schema); it takes no
-// locks. Operators are named with their schema too: a search_path that puts
-// another schema before pg_catalog would otherwise let a planted operator
-// of the same signature win.
+// locks. Operators name their schema, so none on the search_path can win.
 const listSQL = `
 SELECT name, owner, fence, acquired_at, expires_at FROM %[1]s.pgfence_leases
 WHERE expires_at OPERATOR(pg_catalog.>) pg_catalog.now()
@@ -34,9 +32,7 @@ const getSQL = `
 SELECT name, owner, fence, acquired_at, expires_at FROM %[1]s.pgfence_leases
 WHERE name OPERATOR(pg_catalog.=) $1 AND expires_at OPERATOR(pg_catalog.>) pg_catalog.now()`
 
-// List returns the leases currently held (expires_at after the database's
-// now()), ordered by name, for operators. It reads all lease rows, not only
-// this Locker's.
+// List returns the leases currently held, of every owner, ordered by name.
 func (k *Locker) List(ctx context.Context) ([]LeaseInfo, error) {
 	if err := k.checkOpen(); err != nil {
 		return nil, err
@@ -52,8 +48,8 @@ func (k *Locker) List(ctx context.Context) ([]LeaseInfo, error) {
 	return infos, nil
 }
 
-// Get returns the current holder of the lease name. ok is false when nobody
-// holds it (no row, or the row's lease has expired or was released).
+// Get returns the current holder of the lease name; ok is false when nobody
+// holds it.
 func (k *Locker) Get(ctx context.Context, name string) (info LeaseInfo, ok bool, err error) {
 	if err := k.checkOpen(); err != nil {
 		return LeaseInfo{}, false, err
@@ -95,13 +91,10 @@ type ForcedRelease struct {
 	ReleasedAt time.Time  // when, on the database clock
 }
 
-// forceReleaseSQL force-releases a lease (%[1]s is the schema) through
-// pgfence_force_release, a SECURITY DEFINER function only operators may
-// execute: it locks the row, gives it a fresh token (so the old holder's
-// fenced writes are rejected from then on) and expires it now, notifies
-// waiters, records who did it (session_user, client address, time, reason)
-// in pgfence_forced_releases, which no later acquire erases, and logs it on
-// the server.
+// forceReleaseSQL force-releases a lease (%[1]s is the schema) through the
+// SECURITY DEFINER pgfence_force_release, for operators only: it gives the
+// row a fresh token, expires it, notifies waiters and records the release
+// in pgfence_forced_releases.
 const forceReleaseSQL = `SELECT old_owner, old_token, was_held, token FROM %[1]s.pgfence_force_release($1, $2)`
 
 // listForcedSQL reads the audit trail of forced releases, newest first, at
@@ -113,20 +106,17 @@ FROM %[1]s.pgfence_forced_releases
 ORDER BY id DESC
 LIMIT $1`
 
-// ErrNoLease is returned by [Locker.ForceRelease] when the name has no row:
-// nothing was ever acquired under it (or the row was pruned).
+// ErrNoLease is returned by [Locker.ForceRelease] when the name has no row.
 var ErrNoLease = errors.New("pgfence: leasetable: no lease row with that name")
 
-// ForceRelease ends the lease name whoever holds it, for operators (the
-// pgfence release --force command): its row gets a fresh token and expires
-// now, so the holder's renewal and lease-checked writes fail and its
-// fenced writes are rejected once anyone writes with a later token. The
-// release is recorded on the server, with reason (at most
-// [MaxNameLength] bytes), the database user and the client address. The
-// role needs pgfence's operator grant (migrations.Grant with Operator).
+// ForceRelease ends the lease name whoever holds it, for operators: its row
+// gets a fresh token and expires now, so the holder's renewals and
+// lease-checked writes fail and its fenced writes are rejected. The release
+// is recorded on the server with reason (at most [MaxNameLength] bytes).
+// The role needs pgfence's operator grant.
 //
-// It returns what the row held before, and [ErrNoLease] when the name has
-// no row. ctx bounds the statement.
+// It returns what the row held before, [ErrNoLease] when the name has no
+// row, and database errors wrapped.
 func (k *Locker) ForceRelease(ctx context.Context, name, reason string) (ForcedRelease, error) {
 	if err := k.checkOpen(); err != nil {
 		return ForcedRelease{}, err

@@ -12,12 +12,9 @@ import (
 	"github.com/pgfence/pgfence/internal/retry"
 )
 
-// conn takes a connection from the pool for the Locker's statement what,
-// waiting at most wait and while ctx lasts. When the wait ends with every
-// connection of the pool in use, the error (matching the context's error)
-// says so, naming what, how long it waited and the pool's MaxConns and
-// acquired connections; for the Locker's own work (renewal, release: warn
-// set) it is also logged as a Warn, since no caller may be there to see it.
+// conn takes a connection for the Locker's statement what, waiting at most
+// wait and while ctx lasts. When the pool is exhausted, the error says so
+// with its figures (logged as a Warn with warn set, for background work).
 func (k *Locker) conn(ctx context.Context, what string, wait time.Duration, warn bool) (*pgxpool.Conn, error) {
 	start := time.Now()
 	actx, cancel := context.WithTimeout(ctx, wait)
@@ -34,9 +31,7 @@ func (k *Locker) conn(ctx context.Context, what string, wait time.Duration, warn
 		if ctx.Err() != nil {
 			return nil, err // the caller left
 		}
-		// Not exhausted, yet no connection in time: dialing, or pgxpool's
-		// ping of an idle connection, got no answer (a dead server or
-		// network), which a later attempt may not meet.
+		// Not exhausted: the server or network did not answer.
 		return nil, &noAnswerError{what: what, wait: time.Since(start).Round(time.Millisecond), err: err}
 	}
 	err = fmt.Errorf("%s could not get a connection from the pool within %v (pool exhausted: MaxConns %d, acquired %d): %w",
@@ -48,9 +43,8 @@ func (k *Locker) conn(ctx context.Context, what string, wait time.Duration, warn
 	return nil, err
 }
 
-// noAnswerError is the error of a wait for a connection that ended
-// without the pool being exhausted: the server or the network did not
-// answer. It is transient (see Locker.retryable).
+// noAnswerError is a wait for a connection that ended without the pool
+// being exhausted. It is transient (see retryable).
 type noAnswerError struct {
 	what string
 	wait time.Duration
@@ -74,12 +68,9 @@ func (k *Locker) warnSmallPool(ctx context.Context) {
 	}
 }
 
-// discardStale closes c's connection when err says its server cannot take
-// writes (read_only_sql_transaction: a standby, such as a primary demoted
-// in a failover), so that the pool replaces it with a connection to the
-// writable server instead of handing it out again; call it before
-// c.Release. pgx closes the connections that failed at the network level
-// itself.
+// discardStale closes c's connection when err says its server is read-only
+// (a demoted primary), so that the pool dials the writable server; call it
+// before c.Release.
 func (k *Locker) discardStale(c *pgxpool.Conn, err error) {
 	if k.hooks != nil && k.hooks.keepStale {
 		return
@@ -93,8 +84,7 @@ func (k *Locker) discardStale(c *pgxpool.Conn, err error) {
 	_ = c.Conn().Close(ctx)
 }
 
-// retryable reports whether err of one of the Locker's statements is
-// retried: a transient database error (retry.Transient).
+// retryable reports whether err of a statement is transient.
 func (k *Locker) retryable(err error) bool {
 	var noAnswer *noAnswerError
 	return (k.hooks == nil || !k.hooks.noRetry) && (retry.Transient(err) || errors.As(err, &noAnswer))

@@ -16,56 +16,28 @@ import (
 	"github.com/pgfence/pgfence/internal/retry"
 )
 
-// releaseSQL gives a batch of leases up (%[1]s is the schema) through
-// pgfence_release, a SECURITY DEFINER function: only rows still held with
-// the name, token and secret presented, expired in place
-// (never deleted), and a notification on [NotifyChannel] for each one
-// (delivered at commit): freed now, or held only until acquired_at +
-// AtLeast, which a waiter must learn to retry then rather than at the old
-// expiry. It returns the token of each lease it released, and locks those
-// rows.
-//
-// When every released row becomes free at once (no AtLeast keeps one held),
-// the transaction commits with synchronous_commit off: it does not wait for
-// its WAL to be flushed. The notifications make each such commit take a
-// database-wide lock until it completes, so waiting for the flush there
-// would serialise every release on the server behind the disk. Losing such
-// a release in a crash only keeps the lease held until its TTL ends; it can
-// never make a lease look free early, and whoever takes the freed row
-// commits durably, which flushes the release's WAL first. A release that
-// keeps a row held (AtLeast) commits durably.
-//
-// $1 names, $2 tokens, $3 secrets, $4 AtLeast in microseconds (parallel
-// arrays).
+// releaseSQL gives up a batch of leases (%[1]s is the schema) through the
+// SECURITY DEFINER pgfence_release: only rows still held with the token and
+// secret presented, expired in place (or at acquired_at + AtLeast), with a
+// notification on [NotifyChannel] for each. A release that frees every row
+// at once commits with synchronous_commit off. It returns the tokens it
+// released. $1 names, $2 tokens, $3 secrets, $4 AtLeast in microseconds.
 const releaseSQL = `SELECT fence, durability FROM %[1]s.pgfence_release($1, $2, $3, $4)`
 
 var errReleased = fmt.Errorf("pgfence: leasetable: lease was released: %w", pgfence.ErrNotHeld)
 
-// Release gives the lease up: Done is closed, renewals stop, and the row is
-// expired in place if this lease still holds it (owner and token match and it
-// has not expired), which wakes waiters in this and other Lockers at once.
-// With [AcquireOpts].AtLeast the row stays held until acquired_at + AtLeast;
-// waiters are woken then too, learn the new expiry and retry at it.
+// Release gives the lease up: Done closes, renewals stop, and the row, if
+// this lease still holds it, is expired (at once, or at acquired_at +
+// [AcquireOpts].AtLeast), which wakes the waiters of every Locker. It runs
+// under context.WithoutCancel(ctx) bounded by [Config].QueryTimeout, so it
+// works from a defer; transient errors are retried within that bound, then
+// in the background until the lease would have expired or Close.
 //
-// Release returns an error matching [pgfence.ErrNotHeld] when the lease was
-// no longer held: it had been lost (locally or in the database). Then nothing
-// belonging to another owner is changed. After one call returned nil or
+// It returns an error matching [pgfence.ErrNotHeld] when the lease had been
+// lost, one matching [pgfence.ErrUnavailable] when the retries ran out, one
+// matching [pgfence.ErrMaxHold] once after a release at MaxHold, and other
+// errors wrapped (a later call tries again). After a call returned nil or
 // ErrNotHeld, later calls return nil, and so does a call on a nil *Lease.
-//
-// A transient database error (the database is failing over; see
-// [Locker.TryAcquire]) is retried with capped, jittered backoff within
-// the call's bound. When that runs out, Release returns an error matching
-// [pgfence.ErrUnavailable] that wraps the last attempt's error, and goes
-// on retrying in the background until the release succeeds (waking
-// waiters) or the lease would have expired in the database anyway, or
-// [Locker.Close]; a later Release waits for that retry (within its own
-// bound). So a failover does not block the name for the rest of its TTL.
-// When the statement fails otherwise, the error is returned and a later
-// call tries again; without one the lease simply expires after its TTL.
-//
-// Release runs under context.WithoutCancel(ctx) bounded by
-// [Config].QueryTimeout, so it still works from a defer whose ctx has
-// ended; ctx's values are kept.
 func (l *Lease) Release(ctx context.Context) error {
 	if l == nil {
 		return nil
@@ -79,8 +51,8 @@ func (l *Lease) Release(ctx context.Context) error {
 	return nil
 }
 
-// maxHoldReached releases l at its MaxHold bound: its context ends with a
-// cause matching [pgfence.ErrMaxHold], and it counts as lost.
+// maxHoldReached releases l at its MaxHold, as a loss with a cause matching
+// [pgfence.ErrMaxHold].
 func (k *Locker) maxHoldReached(l *Lease) {
 	cause := fmt.Errorf("pgfence: leasetable: lease %q (token %d) held for its MaxHold of %v: %w",
 		l.name, l.token, l.timing.maxHold, pgfence.ErrMaxHold)
@@ -96,10 +68,8 @@ func (k *Locker) maxHoldReached(l *Lease) {
 	}
 }
 
-// release ends l, with cause as its Err, and releases its row. It sends
-// the Released event (a Release of a held lease) or the Lost event
-// (Close's release, cause errLostClosed), bracketed by the release
-// operation.
+// release ends l with cause, releases its row, and reports it as the
+// Released event, or for Close and MaxHold as the Lost event.
 func (l *Lease) release(ctx context.Context, cause error) error {
 	l.releaseMu.Lock()
 	defer l.releaseMu.Unlock()
@@ -137,15 +107,14 @@ func (l *Lease) release(ctx context.Context, cause error) error {
 	return err
 }
 
-// releaseInDB releases l's row, after the background retry (retrying) and
-// renewal (inflight) that may be running, retrying transient errors, and
-// handing the release to a background retry when they outlast its bound.
+// releaseInDB releases l's row once a background retry (retrying) and a
+// renewal (inflight) in flight have ended, retrying transient errors, and
+// hands the release to a background retry when they outlast its bound.
 func (l *Lease) releaseInDB(ctx context.Context, inflight, retrying chan struct{}) error {
 	k := l.k
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.cfg.QueryTimeout)
 	defer cancel()
 	if retrying != nil {
-		// A background retry of an earlier Release runs: wait for it.
 		select {
 		case <-retrying:
 		case <-ctx.Done():
@@ -162,11 +131,10 @@ func (l *Lease) releaseInDB(ctx context.Context, inflight, retrying chan struct{
 		if err != nil && !k.retryable(err) {
 			return fmt.Errorf("pgfence: leasetable: release %q (token %d): %w", l.name, l.token, err)
 		}
-		// It gave up (the lease has expired by now, or Close): one more try.
+		// It gave up: one more try.
 	}
 	if inflight != nil {
-		// Let a renewal that includes this lease finish first, so that it
-		// cannot extend the row after the release.
+		// A renewal must not extend the row after the release.
 		select {
 		case <-inflight:
 		case <-ctx.Done():
@@ -176,8 +144,6 @@ func (l *Lease) releaseInDB(ctx context.Context, inflight, retrying chan struct{
 	held, err := k.releaseRetrying(ctx, l)
 	if err != nil {
 		if k.retryable(err) || (ctx.Err() != nil && (k.hooks == nil || !k.hooks.noRetry)) {
-			// The database is unavailable, or the statement hung (a dead
-			// connection) until the bound: retry in the background.
 			if err == ctx.Err() {
 				err = fmt.Errorf("no answer within QueryTimeout %v: %w", k.cfg.QueryTimeout, err)
 			}
@@ -215,12 +181,9 @@ func (k *Locker) releaseRetrying(ctx context.Context, l *Lease) (bool, error) {
 	}
 }
 
-// retryReleaseLater retries l's release in the background, after a
-// Release gave up on a transient error: until it succeeds, until the
-// lease would have expired in the database anyway (its last successful
-// acquire or renewal request plus the TTL), or until Close. The retry's
-// statements carry ctx's values. It does nothing after Close, and then
-// reports false.
+// retryReleaseLater retries l's release in the background, with ctx's
+// values, until it succeeds, the lease would have expired in the database,
+// or Close. After Close it does nothing and reports false.
 func (k *Locker) retryReleaseLater(ctx context.Context, l *Lease) bool {
 	k.mu.Lock()
 	if k.closed {
@@ -274,9 +237,8 @@ func (k *Locker) retryReleaseLater(ctx context.Context, l *Lease) bool {
 	return true
 }
 
-// released records that l's row was released (or found not held) in the
-// database, and wakes the name's waiters: the row is free (or AtLeast-held)
-// now.
+// released records that l's row was released (or found not held) and wakes
+// the name's waiters.
 func (k *Locker) released(l *Lease) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -296,24 +258,21 @@ type releaseReq struct {
 	res       chan releaseReply // buffered(1)
 }
 
-// releaseReply is the outcome of one release request: held reports whether
-// the row was still this lease's and was released.
+// releaseReply is the outcome of one release request: held reports that the
+// row was still this lease's.
 type releaseReply struct {
 	held bool
 	err  error
 }
 
-// releaseRow releases one lease row through the Locker's batcher. It
-// reports whether the row was still held by the lease.
+// releaseRow releases one row through the Locker's batcher, and reports
+// whether the lease still held it.
 func (k *Locker) releaseRow(ctx context.Context, name string, token int64, secret string, atLeast time.Duration) (bool, error) {
 	r := &releaseReq{ctx: ctx, name: name, token: token, secret: secret, atLeastUs: atLeast.Microseconds(), res: make(chan releaseReply, 1)}
 	if k.releases.runNow(r) {
 		rep := <-r.res
 		if rep.err != nil && ctx.Err() != nil {
-			// The statement ended because ctx did (its wait for a
-			// connection, or the statement, was cancelled with it): the
-			// caller gets ctx's error, as when it stops waiting for a
-			// drain goroutine's answer.
+			// Cancelled with ctx: ctx's error, as for a queued request.
 			return false, ctx.Err()
 		}
 		return rep.held, rep.err
@@ -337,8 +296,6 @@ func (k *Locker) execReleases(batch []*releaseReq) (err error) {
 	}
 	values := ctxs[0]
 	if k.ev.Enabled() && len(batch) > 1 {
-		// One statement for several callers: an operation of its own,
-		// under the opener's, linked to the others'.
 		op := pgfence.Op{Kind: pgfence.OpRelease, Strategy: pgfence.StrategyLeaseTable, Batch: len(batch), Links: ctxs[1:]}
 		values = k.ev.StartOp(values, op)
 		defer func() { k.ev.EndOp(values, op, err) }()
@@ -354,8 +311,7 @@ func (k *Locker) execReleases(batch []*releaseReq) (err error) {
 		secrets = append(secrets, r.secret)
 		atLeast = append(atLeast, r.atLeastUs)
 	}
-	// The callers' contexts are already detached from cancellation and
-	// bounded by the query timeout.
+	// The callers' contexts are detached and bounded by QueryTimeout.
 	ctx, cancel := batchContext(context.Background(), values, ctxs)
 	defer cancel()
 	conn, err := k.conn(ctx, "release", k.cfg.QueryTimeout, true)
@@ -401,10 +357,8 @@ type giveBackReq struct {
 	secret string
 }
 
-// giveBack releases the leases in back, taken for callers that stopped
-// waiting before they learnt of them, each bounded by QueryTimeout. The
-// releases go to the release batcher together, so they cost one round
-// trip, not one each.
+// giveBack releases, each bounded by QueryTimeout, the leases taken for
+// callers that stopped waiting; they go out in one release batch.
 func (k *Locker) giveBack(back []giveBackReq) {
 	if len(back) == 0 {
 		return

@@ -17,38 +17,26 @@ import (
 	"github.com/pgfence/pgfence/internal/retry"
 )
 
-// renewSQL extends a batch of leases in one statement (%[1]s is the
-// schema) through pgfence_renew, a SECURITY DEFINER function. A lease is
-// renewed only while it is still held with the same token and secret and
-// expires_at is still in the future on clock_timestamp(), so an expired
-// lease is never resurrected; expires_at never moves backwards. A row that
-// another transaction has locked is not waited for: it comes back with
-// renewed false, and is retried soon like a failed statement.
-//
-// $1 names, $2 tokens, $3 secrets, $4 TTLs in microseconds (parallel
-// arrays).
+// renewSQL extends a batch of leases (%[1]s is the schema) through the
+// SECURITY DEFINER pgfence_renew: only rows still held with the same token
+// and secret and not yet expired on clock_timestamp(). A row another
+// transaction has locked comes back not renewed, without a wait. $1 names,
+// $2 tokens, $3 secrets, $4 TTLs in microseconds.
 const renewSQL = `SELECT fence, renewed FROM %[1]s.pgfence_renew($1, $2, $3, $4)`
 
-// errRenewBusy is the error of a renewal that skipped a lease's row because
-// another transaction had it locked.
+// errRenewBusy is the error of a renewal that skipped a row another
+// transaction had locked.
 var errRenewBusy = errors.New("the lease's row is locked by another transaction")
 
 // Renew renews the lease now, in one statement bounded by ctx and
-// [Config].QueryTimeout, instead of waiting for the watchdog (which goes on
-// renewing it as before): for a long job about to start a step that must
-// not be interrupted, or to confirm the lease after a pause. On success the
-// database's expiry and [Lease.Expiry] move forward by the TTL from now.
+// [Config].QueryTimeout, beside the watchdog's renewals: before a step that
+// must not be interrupted, or after a pause. On success [Lease.Expiry] moves
+// forward. A failed statement leaves the lease held; Renew does not retry.
 //
-// When the database no longer holds the lease (it expired or was taken
-// over), the lease is lost (Done closes) and Renew returns an error
-// matching [pgfence.ErrLeaseLost]. After a release or loss it returns
-// [Lease.Err] (matching [pgfence.ErrNotHeld] or ErrLeaseLost) without a
-// round trip. When the statement fails (the database is unreachable, or ctx
-// ended), the error is returned wrapped and the lease stays held: the
-// watchdog retries until the local deadline, as for any failed renewal.
-// Renew itself does not retry: a transient error (the database is failing
-// over; see [Locker.TryAcquire]) is returned as an error matching
-// [pgfence.ErrUnavailable] that wraps it.
+// It returns an error matching [pgfence.ErrLeaseLost] when the database no
+// longer holds the lease (it is then lost), [Lease.Err] after a release or
+// loss (no round trip), one matching [pgfence.ErrUnavailable] for a
+// transient error, and other errors wrapped.
 func (l *Lease) Renew(ctx context.Context) error {
 	if err := l.Err(); err != nil {
 		return err
@@ -58,7 +46,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 	inflight := l.inflight
 	k.mu.Unlock()
 	if inflight != nil {
-		// One renewal at a time per lease: wait for the watchdog's.
+		// One renewal at a time per lease.
 		select {
 		case <-inflight:
 		case <-ctx.Done():
@@ -78,8 +66,8 @@ func (l *Lease) Renew(ctx context.Context) error {
 }
 
 // watchdog renews the Locker's leases until none are left or the Locker is
-// closed. When a lease is due, it and all leases due within half their
-// renewal interval are renewed together in one statement.
+// closed. A due lease is renewed together with every lease due within half
+// its own interval.
 func (k *Locker) watchdog() {
 	defer k.background.Done()
 	timer := time.NewTimer(time.Hour)
@@ -91,8 +79,6 @@ func (k *Locker) watchdog() {
 			k.mu.Unlock()
 			return
 		}
-		// When a lease is due, renew it together with every lease that would
-		// be due within half its own interval.
 		now := time.Now()
 		var batch []*Lease
 		var next time.Time
@@ -128,13 +114,11 @@ func (k *Locker) watchdog() {
 }
 
 // renew renews batch in one statement, bounded by QueryTimeout and the
-// last local deadline in the batch, with ctx's cancellation; the
-// statement carries ctx's values, or with own (the watchdog's renewal,
-// ctx the Locker's lifetime) those of the first lease's acquiring ctx. It
-// is one renew operation for the OpObserver, linked to the other leases'
-// acquiring ctxs. A lease the database no longer holds is lost; after a
-// statement error the leases stay held and are retried soon. It returns
-// the statement's error and the leases that were lost.
+// batch's last local deadline, as one operation for the Observer. The
+// statement carries ctx's values, or with own (the watchdog's) those of the
+// first lease's acquiring ctx. A lease the database no longer holds is
+// lost; after an error the leases are retried soon. It returns the
+// statement's error and the leases lost.
 func (k *Locker) renew(ctx context.Context, batch []*Lease, own bool) (lost map[*Lease]bool, err error) {
 	slices.SortFunc(batch, func(a, b *Lease) int { return strings.Compare(a.name, b.name) })
 	names := make([]string, 0, len(batch))
@@ -184,7 +168,6 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease, own bool) (lost map[
 	ctx = k.ev.StartOp(ctx, op)
 	defer func() { k.ev.EndOp(ctx, op, err) }()
 
-	// Past the last local deadline every lease in the batch is lost anyway.
 	sent := time.Now()
 	stmtDeadline := sent.Add(k.cfg.QueryTimeout)
 	if lastDeadline.Before(stmtDeadline) {
@@ -195,11 +178,7 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease, own bool) (lost map[
 	defer cancel()
 	renewed := make(map[int64]bool, len(names))
 	var busy map[int64]bool // skipped as locked by another transaction; rare
-	// The wait for a connection ends when too little time is left for the
-	// statement to be answered before the deadline (less than the Locker's
-	// fastest renewal round trip): a statement sent later could not be of
-	// use, and cutting it at the deadline would have pgx close the
-	// connection, which the pool would then have to dial again.
+	// Not sent when it could not be answered before the deadline.
 	wait := time.Until(stmtDeadline)
 	if k.hooks == nil || !k.hooks.lateRenewals {
 		wait -= k.fastestRenewal()
@@ -252,10 +231,7 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease, own bool) (lost map[
 		k.suspectListen()
 	}
 
-	// A renewal ended by its caller (Renew's ctx) or by Close is no failure
-	// of the database: the watchdog carries on, and nothing is logged.
-	// Nor is a renewal that was not sent because too little time was left
-	// before the batch's last deadline: those leases are lost at it.
+	// Ended by its caller or Close, or not sent: no failure of the database.
 	live := parent.Err() == nil && k.closeCtx.Err() == nil && wait > 0
 	failed := err != nil && live
 	if failed {
@@ -276,16 +252,12 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease, own bool) (lost map[
 		}
 		lerr, lfailed := err, failed
 		if err == nil && busy[l.token] {
-			// Its row is locked by another transaction (the holder's own
-			// lease-checked write, say): not renewed, still held.
+			// Locked by another transaction: not renewed, still held.
 			lerr, lfailed = errRenewBusy, live
 		}
 		switch {
 		case lerr != nil:
-			// Each attempt is bounded on its own (QueryTimeout), so a dead
-			// connection costs one attempt; the next comes after a backoff
-			// (from 25ms), capped at a quarter of the renewal interval, so
-			// several fit before the local deadline.
+			// Backoff capped so that several attempts fit before the deadline.
 			n := l.renewFails + 1
 			if lfailed {
 				l.renewFails = n
@@ -321,10 +293,9 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease, own bool) (lost map[
 	return lost, err
 }
 
-// fastestRenewal returns the shortest round trip of a renewal statement of
-// k that was answered (zero before the first): a renewal stops waiting for
-// a connection, and is not sent, once less time than that is left before
-// its deadline.
+// fastestRenewal returns the shortest answered renewal round trip (zero
+// before the first): a renewal with less time left before its deadline is
+// not sent.
 func (k *Locker) fastestRenewal() time.Duration { return time.Duration(k.renewRTT.Load()) }
 
 // noteRenewal records the round trip d of an answered renewal statement.

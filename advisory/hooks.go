@@ -77,12 +77,6 @@ func (h *testHooks) retries() bool   { return h == nil || !h.noRetry }
 func (h *testHooks) parks() bool     { return h == nil || !h.noPark }
 func (h *testHooks) recollect() bool { return h == nil || !h.noRecollect }
 
-func (h *testHooks) granted(l *Lease) {
-	if h != nil && h.afterGrant != nil {
-		h.afterGrant(l)
-	}
-}
-
 func (h *testHooks) round() {
 	if h != nil && h.onRound != nil {
 		h.onRound()

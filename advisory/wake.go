@@ -66,60 +66,6 @@ type waitReg struct {
 	in *interest
 }
 
-// leaveLine takes the call out of its key's line, and drops the line's
-// registration when it was the last.
-func (w *waiter) leaveLine() {
-	if w.ln == nil {
-		return
-	}
-	k := w.k
-	if !k.lines.Leave(w.key.id, w.ln, w.head) {
-		return
-	}
-	k.mu.Lock()
-	reg := k.lineRegs[w.ln]
-	delete(k.lineRegs, w.ln)
-	k.mu.Unlock()
-	if reg != nil {
-		k.unregister(reg)
-	}
-}
-
-// register registers the call's line for wake-ups unless it already is,
-// and returns its channels (see lineChannels). The line keeps one
-// registration from head to head.
-func (w *waiter) register() (armed, wake chan struct{}) {
-	k := w.k
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	reg, registered := k.lineRegs[w.ln]
-	if !registered {
-		reg = k.registerLocked(w.values, w.key.id) // nil after Close or with DisableListen
-		k.lineRegs[w.ln] = reg
-	}
-	if reg == nil {
-		return nil, nil
-	}
-	return reg.in.armed, reg.in.wake
-}
-
-// lineChannels returns the channels the line's head selects on: armed
-// until the interest lock is held, and the current wake channel; nil while
-// the line is not registered.
-func (w *waiter) lineChannels() (armed, wake chan struct{}) {
-	if w.ln == nil {
-		return nil, nil
-	}
-	k := w.k
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	reg := k.lineRegs[w.ln]
-	if reg == nil {
-		return nil, nil
-	}
-	return reg.in.armed, reg.in.wake
-}
-
 // registerLocked records interest in key id for a line of waiting calls
 // (whose head's ctx is values) and asks the LISTEN loop, started on first
 // use, to take the interest lock. It returns nil after Close or with

@@ -93,10 +93,10 @@ func (k *Locker) observeAcquire(ctx context.Context, name string, opts *AcquireO
 	attempts := 0
 	var l *Lease
 	switch {
-	case err == nil && wait:
-		l, err = k.waitAcquire(ctx, name, t, opts, &attempts)
-	case err == nil:
+	case err == nil && !wait:
 		l, err = k.tryAcquire(ctx, name, t, &attempts)
+	case err == nil:
+		l, err = k.waitAcquire(ctx, name, t, opts, &attempts)
 	}
 	if err != nil {
 		k.nNotAcquired.Add(1)

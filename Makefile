@@ -2,7 +2,9 @@ SHELL := /bin/bash
 
 # pgfence developer targets.
 #
-# The fault suite (internal/chaos, build tag "chaos") needs root, the
+# The fault suite (test/chaos, build tag "chaos") and the Patroni suite
+# (test/patroni, build tag "patroni") live in the test module, test/go.mod;
+# their targets run there (go -C test). The fault suite needs root, the
 # PostgreSQL server binaries, and: nftables iproute2 faketime libfaketime
 # pgbouncer. Each scenario prints a line
 #   chaos: scenario=NAME ops=N verdict=linearizable|violation detected
@@ -22,11 +24,11 @@ CHAOS_FAILURES := 'Error Trace:|^panic:|^[[:space:]]*--- FAIL|test timed out'
 CHAOS_DIGEST = { echo; echo '=== failures'; grep -E -A14 $(CHAOS_FAILURES) $$log | tail -n 300; }
 
 # Each fuzz target runs this long under make fuzz (their seed corpora run
-# in every plain go test).
+# in every plain go test). A target under ./test/ runs in the test module.
 FUZZTIME ?= 30s
 FUZZ_TARGETS := ./leasetable:FuzzLeaseName ./advisory:FuzzNameKey ./fence:FuzzScanParams \
 	./fence:FuzzParseTable ./fence:FuzzBuilderFragments ./fence:FuzzBuilderIdentifiers \
-	./internal/chaos:FuzzCheckSequentialRegister
+	./test/chaos:FuzzCheckSequentialRegister
 
 .PHONY: chaos chaos-ci fuzz patroni-ci tools-ci
 
@@ -40,7 +42,7 @@ tools-ci:
 # history and the path of porcupine's visualisation), then the digest.
 chaos-ci:
 	@log=$${TMPDIR:-/tmp}/pgfence-chaos-ci.log; \
-	$(GO) test -race -shuffle=on -count=1 -tags chaos -timeout 15m -v ./internal/chaos/... >$$log 2>&1; \
+	$(GO) -C test test -race -shuffle=on -count=1 -tags chaos -timeout 15m -v ./chaos/... >$$log 2>&1; \
 	status=$$?; grep -E $(CHAOS_SUMMARY) $$log; \
 	if [ $$status -ne 0 ]; then cat $$log; $(CHAOS_DIGEST); fi; exit $$status
 
@@ -48,11 +50,11 @@ chaos-ci:
 chaos:
 	@log=$${TMPDIR:-/tmp}/pgfence-chaos-soak.log; \
 	CHAOS_DURATION=$(CHAOS_DURATION) CHAOS_CHECK_TIMEOUT=$(CHAOS_CHECK_TIMEOUT) \
-		$(GO) test -race -count=1 -tags chaos -timeout 0 -v ./internal/chaos/... >$$log 2>&1; \
+		$(GO) -C test test -race -count=1 -tags chaos -timeout 0 -v ./chaos/... >$$log 2>&1; \
 	status=$$?; grep -E $(CHAOS_SUMMARY) $$log; \
 	if [ $$status -ne 0 ]; then cat $$log; $(CHAOS_DIGEST); fi; exit $$status
 
-# patroni-ci runs the Patroni suite (internal/patroni, build tag "patroni"):
+# patroni-ci runs the Patroni suite (test/patroni, build tag "patroni"):
 # etcd and three Patroni nodes on loopback, a synchronous run through every
 # fault and the asynchronous negative control, 3-4 minutes on 2 cores. It needs
 # patroni, etcd-server, etcd-client, python3-etcd and python3-psycopg2
@@ -63,14 +65,15 @@ chaos:
 PATRONI_SUMMARY := '^(---|ok|FAIL|panic)|patroni: (fault|run)='
 patroni-ci:
 	@log=$${TMPDIR:-/tmp}/pgfence-patroni-ci.log; \
-	$(GO) test -race -count=1 -tags patroni -timeout 12m -v ./internal/patroni/... >$$log 2>&1; \
+	$(GO) -C test test -race -count=1 -tags patroni -timeout 12m -v ./patroni/... >$$log 2>&1; \
 	status=$$?; grep -E $(PATRONI_SUMMARY) $$log; \
 	if [ $$status -ne 0 ]; then cat $$log; $(CHAOS_DIGEST); fi; exit $$status
 
 # fuzz runs every fuzz target for FUZZTIME: make fuzz FUZZTIME=5m
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
-		pkg=$${t%%:*}; name=$${t##*:}; \
-		echo "fuzz: $$pkg $$name"; \
-		$(GO) test -run '^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) $$pkg; \
+		pkg=$${t%%:*}; name=$${t##*:}; mod=.; \
+		case $$pkg in ./test/*) mod=test; pkg=./$${pkg#./test/};; esac; \
+		echo "fuzz: $$mod $$pkg $$name"; \
+		$(GO) -C $$mod test -run '^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) $$pkg; \
 	done

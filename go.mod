@@ -3,7 +3,6 @@ module github.com/pgfence/pgfence
 go 1.25.11
 
 require (
-	github.com/anishathalye/porcupine v1.3.1
 	github.com/golang-migrate/migrate/v4 v4.20.1
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/moby/moby/api v1.56.1

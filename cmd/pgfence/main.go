@@ -3,7 +3,7 @@ package main
 import (
 	"os"
 
-	"github.com/pgfence/pgfence/internal/cli"
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/cli"
 )
 
 func main() { os.Exit(cli.Main()) }

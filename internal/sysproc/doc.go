@@ -1,5 +1,6 @@
 // Package sysproc holds the process-attribute settings shared by the code
-// that spawns child processes (internal/supervise, internal/demo, internal/pgtest).
+// that spawns child processes (internal/pgserver, internal/pgtest, and the
+// pgfence binary's supervise and demo).
 //
 // # Parent-death signal
 //

@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgfence/pgfence/internal/chaos"
+	"github.com/pgfence/pgfence/test/chaos"
 )
 
 // seq builds a history whose operations run one after another: op i is

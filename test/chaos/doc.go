@@ -1,8 +1,9 @@
 // Package chaos is pgfence's Jepsen-style fault suite: it runs lock
 // workloads against real PostgreSQL clusters, injects faults, records a
 // history of every operation and checks it. The scenarios are tests behind
-// the build tag "chaos" (go test -race -tags chaos ./internal/chaos/...);
-// make chaos-ci runs the short schedule, make chaos a long soak.
+// the build tag "chaos", in the test module (cd test && go test -race -tags
+// chaos ./chaos/...); make chaos-ci runs the short schedule, make chaos a
+// long soak.
 //
 // # History
 //

@@ -3,7 +3,7 @@ package chaos_test
 import (
 	"fmt"
 
-	"github.com/pgfence/pgfence/internal/chaos"
+	"github.com/pgfence/pgfence/test/chaos"
 )
 
 // Two holders overlap (the first one's lease lapsed while it paused); the

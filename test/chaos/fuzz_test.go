@@ -5,7 +5,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgfence/pgfence/internal/chaos"
+	"github.com/pgfence/pgfence/test/chaos"
 )
 
 // FuzzCheckSequentialRegister runs a sequential history, generated from the

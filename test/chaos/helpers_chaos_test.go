@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence"
-	"github.com/pgfence/pgfence/internal/chaos"
+	"github.com/pgfence/pgfence/test/chaos"
 )
 
 // soakDuration is CHAOS_DURATION (a Go duration), or zero.

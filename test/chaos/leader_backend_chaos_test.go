@@ -13,9 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence"
-	"github.com/pgfence/pgfence/internal/chaos"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/leader"
+	"github.com/pgfence/pgfence/test/chaos"
 )
 
 // killedBackend: the leader runs as an application role with pgfence's

@@ -24,11 +24,11 @@ import (
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fence"
-	"github.com/pgfence/pgfence/internal/chaos"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/leader"
 	"github.com/pgfence/pgfence/leasetable"
 	"github.com/pgfence/pgfence/migrations"
+	"github.com/pgfence/pgfence/test/chaos"
 )
 
 // The leader scenarios' work: a row that only the leader may change, and

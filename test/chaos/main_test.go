@@ -3,8 +3,8 @@ package chaos_test
 import (
 	"testing"
 
-	"github.com/pgfence/pgfence/internal/chaos"
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/test/chaos"
 )
 
 func TestMain(m *testing.M) {

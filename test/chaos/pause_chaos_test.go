@@ -11,8 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgfence/pgfence/internal/chaos"
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/test/chaos"
 )
 
 // completeFromChild completes p from the child's next reply line.

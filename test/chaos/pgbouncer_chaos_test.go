@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgfence/pgfence/internal/chaos"
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/test/chaos"
 )
 
 func startBouncer(t *testing.T, ctx context.Context, poolSize int) (*pgtest.PgBouncer, *pgtest.DB) {

@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence/advisory"
-	"github.com/pgfence/pgfence/internal/chaos"
 	"github.com/pgfence/pgfence/leasetable"
+	"github.com/pgfence/pgfence/test/chaos"
 )
 
 // A real locker under test, with the register it protects.

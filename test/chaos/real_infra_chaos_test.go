@@ -17,9 +17,9 @@ import (
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/advisory"
-	"github.com/pgfence/pgfence/internal/chaos"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/leasetable"
+	"github.com/pgfence/pgfence/test/chaos"
 )
 
 // tryLeases records a TryAcquire of each name on k as an Acquire of

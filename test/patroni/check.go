@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pgfence/pgfence/internal/chaos"
+	"github.com/pgfence/pgfence/test/chaos"
 )
 
 // Violations are the invariant violations found in one run, by kind.

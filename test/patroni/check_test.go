@@ -7,8 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgfence/pgfence/internal/chaos"
-	"github.com/pgfence/pgfence/internal/patroni"
+	"github.com/pgfence/pgfence/test/chaos"
+	"github.com/pgfence/pgfence/test/patroni"
 )
 
 // The checks of the Patroni suite, on hand-written histories: each must

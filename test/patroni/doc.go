@@ -1,11 +1,11 @@
 // Package patroni runs pgfence against a real highly available PostgreSQL:
 // etcd plus three Patroni nodes of PostgreSQL 15 on loopback, started by
 // the test process in a private temporary directory and stopped by it. The
-// suite is behind the build tag "patroni":
+// suite is behind the build tag "patroni", in the test module:
 //
-//	go test -tags patroni -race -count=1 -timeout 12m -v ./internal/patroni/...
+//	cd test && go test -tags patroni -race -count=1 -timeout 12m -v ./patroni/...
 //
-// (make patroni-ci prints its summary lines). It needs the packages
+// (make patroni-ci, at the root, prints its summary lines). It needs the packages
 // patroni, etcd-server, etcd-client, python3-etcd and python3-psycopg2
 // (.ci/patroni-setup installs them) and, as root, a postgres user to run
 // Patroni and PostgreSQL as.

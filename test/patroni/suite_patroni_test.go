@@ -15,10 +15,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgfence/pgfence"
-	"github.com/pgfence/pgfence/internal/chaos"
-	"github.com/pgfence/pgfence/internal/patroni"
 	"github.com/pgfence/pgfence/leasetable"
 	"github.com/pgfence/pgfence/migrations"
+	"github.com/pgfence/pgfence/test/chaos"
+	"github.com/pgfence/pgfence/test/patroni"
 )
 
 func TestMain(m *testing.M) {

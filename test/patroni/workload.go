@@ -17,8 +17,8 @@ import (
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/advisory"
 	"github.com/pgfence/pgfence/fence"
-	"github.com/pgfence/pgfence/internal/chaos"
 	"github.com/pgfence/pgfence/leasetable"
+	"github.com/pgfence/pgfence/test/chaos"
 )
 
 // SQL of the workload's own tables, in schema hasuite.

@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/term"
 
-	"github.com/pgfence/pgfence/internal/supervise"
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/supervise"
 )
 
 // App is one invocation of the pgfence command, with its standard streams.

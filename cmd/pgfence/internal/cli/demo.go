@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/advisory"
-	"github.com/pgfence/pgfence/internal/demo"
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/demo"
 	"github.com/pgfence/pgfence/leasetable"
 )
 

@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/demo"
 	"github.com/pgfence/pgfence/fence"
-	"github.com/pgfence/pgfence/internal/demo"
 	"github.com/pgfence/pgfence/leasetable"
 )
 

@@ -22,9 +22,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/supervise"
 	"github.com/pgfence/pgfence/internal/notifier"
 	"github.com/pgfence/pgfence/internal/notifykey"
-	"github.com/pgfence/pgfence/internal/supervise"
 	"github.com/pgfence/pgfence/leasetable"
 )
 

@@ -18,7 +18,7 @@
 // The demo drives each worker through [Worker]: one JSON [Command] per line
 // on the worker's standard input, one JSON [Event] per line in answer on
 // its standard output. The worker side is [Serve] with a [Handler] that
-// performs the commands; pgfence's handler (in internal/cli, as it uses
+// performs the commands; pgfence's handler (in package cli, as it uses
 // the lock and fence packages) runs in the hidden "pgfence demo-worker"
 // command. The demo pauses and resumes a worker with
 // [Worker.Pause] and [Worker.Resume].

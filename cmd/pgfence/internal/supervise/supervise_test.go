@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/pgfence/pgfence/internal/supervise"
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/supervise"
 )
 
 // helperEnv makes the test binary act as a supervised command that reports

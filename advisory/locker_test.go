@@ -85,7 +85,7 @@ func TestExclusionWithinLocker(t *testing.T) {
 	require.Equal(t, int32(1), wins.Load())
 	require.NoError(t, (<-locks).Release(ctx))
 
-	// Waiting Locks from many goroutines take turns: never two inside.
+	// Waiting acquires from many goroutines take turns: never two inside.
 	var inside, maxInside atomic.Int32
 	var tokens []int64
 	var mu sync.Mutex

@@ -47,6 +47,8 @@ type session struct {
 
 func (s *session) load() int { return len(s.locks) + s.inflight }
 
+// Routing: which session a key goes to.
+
 // keyState is who holds, or is acquiring, a key in this Locker. The server
 // would grant a key again to the session holding it, so the Locker grants
 // in-process: one exclusive holder, or shared holders on one session.
@@ -177,6 +179,8 @@ func (s *session) removeLocked() {
 	}
 }
 
+// Opening, and statements on the session.
+
 // sessionSetupSQL runs once on a new lock session: it returns the backend's
 // pid (checked on every later statement) and sets the server-side TCP
 // timeouts that drop a vanished client's session. It takes no lock.
@@ -296,6 +300,8 @@ func (s *session) checkPID(pid int32) error {
 	}
 	return nil
 }
+
+// The turn: requests queued on the session run together.
 
 // request is one acquire's lock request, or one Release's unlock, queued
 // on a session for its turn.
@@ -455,6 +461,8 @@ func (s *session) takeGrants() []*request {
 	s.pending = kept
 	return grants
 }
+
+// Lock statements.
 
 // tryLockSQL takes the session-level exclusive advisory lock on $1 if no
 // other session holds it and, only when granted, draws a fencing token from
@@ -684,6 +692,8 @@ func (s *session) granted(values context.Context, key Key, shared bool, token in
 	return l
 }
 
+// Unlock statements.
+
 // unlockSQL releases one hold of the session-level exclusive lock on $1.
 const unlockSQL = `SELECT pg_catalog.pg_advisory_unlock($1), pg_catalog.pg_backend_pid()`
 
@@ -824,6 +834,8 @@ func (s *session) failUnlocks(ctx context.Context, batch []*request, cause error
 		}
 	}
 }
+
+// Parked waits: the session blocks in pg_advisory_lock for one key.
 
 // parkLockSQL sets lock_timeout for the statement's transaction to $2
 // milliseconds or half of deadlock_timeout, whichever is shorter (at least
@@ -984,6 +996,8 @@ func (s *session) closeParked(ctx context.Context) {
 	s.closeEmptyLocked(ctx, "pgfence: advisory: parked session closed: a cancel request to it may still arrive")
 }
 
+// Failure and close.
+
 // unlockAllSQL releases every session-level advisory lock of the session.
 const unlockAllSQL = `SELECT pg_catalog.pg_advisory_unlock_all()`
 
@@ -1048,6 +1062,8 @@ func (s *session) closeEmptyLocked(ctx context.Context, msg string) {
 	defer cancel()
 	_ = s.conn.Close(cctx)
 }
+
+// The watchdog.
 
 // sessionPeekInterval is how often the watchdog looks whether an idle
 // session's socket has anything to read.

@@ -10,29 +10,24 @@ import (
 	"github.com/pgfence/pgfence"
 )
 
-// DeleteStmt is a guarded DELETE, built with [Delete] or [DeleteIdent]. Its
-// methods return a modified copy, so a statement can be built once and
-// reused. The zero value is not usable.
+// DeleteStmt is a guarded DELETE; its methods return a modified copy.
 type DeleteStmt struct {
 	g     guard
 	where string
 }
 
-// Delete starts a guarded DELETE from table, given as "table" or
-// "schema.table", as for [Update].
+// Delete starts a guarded DELETE from table, named as for [Update].
 func Delete(table string) *DeleteStmt {
 	id, err := parseTable(table)
 	return &DeleteStmt{g: newGuard(id, err, kindDelete)}
 }
 
-// DeleteIdent starts a guarded DELETE from the table named by an identifier
-// of one part (table) or two (schema, table), taken literally.
+// DeleteIdent is [Delete] for an identifier taken literally.
 func DeleteIdent(table pgx.Identifier) *DeleteStmt {
 	return &DeleteStmt{g: newGuard(table, nil, kindDelete)}
 }
 
-// Where sets the caller's condition choosing the rows, as for
-// [UpdateStmt.Where]. It is required.
+// Where sets the required condition, as for [UpdateStmt.Where].
 func (s *DeleteStmt) Where(frag string) *DeleteStmt { c := *s; c.where = frag; c.g.fresh(); return &c }
 
 // Column sets the guard column; the default is [DefaultColumn].
@@ -41,31 +36,27 @@ func (s *DeleteStmt) Column(name string) *DeleteStmt { c := *s; c.g.setColumn(na
 // Strict makes the guard a strict comparison, column < token.
 func (s *DeleteStmt) Strict() *DeleteStmt { c := *s; c.g.setStrict(); return &c }
 
-// UnderLease makes the delete also require that the lease name is held
-// with the token and secret, as for [UpdateStmt.UnderLease].
+// UnderLease is [UpdateStmt.UnderLease].
 func (s *DeleteStmt) UnderLease(name string, secret pgfence.Secret) *DeleteStmt {
 	c := *s
 	c.g.setLease(name, secret)
 	return &c
 }
 
-// LeaseSchema sets the schema pgfence is installed in, as for
-// [UpdateStmt.LeaseSchema].
+// LeaseSchema is [UpdateStmt.LeaseSchema].
 func (s *DeleteStmt) LeaseSchema(name string) *DeleteStmt { c := *s; c.g.setSchema(name); return &c }
 
-// Returning sets the caller's RETURNING list, as for
-// [UpdateStmt.Returning]: Query and QueryRow return the rows deleted.
+// Returning sets the RETURNING list of the deleted rows.
 func (s *DeleteStmt) Returning(list string) *DeleteStmt { c := *s; c.g.setReturning(list); return &c }
 
-// Observer attaches obs to the statement, as for [UpdateStmt.Observer].
+// Observer is [UpdateStmt.Observer].
 func (s *DeleteStmt) Observer(obs pgfence.Observer) *DeleteStmt {
 	c := *s
 	c.g.setObserver(obs)
 	return &c
 }
 
-// SQL returns the statement that tells every outcome apart in one round
-// trip, as for [UpdateStmt.SQL].
+// SQL is [UpdateStmt.SQL] for the DELETE.
 func (s *DeleteStmt) SQL(nargs int) (string, error) {
 	return s.g.cached(nargs, s.build)
 }
@@ -96,10 +87,8 @@ func (s *DeleteStmt) render(nargs int, f form) (string, error) {
 		s.g.tableName(), s.g.writeWhere(where, tok), s.g.cteReturning(f)) + s.g.tail(where, f), nil
 }
 
-// deleteCTE deletes the rows, only if the gates pass, and only rows whose
-// token the presented one does not make stale. It also sets pgfence.token
-// for the rest of the transaction, so the pgfence_guard trigger checks each
-// row against the token too.
+// deleteCTE deletes the rows if the gates pass and their token is not
+// newer; it sets pgfence.token for the trigger.
 const deleteCTE = `pgfence_write AS (
     DELETE FROM %[1]s
     WHERE %[2]s
@@ -110,24 +99,19 @@ const deleteCTE = `pgfence_write AS (
 const deleteFast = `DELETE FROM %[1]s
 WHERE %[2]s`
 
-// Exec runs the guarded DELETE on db with the caller's args and the fencing
-// token, in one round trip on success: the rows the Where matches are deleted only if
-// none of them carries a newer token. Results and errors are as for
-// [UpdateStmt.Exec], with a "DELETE n" tag. As a side effect, the
-// transaction's pgfence.token setting is set to token (see the package
-// documentation on the trigger).
+// Exec deletes the matched rows, all or nothing, unless one carries a newer
+// token, and sets the transaction's pgfence.token. Results and errors are
+// [UpdateStmt.Exec]'s.
 func (s *DeleteStmt) Exec(ctx context.Context, db pgfence.DB, token int64, args ...any) (pgconn.CommandTag, error) {
 	return s.g.exec(ctx, db, s.render, token, args, true, "DELETE")
 }
 
-// Query runs the guarded DELETE as Exec does and returns the rows deleted,
-// with the columns of the Returning list, as for [UpdateStmt.Query].
+// Query deletes as Exec does and returns the Returning columns.
 func (s *DeleteStmt) Query(ctx context.Context, db pgfence.DB, token int64, args ...any) (pgx.Rows, error) {
 	return s.g.query(ctx, db, s.render, token, args, true, "DELETE")
 }
 
-// QueryRow runs Query and returns a pgx.Row whose Scan reads the first row
-// deleted, or returns Query's error.
+// QueryRow is Query for the first row deleted.
 func (s *DeleteStmt) QueryRow(ctx context.Context, db pgfence.DB, token int64, args ...any) pgx.Row {
 	rows, err := s.Query(ctx, db, token, args...)
 	return resultRow{rows: rows, err: err}

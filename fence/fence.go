@@ -14,69 +14,44 @@ import (
 	"github.com/pgfence/pgfence/internal/permerr"
 )
 
-// DefaultColumn is the guard column the builders use unless told otherwise
-// with Column: a bigint NOT NULL column holding the fencing token of the
-// holder that last wrote the row.
+// DefaultColumn is the guard column the builders use unless told otherwise:
+// a bigint NOT NULL column holding the token of the row's last writer.
 const DefaultColumn = "fence_token"
 
-// SQLState is the SQLSTATE that the pgfence_guard triggers raise when a
-// write would move a row's fencing token backwards, presents no token or an
-// older one (pgfence_guard_strict), presents one that was never issued
-// (pgfence_guard_strict), or truncates the table (pgfence_guard_truncate).
-// [Classify] and [Check] turn it into a [*StaleTokenError].
+// SQLState is the SQLSTATE of a trigger's rejection (a stale, missing or
+// never-issued token, a TRUNCATE): a [*StaleTokenError].
 const SQLState = "PF001"
 
-// SQLStateMalformedToken is the SQLSTATE that the pgfence_guard triggers
-// raise when the transaction's pgfence.token setting is neither empty nor a
-// bigint. [Classify] and [Check] turn it into an error matching
-// [ErrMalformedToken].
+// SQLStateMalformedToken is the SQLSTATE of a pgfence.token setting that is
+// not a bigint: an error matching [ErrMalformedToken].
 const SQLStateMalformedToken = "PF003"
 
-// ErrMalformedToken is matched (errors.Is) by the error [Classify] and
-// [Check] return, and the builders' Exec, when a pgfence_guard trigger
-// rejected a write because the transaction's pgfence.token setting is not a
-// bigint (SQLSTATE PF003): the setting was made by hand, not with
-// set_config('pgfence.token', token::text, true). Nothing was written; the
-// *pgconn.PgError stays reachable with errors.As.
+// ErrMalformedToken is matched when a trigger rejected a write because
+// pgfence.token was set by hand to something not a bigint.
 var ErrMalformedToken = errors.New("pgfence: malformed pgfence.token setting")
 
-// SQLStateNoToken is the SQLSTATE that pgfence_guard_strict raises, from
-// schema version 13, when an UPDATE or DELETE presents no fencing token:
-// neither pgfence.token (see [Present]) nor a raised guard column.
-// [Classify] and [Check] turn it into a [*NoTokenError].
+// SQLStateNoToken is the SQLSTATE of a strict-mode write that presented no
+// token: a [*NoTokenError].
 const SQLStateNoToken = "PF004"
 
-// maxIdentLen is PostgreSQL's identifier limit (NAMEDATALEN-1 bytes). Longer
-// names are silently truncated by the server, so they are rejected here.
+// maxIdentLen is PostgreSQL's identifier limit; the server would truncate.
 const maxIdentLen = 63
 
 // maxLeaseName is the limit the pgfence_leases name column's CHECK enforces.
 const maxLeaseName = 512
 
-// StaleTokenError is the error of a guarded write rejected because a row it
-// would write carries a newer fencing token than the one presented: a later
-// holder of the lock has written the row, so the presenting holder's lock was
-// lost. Nothing was written. errors.Is(err, pgfence.ErrFenced) matches it.
+// StaleTokenError is a guarded write rejected because a row carries a newer
+// token. Nothing was written. It matches pgfence.ErrFenced.
 type StaleTokenError struct {
-	// Table is the table written to, as the statement names it: quoted
-	// and schema-qualified as given ("accounts" gives "\"accounts\"",
-	// "app.accounts" gives "\"app\".\"accounts\""); empty when the error
-	// was classified from a plain-SQL statement.
+	// Table is quoted as the statement names it; empty from plain SQL.
 	Table string
-	// Presented is the fencing token the write carried; 0 when a trigger
-	// rejected a write that presented none (a NULL column, or, in strict
-	// mode, no pgfence.token), or a TRUNCATE.
+	// Presented is 0 when no token was presented, or for a TRUNCATE.
 	Presented int64
-	// Current is the newest token on the rows the write matched. It is 0
-	// when it could not be read: a TRUNCATE, a trigger error whose DETAIL
-	// could not be parsed, or an upsert whose conflicting row was inserted
-	// concurrently and replaced again each time it was read (see
-	// [UpsertStmt.Exec]). Presented > Current means a strict-mode trigger
-	// rejected a token that was never issued.
+	// Current is the newest token on the matched rows; 0 when unreadable.
+	// Presented > Current: a strict trigger saw a token never issued.
 	Current int64
-	// Err is the *pgconn.PgError (SQLSTATE PF001) when the rejection came
-	// from a pgfence_guard trigger, and nil when the builder's own
-	// predicate rejected the write.
+	// Err is the trigger's *pgconn.PgError; nil when the builder's predicate
+	// rejected the write.
 	Err error
 }
 
@@ -87,8 +62,7 @@ func (e *StaleTokenError) Error() string {
 	if e.Table != "" {
 		b.WriteString(" on " + e.Table)
 	}
-	// A rejection that is not a stale token (no token presented, a token
-	// never issued, a TRUNCATE) is told by the trigger's own message.
+	// The trigger's own message tells the other rejections.
 	var pgErr *pgconn.PgError
 	if errors.As(e.Err, &pgErr) {
 		if m := detailRE.FindStringSubmatch(pgErr.Detail); pgErr.Message != "" && (m == nil || m[1] == "" || e.Presented > e.Current) {
@@ -111,16 +85,11 @@ func (e *StaleTokenError) Is(target error) bool { return target == pgfence.ErrFe
 // Unwrap returns the trigger's *pgconn.PgError, if any.
 func (e *StaleTokenError) Unwrap() error { return e.Err }
 
-// LeaseLostError is the error of a lease-checked write (see UnderLease)
-// rejected because the lease was not held with the presented token when the
-// statement ran: it had expired, was released, or another owner had taken it
-// over (with a newer token). Nothing was written. Both
-// errors.Is(err, pgfence.ErrLeaseLost) and errors.Is(err, pgfence.ErrFenced)
-// match it.
+// LeaseLostError is a lease-checked write rejected because the lease was not
+// held with the presented token. Nothing was written. It matches
+// pgfence.ErrLeaseLost and pgfence.ErrFenced.
 type LeaseLostError struct {
-	// Lease is the lease name the write was checked against.
-	Lease string
-	// Presented is the fencing token the write carried.
+	Lease     string
 	Presented int64
 }
 
@@ -134,18 +103,12 @@ func (e *LeaseLostError) Is(target error) bool {
 	return target == pgfence.ErrLeaseLost || target == pgfence.ErrFenced
 }
 
-// NoTokenError is the error of a write to a strict table that presented no
-// fencing token (SQLSTATE PF004): the code writing forgot [Present], which
-// is a bug, not a lost lock. Nothing was written. errors.Is(err,
-// pgfence.ErrNoToken) matches it; pgfence.ErrFenced does not.
+// NoTokenError is a write to a strict table that presented no token: a bug,
+// not a lost lock. It matches pgfence.ErrNoToken, not pgfence.ErrFenced.
 type NoTokenError struct {
-	// Table is the table written to, as the statement names it; empty when
-	// the error was classified from a plain-SQL statement.
-	Table string
-	// Current is the row's token (0 when it could not be read).
+	Table   string
 	Current int64
-	// Err is the trigger's error (a *pgconn.PgError, or the driver's).
-	Err error
+	Err     error
 }
 
 // Error describes the rejected write.
@@ -165,21 +128,11 @@ func (e *NoTokenError) Is(target error) bool { return target == pgfence.ErrNoTok
 // Unwrap returns the trigger's error.
 func (e *NoTokenError) Unwrap() error { return e.Err }
 
-// Predicate returns the guard predicate for hand-written or sqlc SQL:
-// Predicate("fence_token", 3, false) is `"fence_token" <= $3` and with
-// strict true `"fence_token" < $3`. An empty column means [DefaultColumn].
-// The column is quoted with pgx.Identifier. The same parameter should set
-// the column, so the row records the token that wrote it:
-//
-//	UPDATE accounts SET balance = $1, fence_token = $3
-//	WHERE id = $2 AND "fence_token" <= $3
-//
-// A statement guarded this way reports a stale write and a missing row the
-// same way, as zero rows affected. To tell them apart, use the builders
-// (one round trip on success, a second only when nothing was written), or
-// attach the pgfence_guard trigger, leave the predicate out and map the
-// result with [Check] (one round trip). Predicate panics when param
-// is not in 1..65535, like regexp.MustCompile with a bad constant.
+// Predicate returns the guard condition for hand-written SQL on a table
+// without a trigger: Predicate("fence_token", 3, false) is
+// `"fence_token" <= $3`, with strict `<`; an empty column is [DefaultColumn].
+// Set the column from the same parameter. A stale write and a missing row
+// are then both zero rows. It panics when param is not in 1..65535.
 func Predicate(column string, param int, strict bool) string {
 	if param < 1 || param > maxParams {
 		panic(fmt.Sprintf("fence.Predicate: parameter number %d is not in 1..%d", param, maxParams))
@@ -194,15 +147,10 @@ func Predicate(column string, param int, strict bool) string {
 	return fmt.Sprintf("%s %s $%d", pgx.Identifier{column}.Sanitize(), op, param)
 }
 
-// Classify maps an error from any statement that writes a table protected by
-// a pgfence_guard trigger. A database error with SQLSTATE PF001 becomes a
-// [*StaleTokenError] wrapping it (so errors.Is(err, pgfence.ErrFenced)
-// holds and the driver's error stays reachable), with Presented and Current
-// parsed from the error's DETAIL (0 where the DETAIL has none); PF004
-// becomes a [*NoTokenError]; PF003 an error matching [ErrMalformedToken].
-// Any other error, and nil, is returned unchanged. The database error is
-// pgx's *pgconn.PgError or any error with a SQLState() string method (lib/pq's
-// *pq.Error; its DETAIL is read through its Get method).
+// Classify maps the error of a write to a table with a pgfence trigger:
+// PF001 to a [*StaleTokenError], PF004 to a [*NoTokenError], PF003 to
+// [ErrMalformedToken], each wrapping the driver's error (pgx's or lib/pq's).
+// Any other error, and nil, is returned unchanged.
 func Classify(err error) error {
 	var st sqlStater
 	if err == nil || !errors.As(err, &st) {
@@ -229,12 +177,10 @@ func Classify(err error) error {
 	return stale
 }
 
-// sqlStater is a driver's error carrying a SQLSTATE: *pgconn.PgError and
-// lib/pq's *pq.Error have this method.
+// sqlStater is a driver error with a SQLSTATE (pgx's and lib/pq's).
 type sqlStater interface{ SQLState() string }
 
-// detail returns a database error's DETAIL: pgx's field, or lib/pq's
-// Get('D').
+// detail returns a driver error's DETAIL.
 func detail(st sqlStater) string {
 	switch e := st.(type) {
 	case *pgconn.PgError:
@@ -248,21 +194,10 @@ func detail(st sqlStater) string {
 // detailRE parses the DETAIL of the pgfence_guard triggers' PF001 errors.
 var detailRE = regexp.MustCompile(`^presented=(-?\d*) current=(-?\d*)$`)
 
-// Check maps the result of a hand-written or sqlc UPDATE or DELETE on a
-// table with a pgfence_guard trigger attached, run in a transaction that
-// presented the token ([Present]), where an UPDATE also sets the guard
-// column to the token, and no guard predicate of its own. The trigger then raises PF001 for a row with
-// a newer token, so one round trip tells the cases apart:
-//
-//   - err with SQLSTATE PF001: a [*StaleTokenError], matching
-//     pgfence.ErrFenced; nothing was written (the statement failed).
-//   - err with SQLSTATE PF004: a [*NoTokenError], matching
-//     pgfence.ErrNoToken: the write presented no token (strict mode).
-//   - err with SQLSTATE PF003: an error matching [ErrMalformedToken].
-//   - any other err: returned unchanged.
-//   - no row affected: an error matching pgx.ErrNoRows.
-//
-// Otherwise Check returns tag and nil.
+// Check maps the result of a hand-written UPDATE or DELETE on a table with a
+// pgfence trigger, in a transaction that called [Present]: the errors as
+// [Classify] does, and no row affected to pgx.ErrNoRows; otherwise tag and
+// nil.
 func Check(tag pgconn.CommandTag, err error) (pgconn.CommandTag, error) {
 	if err != nil {
 		return tag, Classify(err)
@@ -273,9 +208,7 @@ func Check(tag pgconn.CommandTag, err error) (pgconn.CommandTag, error) {
 	return tag, nil
 }
 
-// parseTable splits a table name given as "table" or "schema.table" into an
-// identifier. Names whose parts contain dots or double quotes must be given
-// as a pgx.Identifier to the *Ident constructors instead.
+// parseTable splits "table" or "schema.table" into an identifier.
 func parseTable(name string) (pgx.Identifier, error) {
 	if name == "" {
 		return nil, errors.New("fence: empty table name")
@@ -296,8 +229,7 @@ func parseTable(name string) (pgx.Identifier, error) {
 	return id, nil
 }
 
-// checkIdent validates a table identifier: one or two parts (table, or
-// schema and table), each a valid name.
+// checkIdent validates a one- or two-part table identifier.
 func checkIdent(id pgx.Identifier) error {
 	if len(id) == 0 {
 		return errors.New("fence: empty table name")
@@ -313,8 +245,7 @@ func checkIdent(id pgx.Identifier) error {
 	return nil
 }
 
-// checkName validates one identifier: not empty, no NUL byte (pgx would drop
-// it silently), at most 63 bytes (PostgreSQL would truncate it silently).
+// checkName rejects an empty name, a NUL byte, or more than 63 bytes.
 func checkName(what, name string) error {
 	switch {
 	case name == "":

@@ -2,7 +2,6 @@ package fence_test
 
 import (
 	"context"
-	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -12,7 +11,7 @@ import (
 	"github.com/pgfence/pgfence/migrations"
 )
 
-// guardFunctions are the functions migration 000004 installs or replaces.
+// guardFunctions are the trigger functions and the ones they call.
 var guardFunctions = []string{
 	"pgfence_guard", "pgfence_guard_strict", "pgfence_guard_truncate", "pgfence_last_token", "pgfence_schema_version",
 }
@@ -54,14 +53,13 @@ func migration(t *testing.T, name string) string {
 	return string(b)
 }
 
-// TestMigration000004 checks what 000004 installs: every function in
-// pgfence's schema (none in pg_catalog, where creating them under the
-// pinned search_path would put them), each with that search_path pinned,
-// pgfence_last_token SECURITY DEFINER and not executable by PUBLIC; and that
-// its down migration restores pgfence_guard as 000003 left it (000002's
-// body, with 000003's pinned search_path), drops the new functions, sets the schema version back to 3, and that up
+// TestBaselineGuardFunctions checks what the baseline migration installs
+// for the triggers: every function in pgfence's schema (none in pg_catalog,
+// where creating them under the pinned search_path would put them), each
+// with that search_path pinned, pgfence_last_token SECURITY DEFINER and not
+// executable by PUBLIC; that its down migration drops them, and that up
 // applies again afterwards.
-func TestMigration000004(t *testing.T) {
+func TestBaselineGuardFunctions(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
@@ -75,13 +73,6 @@ func TestMigration000004(t *testing.T) {
 	var quoted string
 	require.NoError(t, conn.QueryRow(ctx, "SELECT pg_catalog.quote_ident($1)", schema).Scan(&quoted))
 	pinned := "search_path=pg_catalog, " + quoted + ", pg_temp"
-	// The database is at the latest version: step back to 000004 first.
-	_, err = conn.Exec(ctx, migration(t, "000005_leader.down.sql"))
-	require.NoError(t, err)
-	version := func() (v int) {
-		require.NoError(t, conn.QueryRow(ctx, "SELECT "+pgx.Identifier{schema, "pgfence_schema_version"}.Sanitize()+"()").Scan(&v))
-		return v
-	}
 	checkUp := func() {
 		t.Helper()
 		fns := functions(t, conn)
@@ -93,23 +84,20 @@ func TestMigration000004(t *testing.T) {
 			require.Equal(t, name == "pgfence_last_token", f.definer, name)
 			require.False(t, f.publicExec, "%s: EXECUTE is revoked from PUBLIC", name)
 		}
-		require.Equal(t, 4, version())
+		var v int
+		require.NoError(t, conn.QueryRow(ctx, "SELECT "+pgx.Identifier{schema, "pgfence_schema_version"}.Sanitize()+"()").Scan(&v))
+		require.Equal(t, 1, v)
 	}
 	checkUp()
 
-	_, err = conn.Exec(ctx, migration(t, "000004_guard_modes.down.sql"))
+	_, err = conn.Exec(ctx, migration(t, "000001_baseline.down.sql"))
 	require.NoError(t, err)
 	fns := functions(t, conn)
-	for _, name := range []string{"pgfence_guard_strict", "pgfence_guard_truncate", "pgfence_last_token"} {
+	for _, name := range guardFunctions {
 		require.NotContains(t, fns, name)
 	}
-	up2 := migration(t, "000002_fence_guard.up.sql")
-	body := up2[strings.Index(up2, "AS $$")+len("AS $$") : strings.LastIndex(up2, "$$;")]
-	require.Equal(t, body, fns["pgfence_guard"].source, "000002's pgfence_guard body")
-	require.Equal(t, pinned, fns["pgfence_guard"].config, "000003 pinned pgfence_guard's search_path; down keeps it")
-	require.Equal(t, 3, version())
 
-	_, err = conn.Exec(ctx, migration(t, "000004_guard_modes.up.sql"))
+	_, err = conn.Exec(ctx, migration(t, "000001_baseline.up.sql"))
 	require.NoError(t, err)
 	checkUp()
 }

@@ -14,13 +14,10 @@ import (
 // pgfence_present(token) does in SQL. It takes no lock.
 const presentSQL = `SELECT pg_catalog.set_config('pgfence.token', $1::pg_catalog.int8::pg_catalog.text, true)`
 
-// Present presents token to the pgfence_guard triggers for the rest of tx's
-// transaction: every later UPDATE and DELETE in it, by any query, presents
-// token (see "Plain SQL and sqlc" in the package documentation). tx must be
-// a transaction (a pgx.Tx, or Stdlib of a *sql.Tx): on a pool the setting
-// would end with its own statement, so a *pgxpool.Pool is refused. It
-// returns an error for a token that is not positive or a nil tx, and the
-// database's error, wrapped.
+// Present presents token to the pgfence triggers for every later UPDATE and
+// DELETE of tx's transaction, by any query. tx must be a transaction: a
+// *pgxpool.Pool is refused. It returns an error for a token that is not
+// positive, a nil tx, or the database's error.
 func Present(ctx context.Context, tx pgfence.DB, token int64) error {
 	switch tx.(type) {
 	case nil:

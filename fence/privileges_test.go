@@ -38,7 +38,7 @@ func TestTriggerPrivileges(t *testing.T) {
 	b := setup(t)
 	owner, writer := b.newRole(t, "tblowner"), b.newRole(t, "writer")
 	q := func(s string) string { return pgx.Identifier{s}.Sanitize() }
-	// As migration 000003 does for every pgfence function (000004 for its own).
+	// As the migrations do for every pgfence function.
 	b.exec(t, "REVOKE EXECUTE ON FUNCTION "+b.fn("pgfence_guard")+"() FROM PUBLIC")
 	b.exec(t, "GRANT CREATE ON SCHEMA public TO "+q(owner))
 	b.exec(t, "SELECT pg_catalog.setval($1::regclass, $2)", b.fn("pgfence_leases_fence_seq"), lastValue)

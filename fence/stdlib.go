@@ -12,32 +12,22 @@ import (
 	"github.com/pgfence/pgfence"
 )
 
-// StdlibQuerier is what *sql.DB, *sql.Conn and *sql.Tx share: the
-// database/sql methods [Stdlib] adapts.
+// StdlibQuerier is what *sql.DB, *sql.Conn and *sql.Tx share.
 type StdlibQuerier interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// Stdlib adapts a *sql.DB, *sql.Conn or *sql.Tx opened with pgx's
-// database/sql driver (github.com/jackc/pgx/v5/stdlib, driver name "pgx")
-// to [pgfence.DB], so the builders run on it:
+// Stdlib adapts a *sql.DB, *sql.Conn or *sql.Tx opened with pgx's driver
+// (github.com/jackc/pgx/v5/stdlib) to [pgfence.DB], so the builders run on
+// it:
 //
-//	db, _ := sql.Open("pgx", url)
 //	_, err := stmt.Exec(ctx, fence.Stdlib(db), token, amount, id)
 //
-// The adapter is a thin translation with no state of its own; statements
-// run as database/sql runs them (on *sql.DB, each on a connection of its
-// pool; on *sql.Tx, in the transaction). Errors are pgx's, so
-// *pgconn.PgError and the builders' errors come through unchanged. Its
-// Exec's CommandTag carries only the number of rows affected (database/sql
-// keeps no tag). Its Query's rows have FieldDescriptions with names only,
-// and nil RawValues and Conn. Its QueryRow's Scan returns an error
-// matching both pgx.ErrNoRows and sql.ErrNoRows when there is no row.
-// Another driver works as far as it accepts pgx's argument types (int64,
-// string); [Classify] and [CheckResult] recognise its errors when they have
-// a SQLState() string method, as lib/pq's *pq.Error has.
+// Errors come through unchanged. Its CommandTag carries only the rows
+// affected, its rows' FieldDescriptions only names, and its QueryRow's
+// missing row matches both pgx.ErrNoRows and sql.ErrNoRows.
 func Stdlib(q StdlibQuerier) pgfence.DB { return stdlibDB{q} }
 
 type stdlibDB struct{ q StdlibQuerier }
@@ -116,8 +106,7 @@ func (r *stdlibRows) Next() bool {
 	return false
 }
 
-// Scan scans the current row; a nil destination skips its column, as in
-// pgx.
+// Scan scans the current row; a nil destination skips its column.
 func (r *stdlibRows) Scan(dest ...any) error {
 	copied := false
 	for i, d := range dest {
@@ -182,12 +171,8 @@ func (r stdlibRow) Scan(dest ...any) error {
 	return r.rows.Err()
 }
 
-// CheckResult is [Check] for database/sql: it maps the result of a
-// hand-written or sqlc UPDATE or DELETE run with ExecContext on a table
-// with the pgfence_guard trigger attached, in the same way (PF001 a
-// [*StaleTokenError], PF003 [ErrMalformedToken], no row affected an error
-// matching both pgx.ErrNoRows and sql.ErrNoRows). Otherwise it returns res
-// and nil.
+// CheckResult is [Check] for an sql.Result; a missing row matches both
+// pgx.ErrNoRows and sql.ErrNoRows.
 func CheckResult(res sql.Result, err error) (sql.Result, error) {
 	if err != nil {
 		return res, Classify(err)

@@ -93,8 +93,8 @@ func TestClassifyLeavesOtherErrorsAlone(t *testing.T) {
 	require.Zero(t, se.Presented)
 }
 
-// migrationUp and migrationDown are the user migration shown in the package
-// documentation and README.md.
+// migrationUp and migrationDown are a user migration that attaches the
+// default-mode trigger by hand, as docs/fencing.md shows.
 const (
 	migrationUp = `ALTER TABLE accounts ADD COLUMN fence_token bigint NOT NULL DEFAULT 0;
 CREATE TRIGGER accounts_fence

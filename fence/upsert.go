@@ -11,11 +11,9 @@ import (
 	"github.com/pgfence/pgfence"
 )
 
-// UpsertStmt is a guarded INSERT ... ON CONFLICT DO UPDATE, built with
-// [Upsert] or [UpsertIdent]. It inserts one row carrying the token, or
-// updates the conflicting row only if the row's token does not make the
-// presented one stale (WHERE t.fence_token <= excluded.fence_token). Its
-// methods return a modified copy. The zero value is not usable.
+// UpsertStmt is a guarded INSERT ... ON CONFLICT DO UPDATE: it inserts the
+// row with the token, or updates the conflicting row unless that carries a
+// newer token. Its methods return a modified copy.
 type UpsertStmt struct {
 	g        guard
 	columns  []string
@@ -27,21 +25,18 @@ type UpsertStmt struct {
 	set          string
 }
 
-// Upsert starts a guarded upsert into table, given as "table" or
-// "schema.table", as for [Update].
+// Upsert starts a guarded upsert into table, named as for [Update].
 func Upsert(table string) *UpsertStmt {
 	id, err := parseTable(table)
 	return &UpsertStmt{g: newGuard(id, err, kindUpsert)}
 }
 
-// UpsertIdent starts a guarded upsert into the table named by an identifier
-// of one part (table) or two (schema, table), taken literally.
+// UpsertIdent is [Upsert] for an identifier taken literally.
 func UpsertIdent(table pgx.Identifier) *UpsertStmt {
 	return &UpsertStmt{g: newGuard(table, nil, kindUpsert)}
 }
 
-// Columns sets the columns the row is inserted with, not counting the guard
-// column, which the statement adds. It replaces earlier Columns.
+// Columns sets the inserted columns, the guard column excepted.
 func (s *UpsertStmt) Columns(names ...string) *UpsertStmt {
 	c := *s
 	c.g.fresh()
@@ -49,10 +44,8 @@ func (s *UpsertStmt) Columns(names ...string) *UpsertStmt {
 	return &c
 }
 
-// Values sets one SQL expression per column, in the order of Columns, for
-// example Values("$1", "$2"). It replaces earlier Values. The expressions of
-// the OnConflict columns are evaluated again when the row is not written
-// (to read the existing row's token), so they should not call volatile
+// Values sets one expression per column, such as Values("$1", "$2"). The
+// OnConflict columns' expressions may be evaluated twice: no volatile
 // functions.
 func (s *UpsertStmt) Values(exprs ...string) *UpsertStmt {
 	c := *s
@@ -61,9 +54,7 @@ func (s *UpsertStmt) Values(exprs ...string) *UpsertStmt {
 	return &c
 }
 
-// OnConflict names the columns of the unique index or constraint that
-// identifies the row (the ON CONFLICT target). Each must be one of Columns.
-// It replaces an earlier OnConflict or OnConstraint.
+// OnConflict names the conflict target's columns, each one of Columns.
 func (s *UpsertStmt) OnConflict(columns ...string) *UpsertStmt {
 	c := *s
 	c.g.fresh()
@@ -72,12 +63,8 @@ func (s *UpsertStmt) OnConflict(columns ...string) *UpsertStmt {
 	return &c
 }
 
-// OnConstraint makes the ON CONFLICT target the unique constraint named
-// name (ON CONFLICT ON CONSTRAINT name), for example a constraint that
-// several unique indexes could otherwise be inferred for. columns are the
-// constraint's columns, each one of Columns: the statement finds the
-// existing row by them to read its token when nothing was written. It
-// replaces an earlier OnConflict or OnConstraint.
+// OnConstraint makes the conflict target the constraint name; columns are
+// its columns, each one of Columns, to find the existing row.
 func (s *UpsertStmt) OnConstraint(name string, columns ...string) *UpsertStmt {
 	c := *s
 	c.g.fresh()
@@ -86,20 +73,15 @@ func (s *UpsertStmt) OnConstraint(name string, columns ...string) *UpsertStmt {
 	return &c
 }
 
-// Set sets the caller's SET list for the conflict case, without the SET
-// keyword; it may refer to the existing row by the table's name and to the
-// proposed row as excluded, for example
-// "balance = accounts.balance + excluded.balance". Without Set, every column
-// that is not an OnConflict column is set from excluded. The statement adds
-// the guard column's assignment.
+// Set sets the conflict case's SET list, such as
+// "balance = accounts.balance + excluded.balance"; without it every
+// non-conflict column is set from excluded.
 func (s *UpsertStmt) Set(frag string) *UpsertStmt { c := *s; c.set = frag; c.g.fresh(); return &c }
 
-// Returning sets the caller's RETURNING list, as for
-// [UpdateStmt.Returning]: Query and QueryRow return the row inserted or
-// updated; the existing row can be referred to by the table's name.
+// Returning sets the RETURNING list of the row written.
 func (s *UpsertStmt) Returning(list string) *UpsertStmt { c := *s; c.g.setReturning(list); return &c }
 
-// Observer attaches obs to the statement, as for [UpdateStmt.Observer].
+// Observer is [UpdateStmt.Observer].
 func (s *UpsertStmt) Observer(obs pgfence.Observer) *UpsertStmt {
 	c := *s
 	c.g.setObserver(obs)
@@ -109,23 +91,20 @@ func (s *UpsertStmt) Observer(obs pgfence.Observer) *UpsertStmt {
 // Column sets the guard column; the default is [DefaultColumn].
 func (s *UpsertStmt) Column(name string) *UpsertStmt { c := *s; c.g.setColumn(name); return &c }
 
-// Strict makes the guard a strict comparison, t.column < excluded.column.
+// Strict makes the guard t.column < excluded.column.
 func (s *UpsertStmt) Strict() *UpsertStmt { c := *s; c.g.setStrict(); return &c }
 
-// UnderLease makes the upsert also require that the lease name is held with
-// the token and secret, as for [UpdateStmt.UnderLease].
+// UnderLease is [UpdateStmt.UnderLease].
 func (s *UpsertStmt) UnderLease(name string, secret pgfence.Secret) *UpsertStmt {
 	c := *s
 	c.g.setLease(name, secret)
 	return &c
 }
 
-// LeaseSchema sets the schema pgfence is installed in, as for
-// [UpdateStmt.LeaseSchema].
+// LeaseSchema is [UpdateStmt.LeaseSchema].
 func (s *UpsertStmt) LeaseSchema(name string) *UpsertStmt { c := *s; c.g.setSchema(name); return &c }
 
-// SQL returns the statement that tells every outcome apart in one round
-// trip, as for [UpdateStmt.SQL].
+// SQL is [UpdateStmt.SQL] for the upsert.
 func (s *UpsertStmt) SQL(nargs int) (string, error) {
 	return s.g.cached(nargs, s.build)
 }
@@ -183,9 +162,8 @@ func (s *UpsertStmt) render(nargs int, f form) (string, error) {
 	if set != "" {
 		set += ", "
 	}
-	// The existing row is referred to by the table's own name (its last
-	// part), which ON CONFLICT DO UPDATE accepts for a schema-qualified
-	// table too.
+	// The existing row is named by the table's last part, which ON CONFLICT
+	// accepts for a schema-qualified table too.
 	existing := pgx.Identifier{s.g.table[len(s.g.table)-1]}.Sanitize()
 	vals := strings.Join(values, ", ")
 	target := "(" + strings.Join(conflict, ", ") + ")"
@@ -208,11 +186,8 @@ func (s *UpsertStmt) render(nargs int, f form) (string, error) {
 		target, set, col, existing, s.g.op(), s.g.cteReturning(f)) + s.g.tail(m, f), nil
 }
 
-// upsertCTE inserts the row, or updates the conflicting one whose token the
-// presented one does not make stale, only if the gates pass. It is an
-// INSERT ... SELECT so the gates can hold it back; the SELECT leaves its
-// parameters' types to the INSERT's columns. Its WHERE also sets
-// pgfence.token, once, before the row is inserted or updated.
+// upsertCTE inserts or updates the row if the gates pass; an INSERT ...
+// SELECT so they can hold it back. Its WHERE sets pgfence.token first.
 const upsertCTE = `pgfence_write AS (
     INSERT INTO %[1]s (%[2]s)
     SELECT %[3]s, $%[4]d::pg_catalog.int8%[5]s
@@ -274,16 +249,11 @@ func (s *UpsertStmt) check() error {
 	return nil
 }
 
-// Exec runs the guarded upsert on db with the caller's args and the fencing
-// token, in one round trip on success, and returns the tag "INSERT 0 1"
-// when the row was inserted or updated. Otherwise nothing was written, and
-// the error is a [*LeaseLostError] (with UnderLease), a [*StaleTokenError]
-// when the existing row carries a newer token, with that token as Current,
-// or an error describing bad input or the database's error. When the
-// existing row was inserted concurrently, after the statement's snapshot
-// (so the statement could not read it), the statement is run again, at
-// most twice, to read it; Current is 0 only if the row was replaced that
-// often meanwhile. An upsert never reports pgx.ErrNoRows.
+// Exec inserts or updates the row, returning "INSERT 0 1". It returns a
+// [*LeaseLostError] (UnderLease), a [*StaleTokenError] when the existing row
+// carries a newer token, or an input or database error; never pgx.ErrNoRows.
+// A row inserted concurrently is read by running the statement again, at
+// most twice; Current is 0 only if it was replaced that often.
 func (s *UpsertStmt) Exec(ctx context.Context, db pgfence.DB, token int64, args ...any) (pgconn.CommandTag, error) {
 	t, err := s.g.exec(ctx, db, s.render, token, args, false, "INSERT 0")
 	if err != nil {
@@ -295,15 +265,12 @@ func (s *UpsertStmt) Exec(ctx context.Context, db pgfence.DB, token int64, args 
 	return pgconn.NewCommandTag("INSERT 0 1"), nil
 }
 
-// Query runs the guarded upsert as Exec does and returns the row inserted
-// or updated, with the columns of the Returning list, as for
-// [UpdateStmt.Query].
+// Query upserts as Exec does and returns the Returning columns.
 func (s *UpsertStmt) Query(ctx context.Context, db pgfence.DB, token int64, args ...any) (pgx.Rows, error) {
 	return s.g.query(ctx, db, s.render, token, args, false, "INSERT 0")
 }
 
-// QueryRow runs Query and returns a pgx.Row whose Scan reads the row
-// inserted or updated, or returns Query's error.
+// QueryRow is Query for the row written.
 func (s *UpsertStmt) QueryRow(ctx context.Context, db pgfence.DB, token int64, args ...any) pgx.Row {
 	rows, err := s.Query(ctx, db, token, args...)
 	return resultRow{rows: rows, err: err}

@@ -20,103 +20,68 @@ import (
 	"github.com/pgfence/pgfence/leasetable"
 )
 
-// NotifyChannel is the LISTEN/NOTIFY channel on which a new term's value
-// (a proclamation) is announced; the payload is tag:token:mac, keyed with
-// the install's pgfence_notify_key (the tag stands for the election's
-// name), as on [leasetable.NotifyChannel].
-// Resignations are announced by the lease table's release, on
-// [leasetable.NotifyChannel]. Observers listen on both.
+// NotifyChannel announces a new term's proclamation (payload tag:token:mac,
+// as on [leasetable.NotifyChannel], which announces resignations).
 const NotifyChannel = "pgfence_leader"
 
-// MaxValueLength is the longest value, in bytes, a leader may proclaim. A
-// value must be valid UTF-8.
+// MaxValueLength is the longest value, in bytes of UTF-8, a leader may
+// proclaim.
 const MaxValueLength = 4096
 
-// DefaultObserveInterval is how often an observer re-reads the leader when
-// no notification arrives, when [Config].ObserveInterval is zero.
+// DefaultObserveInterval is the default [Config].ObserveInterval.
 const DefaultObserveInterval = 5 * time.Second
 
-// DefaultRetryInterval is the first pause of [Elector.Run] after a failed
-// campaign, when [Config].RetryInterval is zero. Each further failure
-// doubles it, up to 30 times as long.
+// DefaultRetryInterval is the default [Config].RetryInterval.
 const DefaultRetryInterval = time.Second
 
 // DefaultHandoverTimeout is [Config].HandoverTimeout when it is zero.
 const DefaultHandoverTimeout = 500 * time.Millisecond
 
-// queryTimeout bounds the statements the Elector runs on its own behalf
-// (a proclamation after the caller's ctx ended, a resignation from Close
-// or Run).
+// queryTimeout bounds the statements the Elector runs on its own behalf.
 const queryTimeout = 5 * time.Second
 
-// Config configures an [Elector]. [New] validates it and returns an error
-// naming the bad field; the caller's Config is never modified.
+// Config configures an [Elector]; [New] validates it and never modifies it.
 type Config struct {
-	// Locker takes the election's lease. Required. It stays the caller's:
-	// [Elector.Close] does not close it, and it must stay open until Close
-	// returns. Its Owner is the leader's owner id; its schema is the one
-	// the Elector reads. Several Electors (of different elections, or of
-	// the same one) may share a Locker: one Locker never holds a lease
-	// twice, so one Locker never holds two terms of an election at once.
+	// Locker takes the election's lease. Required; it stays the caller's and
+	// must stay open until Close returns. Electors may share it.
 	Locker *leasetable.Locker
 
-	// Election names the election: the name of the lease whose holder is
-	// the leader (the same rules as for lease names: at most
-	// [leasetable.MaxNameLength] bytes of UTF-8 without control
-	// characters). Every candidate of one election uses the same name; do
-	// not take the lease by that name for anything else. Required.
+	// Election is the name of the election's lease, the same for every
+	// candidate, with the rules of lease names. Required.
 	Election string
 
-	// Value is what this candidate proclaims when it leads (an address to
-	// forward requests to, say): followers read it with [Elector.Leader]
-	// and [Elector.Observe]. At most [MaxValueLength] bytes of UTF-8; it
-	// may be empty. [Term.Proclaim] changes it for one term.
+	// Value is what this candidate proclaims when it leads, such as an address;
+	// at most [MaxValueLength] bytes, possibly empty.
 	Value string
 
-	// TTL is the lease's time-to-live for each term (see
-	// [leasetable.Config].TTL); zero means the Locker's. A crashed
-	// leader's term ends, and a follower takes over, about TTL after its
-	// last renewal.
+	// TTL is each term's lease TTL; zero means the Locker's. A crashed leader
+	// is replaced about TTL after its last renewal.
 	TTL time.Duration
 
-	// ObserveInterval is how long an observer ([Elector.Observe], and
-	// [Callbacks].OnNewLeader) waits for a notification before it reads
-	// the leader again anyway. Observers also re-read at the current term's
-	// expiry, so a crashed leader's end is seen within milliseconds of it;
-	// this bounds the delay for changes whose notification was missed.
-	// Zero means [DefaultObserveInterval]; otherwise at least 10ms.
+	// ObserveInterval bounds how long an observer waits for a notification
+	// before it reads again (it also reads at the term's expiry). Zero means
+	// [DefaultObserveInterval]; otherwise at least 10ms.
 	ObserveInterval time.Duration
 
-	// RetryInterval is how long [Elector.Run] waits after a campaign
-	// failed (a database error) before it campaigns again; it doubles
-	// with each further failure, up to 30 times as long. Zero means
-	// [DefaultRetryInterval].
+	// RetryInterval is [Elector.Run]'s first pause after a failed campaign,
+	// doubled per failure up to 30 times. Zero means [DefaultRetryInterval].
 	RetryInterval time.Duration
 
-	// HandoverTimeout is how long, after this Elector resigned a term, its
-	// next campaign lets the other candidates take the election first: it
-	// waits until the election's lease has been granted to another
-	// candidate, or this time has passed since the resignation (see
-	// [Term.Resign]). Zero means [DefaultHandoverTimeout].
+	// HandoverTimeout bounds how long a campaign after a resignation leaves the
+	// election to other candidates (see [Term.Resign]). Zero means
+	// [DefaultHandoverTimeout].
 	HandoverTimeout time.Duration
 
-	// Logger receives failed campaigns and observer reads (Warn) and term
-	// changes (Debug). Nil means silent.
+	// Logger receives failures (Warn) and term changes (Debug); nil is silent.
 	Logger *slog.Logger
 
-	// DisableListen turns off the observers' LISTEN connection: they then
-	// learn of a change at the current term's expiry or after
-	// ObserveInterval. Campaigns are not affected (they wait through the
-	// Locker's own LISTEN connection; see [leasetable.Config]). Use it
-	// behind a transaction-pooling PgBouncer without a ListenConnConfig.
+	// DisableListen turns off the observers' LISTEN connection: they re-read at
+	// the term's expiry or after ObserveInterval (behind a transaction pooler).
 	DisableListen bool
 
-	// ListenConnConfig, when not nil, opens the observers' LISTEN
-	// connection instead of the pool's connection configuration (point it
-	// at the server directly when the pool goes through a
-	// transaction-pooling PgBouncer). It is copied. As with the Locker's,
-	// a LISTEN connection that does not receive notifications is detected
-	// at connect, logged once, and replaced by timed re-reads.
+	// ListenConnConfig, when set, opens the observers' LISTEN connection
+	// instead of the pool's configuration (point it at the server behind a
+	// transaction pooler). It is copied.
 	ListenConnConfig *pgx.ConnConfig
 }
 
@@ -197,9 +162,8 @@ func checkValue(v string) error {
 	return nil
 }
 
-// Elector campaigns in one election, and observes who leads it. It is
-// safe for concurrent use. Create it with [New] and stop it with
-// [Elector.Close].
+// Elector campaigns in one election and observes who leads it. It is safe
+// for concurrent use.
 type Elector struct {
 	pool      *pgxpool.Pool
 	locker    *leasetable.Locker
@@ -230,16 +194,10 @@ type testHooks struct {
 }
 
 // New returns an Elector for cfg.Election that campaigns with cfg.Locker
-// and reads the leader through pool (the Locker's pool, or any pool on the
-// same database). It returns an error, naming the field, when cfg is
-// invalid or pool is nil; then nothing is sent. Otherwise it checks once,
-// in a round trip or two through pool bounded by ctx, that the Locker's
-// schema holds pgfence at the version this code needs (with
-// pgfence_leaders), and returns an error matching [pgfence.ErrNotInstalled]
-// that says how to fix it when not; then it reads the install's
-// notification key (SELECT on pgfence_notify_key, granted by
-// migrations.Grant). ctx has no effect on the Elector after New returns.
-// The pool stays the caller's; Close does not close it.
+// and reads through pool. It returns an error naming the field for an
+// invalid cfg, and one matching [pgfence.ErrNotInstalled] when the schema
+// is not as this code needs. ctx bounds only New. Close does not close the
+// pool.
 func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Elector, error) {
 	if pool == nil {
 		return nil, errors.New("pgfence: leader: pool is nil")
@@ -283,13 +241,10 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Elector, error)
 // Election returns the election's name.
 func (e *Elector) Election() string { return e.cfg.Election }
 
-// Close resigns the term this Elector holds, if any (handing over at
-// once), makes a Campaign in progress return [pgfence.ErrClosed], ends
-// every Observe channel, and stops the LISTEN connection. It returns when
-// its goroutines have stopped; a [Elector.Run] returns [pgfence.ErrClosed]
-// once its OnStartedLeading callback has returned. It closes neither the
-// Locker nor the pool. Close is idempotent; later calls of the Elector's
-// methods return [pgfence.ErrClosed].
+// Close resigns the term held, makes a Campaign in progress return
+// [pgfence.ErrClosed], closes every Observe channel, and returns once its
+// goroutines stopped. It closes neither the Locker nor the pool. It is
+// idempotent; the Elector's methods then return [pgfence.ErrClosed].
 func (e *Elector) Close() {
 	e.mu.Lock()
 	if e.closed {
@@ -315,9 +270,8 @@ func (e *Elector) checkOpen() error {
 	return nil
 }
 
-// ErrAlreadyLeading is returned at once by [Elector.Campaign] when the
-// Elector already holds a term that has not ended. It matches
-// [pgfence.ErrAlreadyHeld] (and so [pgfence.ErrNotAcquired]).
+// ErrAlreadyLeading is returned by [Elector.Campaign] while the Elector
+// holds a term. It matches [pgfence.ErrAlreadyHeld].
 var ErrAlreadyLeading error = alreadyLeadingError{}
 
 type alreadyLeadingError struct{}
@@ -328,23 +282,14 @@ func (alreadyLeadingError) Is(target error) bool {
 	return target == pgfence.ErrAlreadyHeld || target == pgfence.ErrNotAcquired
 }
 
-// Campaign waits until this Elector leads the election, or ctx ends, and
-// returns the term. It acquires the election's lease (waking at once when
-// the leader resigns, through the Locker's LISTEN connection or directly
-// within one Locker, and otherwise when the leader's lease expires), then
-// proclaims [Config].Value for the term, and returns once both are
-// committed: by then [Elector.Leader] shows the new term to everyone.
-// After this Elector resigned, Campaign first lets the other candidates
-// take over (see [Term.Resign]); while it steps aside, it waits for the
-// end of that ([Elector.StepAside]).
+// Campaign waits until this Elector leads, acquiring the election's lease
+// and proclaiming [Config].Value, and returns the term once both committed.
+// After a resignation it first leaves the election to others (see
+// [Term.Resign], [Elector.StepAside]). ctx bounds the wait, not the term.
 //
-// The term lasts until [Term.Resign], [Elector.Resign] or [Elector.Close],
-// or until its lease is lost (see [Term.Context]); ctx does not bound it.
-// When ctx ends first, Campaign returns an error wrapping ctx's cause; a
-// lease taken meanwhile is given back. It returns [ErrAlreadyLeading] at
-// once while the Elector holds a term, [pgfence.ErrClosed] after Close, and
-// database errors wrapped (after giving back a lease it took), without
-// retrying them: [Elector.Run] retries.
+// It returns an error wrapping ctx's cause (a lease taken meanwhile is given
+// back), [ErrAlreadyLeading], [pgfence.ErrClosed], or a database error,
+// without retrying: [Elector.Run] retries.
 func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 	e.mu.Lock()
 	if e.closed {
@@ -377,8 +322,7 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 		}
 		lease := l.(*leasetable.Lease)
 		t := &Term{e: e, lease: lease, value: e.cfg.Value}
-		// The proclamation runs on if ctx ends meanwhile, so that the
-		// lease's state is known and it can be given back.
+		// The proclamation outlives ctx, so that the lease can be given back.
 		pctx, pcancel := context.WithTimeout(context.WithoutCancel(ctx), queryTimeout)
 		held, err := e.proclaim(pctx, lease, e.cfg.Value)
 		pcancel()
@@ -399,8 +343,7 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 		case ctx.Err() != nil:
 			return nil, fmt.Errorf("pgfence: leader: campaign %q: %w", e.cfg.Election, context.Cause(ctx))
 		}
-		// The lease was lost between its grant and the proclamation (a
-		// pause longer than its TTL): campaign again.
+		// The lease was lost before the proclamation: campaign again.
 		e.cfg.Logger.WarnContext(ctx, "pgfence: leader: the lease was lost before the term was proclaimed; campaigning again",
 			"election", e.cfg.Election, "token", t.Token())
 	}
@@ -417,8 +360,7 @@ func (e *Elector) adopt(t *Term) bool {
 	return true
 }
 
-// Term returns the term this Elector holds, or nil when it does not lead.
-// A term returned may have ended since; see [Term.Err].
+// Term returns the term held, or nil; it may have ended since.
 func (e *Elector) Term() *Term {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -428,8 +370,7 @@ func (e *Elector) Term() *Term {
 	return e.term
 }
 
-// Resign ends the term this Elector holds, if any, as [Term.Resign] does;
-// it returns nil when the Elector does not lead.
+// Resign is [Term.Resign] for the term held; nil when it does not lead.
 func (e *Elector) Resign(ctx context.Context) error {
 	e.mu.Lock()
 	t := e.term
@@ -440,11 +381,9 @@ func (e *Elector) Resign(ctx context.Context) error {
 	return t.Resign(ctx)
 }
 
-// StepAside resigns the term this Elector holds, if any, and keeps the
-// Elector from campaigning for d: until then Campaign, and so [Elector.Run],
-// waits, however many terms of other candidates begin and end meanwhile.
-// A later call replaces the period; a d of zero or less ends it. It
-// returns what Resign returns, and [pgfence.ErrClosed] after Close.
+// StepAside resigns and keeps the Elector from campaigning for d; a later
+// call replaces the period, d <= 0 ends it. It returns Resign's error, or
+// [pgfence.ErrClosed].
 func (e *Elector) StepAside(ctx context.Context, d time.Duration) error {
 	e.mu.Lock()
 	if e.closed {
@@ -467,8 +406,8 @@ type handover struct {
 	until time.Time
 }
 
-// beginHandover makes the next campaigns wait for a hand-over of t: called
-// before t's release is sent, so that a campaign cannot slip in between.
+// beginHandover makes the next campaigns wait for a hand-over of t, before
+// t's release is sent.
 func (e *Elector) beginHandover(t *Term) {
 	if t.Err() != nil || (e.hooks != nil && e.hooks.noHandover) {
 		return // lost, or already being resigned
@@ -478,17 +417,13 @@ func (e *Elector) beginHandover(t *Term) {
 	e.mu.Unlock()
 }
 
-// grantedSQL reads the token of the election lease's latest grant (%[1]s
-// is the schema), held or released: a release keeps the row and its
-// token. No row when it was never granted. It takes no locks.
+// grantedSQL reads the token of the election lease's latest grant (%[1]s is
+// the schema); no row when never granted.
 const grantedSQL = `SELECT l.fence FROM %[1]s.pgfence_leases l WHERE l.name OPERATOR(pg_catalog.=) $1`
 
-// awaitTurn returns when this Elector may campaign: once its StepAside
-// period is over, and after a resignation once the election's lease has
-// been granted since (another candidate took over) or the hand-over's
-// bound has passed. It learns of grants from the proclamations' and
-// releases' notifications on the observers' LISTEN connection; it returns
-// ctx's cause when ctx ends first.
+// awaitTurn returns once StepAside's period is over and, after a
+// resignation, once another candidate was granted the lease (learnt from
+// notifications) or the hand-over's bound passed; or ctx's cause.
 func (e *Elector) awaitTurn(ctx context.Context) error {
 	var wake chan struct{}
 	defer func() {
@@ -543,11 +478,9 @@ func (e *Elector) awaitTurn(ctx context.Context) error {
 	}
 }
 
-// proclaimSQL records the value of a term through pgfence_leader_proclaim
-// (%[1]s is the schema), a SECURITY DEFINER function: only while the term's
-// lease is held (name, token, secret, not expired on clock_timestamp()),
-// whose row it locks FOR SHARE for the statement; it notifies
-// [NotifyChannel] at commit. It returns whether the lease was held.
+// proclaimSQL records a term's value through pgfence_leader_proclaim
+// (%[1]s is the schema), only while the lease is held with its secret; it
+// notifies [NotifyChannel] at commit and returns whether the lease was held.
 const proclaimSQL = `SELECT %[1]s.pgfence_leader_proclaim($1, $2, $3, $4)`
 
 func (e *Elector) proclaim(ctx context.Context, l *leasetable.Lease, value string) (held bool, err error) {
@@ -555,8 +488,8 @@ func (e *Elector) proclaim(ctx context.Context, l *leasetable.Lease, value strin
 	return held, err
 }
 
-// Term is one term of leadership: this Elector leads from Campaign's
-// return until the term ends. Its methods are safe for concurrent use.
+// Term is one term of leadership, from Campaign's return until it ends. Its
+// methods are safe for concurrent use.
 type Term struct {
 	e     *Elector
 	lease *leasetable.Lease
@@ -568,10 +501,7 @@ type Term struct {
 // Election returns the election's name.
 func (t *Term) Election() string { return t.lease.Name() }
 
-// Token returns the term's fencing token: the token of its lease. Every
-// later term of the election has a larger one. Present it to guarded
-// writes (package fence) so that a leader whose term ended without its
-// noticing (a pause) cannot overwrite its successor's work.
+// Token returns the term's fencing token, larger for every later term.
 func (t *Term) Token() int64 { return t.lease.Token() }
 
 // Value returns the value the term proclaimed last.
@@ -581,40 +511,29 @@ func (t *Term) Value() string {
 	return t.value
 }
 
-// BeganAt returns when the term began (its lease was granted), on the
-// database clock.
+// BeganAt returns when the lease was granted, on the database clock.
 func (t *Term) BeganAt() time.Time { return t.lease.AcquiredAt() }
 
-// Expiry returns the term's local deadline, on the local clock: unless its
-// lease is renewed first, the term ends then, before the database could
-// grant it to another candidate (see [leasetable.Lease.Expiry]).
+// Expiry returns the term's local deadline ([leasetable.Lease.Expiry]).
 func (t *Term) Expiry() time.Time { return t.lease.Expiry() }
 
-// Context returns a context cancelled when the term ends: with a cause
-// matching [pgfence.ErrLeaseLost] when its lease was lost (not renewed
-// before its local deadline, taken over, force-released, or the Locker was
-// closed), or [pgfence.ErrNotHeld] after a resignation. Derive the
-// leader's work from it. A Campaign of the same election under it returns
-// an error matching [pgfence.ErrAlreadyHeld].
+// Context is cancelled when the term ends, with a cause matching
+// [pgfence.ErrLeaseLost] on loss or [pgfence.ErrNotHeld] after a
+// resignation.
 func (t *Term) Context() context.Context { return t.lease.Context() }
 
-// Done returns a channel closed when the term ends. It is
-// t.Context().Done().
+// Done returns t.Context().Done().
 func (t *Term) Done() <-chan struct{} { return t.lease.Done() }
 
-// Err returns nil while the term lasts, and the cause of its end after
-// (see [Term.Context]).
+// Err returns nil while the term lasts, then the cause of its end.
 func (t *Term) Err() error { return t.lease.Err() }
 
-// Lease returns the term's lease: for lease-checked writes (package
-// fence's UnderLease(t.Election())) and [leasetable.Lease.Renew].
+// Lease returns the term's lease, for lease-checked writes (its Secret).
 func (t *Term) Lease() *leasetable.Lease { return t.lease }
 
-// Proclaim replaces the value the term proclaims, in one statement bounded
-// by ctx, and notifies observers. It returns an error matching
-// [pgfence.ErrLeaseLost] when the term's lease is no longer held (the term
-// has ended or is about to), [pgfence.ErrClosed] after Close, an invalid
-// value's error (nothing sent), and database errors wrapped.
+// Proclaim replaces the term's value and notifies observers. It returns an
+// error matching [pgfence.ErrLeaseLost] when the lease is no longer held,
+// [pgfence.ErrClosed], an invalid value's error, or a database error.
 func (t *Term) Proclaim(ctx context.Context, value string) error {
 	if err := checkValue(value); err != nil {
 		return fmt.Errorf("pgfence: leader: proclaim: %w", err)
@@ -639,18 +558,12 @@ func (t *Term) Proclaim(ctx context.Context, value string) error {
 	return nil
 }
 
-// Resign ends the term and hands the election over at once: it releases
-// the term's lease, which wakes the other candidates (within the Locker
-// directly, in other Lockers through LISTEN/NOTIFY), and the observers.
-// The term's context is cancelled (cause matching [pgfence.ErrNotHeld])
-// before the release is sent. The Elector's next Campaign (Run's too)
-// leaves the election to them: it waits until the lease has been granted
-// to another candidate, or [Config].HandoverTimeout has passed since the
-// resignation. Resign returns an error matching [pgfence.ErrNotHeld] when
-// the term had already ended by a loss; after one call returned nil or
-// that error, later calls return nil. It runs under
-// context.WithoutCancel(ctx) bounded by the Locker's QueryTimeout (see
-// [leasetable.Lease.Release]), so it works from a defer.
+// Resign ends the term, cancelling its context (cause [pgfence.ErrNotHeld]),
+// and releases the lease, waking the other candidates. The Elector's next
+// Campaign waits until another candidate was granted the lease or
+// [Config].HandoverTimeout passed. It returns an error matching
+// [pgfence.ErrNotHeld] when the term was already lost; later calls return
+// nil. It runs under context.WithoutCancel(ctx), so it works from a defer.
 func (t *Term) Resign(ctx context.Context) error {
 	t.e.beginHandover(t)
 	err := t.resign(ctx)

@@ -18,28 +18,21 @@ import (
 type TermInfo struct {
 	// Election is the election's name.
 	Election string
-	// Leading reports whether the term is in force: its lease is held, on
-	// the database clock, when it was read. From [Elector.Leader] and
-	// [Elector.Observe], false means that nobody leads, and the other
-	// fields but Election are zero.
+	// Leading reports whether the lease was held when read; when false, the
+	// other fields but Election are zero.
 	Leading bool
 	// Token is the term's fencing token.
 	Token int64
 	// Owner is the leader's owner id (its Locker's [leasetable.Config].Owner).
 	Owner string
-	// Proclaimed reports whether the leader has proclaimed a value for the
-	// term. From [Elector.Leader] it is false in the moment between the
-	// grant of the term's lease and its proclamation (a round trip, inside
-	// Campaign); it stays false for a holder of the lease that does not
-	// use this package, or whose proclamation a server crash lost.
+	// Proclaimed is false between the grant and the proclamation, or for a
+	// lease of that name taken without this package.
 	Proclaimed bool
-	// Value is the value the leader proclaimed ([Config].Value or
-	// [Term.Proclaim]); empty when not Proclaimed.
+	// Value is the value proclaimed; empty when not Proclaimed.
 	Value string
 	// BeganAt is when the term began (its lease was granted).
 	BeganAt time.Time
-	// ExpiresAt is when the term's lease expires unless it is renewed
-	// (zero for an ended term of [Terms]).
+	// ExpiresAt is the lease's expiry (zero for an ended term of [Terms]).
 	ExpiresAt time.Time
 }
 
@@ -49,11 +42,8 @@ func (a TermInfo) same(b TermInfo) bool {
 	return a.Leading == b.Leading && a.Token == b.Token && a.Proclaimed == b.Proclaimed && a.Value == b.Value
 }
 
-// currentSQL reads the election's current term (%[1]s is the schema): the
-// held lease of that name (expires_at after now(), database clock) and the
-// value its term proclaimed, and the database's now(). It always returns
-// one row; lease columns are NULL when nobody holds the lease. It takes no
-// locks.
+// currentSQL reads the election's held lease, its proclaimed value and now()
+// (%[1]s is the schema): one row, NULLs when nobody leads. No locks.
 const currentSQL = `
 SELECT l.owner, l.fence, l.acquired_at, l.expires_at, d.value, d.token IS NOT NULL, pg_catalog.now()
 FROM (SELECT) AS one
@@ -62,10 +52,8 @@ LEFT JOIN %[1]s.pgfence_leases l
 LEFT JOIN %[1]s.pgfence_leaders d
     ON d.name OPERATOR(pg_catalog.=) l.name AND d.token OPERATOR(pg_catalog.=) l.fence`
 
-// Leader returns who leads the election now, in one statement bounded by
-// ctx: info.Leading is false when nobody does (the last term ended and no
-// candidate has taken the lease yet). Database errors are returned
-// wrapped; after Close, [pgfence.ErrClosed].
+// Leader returns who leads the election now; info.Leading is false when
+// nobody does. It returns database errors wrapped, or [pgfence.ErrClosed].
 func (e *Elector) Leader(ctx context.Context) (TermInfo, error) {
 	if err := e.checkOpen(); err != nil {
 		return TermInfo{}, err
@@ -109,21 +97,12 @@ func (e *Elector) read(ctx context.Context) (TermInfo, time.Duration, error) {
 	return info, untilExpiry, nil
 }
 
-// Observe returns a channel that receives who leads the election: first
-// the current state, then each change (a new term, a new value, or that
-// nobody leads), until ctx ends or the Elector is closed; then it is
-// closed. Changes are read when a notification arrives (a proclamation, a
-// resignation: within milliseconds, through the Elector's LISTEN
-// connection), when the current term's lease is due to expire (so the end
-// of a crashed leader's term is seen at once), and otherwise every
-// [Config].ObserveInterval. A new term is reported with its value: an
-// observer that reads it between its grant and its proclamation waits for
-// the proclamation (for at most a second) before reporting it, then
-// reports it with Proclaimed false if none came (a lease of that name
-// taken without this package). A receiver that falls behind is sent the state
-// current when it is ready, not every state in between; the channel is
-// unbuffered, so a receiver that stops reading holds up only its own
-// observer. A failed read is logged and retried.
+// Observe returns a channel that receives who leads: the current state, then
+// each change, until ctx ends or the Elector is closed, when it is closed.
+// Changes are read on a notification, at the term's expiry, and every
+// [Config].ObserveInterval. A new term is reported with its value (waiting
+// up to a second for its proclamation). A slow receiver gets the latest
+// state, not every state in between.
 func (e *Elector) Observe(ctx context.Context) <-chan TermInfo {
 	out := make(chan TermInfo)
 	wake, err := e.addWatcher()
@@ -166,11 +145,8 @@ func (e *Elector) observe(ctx context.Context, wake chan struct{}, out chan<- Te
 				"election", e.cfg.Election, "error", err, "retry_in", wait)
 		case info.Leading && !info.Proclaimed && (!sent || last.Token != info.Token) &&
 			(info.Token != unproclaimed || time.Now().Before(unproclaimedUntil)):
-			// A new term between its grant and its proclamation (a round
-			// trip later): wait for the proclamation's notification, for
-			// at most unproclaimedGrace in all (other notifications may
-			// wake it sooner), rather than report the term without its
-			// value first.
+			// A new term not yet proclaimed: wait up to unproclaimedGrace for the
+			// proclamation rather than report it without its value.
 			if info.Token != unproclaimed {
 				unproclaimed, unproclaimedUntil = info.Token, time.Now().Add(unproclaimedGrace)
 			}

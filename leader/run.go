@@ -12,42 +12,29 @@ import (
 
 // Callbacks are what [Elector.Run] calls. OnStartedLeading is required.
 type Callbacks struct {
-	// OnStartedLeading runs the leader's work for one term. Its ctx is
-	// cancelled when the term ends (cause: see [Term.Context]) or Run's
-	// ctx ends; it must then stop promptly and return. Run resigns the
-	// term when it returns, so a callback that returns early hands the
-	// election over, and Run campaigns again as [Term.Resign] describes.
+	// OnStartedLeading runs the work of one term; its ctx ends with the term or
+	// Run's ctx, and it must then return. Run resigns the term when it returns.
 	OnStartedLeading func(ctx context.Context, t *Term)
 	// OnStoppedLeading, when set, is called after each term ended and
 	// OnStartedLeading returned; t.Err() says why it ended.
 	OnStoppedLeading func(t *Term)
-	// OnNewLeader, when set, is called with each change of who leads, as
-	// [Elector.Observe] reports it (this Elector's own terms included),
-	// from a goroutine of its own, one call at a time, in order.
+	// OnNewLeader, when set, gets each change [Elector.Observe] reports, one
+	// call at a time, in order, from a goroutine of its own.
 	OnNewLeader func(info TermInfo)
 }
 
 // errRunning is returned by a second concurrent Run.
 var errRunning = errors.New("pgfence: leader: Run is already running on this Elector")
 
-// Run campaigns, leads and campaigns again, until ctx ends or the Elector
-// is closed: each time it wins a term, it calls OnStartedLeading and waits
-// for it to return; then it resigns the term (if it has not ended),
-// calls OnStoppedLeading, and campaigns again: after a resignation, once
-// another candidate has taken over or [Config].HandoverTimeout has passed
-// (see [Term.Resign]), and not while the Elector steps aside
-// ([Elector.StepAside]). One term at a time: Run
-// never campaigns while OnStartedLeading runs, so a callback that does not
-// return when its ctx ends holds Run up, never overlaps a next term of
-// this process. (Another process may lead meanwhile once the term ended:
-// its work is protected by fencing, not by Run.)
+// Run campaigns, calls OnStartedLeading and waits for it, resigns the term,
+// calls OnStoppedLeading and campaigns again (see [Term.Resign]), until ctx
+// ends or the Elector is closed. It never campaigns while OnStartedLeading
+// runs. (Another process may lead once a term ended: fencing, not Run,
+// protects its work.)
 //
-// A campaign that fails with a database error is logged and retried after
-// [Config].RetryInterval, doubling up to 30 times that with each further
-// failure. Run returns an error wrapping ctx's cause when ctx ends (after
-// the term's callbacks returned and the term was resigned), and one
-// matching [pgfence.ErrClosed] when the Elector was closed; in either case
-// only once the last OnNewLeader call has returned. Only one Run at a time
+// A failed campaign is logged and retried after [Config].RetryInterval.
+// Run returns an error wrapping ctx's cause, or matching
+// [pgfence.ErrClosed], once its callbacks have returned. One Run at a time
 // per Elector.
 func (e *Elector) Run(ctx context.Context, cb Callbacks) error {
 	if cb.OnStartedLeading == nil {

@@ -4,47 +4,40 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/golang-migrate/migrate/v4"
-	_ "github.com/golang-migrate/migrate/v4/database/pgx/v5" // golang-migrate's pgx5:// driver
-	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/bench/internal/report"
+	"github.com/pgfence/pgfence/bench/internal/systems"
 	"github.com/pgfence/pgfence/leasetable"
 	"github.com/pgfence/pgfence/migrations"
 )
 
-// Scenario 13 measures what migration 000012 (a secret drawn per
+// Scenario 13 measures what the ownership secret (a secret drawn per
 // acquisition and required by renew and release; keyed notification
-// payloads) costs per call: the same lease statements on two databases of
-// the benchmark's server, one migrated to version 11, one to the latest.
+// payloads, from schema version 12 on) costs per call: the same lease
+// statements on two databases of the benchmark's server, one with schema
+// version 11 (systems.SchemaV11), one migrated to the latest.
 
 // ownershipArm is one database of scenario 13: the schema version it is
 // migrated to and the statements a Locker of that version sends.
 type ownershipArm struct {
-	Version                 uint // 0: the latest, with migrations.Up
+	Version                 uint // 0: the latest, with migrations.Up; else 11, systems.SchemaV11
 	acquire, renew, release string
 	secret                  bool // acquire returns a secret; renew and release take it as $3
 }
 
-// ownershipMinLatest is the first version whose lease statements the
-// latest arm sends.
-const ownershipMinLatest = 12
-
 // ownershipArms are version 11 and the latest. The statements are
-// leasetable's at version 11 and from version 12 (acquireSQL, renewSQL and
-// releaseSQL), with the schema "pgfence".
+// leasetable's at version 11 and now (acquireSQL, renewSQL and releaseSQL),
+// with the schema "pgfence".
 var ownershipArms = []ownershipArm{
 	{
 		Version: 11,
@@ -76,8 +69,8 @@ type ownershipResult struct {
 	Batches, Cycles, Rounds int
 	Arms                    []ownershipArmResult // version 11, then the latest
 	LoadStart, LoadEnd      string
-	// Later lists the embedded migrations after 12 and, for each, the lease
-	// functions it (re)defines, if any.
+	// Later lists, in results of runs whose latest schema was a chain of
+	// migrations, those after 000012 and the lease functions each defines.
 	Later []laterMigration
 }
 
@@ -86,37 +79,6 @@ type ownershipResult struct {
 type laterMigration struct {
 	File      string
 	Redefines []string
-}
-
-// leasePathFunction matches a CREATE, REPLACE or DROP of a function the
-// lease statements call.
-var leasePathFunction = regexp.MustCompile(`FUNCTION\s+(pgfence_(?:acquire|renew|release|notify_payload|next_token|check_us))\s*\(`)
-
-// laterMigrations reads migrations.FS for the up files after version 12.
-func laterMigrations() ([]laterMigration, error) {
-	files, err := fs.Glob(migrations.FS, "*.up.sql")
-	if err != nil {
-		return nil, err
-	}
-	var out []laterMigration
-	for _, f := range files {
-		v, err := strconv.Atoi(strings.SplitN(f, "_", 2)[0])
-		if err != nil || v <= ownershipMinLatest {
-			continue
-		}
-		body, err := fs.ReadFile(migrations.FS, f)
-		if err != nil {
-			return nil, err
-		}
-		m := laterMigration{File: f}
-		for _, sm := range leasePathFunction.FindAllStringSubmatch(string(body), -1) {
-			if !slices.Contains(m.Redefines, sm[1]) {
-				m.Redefines = append(m.Redefines, sm[1])
-			}
-		}
-		out = append(out, m)
-	}
-	return out, nil
 }
 
 // ownershipLease is a lease one arm's connection holds.
@@ -356,10 +318,8 @@ func withDatabase(s, db string) (string, error) {
 }
 
 // createOwnershipDatabase creates arm's database afresh on the benchmark's
-// server and migrates it: to version 11 with golang-migrate (the iofs
-// source over migrations.FS, the pgx5 driver, search_path the schema
-// pgfence created first, the version in migrations.Table, as the migrate
-// CLI is documented to run), to the latest with migrations.Up.
+// server and installs it: version 11 from systems.SchemaV11 in schema
+// pgfence, the latest with migrations.Up.
 func createOwnershipDatabase(ctx context.Context, adminURL string, arm ownershipArm) (string, error) {
 	name := ownershipDatabase(arm)
 	if err := withConn(ctx, adminURL, func(c *pgx.Conn) error {
@@ -379,36 +339,11 @@ func createOwnershipDatabase(ctx context.Context, adminURL string, arm ownership
 		return u, migrations.Up(ctx, migrations.Target{URL: u}, nil)
 	}
 	if err := withConn(ctx, u, func(c *pgx.Conn) error {
-		_, err := c.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{pgfence.DefaultSchema}.Sanitize())
+		// One simple-protocol query: the whole file runs in one transaction.
+		_, err := c.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{pgfence.DefaultSchema}.Sanitize()+`;`+systems.SchemaV11, pgx.QueryExecModeSimpleProtocol)
 		return err
 	}); err != nil {
-		return "", err
-	}
-	cc, err := pgx.ParseConfig(u)
-	if err != nil {
-		return "", err
-	}
-	mu := url.URL{Scheme: "pgx5", Host: cc.Host + ":" + strconv.Itoa(int(cc.Port)), Path: "/" + name}
-	mu.User = url.User(cc.User)
-	if cc.Password != "" {
-		mu.User = url.UserPassword(cc.User, cc.Password)
-	}
-	q := url.Values{"search_path": {pgfence.DefaultSchema}, "x-migrations-table": {migrations.Table}, "sslmode": {"disable"}}
-	if cc.TLSConfig != nil {
-		q.Set("sslmode", "require")
-	}
-	mu.RawQuery = q.Encode()
-	src, err := iofs.New(migrations.FS, ".")
-	if err != nil {
-		return "", err
-	}
-	m, err := migrate.NewWithSourceInstance("iofs", src, mu.String())
-	if err != nil {
-		return "", fmt.Errorf("golang-migrate on %s: %w", name, err)
-	}
-	defer m.Close()
-	if err := m.Migrate(arm.Version); err != nil {
-		return "", fmt.Errorf("golang-migrate %s to version %d: %w", name, arm.Version, err)
+		return "", fmt.Errorf("install schema version %d: %w", arm.Version, err)
 	}
 	return u, nil
 }
@@ -425,7 +360,7 @@ func (r *runner) openOwnershipDB(ctx context.Context, arm ownershipArm) (*owners
 	}); err != nil {
 		return nil, err
 	}
-	if (arm.Version != 0 && uint(v) != arm.Version) || (arm.Version == 0 && v < ownershipMinLatest) {
+	if (arm.Version != 0 && uint(v) != arm.Version) || (arm.Version == 0 && uint(v) != migrations.Latest()) {
 		return nil, fmt.Errorf("%s is at schema version %d", ownershipDatabase(arm), v)
 	}
 	arm.Version = uint(v)
@@ -475,11 +410,6 @@ func (r *runner) ownershipCost(ctx context.Context) error {
 	fmt.Printf("scenario 13: ownership secret cost, version 11 against the latest (%d), %d alternating batches of %d acquire/renew/release cycles and %d hand-overs per arm\n",
 		migrations.Latest(), b, n, rounds)
 	res := &ownershipResult{Batches: b, Cycles: n, Rounds: rounds, LoadStart: loadAvg()}
-	later, err := laterMigrations()
-	if err != nil {
-		return err
-	}
-	res.Later = later
 	var dbs []*ownershipDB
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
@@ -608,7 +538,7 @@ func renderOwnershipCost(p func(string, ...any), res *results) {
 	}
 	v := o.Arms[1].Version
 	p("## 13. Ownership secret cost: schema version 11 against %d\n\n", v)
-	p("Migration 000012 draws a secret for each acquisition (returned only to the acquirer, its SHA-256 stored), requires it for renew and release, and sends release notifications as tag:token:mac under the install's key instead of the name. Two databases on the benchmark's server, one migrated to version 11 (golang-migrate, iofs source over `migrations.FS`), one to the latest, %d (`migrations.Up`), are sent the statements leasetable sends at version 11 and since 12, as the install's owner, each statement committed on its own. Per call: one connection per version, %d batches of %d cycles (acquire a free name, whose row a release expired earlier; renew it; release it), the two versions alternating batch by batch, the order swapped every batch. Hand-over: per version two more connections LISTEN on `%s` and hand one lease back and forth, %d rounds per batch: the waiter's acquire is refused (held), the holder releases, and the waiter acquires as soon as the notification of that release arrives (checked by name at version 11, by token at %d; the MAC is not verified); timed from sending the release to the waiter's acquire answered. Medians and p99 are over every call of a version; the paired column is the median over batches of the batch medians' ratio.\n\n",
+	p("From schema version 12 on, pgfence draws a secret for each acquisition (returned only to the acquirer, its SHA-256 stored), requires it for renew and release, and sends release notifications as tag:token:mac under the install's key instead of the name. Two databases on the benchmark's server, one with schema version 11 (`bench/internal/systems/testdata/v11.sql`: migrations 000001 to 000011 as they were before the 0.1.0 baseline), one migrated to the latest, %d (`migrations.Up`), are sent the statements leasetable sends at version 11 and since 12, as the install's owner, each statement committed on its own. Per call: one connection per version, %d batches of %d cycles (acquire a free name, whose row a release expired earlier; renew it; release it), the two versions alternating batch by batch, the order swapped every batch. Hand-over: per version two more connections LISTEN on `%s` and hand one lease back and forth, %d rounds per batch: the waiter's acquire is refused (held), the holder releases, and the waiter acquires as soon as the notification of that release arrives (checked by name at version 11, by token at %d; the MAC is not verified); timed from sending the release to the waiter's acquire answered. Medians and p99 are over every call of a version; the paired column is the median over batches of the batch medians' ratio.\n\n",
 		v, o.Batches, o.Cycles, leasetable.NotifyChannel, o.Rounds, v)
 	t := &report.Table{Header: []string{"call", "version 11", fmt.Sprintf("version %d", v), "added", fmt.Sprintf("v%d/v11", v), "paired batches (median)"}, TextColumns: 1}
 	for _, r := range o.rows() {

@@ -49,23 +49,6 @@ func TestOwnershipRows(t *testing.T) {
 	require.Empty(t, none.String())
 }
 
-func TestLaterMigrations(t *testing.T) {
-	t.Parallel()
-	later, err := laterMigrations()
-	require.NoError(t, err)
-	for _, m := range later {
-		require.NotContains(t, m.File, "000012")
-	}
-	require.Equal(t, []string{"pgfence_acquire", "pgfence_renew"},
-		func() []string {
-			var out []string
-			for _, sm := range leasePathFunction.FindAllStringSubmatch("CREATE OR REPLACE FUNCTION pgfence_acquire(a text) ... DROP FUNCTION pgfence_renew (x); -- pgfence_release()", -1) {
-				out = append(out, sm[1])
-			}
-			return out
-		}())
-}
-
 func TestOwnershipReleasedBy(t *testing.T) {
 	t.Parallel()
 	v11 := &ownershipConn{arm: ownershipArms[0]}

@@ -129,7 +129,7 @@ func renderSecurityCost(p func(string, ...any), res *results, cfg *config) {
 	if cfg.AppRole != "" {
 		role = "as `" + cfg.AppRole + "`, which holds only migrations.Grant's privileges"
 	}
-	p("Migration 000003 moves every write to the lease table into SECURITY DEFINER functions with a pinned search_path, and the token function checks its sequence. The release candidate's paths (`rc-…`) send its own statements as the table's owner, with its unhardened `pgfence_next_token()`; the new paths (`fn-leasetable`, `raw-advisory-token`) call the installed functions %s. Each pair runs the same cycle from the same client code.\n\n", role)
+	p("The schema puts every write to the lease table in SECURITY DEFINER functions with a pinned search_path, and the token function checks its sequence. The release candidate's paths (`rc-…`) send its own statements as the table's owner, with its unhardened `pgfence_next_token()`; the new paths (`fn-leasetable`, `raw-advisory-token`) call the installed functions %s. Each pair runs the same cycle from the same client code.\n\n", role)
 	if len(res.CallCosts) > 0 {
 		c0 := res.CallCosts[0]
 		p("Per call: one connection per path, %d batches of %d cycles each, the two paths alternating batch by batch, each batch in a transaction that is rolled back, so no commit waits for the disk and what differs is the server work (and nothing else is committed). The time per cycle includes both statements' round trips.\n\n", len(c0.OldTimes), c0.Cycles)

@@ -9,27 +9,13 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 )
 
-// connConfig returns a copy of cc for a LISTEN connection that the library owns.
-//
-// pgx buffers notifications for WaitForNotification only when the
-// configuration has no OnNotification callback of its own; with one (say,
-// on the pool the caller uses for its own LISTEN), every notification would
-// go to that callback and WaitForNotification would return none. The
-// connection is the library's own: the copy drops the callback.
-//
-// A wait for notifications is ended by its context (for a health check, or
-// to run a statement on the connection), and that must leave the connection
-// usable. With pgconn's DeadlineContextWatcherHandler (the default that
-// ParseConfig installs) the context's end sets a deadline on the net.Conn;
-// the read then fails with a timeout error, which pgconn does not treat as
-// fatal (peekMessage closes the connection on every other read error), and
-// the chunk reader keeps the bytes of a message read only in part, so the
-// next read resumes it. Only a timeout during a query (MultiResultReader)
-// closes the connection. The pool's configuration may carry another handler,
-// such as CancelRequestContextWatcherHandler, which would open a connection
-// to send a cancel request at every such interruption, and whose late cancel
-// could hit the statement that follows; so the copy always uses the deadline
-// handler.
+// connConfig returns a copy of cc for a LISTEN connection the library owns.
+// It drops an OnNotification callback, which would take every notification
+// from WaitForNotification. It always uses pgconn's deadline context
+// watcher, with which a wait ended by its context (a health check, a
+// statement to run) leaves the connection usable; a cancel-request watcher
+// would open a connection at every interruption, and its late cancel could
+// hit the next statement.
 func connConfig(cc *pgx.ConnConfig) *pgx.ConnConfig {
 	c := cc.Copy()
 	c.OnNotification = nil
@@ -59,11 +45,8 @@ func open(ctx context.Context, cc *pgx.ConnConfig, channel string) (*pgx.Conn, e
 	return conn, nil
 }
 
-// setListen runs LISTEN channel on conn, or UNLISTEN channel when listen
-// is false. On a session already in that state it changes nothing, so it
-// is also the health check of an idle connection: a plain round trip,
-// after which a listening session still shows LISTEN in
-// pg_stat_activity.
+// setListen runs LISTEN channel on conn, or UNLISTEN when listen is false;
+// unchanged state makes it the idle connection's health check.
 func setListen(ctx context.Context, conn *pgx.Conn, channel string, listen bool) error {
 	verb := "LISTEN "
 	if !listen {
@@ -76,16 +59,10 @@ func setListen(ctx context.Context, conn *pgx.Conn, channel string, listen bool)
 // closeTimeout bounds closeConn.
 const closeTimeout = time.Second
 
-// closeConn closes conn and waits, for at most closeTimeout, until pgconn has
-// finished with it. A statement interrupted by its context (a health check
-// cut short by the owner's Close, or one that timed out) or a failed read
-// leaves the connection to pgconn's asynchronous close: a goroutine that
-// sends a cancel request and Terminate, then reads until the server closes
-// the connection, for up to 15 seconds. Waiting for it, as pgxpool does when
-// it destroys a connection, keeps that goroutine from outliving the owner's
-// Close. A server that answers ends it within a round trip or two; when it
-// has not ended after half the bound, the network connection is closed under
-// it, which ends its wait for an unresponsive server at once.
+// closeConn closes conn and waits, at most closeTimeout, until pgconn's
+// asynchronous close has finished, as pgxpool does, so that it cannot
+// outlive the owner's Close; after half the bound it closes the network
+// connection under it.
 func closeConn(conn *pgx.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 	defer cancel()

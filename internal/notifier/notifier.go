@@ -1,16 +1,13 @@
 // Package notifier keeps one LISTEN connection for a Locker of either
-// strategy: it connects, subscribes, delivers notifications, health-checks
-// the connection when it has been silent (and promptly when the owner
-// suspects it, after one of its own statements failed), reconnects with
-// capped backoff and jitter when it fails, and tells its owner when it lost
-// and regained listening, so the owner can wake every waiter (a release may
-// have been missed meanwhile) and report it. Package leasetable and package advisory each run one; the
-// owner's own work on the connection (advisory's interest locks) runs
-// through the Apply hook, between two waits.
+// strategy: it connects, subscribes, delivers notifications, health-checks a
+// silent or suspect connection, reconnects with capped, jittered backoff,
+// and tells its owner when it lost and regained listening, so the owner can
+// wake every waiter. The owner's own work on the connection runs through the
+// Apply hook, between two waits.
 //
-// The connection is the notifier's own, opened from the owner's connection
-// configuration; it never goes back to a pool. Nothing depends on it for
-// correctness: while it is down, waiters fall back to timed retries.
+// The connection is the notifier's own and never goes back to a pool.
+// Nothing depends on it for correctness: while it is down, waiters fall
+// back to timed retries.
 package notifier
 
 import (
@@ -30,12 +27,9 @@ import (
 	"github.com/pgfence/pgfence/internal/retry"
 )
 
-// Default backoff bounds between two connection attempts (those of
-// retry.Default): each failure doubles the pause up to MaxBackoff, and the
-// actual pause is drawn from [pause/2, pause] (retry.Backoff) so that the
-// Lockers of a fleet do not reconnect in step. Short, so that a Locker
-// listens again within about half a second of a new primary accepting
-// connections. Config.Backoff overrides them.
+// Default backoff bounds between two connection attempts (retry.Backoff
+// draws each pause from [pause/2, pause]); short, so a Locker listens again
+// soon after a new primary accepts connections.
 const (
 	MinBackoff = 25 * time.Millisecond
 	MaxBackoff = 500 * time.Millisecond
@@ -71,56 +65,39 @@ type Config struct {
 	// Ended is called when a connection ended; wasListening tells whether
 	// it had been listening (waiters may have missed a notification).
 	Ended func(wasListening bool)
-	// Lost, when set, is called once per outage, with its first error:
-	// when a connection that was listening failed, or the first connect
-	// failed (not when ctx ended or the owner was idle). A connection found
-	// deaf (see Probe) is reported too; it is never restored.
+	// Lost, when set, is called once per outage with its first error (not
+	// when ctx ended or the owner was idle), and for a deaf connection.
 	Lost func(err error)
-	// Restored, when set, is called when a connection is listening again
-	// after Lost, with how long it was not (before Listening).
+	// Restored, when set, is called when listening again after Lost.
 	Restored func(down time.Duration)
 
 	// Backoff spaces reconnects; zero means MinBackoff..MaxBackoff.
 	Backoff retry.Backoff
-	// SuspectTimeout bounds the health check that Suspect asks for; zero
-	// means DefaultSuspectTimeout, and it is never longer than
-	// CheckTimeout.
+	// SuspectTimeout bounds Suspect's check; zero means DefaultSuspectTimeout,
+	// at most CheckTimeout.
 	SuspectTimeout time.Duration
 	// Apply, when set, runs on the connection once after each connect and
 	// again after each Kick, before the next wait. A positive retryIn asks
 	// for another run after that long. An error ends the connection.
 	Apply func(ctx context.Context, conn *pgx.Conn) (retryIn time.Duration, err error)
-	// Probe, when set, checks after each LISTEN that notifications sent by
-	// other sessions reach the connection: it is called with a payload to
-	// send with pg_notify on Channel from another connection (the owner's
-	// pool), and the notifier waits up to ProbeTimeout for it, delivering
-	// any other notification meanwhile (the probe's own never reaches
-	// Notify). If it does not arrive, the connection cannot receive (a
-	// transaction pooler in front hands the listening server connection
-	// back after LISTEN): the notifier logs one Warn and stops for good,
-	// leaving the owner's waiters to timed retries. When Probe itself
-	// fails, nothing is concluded and the connection is used as it is.
+	// Probe, when set, is called after each LISTEN with a payload to send on
+	// Channel from another connection; if it does not arrive within
+	// ProbeTimeout the connection cannot receive (a transaction pooler in
+	// front): the notifier logs one Warn and stops for good. A failed Probe
+	// proves nothing.
 	Probe        func(ctx context.Context, payload string) error
 	ProbeTimeout time.Duration
 
-	// Idle, when set, is asked every IdleCheck, with connDown false, and
-	// after a connection ended, with connDown true, whether the notifier
-	// may stop; it stops when Idle returns true, and Idle must then record
+	// Idle, when set, is asked every IdleCheck (connDown false) and after a
+	// connection ended (connDown true) whether to stop; on true it must record
 	// that it stopped.
 	Idle      func(connDown bool) bool
 	IdleCheck time.Duration
 
-	// Wanted, when set, tells whether the owner wants notifications now.
-	// The connection then stays open but is subscribed to Channel only
-	// while Wanted returns true, and unsubscribed (UNLISTEN) otherwise: a
-	// session that listens is signalled, and woken, by every NOTIFY
-	// committed in its database, so an owner with nothing waiting should
-	// not listen. Wanted is asked at each turn of the loop; the owner
-	// calls Kick after its answer may have changed. Listening is called
-	// each time the connection subscribes, so the owner wakes its waiters
-	// (a notification sent before then was missed), and Listening()
-	// reports whether it is subscribed. The health check of an
-	// unsubscribed connection runs UNLISTEN, which changes nothing.
+	// Wanted, when set, tells whether the owner wants notifications now: the
+	// connection stays open but listens only while it returns true, since a
+	// listening session is signalled by every NOTIFY of its database. It is
+	// asked at each turn; the owner calls Kick when its answer may change.
 	Wanted func() bool
 }
 
@@ -182,15 +159,10 @@ func (n *Notifier) Kick() {
 // for: during an outage every failed statement of the owner calls it.
 const suspectQuiet = time.Second
 
-// Suspect tells the loop that the owner's own statement just failed in a
-// way that suggests the server or the network failed (a transient error):
-// the listening connection may be dead without knowing it (a cut without
-// a reset). The loop checks it with a round trip bounded by
-// SuspectTimeout, at once or, when such a check ran less than a second
-// ago, a second after that one (calls meanwhile share it), and replaces
-// it when that fails; so a silently dead connection is noticed within
-// about a second and that timeout of the owner's error, not after
-// CheckInterval. Suspect never blocks; it is safe on a nil *Notifier.
+// Suspect tells the loop that the owner's statement failed transiently, so
+// the connection may be silently dead: the loop checks it within
+// SuspectTimeout, at most once a second (calls share a check), and replaces
+// it on failure. It never blocks; it is safe on a nil *Notifier.
 func (n *Notifier) Suspect() {
 	if n == nil {
 		return
@@ -220,16 +192,13 @@ var errIdle = errors.New("LISTEN connection idle")
 // errDeaf ends a connection on which the probe notification never arrived.
 var errDeaf = errors.New("LISTEN connection receives no notifications")
 
-// ProbePrefix starts the payload of a probe notification. It begins with a
-// control character, which lease names cannot contain and key numbers do
-// not, so no owner mistakes a probe for a release; notifiers drop such
-// payloads, whoever sent them.
+// ProbePrefix starts a probe's payload: a control character, which no lease
+// name or key contains; notifiers drop such payloads.
 const ProbePrefix = "\x1fpgfence-listen-probe "
 
-// probe sends a probe notification through cfg.Probe and waits for it on
-// conn. It returns errDeaf when it does not arrive within ProbeTimeout,
-// nil when it does or when the probe could not be sent, and the
-// connection's error when it failed meanwhile.
+// probe sends a probe through cfg.Probe and waits for it: errDeaf when it
+// does not arrive in time, nil when it does or could not be sent, or the
+// connection's error.
 func (n *Notifier) probe(ctx context.Context, conn *pgx.Conn) error {
 	payload := fmt.Sprintf("%s%d-%d", ProbePrefix, conn.PgConn().PID(), rand.Uint64())
 	pctx, cancel := context.WithTimeout(ctx, n.cfg.ProbeTimeout)

@@ -1,7 +1,5 @@
-// Package permerr adds to PostgreSQL's permission errors (SQLSTATE 42501,
-// insufficient_privilege) the grant that fixes them, so that a role missing
-// pgfence's grant learns what to ask pgfence's owner for. The wrapped
-// *pgconn.PgError stays reachable with errors.As.
+// Package permerr adds to PostgreSQL's permission errors (SQLSTATE 42501)
+// the grant that fixes them; the *pgconn.PgError stays reachable.
 package permerr
 
 import (
@@ -23,11 +21,9 @@ const defaultSchema = "pgfence"
 type Error struct {
 	// Err is the error wrapped; it wraps a *pgconn.PgError with [Code].
 	Err error
-	// Role is the role that lacks the privileges; "ROLE" in the message
-	// when empty.
+	// Role lacks the privileges; "ROLE" in the message when empty.
 	Role string
-	// Schema is the install's schema; empty or "pgfence" (the default)
-	// adds no --schema to the command in the message.
+	// Schema is the install's; the default adds no --schema to the hint.
 	Schema string
 	// Missing names the privileges, such as `USAGE on schema "pgfence"`.
 	Missing []string
@@ -50,11 +46,8 @@ func (e *Error) Error() string {
 func (e *Error) Unwrap() error { return e.Err }
 
 // Wrap returns err as an [*Error] naming role, schema and the missing
-// privileges when err is or wraps a *pgconn.PgError with [Code], and err
-// unchanged otherwise (nil included, and an err that already is an
-// [*Error]). With no missing given, the hint repeats what PostgreSQL's
-// message says was denied ("permission denied for table x": "privilege on
-// table x").
+// privileges when it wraps a *pgconn.PgError with [Code], else err
+// unchanged. Without missing, the hint repeats what PostgreSQL denied.
 func Wrap(err error, role, schema string, missing ...string) error {
 	var pgErr *pgconn.PgError
 	if err == nil || !errors.As(err, &pgErr) || pgErr.Code != Code {

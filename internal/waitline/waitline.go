@@ -1,13 +1,7 @@
-// Package waitline queues the waiting calls of one Locker per lock, so
-// that a release or a notification wakes one of them, not all.
-//
-// A call that was refused and will wait joins its lock's [Line]. The call
-// at the head of the line (the one that holds its turn) retries, polls and
-// listens for wake-ups; the others block until they take the turn, in
-// about the order they joined, and the head gives it up when it returns,
-// with the lock or without it. A thousand calls waiting in one process
-// thus cost one goroutine woken per release instead of a thousand, and the
-// lock is handed to them about in order.
+// Package waitline queues the waiting calls of one Locker per lock, so that
+// a release or a notification wakes one of them, not all: the head of a
+// lock's [Line] retries and listens, the others block until they take the
+// turn, in about the order they joined.
 package waitline
 
 import (
@@ -16,13 +10,12 @@ import (
 	"sync"
 )
 
-// Lines holds the lines of one Locker, by lock. The zero value is not
-// ready: use [New]. Its methods are safe for concurrent use.
+// Lines holds one Locker's lines, by lock; use [New]. Safe for concurrent
+// use.
 type Lines[K comparable] struct {
 	mu    sync.Mutex
 	lines map[K]*Line
-	// open makes every call the head of its line at once (a test hook:
-	// the negative control of the line's tests).
+	// open makes every call the head at once (the tests' negative control).
 	open bool
 }
 
@@ -75,11 +68,9 @@ func (ln *Line) Head(ctx context.Context, closing <-chan struct{}) (waited, stop
 	return true, true
 }
 
-// Leave takes the caller out of key's line ln, giving up the turn when it
-// is the head (head true: the next call in line takes it). It reports
-// whether the caller was the last to leave (not necessarily the last to
-// take the head: a head gives up the turn before it is counted out): the
-// line is then gone, and a later Join makes a new one.
+// Leave takes the caller out of key's line ln, giving up the turn when head
+// is true. It reports whether the caller was the last to leave: the line is
+// then gone, and a later Join makes a new one.
 func (ls *Lines[K]) Leave(key K, ln *Line, head bool) (last bool) {
 	if head {
 		<-ln.turn

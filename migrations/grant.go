@@ -18,11 +18,10 @@ type GrantOpts struct {
 	Operator bool
 }
 
-// appFunctions are the functions an application role executes: every write
-// to pgfence's tables goes through them, so the role gets SELECT on the
-// tables and nothing on the sequences. The trigger functions are among them
-// because EXECUTE is checked when a trigger is created with one, and the
-// strict trigger calls pgfence_last_token as the writing role.
+// appFunctions are the functions an application role executes, every write
+// included. The trigger functions are among them because EXECUTE is checked
+// when a trigger is created, and the strict trigger calls
+// pgfence_last_token as the writing role.
 var appFunctions = []string{
 	"pgfence_next_token()",
 	"pgfence_schema_version()",
@@ -91,38 +90,23 @@ func grants(schema, role string, opts *GrantOpts) ([]string, []privilege) {
 }
 
 // GrantSQL returns the statements [Grant] runs to let role use the pgfence
-// install in schema (empty means "pgfence"), with every identifier quoted and
-// every type schema-qualified, for the objects of the latest migration
-// ([Latest]):
-//
-//   - USAGE on the schema;
-//   - SELECT on pgfence_leases (listing leases), pgfence_leaders (reading
-//     who leads an election), pgfence_notify_key (checking notifications)
-//     and [Table] ([Version], and [Up] at start-up);
-//   - EXECUTE on pgfence_next_token, pgfence_next_tokens,
-//     pgfence_schema_version, pgfence_acquire, pgfence_release,
-//     pgfence_renew, pgfence_lease_held, pgfence_prune_scan,
-//     pgfence_prune_delete, pgfence_leader_proclaim and the trigger
-//     functions;
-//   - with Operator: EXECUTE on pgfence_force_release and SELECT on
-//     pgfence_forced_releases.
-//
-// Nothing on the sequence, and no INSERT, UPDATE, DELETE or TRUNCATE on the
-// table: the functions make every write. GrantSQL does not validate its
-// arguments; [Grant] does.
+// install in schema (empty means "pgfence"), every identifier quoted and
+// every type schema-qualified: USAGE on the schema, SELECT on the tables the
+// application reads, EXECUTE on the functions it calls (the package
+// documentation lists them), and with Operator EXECUTE on
+// pgfence_force_release and SELECT on pgfence_forced_releases. GrantSQL
+// does not validate its arguments; [Grant] does.
 func GrantSQL(schema, role string, opts *GrantOpts) []string {
 	stmts, _ := grants(schema, role, opts)
 	return stmts
 }
 
-// Grant runs [GrantSQL]'s statements in one transaction, as the role that
-// owns the install (the one that ran [Up]), then checks, before committing,
-// that role holds every privilege they name: PostgreSQL only warns when the
-// granting role may not grant, and Grant fails then, naming each privilege
-// missing and the install's owner. The schema must be at the latest version
-// ([Latest]). Grant refuses the name "public", which PostgreSQL reads as
-// every role; a role that does not exist fails with PostgreSQL's error.
-// Granting twice is harmless. ctx bounds everything, connecting included.
+// Grant runs [GrantSQL]'s statements in one transaction, as the install's
+// owner, and checks before committing that role holds every privilege they
+// name (PostgreSQL only warns when the granting role may not grant), else
+// fails naming each one missing and the owner. The schema must be at
+// [Latest]. Grant refuses "public", which means every role; granting twice
+// is harmless. ctx bounds everything, connecting included.
 func Grant(ctx context.Context, t Target, role string, cfg *Config, opts *GrantOpts) error {
 	return grant(ctx, t, role, cfg, opts, nil)
 }

@@ -22,10 +22,9 @@ import (
 //go:embed *.sql
 var FS embed.FS
 
-// Table is the name of the table, in the install's schema, in which
-// pgfence's migrations record their version. It is deliberately not
-// golang-migrate's default schema_migrations, so pgfence's migrations never
-// collide with the application's own; pass it to the migrate CLI as
+// Table is the table, in the install's schema, in which pgfence's migrations
+// record their version: not golang-migrate's default, so it never collides
+// with the application's own. Pass it to the migrate CLI as
 // x-migrations-table.
 const Table = "pgfence_schema_migrations"
 
@@ -141,8 +140,7 @@ func load() ([]migration, error) {
 func Latest() uint {
 	ms, err := load()
 	if err != nil {
-		// The files are embedded at build time, and the package's tests
-		// read them: a build in which this fails has no migrations.
+		// The files are embedded: the package's tests catch this.
 		return 0
 	}
 	return ms[len(ms)-1].version

@@ -15,38 +15,25 @@ import (
 	"github.com/pgfence/pgfence/internal/permerr"
 )
 
-// cleanupTimeout bounds the statements that tidy up after a run (unlocking,
-// restoring a pooled connection's search_path), which run even when ctx has
-// ended.
+// cleanupTimeout bounds the statements that tidy up after a run, which run
+// even when ctx has ended.
 const cleanupTimeout = 5 * time.Second
 
-// Up creates the schema when it does not exist (CREATE SCHEMA, which needs
-// the CREATE privilege on the database) and applies every pending migration
-// to it, on a connection whose search_path is exactly that schema. The role
-// it runs as (current_user) owns every object it creates: see the package
-// documentation for roles.
+// Up creates the schema when it does not exist (which needs CREATE on the
+// database) and applies the pending migration to it, as current_user, which
+// owns every object it creates. At [Latest] it only reads, without the
+// migrations lock, so an application role with what [Grant] gives can call
+// it at start-up; it still checks who owns the schema and its objects.
 //
-// When the schema is already at [Latest], Up only reads: it returns nil
-// without taking the migrations lock, so an application role with what
-// [Grant] gives can call it at start-up. It still refuses an install whose
-// schema or objects are not all owned by the install's owner.
+// Before changing anything Up refuses: a second install in another schema
+// of the database; a schema that current_user does not own, or that holds
+// an object another role owns; an install owned by another role, naming
+// it; a dirty schema; and one migrated by a newer pgfence. Runs on one
+// schema are serialised with the migrate CLI's advisory lock.
 //
-// Each migration runs in its own transaction, together with the update of
-// the version recorded in the [Table] of the schema, so a failed or stopped
-// migration leaves nothing behind and never a dirty version. Runs on one
-// schema are serialised with the same advisory lock the migrate CLI takes.
-//
-// Up refuses, before changing anything: a second install in another schema
-// of the database (it would draw tokens from a second sequence); a schema
-// that current_user does not own, or that holds an object another role owns
-// (either could replace pgfence's functions); an install owned by another
-// role, naming that role; a schema a failed run of the migrate CLI left
-// dirty; and one migrated by a newer pgfence.
-//
-// ctx bounds everything, connecting included. When ctx ends the statement in
-// progress is cancelled and the connection closed, the migration it belonged
-// to is rolled back, and the error wraps ctx.Err(); migrations committed
-// before stay applied.
+// ctx bounds everything, connecting included. When ctx ends the statement
+// in progress is cancelled, the migration rolled back, and the error wraps
+// ctx.Err().
 func Up(ctx context.Context, t Target, cfg *Config) error {
 	return up(ctx, t, cfg, nil)
 }
@@ -91,14 +78,10 @@ func up(ctx context.Context, t Target, cfg *Config, h *testHooks) error {
 	})
 }
 
-// Down reverts every applied migration, newest first, each in its own
-// transaction, then drops the [Table]: it leaves no pgfence object in the
-// schema. The schema itself is left in place, since Down cannot know whether
-// [Up] created it; drop it yourself if pgfence was all it held. Down returns
-// nil when nothing is applied. It refuses a dirty schema, and one migrated by
-// a newer pgfence. Removing pgfence_guard fails while a table still has a
-// trigger using it: drop those triggers first.
-//
+// Down reverts the applied migration, then drops the [Table], leaving no
+// pgfence object; the schema stays. It returns nil when nothing is applied,
+// and refuses a dirty schema or one migrated by a newer pgfence. Dropping
+// pgfence_guard fails while a table's trigger uses it: drop those first.
 // ctx bounds everything as for [Up].
 func Down(ctx context.Context, t Target, cfg *Config) error {
 	return run(ctx, t, cfg, "down", func(r *runner) error {
@@ -109,13 +92,11 @@ func Down(ctx context.Context, t Target, cfg *Config) error {
 	})
 }
 
-// Version reports the version of the last migration applied to the schema
-// (0 when none is, or when the schema or its [Table] does not exist) and
-// whether a failed run of the migrate CLI left it dirty. It writes nothing:
-// it reads the [Table] in a read-only transaction, so any role [Grant] was
-// run for can call it (USAGE on the schema and SELECT on the table). A
-// missing privilege fails with a *pgconn.PgError (SQLSTATE 42501) whose
-// message names the grant. ctx bounds everything, connecting included.
+// Version reports the version applied to the schema (0 when none is, or
+// when the schema or its [Table] does not exist) and whether a failed run
+// of the migrate CLI left it dirty. It only reads, so any role [Grant] was
+// run for can call it; a missing privilege fails with a *pgconn.PgError
+// (SQLSTATE 42501) whose message names the grant. ctx bounds everything.
 func Version(ctx context.Context, t Target, cfg *Config) (version uint, dirty bool, err error) {
 	err = run(ctx, t, cfg, "version", func(r *runner) error {
 		version, dirty, err = r.readOnlyVersion()
@@ -195,11 +176,9 @@ func run(ctx context.Context, t Target, cfg *Config, what string, f func(*runner
 	}
 	r := &runner{ctx: ctx, conn: conn, schema: schema}
 
-	// When ctx ends, pgx closes the connection under the statement in
-	// progress; cancel that statement too, so the server does not go on
-	// running it (or waiting for a lock) for a client that is gone. A
-	// connection a cancel was sent on is never given back to a pool: the
-	// cancel could still reach whatever it runs next.
+	// When ctx ends pgx closes the connection; cancel the statement too, so
+	// the server stops running it. A connection a cancel was sent on never
+	// goes back to a pool: the cancel could reach what it runs next.
 	cancelled := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
 		defer close(cancelled)
@@ -350,9 +329,8 @@ func (r *runner) refuseSecondInstall() error {
 }
 
 // explainDenied adds to a permission error (SQLSTATE 42501) which of privs
-// current_user lacks, and the grant that gives them; other errors are
-// returned as they are. It runs a query: the transaction that failed must
-// have ended.
+// current_user lacks; other errors are returned as they are. The failed
+// transaction must have ended.
 func (r *runner) explainDenied(err error, privs []privilege) error {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != permerr.Code {
@@ -494,9 +472,8 @@ func (r *runner) checkUpToDate(h *testHooks) error {
 	return r.checkOwners(owner)
 }
 
-// createSchema creates the schema unless it exists. Checking first keeps a
-// role without CREATE on the database able to migrate a schema that exists
-// (CREATE SCHEMA IF NOT EXISTS checks that privilege first).
+// createSchema creates the schema unless it exists (checked first: CREATE
+// SCHEMA IF NOT EXISTS needs CREATE on the database even then).
 func (r *runner) createSchema() error {
 	var exists bool
 	if err := r.conn.QueryRow(r.ctx,

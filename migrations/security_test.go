@@ -168,8 +168,7 @@ func TestHostileSearchPath(t *testing.T) {
 	}
 
 	next()
-	// Several tokens in one call (000009): one per true position, in
-	// order, NULL elsewhere.
+	// Several tokens in one call: one per true position, in order, NULL elsewhere.
 	var batch []*int64
 	require.NoError(t, c.QueryRow(ctx, "SELECT pgfence.pgfence_next_tokens('{t,f,t}')").Scan(&batch))
 	require.Len(t, batch, 3)

@@ -85,12 +85,12 @@ func TestNewChecksTheInstall(t *testing.T) {
 	})
 
 	// The sequence steps by 1024.
-	t.Run("step of the version", func(t *testing.T) {
+	t.Run("sequence step", func(t *testing.T) {
 		t.Parallel()
 		db := pgtest.NewDB(t)
 		_, err := db.Pool.Exec(ctx, "ALTER SEQUENCE pgfence.pgfence_leases_fence_seq INCREMENT 1")
 		require.NoError(t, err)
-		requireNotInstalled(t, db, nil, fmt.Sprintf("has INCREMENT 1 CACHE 1 NO CYCLE; at schema version %d", migrations.Latest()),
+		requireNotInstalled(t, db, nil, "has INCREMENT 1 CACHE 1 NO CYCLE; tokens are only ordered with INCREMENT 1024",
 			`INCREMENT 1024 CACHE 1 NO CYCLE (as its owner)`)
 		// Negative control: the fix the message gives makes it pass.
 		_, err = db.Pool.Exec(ctx, "ALTER SEQUENCE pgfence.pgfence_leases_fence_seq INCREMENT 1024")
@@ -103,9 +103,10 @@ func TestNewChecksTheInstall(t *testing.T) {
 	t.Run("older version", func(t *testing.T) {
 		t.Parallel()
 		db := pgtest.NewDB(t)
-		_, err := db.Pool.Exec(ctx, "CREATE OR REPLACE FUNCTION pgfence.pgfence_schema_version() RETURNS integer LANGUAGE sql IMMUTABLE AS 'SELECT 3'")
+		older := migrations.Latest() - 1
+		_, err := db.Pool.Exec(ctx, fmt.Sprintf("CREATE OR REPLACE FUNCTION pgfence.pgfence_schema_version() RETURNS integer LANGUAGE sql IMMUTABLE AS 'SELECT %d'", older))
 		require.NoError(t, err)
-		requireNotInstalled(t, db, nil, "schema version 3", "migrate up")
+		requireNotInstalled(t, db, nil, fmt.Sprintf("schema version %d", older), "migrate up")
 	})
 
 	t.Run("context", func(t *testing.T) {

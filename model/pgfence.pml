@@ -1,0 +1,416 @@
+/*
+ * pgfence.pml: a Promela model of pgfence's protocol for one lock name and
+ * one protected row, checked exhaustively by spin (model/run).
+ *
+ * What it models (model/README.md has the mapping to the SQL and Go code):
+ *   - the database clock (now), which only advances;
+ *   - the token sequence (seq, pgfence_next_token): a grant draws seq + 1;
+ *   - the lease row (pgfence_acquire, pgfence_renew, pgfence_release):
+ *     owner (the secret's holder), fence, expires_at, judged on the
+ *     database clock; or, with -DADVISORY, a session advisory lock, held
+ *     by a session on the primary, lost when the session ends;
+ *   - the protected row's fence_token and the guard (pgfence_guard_strict:
+ *     a token must be presented, not below the row's, and issued);
+ *   - a primary and a standby: a commit changes the primary at once; it
+ *     is acknowledged once the standby has it (synchronous) or at once
+ *     (-DASYNC); a failover (-DFAILOVER) promotes the standby, and the
+ *     commits it lacks are gone;
+ *   - N clients that acquire, renew, release, write, pause (any
+ *     interleaving) and give up; a rogue role that can read the lease
+ *     table but has no secret and no token.
+ *
+ * Properties (ghost state, asserted where the state changes):
+ *   P1 guard sound: a write lands only if it presents a token, the token
+ *      is not below the row's fence_token, and it was issued;
+ *   P2 tokens grow: a drawn token is above every token acknowledged before
+ *      it, and no token is acknowledged in two grants;
+ *   P3 register monotonic: once a write with token t was acknowledged, no
+ *      write with a token below t lands;
+ *   P4 lease exclusive: no two clients believe they hold the lease at the
+ *      same database time (a belief: an acknowledged grant or renewal, up
+ *      to the expires_at it returned, until the client releases, gives up
+ *      or learns it lost);
+ *   P5 (-DGUARD_LT only) once-only: no token lands twice.
+ * PROPS (a bit mask, 1 = P1 ... 16 = P5) selects which are asserted.
+ *
+ * Controls, each removing one check of the protocol: -DNOGUARD (the
+ * row's token is not compared), -DNOSTRICT (a write without a token is
+ * not rejected, as the default trigger mode lets an UPDATE that leaves
+ * the column alone through), -DNOISSUED (a token above the sequence is
+ * accepted), -DNOSECRET (release needs only the token, not the secret);
+ * and PROPS=16 without -DGUARD_LT (the default <= guard, P5 asserted).
+ */
+
+#ifndef N
+#define N 2
+#endif
+#ifndef TTL
+#define TTL 2
+#endif
+#ifndef MAXT
+#define MAXT 4
+#endif
+#ifndef MAXTOK
+#define MAXTOK 4
+#endif
+#ifndef PROPS
+#define PROPS 15
+#endif
+
+#define FOREVER 255 /* an advisory holder's belief has no expiry */
+
+/* In-flight commit of a client: none, on the primary waiting for the
+ * standby, acknowledged, failed (the primary died before the standby had
+ * it: the client sees an error). */
+#define F_NONE 0
+#define F_WAIT 1
+#define F_ACK 2
+#define F_FAIL 3
+
+/* What the in-flight commit is. */
+#define K_GRANT 1
+#define K_RENEW 2
+#define K_WRITE 3
+
+typedef DB {
+	byte seq;   /* pgfence_leases_fence_seq: the last value drawn, 0 none */
+	byte owner; /* lease row: holder (client + 1; stands for its secret), 0 none */
+	byte fence; /* lease row: fence */
+	byte exp;   /* lease row: expires_at on the database clock */
+	byte rtok;  /* protected row: fence_token */
+	byte adv;   /* advisory lock: holding session (client + 1), 0 none; never replicated */
+	byte lb     /* ghost (P5): tokens of the writes that landed in this history */
+}
+
+DB P; /* primary */
+DB S; /* standby */
+byte now;    /* database clock */
+bool failed; /* the failover happened: S was promoted, no standby left */
+
+byte tok[N];  /* token of the lease handle the client has, 0 none */
+byte bexp[N]; /* the client believes it holds while now < bexp[c] */
+byte fl[N];   /* in-flight commit state (F_*) */
+byte fk[N];   /* its kind (K_*) */
+byte ft[N];   /* its token */
+byte fv[N];   /* the expires_at it returned (grant, renewal) */
+bool lost[N]; /* advisory: the client's session ended; it has not noticed */
+
+/* Ghost state for the properties. */
+byte max_acked;  /* largest token acknowledged in a grant */
+byte acked_bits; /* tokens acknowledged in grants */
+byte wfloor;     /* largest token of an acknowledged write */
+
+hidden byte P1_guard_sound;
+hidden byte P2_tokens_grow;
+hidden byte P3_register_monotonic;
+hidden byte P4_lease_exclusive;
+hidden byte P5_token_lands_once;
+
+#define BIT(t) (1 << (t))
+
+/* The server acknowledges client c's in-flight commit. */
+inline acknowledge(c) {
+	fl[c] = F_ACK;
+	if
+	:: fk[c] == K_GRANT ->
+#if (PROPS & 2)
+		P2_tokens_grow = ((acked_bits & BIT(ft[c])) == 0);
+		assert(P2_tokens_grow);
+#endif
+		acked_bits = acked_bits | BIT(ft[c]);
+		if :: ft[c] > max_acked -> max_acked = ft[c] :: else -> skip fi
+	:: fk[c] == K_WRITE ->
+		if :: ft[c] > wfloor -> wfloor = ft[c] :: else -> skip fi
+	:: else -> skip
+	fi
+}
+
+/* Client c has taken in the outcome of its in-flight commit. */
+inline settle(c) {
+	fl[c] = F_NONE; fk[c] = 0; ft[c] = 0; fv[c] = 0
+}
+
+/* Client c has committed on the primary. */
+inline committed(c, kind, t, v) {
+	fk[c] = kind; ft[c] = t; fv[c] = v;
+#ifdef ASYNC
+	acknowledge(c)
+#else
+	if
+	:: failed -> acknowledge(c) /* no standby left to wait for */
+	:: else -> fl[c] = F_WAIT
+	fi
+#endif
+}
+
+#define DIFFERS (S.seq != P.seq || S.owner != P.owner || S.fence != P.fence || \
+                 S.exp != P.exp || S.rtok != P.rtok || S.lb != P.lb)
+
+inline ack_waiting(c) {
+	if :: fl[c] == F_WAIT -> acknowledge(c) :: else -> skip fi
+}
+inline fail_waiting(c) {
+	if :: fl[c] == F_WAIT -> fl[c] = F_FAIL :: else -> skip fi
+}
+
+/* P4, checked where a belief starts or extends: it is exact, since a
+ * belief only shrinks as the clock advances. */
+inline check_exclusive(c) {
+#if (PROPS & 8)
+	P4_lease_exclusive = !(bexp[c] > now &&
+		((c != 0 && bexp[0] > now) || (c != 1 && bexp[1] > now)
+#if N > 2
+		 || (c != 2 && bexp[2] > now)
+#endif
+		));
+	assert(P4_lease_exclusive);
+#endif
+	skip
+}
+
+/* The guard on the protected row (pgfence_guard_strict, column fence_token)
+ * for a write presenting token t (0: none). Sets ok. */
+#ifdef GUARD_LT
+#define NOT_BELOW(t) ((t) > P.rtok)          /* fence.UpdateStmt.Strict: fence_token < token */
+#else
+#define NOT_BELOW(t) ((t) >= P.rtok)         /* default: fence_token <= token */
+#endif
+inline guard(t, ok) {
+	ok = true;
+#ifndef NOSTRICT
+	if :: t == 0 -> ok = false :: else -> skip fi              /* PF004: no token */
+#endif
+#ifndef NOGUARD
+	if :: t != 0 && !NOT_BELOW(t) -> ok = false :: else -> skip fi /* PF001: stale */
+#endif
+#ifndef NOISSUED
+	if :: t > P.rtok && t > P.seq -> ok = false :: else -> skip fi /* PF001: never issued */
+#endif
+}
+
+/* A write presenting t that passed the guard lands: check P1 (and P3, P5
+ * for a holder's write) against the state before it. */
+inline lands(t, holder) {
+#if (PROPS & 1)
+	P1_guard_sound = (t != 0 && t >= P.rtok && (t <= P.rtok || t <= P.seq));
+	assert(P1_guard_sound);
+#endif
+#if (PROPS & 4)
+	if
+	:: holder -> P3_register_monotonic = (t >= wfloor); assert(P3_register_monotonic)
+	:: else -> skip
+	fi;
+#endif
+#if (PROPS & 16)
+	if
+	:: t != 0 -> P5_token_lands_once = ((P.lb & BIT(t)) == 0); assert(P5_token_lands_once);
+		P.lb = P.lb | BIT(t)
+	:: else -> skip
+	fi;
+#endif
+	if :: t != 0 -> P.rtok = t :: else -> skip fi
+}
+
+/* The client stops using its lease (released, gave up, learned it lost). */
+inline drop(c) {
+	tok[c] = 0; bexp[c] = 0; lost[c] = false
+}
+
+hidden byte ok; /* the guard's verdict, used within one atomic step */
+
+active [N] proctype Client() {
+idle:
+	do
+#ifndef ADVISORY
+	:: atomic { /* pgfence_acquire: the row is free or expired */
+		P.exp <= now && P.seq < MAXTOK ->
+		P.seq++;
+#if (PROPS & 2)
+		P2_tokens_grow = (P.seq > max_acked);
+		assert(P2_tokens_grow);
+#endif
+		P.owner = _pid + 1; P.fence = P.seq; P.exp = now + TTL;
+		printf("t=%d c%d: granted the lease, token %d, expires_at %d\n", now, _pid, P.seq, P.exp);
+		committed(_pid, K_GRANT, P.seq, P.exp)
+	   }
+#else
+	:: atomic { /* pg_try_advisory_lock + pgfence_next_token in one statement */
+		P.adv == 0 && P.seq < MAXTOK ->
+		P.seq++;
+#if (PROPS & 2)
+		P2_tokens_grow = (P.seq > max_acked);
+		assert(P2_tokens_grow);
+#endif
+		P.adv = _pid + 1;
+		printf("t=%d c%d: granted the advisory lock, token %d\n", now, _pid, P.seq);
+		committed(_pid, K_GRANT, P.seq, FOREVER)
+	   }
+#endif
+		if
+		:: atomic { fl[_pid] == F_ACK -> tok[_pid] = ft[_pid]; bexp[_pid] = fv[_pid]; settle(_pid);
+			printf("t=%d c%d: holds token %d (grant acknowledged)\n", now, _pid, tok[_pid]);
+#ifdef ADVISORY
+			lost[_pid] = (P.adv != _pid + 1); /* the session ended meanwhile */
+#endif
+			check_exclusive(_pid) }
+			goto holding
+		:: atomic { fl[_pid] == F_FAIL -> settle(_pid) } /* an error: not acquired */
+		fi
+	od;
+holding:
+	do
+	:: atomic { /* a guarded write presenting the token: at any time, even
+	             * past the belief (the client may have paused since it checked) */
+		tok[_pid] != 0 ->
+		guard(tok[_pid], ok);
+		if
+		:: ok -> printf("t=%d c%d: write with token %d lands (row's was %d)\n", now, _pid, tok[_pid], P.rtok);
+			lands(tok[_pid], true); committed(_pid, K_WRITE, tok[_pid], 0)
+		:: else -> printf("t=%d c%d: write with token %d fenced (row's is %d)\n", now, _pid, tok[_pid], P.rtok);
+			drop(_pid); goto idle /* ErrFenced: the lock is lost */
+		fi
+	   }
+		if
+		:: atomic { fl[_pid] == F_ACK -> settle(_pid) }
+		:: atomic { fl[_pid] == F_FAIL -> settle(_pid) } /* outcome unknown; still holding */
+		fi
+#ifndef ADVISORY
+	:: atomic { /* pgfence_renew: the token, the secret, not expired */
+		tok[_pid] != 0 ->
+		if
+		:: P.fence == tok[_pid] && P.owner == _pid + 1 && P.exp > now ->
+			if :: now + TTL > P.exp -> P.exp = now + TTL :: else -> skip fi;
+			printf("t=%d c%d: renewed token %d until %d\n", now, _pid, tok[_pid], P.exp);
+			committed(_pid, K_RENEW, tok[_pid], P.exp)
+		:: else -> printf("t=%d c%d: renewal of token %d refused\n", now, _pid, tok[_pid]);
+			drop(_pid); goto idle /* not renewed: the lease is lost */
+		fi
+	   }
+		if
+		:: atomic { fl[_pid] == F_ACK ->
+			printf("t=%d c%d: believes it holds until %d (renewal acknowledged)\n", now, _pid, fv[_pid]);
+			if :: fv[_pid] > bexp[_pid] -> bexp[_pid] = fv[_pid]; check_exclusive(_pid) :: else -> skip fi;
+			settle(_pid) }
+		:: atomic { fl[_pid] == F_FAIL -> settle(_pid) } /* an error: the belief stays as it was */
+		fi
+	:: atomic { /* Release: the client stops first; pgfence_release needs
+	             * the token and the secret, and a lease not yet expired */
+		tok[_pid] != 0 ->
+		if
+		:: P.fence == tok[_pid] && P.owner == _pid + 1 && P.exp > now -> P.exp = now;
+			printf("t=%d c%d: released token %d\n", now, _pid, tok[_pid])
+		:: else -> skip
+		fi;
+		drop(_pid); goto idle
+	   }
+	:: atomic { drop(_pid); goto idle } /* gives up locally (its deadline, or it stops) */
+#else
+	:: atomic { /* the watchdog finds the session gone */
+		lost[_pid] -> drop(_pid); goto idle
+	   }
+	:: atomic { /* Release: pg_advisory_unlock on the holder's session */
+		tok[_pid] != 0 ->
+		if :: P.adv == _pid + 1 -> P.adv = 0 :: else -> skip fi;
+		drop(_pid); goto idle
+	   }
+#endif
+	od
+}
+
+#ifdef NOSECRET
+#define SECRET_CHECKED false
+#else
+#define SECRET_CHECKED true
+#endif
+
+/* A role that reads the lease table and writes the protected table, but
+ * has no secret and was granted no token. */
+active proctype Rogue() {
+end:
+	do
+	:: atomic { guard(0, ok);
+		if
+		:: ok -> printf("t=%d rogue: write without a token lands\n", now); lands(0, false)
+		:: else -> skip
+		fi }
+	:: atomic { P.seq < MAXTOK -> guard(P.seq + 1, ok);
+		if
+		:: ok -> printf("t=%d rogue: write with token %d, never issued, lands\n", now, P.seq + 1); lands(P.seq + 1, false)
+		:: else -> skip
+		fi }
+#ifndef ADVISORY
+	:: atomic { /* pgfence_release with the visible token and a wrong secret */
+		!SECRET_CHECKED && P.fence != 0 && P.exp > now -> P.exp = now;
+		printf("t=%d rogue: released token %d without its secret\n", now, P.fence)
+	   }
+#endif
+	od
+}
+
+/* The database clock. */
+active proctype Clock() {
+end:
+	do
+	:: atomic { now < MAXT -> now++ }
+	od
+}
+
+/* Streaming replication: the standby catches up with the primary (a prefix
+ * of its commits, since this can run between any two of them), and the
+ * commits waiting for it are acknowledged. Advisory locks are not
+ * replicated. */
+active proctype Replication() {
+end:
+	do
+	:: d_step {
+		!failed && (DIFFERS || fl[0] == F_WAIT || fl[1] == F_WAIT
+#if N > 2
+		            || fl[2] == F_WAIT
+#endif
+		) ->
+		S.seq = P.seq; S.owner = P.owner; S.fence = P.fence; S.exp = P.exp; S.rtok = P.rtok; S.lb = P.lb;
+		printf("t=%d standby: has every commit (seq %d, row token %d)\n", now, S.seq, S.rtok);
+		ack_waiting(0); ack_waiting(1);
+#if N > 2
+		ack_waiting(2);
+#endif
+	   }
+	od
+}
+
+#ifdef FAILOVER
+/* The primary dies and the standby is promoted; clients reconnect to it.
+ * Commits the standby lacks are gone; sessions end with their advisory
+ * locks; commits waiting for the standby fail. */
+active proctype Failover() {
+	d_step {
+		printf("t=%d FAILOVER: standby promoted (seq %d, lease token %d expires_at %d, row token %d; the primary had seq %d, row token %d)\n",
+			now, S.seq, S.fence, S.exp, S.rtok, P.seq, P.rtok);
+		P.seq = S.seq; P.owner = S.owner; P.fence = S.fence; P.exp = S.exp; P.rtok = S.rtok; P.lb = S.lb;
+		P.adv = 0; failed = true;
+		fail_waiting(0); fail_waiting(1);
+#if N > 2
+		fail_waiting(2);
+#endif
+#ifdef ADVISORY
+		if :: tok[0] != 0 -> lost[0] = true :: else -> skip fi;
+		if :: tok[1] != 0 -> lost[1] = true :: else -> skip fi;
+#if N > 2
+		if :: tok[2] != 0 -> lost[2] = true :: else -> skip fi;
+#endif
+#endif
+	}
+}
+#endif
+
+#ifdef ADVISORY
+/* A session is terminated (pg_terminate_backend, a network cut): its
+ * advisory lock is free at once; its client learns it later. */
+active proctype Terminate() {
+end:
+	do
+	:: atomic { P.adv != 0 -> printf("t=%d c%d: session terminated, advisory lock free\n", now, P.adv - 1);
+		lost[P.adv - 1] = true; P.adv = 0 }
+	od
+}
+#endif

@@ -117,11 +117,8 @@ SELECT pg_catalog.decode(pg_catalog.replace(
 COMMENT ON TABLE pgfence_notify_key IS
     'pgfence: the key of the tags and MACs in notification payloads (tag:token:mac); readable by pgfence''s roles only.';
 
-REVOKE ALL ON TABLE pgfence_leases, pgfence_forced_releases, pgfence_leaders, pgfence_notify_key FROM PUBLIC;
+REVOKE ALL ON TABLE pgfence_leases, pgfence_forced_releases, pgfence_leaders FROM PUBLIC;
 REVOKE ALL ON SEQUENCE pgfence_leases_fence_seq, pgfence_forced_releases_id_seq, pgfence_token_flush_seq FROM PUBLIC;
-
--- Every function below is created with search_path pg_catalog, pg_temp and
--- pinned with the install schema at the end of this file.
 
 -- A token must be durable before its holder uses it. nextval() writes WAL
 -- only once per 32 values, so a transaction that drew a token and wrote
@@ -288,7 +285,8 @@ $$;
 -- is returned only to this call; the row keeps its SHA-256.
 -- force_generic_plan: a generic plan cannot know an array's length and would
 -- otherwise lose to a fresh custom plan on every call, for the same shape.
-CREATE FUNCTION pgfence_acquire(names text[], new_owner text, ttl_us bigint[]) RETURNS TABLE(acquired boolean, name text, owner text, fence bigint, acquired_at timestamptz, expires_at timestamptz, db_now timestamptz, secret text)
+CREATE FUNCTION pgfence_acquire(names text[], new_owner text, ttl_us bigint[])
+    RETURNS TABLE(acquired boolean, name text, owner text, fence bigint, acquired_at timestamptz, expires_at timestamptz, db_now timestamptz, secret text)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
     SET plan_cache_mode = force_generic_plan
@@ -410,7 +408,8 @@ COMMENT ON FUNCTION pgfence_acquire(names text[], new_owner text, ttl_us bigint[
 -- must judge expiry when it gets the row; an expired lease is never revived.
 -- A row another transaction has locked is skipped (renewed false), so it
 -- never delays the rest of the batch.
-CREATE FUNCTION pgfence_renew(names text[], tokens bigint[], secrets text[], ttl_us bigint[]) RETURNS TABLE(fence bigint, renewed boolean)
+CREATE FUNCTION pgfence_renew(names text[], tokens bigint[], secrets text[], ttl_us bigint[])
+    RETURNS TABLE(fence bigint, renewed boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
     SET plan_cache_mode = force_generic_plan
@@ -455,7 +454,8 @@ COMMENT ON FUNCTION pgfence_renew(names text[], tokens bigint[], secrets text[],
 -- release in a crash only keeps the lease until its TTL; whoever takes the
 -- row next commits durably. The durability column must be selected, or the
 -- planner removes the join that sets it.
-CREATE FUNCTION pgfence_release(names text[], tokens bigint[], secrets text[], at_least_us bigint[]) RETURNS TABLE(fence bigint, durability text)
+CREATE FUNCTION pgfence_release(names text[], tokens bigint[], secrets text[], at_least_us bigint[])
+    RETURNS TABLE(fence bigint, durability text)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
     SET plan_cache_mode = force_generic_plan
@@ -530,7 +530,8 @@ COMMENT ON FUNCTION pgfence_lease_held(name text, token bigint, secret text) IS
 -- draws the token until it commits, and prune waits for them. The age must
 -- reach a minute into the past however the interval is written
 -- ('-1 year 360 days' compares as zero).
-CREATE FUNCTION pgfence_prune_scan(after text, page integer, older_than interval) RETURNS TABLE(last_name text, page_rows bigint, names text[], tokens bigint[], vxids text[])
+CREATE FUNCTION pgfence_prune_scan(after text, page integer, older_than interval)
+    RETURNS TABLE(last_name text, page_rows bigint, names text[], tokens bigint[], vxids text[])
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$
@@ -597,7 +598,8 @@ COMMENT ON FUNCTION pgfence_prune_delete(names text[], tokens bigint[], older_th
 
 -- The fresh token fences the old holder out; pgfence_next_token() makes the
 -- commit durable, so it is never reissued after a crash.
-CREATE FUNCTION pgfence_force_release(name text, reason text) RETURNS TABLE(old_owner text, old_token bigint, was_held boolean, token bigint)
+CREATE FUNCTION pgfence_force_release(name text, reason text)
+    RETURNS TABLE(old_owner text, old_token bigint, was_held boolean, token bigint)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$

@@ -37,7 +37,9 @@
  * row's token is not compared), -DNOSTRICT (a write without a token is
  * not rejected, as the default trigger mode lets an UPDATE that leaves
  * the column alone through), -DNOISSUED (a token above the sequence is
- * accepted), -DNOSECRET (release needs only the token, not the secret);
+ * accepted), -DNOSECRET (release needs only the token, not the secret),
+ * -DCANCEL_WAIT (a commit's cancelled wait for the synchronous standby is
+ * acknowledged, as PostgreSQL does);
  * and PROPS=16 without -DGUARD_LT (the default <= guard, P5 asserted).
  */
 
@@ -400,6 +402,23 @@ active proctype Failover() {
 #endif
 #endif
 	}
+}
+#endif
+
+#ifdef CANCEL_WAIT
+/* A commit's wait for the synchronous standby is cancelled (a cancel
+ * request, statement_timeout): PostgreSQL then reports the commit as done,
+ * with a WARNING that it "has already committed locally, but might not
+ * have been replicated to the standby". */
+active proctype CancelWait() {
+end:
+	do
+	:: atomic { fl[0] == F_WAIT -> printf("t=%d c0: wait for the standby cancelled, commit acknowledged\n", now); acknowledge(0) }
+	:: atomic { fl[1] == F_WAIT -> printf("t=%d c1: wait for the standby cancelled, commit acknowledged\n", now); acknowledge(1) }
+#if N > 2
+	:: atomic { fl[2] == F_WAIT -> printf("t=%d c2: wait for the standby cancelled, commit acknowledged\n", now); acknowledge(2) }
+#endif
+	od
 }
 #endif
 

@@ -5,6 +5,9 @@
  * What it models (model/README.md has the mapping to the SQL and Go code):
  *   - the database clock (now), which only advances;
  *   - the token sequence (seq, pgfence_next_token): a grant draws seq + 1;
+ *     nextval's WAL record covers LOGAHEAD values ahead, and the sequence
+ *     resumes after the value its last record on the standby (or disk)
+ *     covers; a draw waits for the flush only when WAL is not flushed yet;
  *   - the lease row (pgfence_acquire, pgfence_renew, pgfence_release):
  *     owner (the secret's holder), fence, expires_at, judged on the
  *     database clock; or, with -DADVISORY, a session advisory lock, held
@@ -14,7 +17,10 @@
  *   - a primary and a standby: a commit changes the primary at once; it
  *     is acknowledged once the standby has it (synchronous) or at once
  *     (-DASYNC); a failover (-DFAILOVER) promotes the standby, and the
- *     commits it lacks are gone;
+ *     commits it lacks are gone; or (-DCRASH) one server whose WAL flush
+ *     plays the standby, a power loss and restart the failover, with
+ *     synchronous_commit on, or off (-DCRASH -DASYNC) for the commits that
+ *     draw no token;
  *   - N clients that acquire, renew, release, write, pause (any
  *     interleaving) and give up; a rogue role that can read the lease
  *     table but has no secret and no token.
@@ -39,7 +45,8 @@
  * the column alone through), -DNOISSUED (a token above the sequence is
  * accepted), -DNOSECRET (release needs only the token, not the secret),
  * -DCANCEL_WAIT (a commit's cancelled wait for the synchronous standby is
- * acknowledged, as PostgreSQL does);
+ * acknowledged, as PostgreSQL does), -DNOFLUSHCHECK (a draw never waits
+ * for the flush);
  * and PROPS=16 without -DGUARD_LT (the default <= guard, P5 asserted).
  */
 
@@ -58,6 +65,9 @@
 #ifndef PROPS
 #define PROPS 15
 #endif
+#ifndef LOGAHEAD
+#define LOGAHEAD 1 /* nextval's WAL record covers this many values ahead (PostgreSQL: 32) */
+#endif
 
 #define FOREVER 255 /* an advisory holder's belief has no expiry */
 
@@ -75,7 +85,8 @@
 #define K_WRITE 3
 
 typedef DB {
-	byte seq;   /* pgfence_leases_fence_seq: the last value drawn, 0 none */
+	byte seq;   /* pgfence_leases_fence_seq: the last value drawn, 0 none (in memory) */
+	byte logged; /* the value its last WAL record covers: where it resumes after a failover or crash */
 	byte owner; /* lease row: holder (client + 1; stands for its secret), 0 none */
 	byte fence; /* lease row: fence */
 	byte exp;   /* lease row: expires_at on the database clock */
@@ -87,7 +98,7 @@ typedef DB {
 DB P; /* primary */
 DB S; /* standby */
 byte now;    /* database clock */
-bool failed; /* the failover happened: S was promoted, no standby left */
+bool failed; /* the failover happened: S was promoted, no standby left (-DCRASH: the server restarted) */
 
 byte tok[N];  /* token of the lease handle the client has, 0 none */
 byte bexp[N]; /* the client believes it holds while now < bexp[c] */
@@ -132,10 +143,18 @@ inline settle(c) {
 	fl[c] = F_NONE; fk[c] = 0; ft[c] = 0; fv[c] = 0
 }
 
-/* Client c has committed on the primary. */
-inline committed(c, kind, t, v) {
+/* Client c has committed on the primary. With a standby, the commit waits
+ * for it (synchronous) or not (-DASYNC). With -DCRASH there is no standby
+ * and S is what the server has flushed to disk: the commit waits for the
+ * flush if flush is true. */
+inline committed(c, kind, t, v, flush) {
 	fk[c] = kind; ft[c] = t; fv[c] = v;
-#ifdef ASYNC
+#if defined(CRASH)
+	if
+	:: flush -> fl[c] = F_WAIT
+	:: else -> acknowledge(c)
+	fi
+#elif defined(ASYNC)
 	acknowledge(c)
 #else
 	if
@@ -145,7 +164,33 @@ inline committed(c, kind, t, v) {
 #endif
 }
 
-#define DIFFERS (S.seq != P.seq || S.owner != P.owner || S.fence != P.fence || \
+/* synchronous_commit of the server, for ordinary commits (renewals,
+ * releases, writes): on, or off with -DCRASH -DASYNC. Token draws force
+ * it on. */
+#if defined(CRASH) && defined(ASYNC)
+#define SYNC_COMMIT false
+#else
+#define SYNC_COMMIT true
+#endif
+
+/* nextval: one WAL record per LOGAHEAD + 1 values; the values it covers
+ * are handed out without one. */
+inline draw() {
+	P.seq++;
+	if :: P.seq > P.logged -> P.logged = P.seq + LOGAHEAD :: else -> skip fi
+}
+
+/* P2's first half, for the token just drawn. */
+inline drawn() {
+#if (PROPS & 2)
+	P2_tokens_grow = (P.seq > max_acked);
+	assert(P2_tokens_grow);
+#endif
+	skip
+}
+
+/* The primary has WAL its standby (-DCRASH: its disk) has not. */
+#define DIFFERS (S.logged != P.logged || S.owner != P.owner || S.fence != P.fence || \
                  S.exp != P.exp || S.rtok != P.rtok || S.lb != P.lb)
 
 inline ack_waiting(c) {
@@ -220,32 +265,34 @@ inline drop(c) {
 
 hidden byte ok; /* the guard's verdict, used within one atomic step */
 
+#ifdef NOFLUSHCHECK
+#define FLUSH_CHECK false
+#else
+#define FLUSH_CHECK (DIFFERS)
+#endif
+
 active [N] proctype Client() {
 idle:
 	do
 #ifndef ADVISORY
 	:: atomic { /* pgfence_acquire: the row is free or expired */
 		P.exp <= now && P.seq < MAXTOK ->
-		P.seq++;
-#if (PROPS & 2)
-		P2_tokens_grow = (P.seq > max_acked);
-		assert(P2_tokens_grow);
-#endif
+		draw();
 		P.owner = _pid + 1; P.fence = P.seq; P.exp = now + TTL;
 		printf("t=%d c%d: granted the lease, token %d, expires_at %d\n", now, _pid, P.seq, P.exp);
-		committed(_pid, K_GRANT, P.seq, P.exp)
+		drawn();
+		committed(_pid, K_GRANT, P.seq, P.exp, true) /* writes a row: waits for the flush */
 	   }
 #else
 	:: atomic { /* pg_try_advisory_lock + pgfence_next_token in one statement */
 		P.adv == 0 && P.seq < MAXTOK ->
-		P.seq++;
-#if (PROPS & 2)
-		P2_tokens_grow = (P.seq > max_acked);
-		assert(P2_tokens_grow);
-#endif
+		draw();
 		P.adv = _pid + 1;
 		printf("t=%d c%d: granted the advisory lock, token %d\n", now, _pid, P.seq);
-		committed(_pid, K_GRANT, P.seq, FOREVER)
+		drawn();
+		/* pgfence_next_token: the commit waits for the flush only when
+		 * WAL is not flushed yet (flush_lsn < insert_lsn), read after the draw */
+		committed(_pid, K_GRANT, P.seq, FOREVER, FLUSH_CHECK)
 	   }
 #endif
 		if
@@ -267,7 +314,7 @@ holding:
 		guard(tok[_pid], ok);
 		if
 		:: ok -> printf("t=%d c%d: write with token %d lands (row's was %d)\n", now, _pid, tok[_pid], P.rtok);
-			lands(tok[_pid], true); committed(_pid, K_WRITE, tok[_pid], 0)
+			lands(tok[_pid], true); committed(_pid, K_WRITE, tok[_pid], 0, SYNC_COMMIT)
 		:: else -> printf("t=%d c%d: write with token %d fenced (row's is %d)\n", now, _pid, tok[_pid], P.rtok);
 			drop(_pid); goto idle /* ErrFenced: the lock is lost */
 		fi
@@ -283,7 +330,7 @@ holding:
 		:: P.fence == tok[_pid] && P.owner == _pid + 1 && P.exp > now ->
 			if :: now + TTL > P.exp -> P.exp = now + TTL :: else -> skip fi;
 			printf("t=%d c%d: renewed token %d until %d\n", now, _pid, tok[_pid], P.exp);
-			committed(_pid, K_RENEW, tok[_pid], P.exp)
+			committed(_pid, K_RENEW, tok[_pid], P.exp, SYNC_COMMIT)
 		:: else -> printf("t=%d c%d: renewal of token %d refused\n", now, _pid, tok[_pid]);
 			drop(_pid); goto idle /* not renewed: the lease is lost */
 		fi
@@ -360,18 +407,26 @@ end:
 /* Streaming replication: the standby catches up with the primary (a prefix
  * of its commits, since this can run between any two of them), and the
  * commits waiting for it are acknowledged. Advisory locks are not
- * replicated. */
+ * replicated. With -DCRASH: the WAL flush (a commit's, or the WAL
+ * writer's), which goes on after a restart. */
+#ifdef CRASH
+#define REPLICATING true
+#define CAUGHT_UP "t=%d disk: WAL flushed (sequence logged to %d, row token %d)\n"
+#else
+#define REPLICATING (!failed)
+#define CAUGHT_UP "t=%d standby: has every commit (sequence logged to %d, row token %d)\n"
+#endif
 active proctype Replication() {
 end:
 	do
 	:: d_step {
-		!failed && (DIFFERS || fl[0] == F_WAIT || fl[1] == F_WAIT
+		REPLICATING && (DIFFERS || fl[0] == F_WAIT || fl[1] == F_WAIT
 #if N > 2
 		            || fl[2] == F_WAIT
 #endif
 		) ->
-		S.seq = P.seq; S.owner = P.owner; S.fence = P.fence; S.exp = P.exp; S.rtok = P.rtok; S.lb = P.lb;
-		printf("t=%d standby: has every commit (seq %d, row token %d)\n", now, S.seq, S.rtok);
+		S.logged = P.logged; S.owner = P.owner; S.fence = P.fence; S.exp = P.exp; S.rtok = P.rtok; S.lb = P.lb;
+		printf(CAUGHT_UP, now, S.logged, S.rtok);
 		ack_waiting(0); ack_waiting(1);
 #if N > 2
 		ack_waiting(2);
@@ -380,15 +435,22 @@ end:
 	od
 }
 
-#ifdef FAILOVER
+#if defined(FAILOVER) || defined(CRASH)
 /* The primary dies and the standby is promoted; clients reconnect to it.
- * Commits the standby lacks are gone; sessions end with their advisory
- * locks; commits waiting for the standby fail. */
+ * Commits the standby lacks are gone, the sequence resumes after the value
+ * its last WAL record covers; sessions end with their advisory locks;
+ * commits waiting for the standby fail. With -DCRASH: the server crashes
+ * (a power loss: what is not on disk is gone) and restarts from its WAL. */
+#ifdef CRASH
+#define FAULT "t=%d CRASH: restarted from the flushed WAL (sequence resumes after %d, lease token %d expires_at %d, row token %d; it had drawn %d, row token %d)\n"
+#else
+#define FAULT "t=%d FAILOVER: standby promoted (sequence resumes after %d, lease token %d expires_at %d, row token %d; the primary had drawn %d, row token %d)\n"
+#endif
 active proctype Failover() {
 	d_step {
-		printf("t=%d FAILOVER: standby promoted (seq %d, lease token %d expires_at %d, row token %d; the primary had seq %d, row token %d)\n",
-			now, S.seq, S.fence, S.exp, S.rtok, P.seq, P.rtok);
-		P.seq = S.seq; P.owner = S.owner; P.fence = S.fence; P.exp = S.exp; P.rtok = S.rtok; P.lb = S.lb;
+		printf(FAULT, now, S.logged, S.fence, S.exp, S.rtok, P.seq, P.rtok);
+		P.seq = S.logged; P.logged = S.logged;
+		P.owner = S.owner; P.fence = S.fence; P.exp = S.exp; P.rtok = S.rtok; P.lb = S.lb;
 		P.adv = 0; failed = true;
 		fail_waiting(0); fail_waiting(1);
 #if N > 2

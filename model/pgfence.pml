@@ -20,7 +20,7 @@
  *     commits it lacks are gone; or (-DCRASH) one server whose WAL flush
  *     plays the standby, a power loss and restart the failover, with
  *     synchronous_commit on, or off (-DCRASH -DASYNC) for the commits that
- *     draw no token;
+ *     draw no token (-DDURABLE_WRITES: but on for the guarded writes);
  *   - N clients that acquire, renew, release, write, pause (any
  *     interleaving) and give up; a rogue role that can read the lease
  *     table but has no secret and no token.
@@ -172,6 +172,13 @@ inline committed(c, kind, t, v, flush) {
 #else
 #define SYNC_COMMIT true
 #endif
+/* -DDURABLE_WRITES: the application commits its guarded writes with
+ * synchronous_commit on whatever the server's setting. */
+#ifdef DURABLE_WRITES
+#define WRITE_SYNC_COMMIT true
+#else
+#define WRITE_SYNC_COMMIT SYNC_COMMIT
+#endif
 
 /* nextval: one WAL record per LOGAHEAD + 1 values; the values it covers
  * are handed out without one. */
@@ -314,7 +321,7 @@ holding:
 		guard(tok[_pid], ok);
 		if
 		:: ok -> printf("t=%d c%d: write with token %d lands (row's was %d)\n", now, _pid, tok[_pid], P.rtok);
-			lands(tok[_pid], true); committed(_pid, K_WRITE, tok[_pid], 0, SYNC_COMMIT)
+			lands(tok[_pid], true); committed(_pid, K_WRITE, tok[_pid], 0, WRITE_SYNC_COMMIT)
 		:: else -> printf("t=%d c%d: write with token %d fenced (row's is %d)\n", now, _pid, tok[_pid], P.rtok);
 			drop(_pid); goto idle /* ErrFenced: the lock is lost */
 		fi

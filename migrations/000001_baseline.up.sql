@@ -407,7 +407,10 @@ COMMENT ON FUNCTION pgfence_acquire(names text[], new_owner text, ttl_us bigint[
 -- clock_timestamp(), not now(): the statement may wait for a row lock and
 -- must judge expiry when it gets the row; an expired lease is never revived.
 -- A row another transaction has locked is skipped (renewed false), so it
--- never delays the rest of the batch.
+-- never delays the rest of the batch. A renewal's commit waits for the
+-- flush and for synchronous standbys, as a token draw's does: a renewal
+-- lost in a crash or failover after its holder was told would let another
+-- client take a lease its holder still believes it holds.
 CREATE FUNCTION pgfence_renew(names text[], tokens bigint[], secrets text[], ttl_us bigint[])
     RETURNS TABLE(fence bigint, renewed boolean)
     LANGUAGE plpgsql SECURITY DEFINER
@@ -417,6 +420,9 @@ AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM pgfence_check_us($4, 1, 'a TTL');
+    IF pg_catalog.current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
+        PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
+    END IF;
     RETURN QUERY
     WITH req AS MATERIALIZED (
         SELECT r.name, r.fence, r.ttl_us, pg_catalog.sha256(pg_catalog.convert_to(r.secret, 'UTF8')) AS h

@@ -273,3 +273,62 @@ func TestTokenDrawWaitsForSynchronousStandby(t *testing.T) {
 		require.LessOrEqual(t, alone, int64(n/8), d.name)
 	}
 }
+
+// TestRenewalWaitsForSynchronousStandby: a renewal's commit waits for the
+// synchronous standbys even in a session with synchronous_commit off, as a
+// token draw's does: an acknowledged renewal lost in a failover would let
+// another client take a lease its holder still believes it holds. On a
+// primary whose named standby never connects, the renewal waits (SyncRep)
+// until it is cancelled; the negative control, a pgfence_renew without the
+// raise, commits at once.
+func TestRenewalWaitsForSynchronousStandby(t *testing.T) {
+	t.Parallel()
+	for _, control := range []bool{false, true} {
+		t.Run(map[bool]string{false: "renew", true: "control"}[control], func(t *testing.T) {
+			t.Parallel()
+			ctx := testCtx(t)
+			_, srv := pgtest.NewCluster(t, &pgtest.ClusterOptions{Settings: map[string]string{
+				"fsync": "on", "synchronous_commit": "off", "autovacuum": "off",
+			}})
+			db := srv.NewDB(t)
+			if control {
+				weaken(t, db, edit{"pgfence_renew(text[], bigint[], text[], bigint[])",
+					"PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);", "NULL;"})
+			}
+			var token int64
+			var secret string
+			require.NoError(t, db.Pool.QueryRow(ctx,
+				"SELECT fence, secret FROM pgfence.pgfence_acquire('{job}', 'holder', '{60000000}')").Scan(&token, &secret))
+
+			exec(t, db, "ALTER SYSTEM SET synchronous_standby_names = 'missing_standby'", "SELECT pg_catalog.pg_reload_conf()")
+			conn := db.Conn(t)
+			require.Eventually(t, func() bool {
+				var names string
+				err := conn.QueryRow(ctx, "SELECT current_setting('synchronous_standby_names')").Scan(&names)
+				return err == nil && names == "missing_standby"
+			}, 10*time.Second, 10*time.Millisecond)
+			var pid int32
+			require.NoError(t, conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+
+			done := make(chan error, 1)
+			go func() {
+				_, err := conn.Exec(ctx, "SELECT * FROM pgfence.pgfence_renew('{job}', $1, $2, '{60000000}')",
+					[]int64{token}, []string{secret})
+				done <- err
+			}()
+			if control {
+				require.NoError(t, <-done, "control: without the raise, the renewal commits without the standby")
+				return
+			}
+			require.Eventually(t, func() bool {
+				var waiting bool
+				err := db.Pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'SyncRep')",
+					pid).Scan(&waiting)
+				return err == nil && waiting
+			}, 30*time.Second, 10*time.Millisecond, "the renewal's commit waits for the synchronous standby")
+			_, err := db.Pool.Exec(ctx, "SELECT pg_cancel_backend($1)", pid)
+			require.NoError(t, err)
+			require.NoError(t, <-done) // committed locally, with a warning
+		})
+	}
+}

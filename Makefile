@@ -30,7 +30,14 @@ FUZZ_TARGETS := ./leasetable:FuzzLeaseName ./advisory:FuzzNameKey ./fence:FuzzSc
 	./fence:FuzzParseTable ./fence:FuzzBuilderFragments ./fence:FuzzBuilderIdentifiers \
 	./test/chaos:FuzzCheckSequentialRegister
 
-.PHONY: chaos chaos-ci fuzz patroni-ci tools-ci
+.PHONY: chaos chaos-ci fuzz model-ci patroni-ci tools-ci
+
+# model-ci checks the Promela model of the protocol (model/pgfence.pml) with
+# spin: 11 runs must verify and 14 controls must find their counterexample
+# (the asynchronous failover is the negative control); about a minute. It
+# needs spin and gcc. See model/README.md.
+model-ci:
+	bash model/run
 
 # tools-ci runs the tests outside the fault suite that need a tool beyond
 # the PostgreSQL server binaries (build tag "tools": PgBouncer).

@@ -164,13 +164,20 @@ inline committed(c, kind, t, v, flush) {
 #endif
 }
 
-/* synchronous_commit of the server, for ordinary commits (renewals,
- * releases, writes): on, or off with -DCRASH -DASYNC. Token draws force
+/* synchronous_commit of the server, for ordinary commits (releases,
+ * writes): on, or off with -DCRASH -DASYNC. Token draws force
  * it on. */
 #if defined(CRASH) && defined(ASYNC)
 #define SYNC_COMMIT false
 #else
 #define SYNC_COMMIT true
+#endif
+/* pgfence_renew forces synchronous_commit on, as token draws do;
+ * -DRENEW_ORDINARY (a control) makes it an ordinary commit. */
+#ifdef RENEW_ORDINARY
+#define RENEW_SYNC_COMMIT SYNC_COMMIT
+#else
+#define RENEW_SYNC_COMMIT true
 #endif
 /* -DDURABLE_WRITES: the application commits its guarded writes with
  * synchronous_commit on whatever the server's setting. */
@@ -337,7 +344,7 @@ holding:
 		:: P.fence == tok[_pid] && P.owner == _pid + 1 && P.exp > now ->
 			if :: now + TTL > P.exp -> P.exp = now + TTL :: else -> skip fi;
 			printf("t=%d c%d: renewed token %d until %d\n", now, _pid, tok[_pid], P.exp);
-			committed(_pid, K_RENEW, tok[_pid], P.exp, SYNC_COMMIT)
+			committed(_pid, K_RENEW, tok[_pid], P.exp, RENEW_SYNC_COMMIT)
 		:: else -> printf("t=%d c%d: renewal of token %d refused\n", now, _pid, tok[_pid]);
 			drop(_pid); goto idle /* not renewed: the lease is lost */
 		fi

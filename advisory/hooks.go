@@ -21,6 +21,7 @@ type testHooks struct {
 	noPark       bool          // waiting calls never park
 	noRecollect  bool          // a turn leaves requests queued during its unlocks
 	closeNoWait  bool          // Close returns before its sessions are closed
+	keepCancel   bool          // a parked grant its cancel raced is returned
 
 	afterGrant      func(*Lease)             // between a grant and its hand-out
 	onRound         func()                   // each further round of a waiting call
@@ -76,6 +77,8 @@ func (h *testHooks) notifyAfter() time.Duration {
 func (h *testHooks) retries() bool   { return h == nil || !h.noRetry }
 func (h *testHooks) parks() bool     { return h == nil || !h.noPark }
 func (h *testHooks) recollect() bool { return h == nil || !h.noRecollect }
+
+func (h *testHooks) dropsCancelledGrant() bool { return h == nil || !h.keepCancel }
 
 func (h *testHooks) round() {
 	if h != nil && h.onRound != nil {

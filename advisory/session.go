@@ -853,8 +853,9 @@ const parkLockSQL = `WITH t AS MATERIALIZED (SELECT pg_catalog.set_config('lock_
 // queryCanceled is the SQLSTATE of a statement ended by a cancel request.
 const queryCanceled = "57014"
 
-// errParkTimeout is parkOnce's error when the wait ended without the lock
-// and s holds nothing: wait again.
+// errParkTimeout is parkOnce's error when the wait ended without a grant
+// to hand out and s holds nothing: wait again, unless ctx or the Locker's
+// close ended it.
 var errParkTimeout = errors.New("the parked wait timed out")
 
 // park waits on s, reserved for key by parkSessionLocked (open: dial it
@@ -913,7 +914,11 @@ func (s *session) unpark(id int64) {
 // parkOnce runs one wait statement on s for key. It returns the token, or
 // errParkTimeout when the wait ended without the lock (lock_timeout, or a
 // cancel) with s fit for another; on any other error s holds nothing or was
-// closed. The caller has the turn and the parked reservation.
+// closed. A grant that its cancel request raced is not returned: a cancel
+// that reaches the commit's wait for a synchronous standby ends the wait
+// and the server reports success, so the token may be missing on the
+// standby. parkOnce then closes s, freeing the lock, and returns
+// errParkTimeout. The caller has the turn and the parked reservation.
 func (s *session) parkOnce(ctx context.Context, key Key) (int64, error) {
 	k := s.k
 	k.mu.Lock()
@@ -948,21 +953,21 @@ func (s *session) parkOnce(ctx context.Context, key Key) (int64, error) {
 	// Wait for a cancel under way: once the server took it, it cannot reach
 	// a later statement. One whose sending failed still may: then s is not
 	// reused.
-	unsure := false
+	cancelled, unsure := false, false
 	if stoppedCtx, stoppedClose := stopCtx(), stopClose(); !stoppedCtx || !stoppedClose {
 		<-sent
-		unsure = cancelErr != nil
+		cancelled, unsure = true, cancelErr != nil
 	}
 	if err == nil {
 		if err = s.checkPID(int32(pid)); err != nil {
 			s.fail(ctx, err)
 			return 0, fmt.Errorf("pgfence: advisory: lock %v: %w", key, err)
 		}
-		if unsure {
+		if unsure || (cancelled && k.hooks.dropsCancelledGrant()) {
 			s.closeParked(ctx) // releases the lock; the caller is leaving
 			return 0, errParkTimeout
 		}
-		return token, nil // granted, even if the caller is leaving
+		return token, nil
 	}
 	if unsure {
 		s.closeParked(ctx)

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgfence/pgfence"
-	"github.com/pgfence/pgfence/internal/permerr"
+	"github.com/pgfence/pgfence/internal/install"
 )
 
 // DefaultColumn is the guard column the builders use unless told otherwise:
@@ -167,7 +167,7 @@ func Classify(err error) error {
 		return e
 	case SQLState:
 	default:
-		return permerr.Wrap(err, "", "")
+		return install.WrapPermission(err, "", "")
 	}
 	stale := &StaleTokenError{Err: err}
 	if m := detailRE.FindStringSubmatch(detail(st)); m != nil {

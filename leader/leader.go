@@ -16,7 +16,6 @@ import (
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/install"
 	"github.com/pgfence/pgfence/internal/notifier"
-	"github.com/pgfence/pgfence/internal/notifykey"
 	"github.com/pgfence/pgfence/leasetable"
 )
 
@@ -174,7 +173,7 @@ type Elector struct {
 	closeFunc context.CancelFunc
 	wg        sync.WaitGroup // observers, the notifier, Run's observer
 	hooks     *testHooks     // nil in production
-	notifyKey notifykey.Key  // checks notifications (see notify)
+	notifyKey notifier.Key   // checks notifications (see notify)
 	notifyTag string         // the election's tag in notifications
 
 	mu           sync.Mutex
@@ -213,7 +212,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Elector, error)
 	if _, err := install.Check(ctx, pool, schema, quoted); err != nil {
 		return nil, fmt.Errorf("pgfence: leader: %w", err)
 	}
-	key, err := notifykey.Load(ctx, pool, quoted)
+	key, err := notifier.LoadKey(ctx, pool, quoted)
 	if err != nil {
 		return nil, fmt.Errorf("pgfence: leader: %w", err)
 	}

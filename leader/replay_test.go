@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgfence/pgfence/internal/notifykey"
+	"github.com/pgfence/pgfence/internal/notifier"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/leader"
 )
@@ -43,7 +43,7 @@ func TestReplayedNotificationsCostNoRead(t *testing.T) {
 	a := newCandidate(t, db.Pool, "replay", "addr-a", nil, nil)
 	term, err := a.e.Campaign(ctx)
 	require.NoError(t, err)
-	key, err := notifykey.Load(ctx, db.Pool, `"pgfence"`)
+	key, err := notifier.LoadKey(ctx, db.Pool, `"pgfence"`)
 	require.NoError(t, err)
 
 	ch := o.e.Observe(ctx)

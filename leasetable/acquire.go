@@ -11,7 +11,7 @@ import (
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/hold"
-	"github.com/pgfence/pgfence/internal/permerr"
+	"github.com/pgfence/pgfence/internal/install"
 	"github.com/pgfence/pgfence/internal/retry"
 	"github.com/pgfence/pgfence/internal/waitline"
 )
@@ -431,7 +431,7 @@ func (k *Locker) submitAcquire(ctx context.Context, name string, t leaseTiming) 
 // statement runs to its answer for at most QueryTimeout after its last
 // caller left or Close began, so that every lease it took is known.
 func (k *Locker) execAcquires(batch []*acquireReq) (err error) {
-	defer func() { err = permerr.Wrap(err, "", k.cfg.Schema) }() // names the missing grant
+	defer func() { err = install.WrapPermission(err, "", k.cfg.Schema) }() // names the missing grant
 	// One entry per name; later requests find it held (see replyAcquires).
 	names := make([]string, 0, len(batch))
 	ttls := make([]int64, 0, len(batch))

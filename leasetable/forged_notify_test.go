@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgfence/pgfence/internal/notifykey"
+	"github.com/pgfence/pgfence/internal/notifier"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/leasetable"
 )
@@ -72,7 +72,7 @@ func TestForgedNotificationsCostNothing(t *testing.T) {
 	go func() { _, _ = waiter.Acquire(wctx, "customer@example.com", nil) }()
 	require.Eventually(t, func() bool { return waiter.Stats().Listening && counter.n.Load() > 0 }, 30*time.Second, 10*time.Millisecond)
 
-	key, err := notifykey.Load(ctx, db.Pool, `"pgfence"`)
+	key, err := notifier.LoadKey(ctx, db.Pool, `"pgfence"`)
 	require.NoError(t, err)
 	// send sends each payload in a transaction of its own, as separate
 	// notifications (PostgreSQL folds equal payloads of one transaction).

@@ -14,7 +14,6 @@ import (
 	"github.com/pgfence/pgfence/internal/events"
 	"github.com/pgfence/pgfence/internal/install"
 	"github.com/pgfence/pgfence/internal/notifier"
-	"github.com/pgfence/pgfence/internal/notifykey"
 	"github.com/pgfence/pgfence/internal/retry"
 	"github.com/pgfence/pgfence/internal/waitline"
 )
@@ -46,7 +45,7 @@ type Locker struct {
 	watchdogWake    chan struct{}      // buffered(1): a lease was added
 	listener        *notifier.Notifier // the LISTEN loop, once started
 	waiters         map[string]map[*waiter]struct{}
-	notifyKey       notifykey.Key           // checks notifications (see notify)
+	notifyKey       notifier.Key            // checks notifications (see notify)
 	tagNames        map[string]string       // a listened-for name by its notification tag
 	watched         map[string]*watch       // the listened-for names (see listenFor)
 	waiterSeq       uint64                  // the seq of the last waiter added
@@ -102,7 +101,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 	if _, err := install.Check(ctx, pool, schema, quoted); err != nil {
 		return nil, fmt.Errorf("pgfence: leasetable: %w", err)
 	}
-	key, err := notifykey.Load(ctx, pool, quoted)
+	key, err := notifier.LoadKey(ctx, pool, quoted)
 	if err != nil {
 		return nil, fmt.Errorf("pgfence: leasetable: %w", err)
 	}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/events"
-	"github.com/pgfence/pgfence/internal/permerr"
+	"github.com/pgfence/pgfence/internal/install"
 	"github.com/pgfence/pgfence/internal/retry"
 )
 
@@ -289,7 +289,7 @@ func (k *Locker) releaseRow(ctx context.Context, name string, token int64, secre
 // execReleases runs releaseSQL for batch and answers each request; on a
 // statement error it answers none and returns the error.
 func (k *Locker) execReleases(batch []*releaseReq) (err error) {
-	defer func() { err = permerr.Wrap(err, "", k.cfg.Schema) }() // names the missing grant
+	defer func() { err = install.WrapPermission(err, "", k.cfg.Schema) }() // names the missing grant
 	ctxs := make([]context.Context, 0, len(batch))
 	for _, r := range batch {
 		ctxs = append(ctxs, r.ctx) // the opener's first

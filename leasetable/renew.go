@@ -13,7 +13,7 @@ import (
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/events"
-	"github.com/pgfence/pgfence/internal/permerr"
+	"github.com/pgfence/pgfence/internal/install"
 	"github.com/pgfence/pgfence/internal/retry"
 )
 
@@ -225,7 +225,7 @@ func (k *Locker) renew(ctx context.Context, batch []*Lease, own bool) (lost map[
 	}
 	if err != nil && conn != nil {
 		k.discardStale(conn, err)
-		err = permerr.Wrap(err, "", k.cfg.Schema)
+		err = install.WrapPermission(err, "", k.cfg.Schema)
 	}
 	if err != nil && k.retryable(err) {
 		k.suspectListen()

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgfence/pgfence/internal/permerr"
+	"github.com/pgfence/pgfence/internal/install"
 	"github.com/pgfence/pgfence/migrations"
 )
 
@@ -87,7 +87,7 @@ func TestVersionNamesMissingGrant(t *testing.T) {
 	uerr := migrations.Up(ctx, target, nil)
 	for _, err := range []error{verr, uerr} {
 		requireSQLState(t, err, "42501")
-		var pe *permerr.Error
+		var pe *install.PermissionError
 		require.True(t, errors.As(err, &pe), "%v", err)
 		require.Equal(t, []string{`SELECT on table "pgfence"."` + migrations.Table + `"`}, pe.Missing)
 		require.ErrorContains(t, err, "hint: as pgfence's owner, run `pgfence grant "+partial+"` (missing: SELECT on table")

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgfence/pgfence/internal/permerr"
+	"github.com/pgfence/pgfence/internal/install"
 )
 
 // cleanupTimeout bounds the statements that tidy up after a run, which run
@@ -333,14 +333,14 @@ func (r *runner) refuseSecondInstall() error {
 // transaction must have ended.
 func (r *runner) explainDenied(err error, privs []privilege) error {
 	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != permerr.Code {
+	if !errors.As(err, &pgErr) || pgErr.Code != install.InsufficientPrivilege {
 		return err
 	}
 	lacking, qerr := missingPrivileges(r.ctx, r.conn, r.role, privs)
 	if qerr != nil || len(lacking) == 0 {
-		return permerr.Wrap(err, r.role, r.schema)
+		return install.WrapPermission(err, r.role, r.schema)
 	}
-	return permerr.Wrap(err, r.role, r.schema, lacking...)
+	return install.WrapPermission(err, r.role, r.schema, lacking...)
 }
 
 // installOwnerSQL reads the role that owns the install: the owner of its
@@ -485,7 +485,7 @@ func (r *runner) createSchema() error {
 	}
 	if _, err := r.conn.Exec(r.ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{r.schema}.Sanitize()); err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == permerr.Code {
+		if errors.As(err, &pgErr) && pgErr.Code == install.InsufficientPrivilege {
 			return fmt.Errorf("create schema %q: %w; hint: role %q needs CREATE on database %q, or a schema created for it "+
 				"(CREATE SCHEMA %s AUTHORIZATION %s)", r.schema, err, r.role, r.database,
 				pgx.Identifier{r.schema}.Sanitize(), pgx.Identifier{r.role}.Sanitize())

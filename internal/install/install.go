@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence"
-	"github.com/pgfence/pgfence/internal/permerr"
 )
 
 // Version is the oldest schema version (pgfence_schema_version()) this code
@@ -86,7 +85,7 @@ func Check(ctx context.Context, db pgfence.DB, schema, quoted string) (Install, 
 	)
 	err := db.QueryRow(ctx, catalogSQL, schema).Scan(&hasSchema, &hasTable, &hasVersion, &increment, &cache, &cycle, &elsewhere)
 	if err != nil {
-		return Install{}, fmt.Errorf("check pgfence's schema %q: %w", schema, permerr.Wrap(err, "", schema))
+		return Install{}, fmt.Errorf("check pgfence's schema %q: %w", schema, WrapPermission(err, "", schema))
 	}
 	fix := fmt.Sprintf("apply pgfence's migrations (pgfence migrate up --schema %s, or migrations.Up from Go)", schema)
 	if !hasTable {
@@ -106,7 +105,7 @@ func Check(ctx context.Context, db pgfence.DB, schema, quoted string) (Install, 
 	}
 	var version int
 	if err := db.QueryRow(ctx, "SELECT "+quoted+".pgfence_schema_version()").Scan(&version); err != nil {
-		return Install{}, fmt.Errorf("check pgfence's schema %q: %w", schema, permerr.Wrap(err, "", schema))
+		return Install{}, fmt.Errorf("check pgfence's schema %q: %w", schema, WrapPermission(err, "", schema))
 	}
 	if version < Version {
 		return Install{}, notInstalled("schema %q holds pgfence schema version %d; this code needs %d: %s", schema, version, Version, fix)

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/pgfence/pgfence/internal/permerr"
+	"github.com/pgfence/pgfence/internal/install"
 	"github.com/pgfence/pgfence/migrations"
 )
 
@@ -76,7 +76,7 @@ func (a *App) grant(ctx context.Context, args []string) error {
 			// ctx ends on the first SIGINT or SIGTERM (see Main).
 			return fmt.Errorf("interrupted: %w; nothing was granted", err)
 		}
-		var denied *permerr.Error
+		var denied *install.PermissionError
 		if errors.As(err, &denied) {
 			return err // it names the grant already
 		}

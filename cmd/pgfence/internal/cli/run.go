@@ -24,7 +24,6 @@ import (
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/cmd/pgfence/internal/supervise"
 	"github.com/pgfence/pgfence/internal/notifier"
-	"github.com/pgfence/pgfence/internal/notifykey"
 	"github.com/pgfence/pgfence/leasetable"
 )
 
@@ -452,7 +451,7 @@ func (a *App) run(ctx context.Context, args []string) error {
 	}
 	// Release notifications name a lease by a tag keyed with the
 	// install's notification key; leasetable.New has just read it too.
-	nkey, err := notifykey.Load(ctx, pool, pgx.Identifier{o.schema}.Sanitize())
+	nkey, err := notifier.LoadKey(ctx, pool, pgx.Identifier{o.schema}.Sanitize())
 	if err != nil {
 		_ = a.releaseAfterRun(lease, false)
 		return exitWith(ExitRunFailure, err)
@@ -545,7 +544,7 @@ const lossCheckTimeout = 5 * time.Second
 // closes, which ends the command. Renewals are one at a time; a check that
 // fails for another reason leaves the lease to the watchdog. The returned
 // function stops the watch and waits for it, boundedly.
-func watchForLoss(pool *pgxpool.Pool, lease pgfence.Lease, key notifykey.Key, logger *slog.Logger, ttl time.Duration) (stop func()) {
+func watchForLoss(pool *pgxpool.Pool, lease pgfence.Lease, key notifier.Key, logger *slog.Logger, ttl time.Duration) (stop func()) {
 	if os.Getenv(envNoLossWatch) == "1" {
 		return func() {}
 	}

@@ -1,4 +1,4 @@
-package permerr_test
+package install_test
 
 import (
 	"errors"
@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgfence/pgfence/internal/permerr"
+	"github.com/pgfence/pgfence/internal/install"
 )
 
 func TestWrap(t *testing.T) {
@@ -33,20 +33,20 @@ func TestWrap(t *testing.T) {
 				"hint: as pgfence's owner, run `pgfence grant 'Ro le' --schema Locks` (missing: a, b)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := permerr.Wrap(tc.err, tc.role, tc.schema, tc.missing...)
+			err := install.WrapPermission(tc.err, tc.role, tc.schema, tc.missing...)
 			require.EqualError(t, err, tc.want)
 			var pgErr *pgconn.PgError
 			require.ErrorAs(t, err, &pgErr)
 			require.Same(t, denied, pgErr)
-			var pe *permerr.Error
+			var pe *install.PermissionError
 			require.ErrorAs(t, err, &pe)
-			require.Same(t, err, permerr.Wrap(err, "other", ""), "wrapped once")
+			require.Same(t, err, install.WrapPermission(err, "other", ""), "wrapped once")
 		})
 	}
 
 	other := &pgconn.PgError{Code: "42P01", Message: "relation does not exist"}
-	require.Same(t, error(other), permerr.Wrap(other, "app", ""))
+	require.Same(t, error(other), install.WrapPermission(other, "app", ""))
 	plain := errors.New("plain")
-	require.Same(t, plain, permerr.Wrap(plain, "app", ""))
-	require.NoError(t, permerr.Wrap(nil, "app", ""))
+	require.Same(t, plain, install.WrapPermission(plain, "app", ""))
+	require.NoError(t, install.WrapPermission(nil, "app", ""))
 }

@@ -1,6 +1,4 @@
-// Package permerr adds to PostgreSQL's permission errors (SQLSTATE 42501)
-// the grant that fixes them; the *pgconn.PgError stays reachable.
-package permerr
+package install
 
 import (
 	"errors"
@@ -8,18 +6,16 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgfence/pgfence"
 )
 
-// Code is PostgreSQL's SQLSTATE for insufficient_privilege.
-const Code = "42501"
+// InsufficientPrivilege is PostgreSQL's SQLSTATE for insufficient_privilege.
+const InsufficientPrivilege = "42501"
 
-// defaultSchema is pgfence.DefaultSchema, not imported so that the root
-// package may use this one.
-const defaultSchema = "pgfence"
-
-// Error is a permission error with the grant that would fix it.
-type Error struct {
-	// Err is the error wrapped; it wraps a *pgconn.PgError with [Code].
+// PermissionError is a PostgreSQL permission error (SQLSTATE 42501) with the grant that would fix it.
+type PermissionError struct {
+	// Err is the error wrapped; it wraps a *pgconn.PgError with [InsufficientPrivilege].
 	Err error
 	// Role lacks the privileges; "ROLE" in the message when empty.
 	Role string
@@ -30,30 +26,30 @@ type Error struct {
 }
 
 // Error returns Err's message followed by the hint.
-func (e *Error) Error() string {
+func (e *PermissionError) Error() string {
 	role := e.Role
 	if role == "" {
 		role = "ROLE"
 	}
 	cmd := "pgfence grant " + quoteArg(role)
-	if e.Schema != "" && e.Schema != defaultSchema {
+	if e.Schema != "" && e.Schema != pgfence.DefaultSchema {
 		cmd += " --schema " + quoteArg(e.Schema)
 	}
 	return fmt.Sprintf("%v; hint: as pgfence's owner, run `%s` (missing: %s)", e.Err, cmd, strings.Join(e.Missing, ", "))
 }
 
 // Unwrap returns Err.
-func (e *Error) Unwrap() error { return e.Err }
+func (e *PermissionError) Unwrap() error { return e.Err }
 
-// Wrap returns err as an [*Error] naming role, schema and the missing
-// privileges when it wraps a *pgconn.PgError with [Code], else err
+// WrapPermission returns err as a [*PermissionError] naming role, schema and the missing
+// privileges when it wraps a *pgconn.PgError with [InsufficientPrivilege], else err
 // unchanged. Without missing, the hint repeats what PostgreSQL denied.
-func Wrap(err error, role, schema string, missing ...string) error {
+func WrapPermission(err error, role, schema string, missing ...string) error {
 	var pgErr *pgconn.PgError
-	if err == nil || !errors.As(err, &pgErr) || pgErr.Code != Code {
+	if err == nil || !errors.As(err, &pgErr) || pgErr.Code != InsufficientPrivilege {
 		return err
 	}
-	var done *Error
+	var done *PermissionError
 	if errors.As(err, &done) {
 		return err
 	}
@@ -64,7 +60,7 @@ func Wrap(err error, role, schema string, missing ...string) error {
 		}
 		missing = []string{"privilege on " + what}
 	}
-	return &Error{Err: err, Role: role, Schema: schema, Missing: missing}
+	return &PermissionError{Err: err, Role: role, Schema: schema, Missing: missing}
 }
 
 // quoteArg quotes a shell argument unless it is plainly safe.

@@ -1,4 +1,4 @@
-package notifykey_test
+package notifier_test
 
 import (
 	"context"
@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgfence/pgfence/internal/notifykey"
+	"github.com/pgfence/pgfence/internal/notifier"
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
@@ -17,7 +17,7 @@ func TestPayloadMatchesDatabase(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
-	key, err := notifykey.Load(ctx, db.Pool, `"pgfence"`)
+	key, err := notifier.LoadKey(ctx, db.Pool, `"pgfence"`)
 	require.NoError(t, err)
 	require.Len(t, key, 32)
 	for _, c := range []struct {
@@ -47,7 +47,7 @@ func TestPayloadMatchesDatabase(t *testing.T) {
 			_, _, ok := key.Verify(bad)
 			require.False(t, ok, bad)
 		}
-		other := append(notifykey.Key{}, key...)
+		other := append(notifier.Key{}, key...)
 		other[0] ^= 1
 		_, _, ok = other.Verify(payload)
 		require.False(t, ok)

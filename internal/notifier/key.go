@@ -1,8 +1,4 @@
-// Package notifykey reads and checks the payloads of pgfence's
-// notifications (pgfence_lease_released, pgfence_leader): tag:token:mac,
-// keyed with the install's pgfence_notify_key, so that a role without
-// pgfence's grant neither learns lease names from them nor forges one.
-package notifykey
+package notifier
 
 import (
 	"context"
@@ -14,17 +10,20 @@ import (
 	"strings"
 
 	"github.com/pgfence/pgfence"
-	"github.com/pgfence/pgfence/internal/permerr"
+	"github.com/pgfence/pgfence/internal/install"
 )
 
-// Key is an install's notification key.
+// Key is an install's notification key (pgfence_notify_key). The payloads
+// of pgfence's notifications (pgfence_lease_released, pgfence_leader) are
+// tag:token:mac under it, so that a role without pgfence's grant neither
+// learns lease names from them nor forges one.
 type Key []byte
 
-// Load reads the key of the install in the schema quoted (already quoted).
-func Load(ctx context.Context, db pgfence.DB, quoted string) (Key, error) {
+// LoadKey reads the key of the install in the schema quoted (already quoted).
+func LoadKey(ctx context.Context, db pgfence.DB, quoted string) (Key, error) {
 	var k []byte
 	if err := db.QueryRow(ctx, "SELECT key FROM "+quoted+".pgfence_notify_key").Scan(&k); err != nil {
-		return nil, fmt.Errorf("read %s.pgfence_notify_key: %w", quoted, permerr.Wrap(err, "", ""))
+		return nil, fmt.Errorf("read %s.pgfence_notify_key: %w", quoted, install.WrapPermission(err, "", ""))
 	}
 	return k, nil
 }

@@ -76,7 +76,7 @@ func TestSyncWaitCancelledGrant(t *testing.T) {
 				require.Equal(t, uint64(1), o.k.Stats().Acquired)
 				require.Eventually(t, func() bool { return errors.Is(o.lease.Err(), pgfence.ErrLeaseLost) }, 20*time.Second, 5*time.Millisecond)
 			default:
-				t.Logf("control: Close marked the grant lost before its hand-out: %v", o.err)
+				t.Logf("control: Close ended the grant at its hand-out: %v", o.err)
 				require.ErrorIs(t, o.err, pgfence.ErrClosed)
 			}
 			requireKeyFree(t, admin, key)

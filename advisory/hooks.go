@@ -22,6 +22,7 @@ type testHooks struct {
 	noRecollect  bool          // a turn leaves requests queued during its unlocks
 	closeNoWait  bool          // Close returns before its sessions are closed
 	keepCancel   bool          // a parked grant its cancel raced is returned
+	keepWatcher  bool          // sessions keep the pool's context watcher
 
 	afterGrant      func(*Lease)             // between a grant and its hand-out
 	onRound         func()                   // each further round of a waiting call
@@ -79,6 +80,8 @@ func (h *testHooks) parks() bool     { return h == nil || !h.noPark }
 func (h *testHooks) recollect() bool { return h == nil || !h.noRecollect }
 
 func (h *testHooks) dropsCancelledGrant() bool { return h == nil || !h.keepCancel }
+
+func (h *testHooks) pinsDeadlineWatcher() bool { return h == nil || !h.keepWatcher }
 
 func (h *testHooks) round() {
 	if h != nil && h.onRound != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/events"
@@ -204,6 +205,19 @@ func (s *session) ready(ctx context.Context, open bool) error {
 	return s.openErr
 }
 
+// sessionConnConfig returns a copy of cc whose statements end, when their
+// context does, by the connection's deadline (pgconn's deadline context
+// watcher), never by a cancel request: a cancel that reached a commit
+// waiting for a synchronous standby would make the server report success
+// for a token the standby may not have, and the grant be handed out.
+func sessionConnConfig(cc *pgx.ConnConfig) *pgx.ConnConfig {
+	c := cc.Copy()
+	c.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
+	}
+	return c
+}
+
 // open dials s, runs sessionSetupSQL and starts the watchdog, or records
 // why it failed. It carries ctx's values but not its cancellation (others
 // may wait for s), bounded by QueryTimeout.
@@ -211,7 +225,11 @@ func (s *session) open(ctx context.Context) {
 	k := s.k
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.cfg.QueryTimeout)
 	defer cancel()
-	conn, err := pgx.ConnectConfig(ctx, k.connConfig)
+	cc := k.connConfig
+	if k.hooks.pinsDeadlineWatcher() {
+		cc = sessionConnConfig(cc)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cc)
 	var pid int32
 	if err == nil {
 		var idle, interval, count, userTimeout string

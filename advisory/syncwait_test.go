@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -239,4 +240,74 @@ func requireKeyFree(t *testing.T, admin *pgx.Conn, key Key) {
 	require.True(t, got, "another session takes the key")
 	require.NoError(t, admin.QueryRow(ctx, `SELECT pg_advisory_unlock($1)`, key.Int64()).Scan(&got))
 	require.True(t, got)
+}
+
+// TestSyncWaitQueryTimeoutHandsNothingOut: a lock statement whose commit
+// waits for a synchronous standby that never answers ends at QueryTimeout
+// by the session's deadline, never by a cancel request, even when the
+// pool is configured with pgx's cancel-request context watcher: the
+// session fails and no lease is handed out. Negative control: with the
+// pool's watcher kept, the cancel makes the server end the wait with its
+// WARNING and report success, and TryAcquire hands out a token the standby
+// may not have.
+func TestSyncWaitQueryTimeoutHandsNothingOut(t *testing.T) {
+	t.Parallel()
+	for _, keep := range []bool{false, true} {
+		t.Run(map[bool]string{false: "pinned", true: "control"}[keep], func(t *testing.T) {
+			t.Parallel()
+			ctx, stop := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer stop()
+			_, srv := pgtest.NewCluster(t, &pgtest.ClusterOptions{Settings: map[string]string{"lc_messages": "C"}})
+			db := srv.NewDB(t)
+			admin := db.Conn(t)
+			var warned atomic.Bool
+			pool := db.NewPool(t, func(c *pgxpool.Config) {
+				c.ConnConfig.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+					return &pgconn.CancelRequestContextWatcherHandler{Conn: pc, DeadlineDelay: time.Minute}
+				}
+				c.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+					if n.Severity == "WARNING" && n.Code == "01000" && strings.Contains(n.Message, "canceling wait for synchronous replication") {
+						warned.Store(true)
+					}
+				}
+			})
+			// A commit that writes WAL now waits for a standby that never
+			// comes; the Locker's session, opened after this, has the setting.
+			_, err := admin.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = 'missing_standby'`)
+			require.NoError(t, err)
+			_, err = admin.Exec(ctx, `SELECT pg_reload_conf()`)
+			require.NoError(t, err)
+			require.Eventually(t, func() bool {
+				var v string
+				err := admin.QueryRow(ctx, `SELECT current_setting('synchronous_standby_names')`).Scan(&v)
+				return err == nil && v == "missing_standby"
+			}, 30*time.Second, 5*time.Millisecond, "the server reloads")
+			k, err := New(ctx, pool, &Config{QueryTimeout: time.Second})
+			require.NoError(t, err)
+			t.Cleanup(k.Close)
+			hooksOf(k).keepWatcher = keep
+			hooksOf(k).noRetry = true
+
+			key := ID(2)
+			l, err := k.TryAcquireKey(ctx, key, nil)
+			// Let the backend's wait end, so that the key is freed.
+			_, rerr := admin.Exec(ctx, `ALTER SYSTEM RESET synchronous_standby_names`)
+			require.NoError(t, rerr)
+			_, rerr = admin.Exec(ctx, `SELECT pg_reload_conf()`)
+			require.NoError(t, rerr)
+			if keep {
+				require.NoError(t, err, "control: the cancelled wait reports success")
+				require.NotNil(t, l)
+				require.True(t, warned.Load(), "control: the server ended the sync wait with its WARNING")
+				t.Logf("control: handed out token %d that the standby may not have", l.Token())
+				require.NoError(t, l.Release(ctx))
+				return
+			}
+			require.Error(t, err)
+			require.Nil(t, l)
+			require.False(t, warned.Load(), "no cancel request reached the server")
+			require.Zero(t, k.Stats().Acquired)
+			requireKeyFree(t, admin, key)
+		})
+	}
 }

@@ -19,7 +19,7 @@ func TestPrometheusAdvisory(t *testing.T) {
 	ctx := context.Background()
 	b := setupProm(t)
 	pool := newPool(t, 8)
-	locker, err := advisory.New(ctx, pool, &advisory.Config{Observer: b.obs})
+	locker, err := advisory.New(ctx, pool, &advisory.Config{Observer: b.obs, ApplicationName: "otel-prom-advisory"})
 	require.NoError(t, err)
 	t.Cleanup(locker.Close)
 	t.Cleanup(b.obs.Track(pgfence.StrategyAdvisory, locker))
@@ -33,8 +33,12 @@ func TestPrometheusAdvisory(t *testing.T) {
 	// Lost: the session holding the lock is terminated; the holder's
 	// check finds it ended.
 	var pid int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT pid FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND granted
-		AND database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())`).Scan(&pid))
+	// The Locker's own session: other tests' statements hold advisory
+	// locks of their own in the same database.
+	require.NoError(t, pool.QueryRow(ctx, `SELECT l.pid FROM pg_catalog.pg_locks l
+		JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = 'otel-prom-advisory'
+		AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())`).Scan(&pid))
 	_, err = pool.Exec(ctx, "SELECT pg_catalog.pg_terminate_backend($1)", pid)
 	require.NoError(t, err)
 	require.ErrorIs(t, job.Renew(ctx), pgfence.ErrLeaseLost)

@@ -448,7 +448,7 @@ func (k *Locker) transient(err error) bool {
 	if errors.Is(err, pgfence.ErrNotAcquired) {
 		return false // the hot refusal: spare retry.Transient's errors.As calls
 	}
-	return errors.Is(err, errSessionFailed) || errors.Is(err, errLostAtGrant) || retry.Transient(err)
+	return errors.Is(err, errSessionFailed) || errors.Is(err, errLostAtGrant) || errors.Is(err, errUnconfirmedCommit) || retry.Transient(err)
 }
 
 // heldHereError is the refusal of a key held in this Locker in a

@@ -23,6 +23,7 @@ type testHooks struct {
 	closeNoWait  bool          // Close returns before its sessions are closed
 	keepCancel   bool          // a parked grant its cancel raced is returned
 	keepWatcher  bool          // sessions keep the pool's context watcher
+	keepWarned   bool          // grants of a statement that drew a WARNING are handed out
 
 	afterGrant      func(*Lease)             // between a grant and its hand-out
 	onRound         func()                   // each further round of a waiting call
@@ -82,6 +83,8 @@ func (h *testHooks) recollect() bool { return h == nil || !h.noRecollect }
 func (h *testHooks) dropsCancelledGrant() bool { return h == nil || !h.keepCancel }
 
 func (h *testHooks) pinsDeadlineWatcher() bool { return h == nil || !h.keepWatcher }
+
+func (h *testHooks) keepsWarnedGrants() bool { return h != nil && h.keepWarned }
 
 func (h *testHooks) round() {
 	if h != nil && h.onRound != nil {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -34,6 +35,10 @@ type session struct {
 	openErr error
 	conn    *pgx.Conn // used only during a turn
 	pid     int32
+
+	// warnings counts the WARNING notices the session's backend sent (see
+	// sessionConnConfig).
+	warnings atomic.Uint64
 
 	// Guarded by Locker.mu.
 	dead     bool
@@ -205,17 +210,44 @@ func (s *session) ready(ctx context.Context, open bool) error {
 	return s.openErr
 }
 
-// sessionConnConfig returns a copy of cc whose statements end, when their
-// context does, by the connection's deadline (pgconn's deadline context
-// watcher), never by a cancel request: a cancel that reached a commit
-// waiting for a synchronous standby would make the server report success
-// for a token the standby may not have, and the grant be handed out.
-func sessionConnConfig(cc *pgx.ConnConfig) *pgx.ConnConfig {
+// sessionConnConfig returns a copy of cc for s. Its statements end, when
+// their context does, by the connection's deadline (pgconn's deadline
+// context watcher), never by a cancel request: a cancel that reached a
+// commit waiting for a synchronous standby would make the server report
+// success for a token the standby may not have. And it counts the WARNING
+// notices in s.warnings (then calls cc's OnNotice): a lock statement that
+// drew a warning is not trusted (see distrusted), as a cancel sent by
+// someone else ends that wait with one.
+func (s *session) sessionConnConfig(cc *pgx.ConnConfig) *pgx.ConnConfig {
 	c := cc.Copy()
-	c.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
-		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
+	if s.k.hooks.pinsDeadlineWatcher() {
+		c.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+			return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
+		}
+	}
+	prev := cc.OnNotice
+	c.OnNotice = func(pc *pgconn.PgConn, n *pgconn.Notice) {
+		if n.SeverityUnlocalized == "WARNING" || n.SeverityUnlocalized == "" && n.Severity == "WARNING" {
+			s.warnings.Add(1)
+		}
+		if prev != nil {
+			prev(pc, n)
+		}
 	}
 	return c
+}
+
+// errUnconfirmedCommit is the error of lock requests whose statement was
+// granted with a WARNING from the server: the commit's wait for a
+// synchronous standby may have been cancelled, so the tokens may be
+// missing from the standby. The grants are undone; the acquire retries.
+var errUnconfirmedCommit = errors.New("the server reported the grant's commit with a warning (a cancelled wait for a synchronous standby?); not handed out")
+
+// distrusted reports whether a WARNING arrived since the count before (a
+// lock statement's grants are then not handed out), unless a test keeps
+// them.
+func (s *session) distrusted(before uint64) bool {
+	return s.warnings.Load() != before && !s.k.hooks.keepsWarnedGrants()
 }
 
 // open dials s, runs sessionSetupSQL and starts the watchdog, or records
@@ -225,11 +257,7 @@ func (s *session) open(ctx context.Context) {
 	k := s.k
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.cfg.QueryTimeout)
 	defer cancel()
-	cc := k.connConfig
-	if k.hooks.pinsDeadlineWatcher() {
-		cc = sessionConnConfig(cc)
-	}
-	conn, err := pgx.ConnectConfig(ctx, cc)
+	conn, err := pgx.ConnectConfig(ctx, s.sessionConnConfig(k.connConfig))
 	var pid int32
 	if err == nil {
 		var idle, interval, count, userTimeout string
@@ -532,7 +560,21 @@ func (s *session) lockBatch(ctx context.Context, batch []*request) {
 		}
 		return
 	}
+	warned := s.warnings.Load()
 	tokens, err := s.queryBatch(ctx, batch)
+	if err == nil && s.distrusted(warned) && slices.ContainsFunc(tokens, func(t *int64) bool { return t != nil }) {
+		if uerr := s.undoFailedBatch(ctx, batch); uerr != nil {
+			s.fail(ctx, uerr)
+			for _, r := range batch {
+				r.err = fmt.Errorf("pgfence: advisory: lock %v: session failed, its locks are lost: %w", r.key, uerr)
+			}
+			return
+		}
+		for _, r := range batch {
+			r.err = fmt.Errorf("pgfence: advisory: lock %v: %w", r.key, errUnconfirmedCommit)
+		}
+		return
+	}
 	if err != nil {
 		var pgErr *pgconn.PgError
 		readOnly := errors.As(err, &pgErr) && pgErr.Code == readOnlySQLState
@@ -577,6 +619,7 @@ func (s *session) lock(ctx, values context.Context, key Key, shared bool) (*Leas
 		q = k.sql.tryLockShared
 	}
 	var token *int64
+	warned := s.warnings.Load()
 	if err := s.queryKey(ctx, q, key.id, &token); err != nil {
 		// Session locks survive the rollback of the statement that took
 		// them: a failed statement may have left the lock granted.
@@ -590,6 +633,13 @@ func (s *session) lock(ctx, values context.Context, key Key, shared bool) (*Leas
 	}
 	if token == nil {
 		return nil, fmt.Errorf("pgfence: advisory: lock %v: %w", key, pgfence.ErrNotAcquired)
+	}
+	if s.distrusted(warned) {
+		if err := s.undoFailedLock(ctx, key, shared); err != nil {
+			s.fail(ctx, err)
+			return nil, fmt.Errorf("pgfence: advisory: lock %v: session failed, its locks are lost: %w", key, err)
+		}
+		return nil, fmt.Errorf("pgfence: advisory: lock %v: %w", key, errUnconfirmedCommit)
 	}
 	return s.granted(values, key, shared, *token), nil
 }
@@ -967,6 +1017,7 @@ func (s *session) parkOnce(ctx context.Context, key Key) (int64, error) {
 	stopCtx := context.AfterFunc(ctx, cancel)
 	stopClose := context.AfterFunc(k.closeCtx, cancel)
 	var token, pid int64
+	warned := s.warnings.Load()
 	err := s.conn.QueryRow(qctx, k.sql.parkLock, key.id, wait.Milliseconds()).Scan(&token, &pid)
 	// Wait for a cancel under way: once the server took it, it cannot reach
 	// a later statement. One whose sending failed still may: then s is not
@@ -984,6 +1035,10 @@ func (s *session) parkOnce(ctx context.Context, key Key) (int64, error) {
 		if unsure || (cancelled && k.hooks.dropsCancelledGrant()) {
 			s.closeParked(ctx) // releases the lock; the caller is leaving
 			return 0, errParkTimeout
+		}
+		if s.distrusted(warned) {
+			s.closeParked(ctx) // releases the lock; the acquire retries
+			return 0, fmt.Errorf("pgfence: advisory: lock %v: %w: %w", key, errUnconfirmedCommit, errSessionFailed)
 		}
 		return token, nil
 	}

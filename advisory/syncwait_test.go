@@ -33,8 +33,9 @@ type syncWaitOutcome struct {
 // ending then makes the server end the wait with a WARNING and report
 // success for a token the standby may not have. That grant is not handed
 // out: Acquire returns ctx's error or ErrClosed and the key is free.
-// Negative control: with the grant kept, it reaches the hand-out (under
-// Close, Acquire may return it).
+// Negative control: with the grant kept (both its cancel's check and the
+// WARNING's removed), it reaches the hand-out (under Close, Acquire may
+// return it).
 func TestSyncWaitCancelledGrant(t *testing.T) {
 	t.Parallel()
 	// lc_messages C: the WARNING's text is checked below.
@@ -106,6 +107,7 @@ func syncWaitScenario(t *testing.T, db *pgtest.DB, admin *pgx.Conn, key Key, byC
 	require.NoError(t, err)
 	t.Cleanup(k.Close)
 	hooksOf(k).keepCancel = keep
+	hooksOf(k).keepWarned = keep // the control removes both checks: the cancel's and the WARNING's
 	var mu sync.Mutex
 	o := syncWaitOutcome{k: k}
 	hooksOf(k).afterGrant = func(l *Lease) {
@@ -247,7 +249,7 @@ func requireKeyFree(t *testing.T, admin *pgx.Conn, key Key) {
 // by the session's deadline, never by a cancel request, even when the
 // pool is configured with pgx's cancel-request context watcher: the
 // session fails and no lease is handed out. Negative control: with the
-// pool's watcher kept, the cancel makes the server end the wait with its
+// pool's watcher kept (and the WARNING's check removed), the cancel makes the server end the wait with its
 // WARNING and report success, and TryAcquire hands out a token the standby
 // may not have.
 func TestSyncWaitQueryTimeoutHandsNothingOut(t *testing.T) {
@@ -286,6 +288,7 @@ func TestSyncWaitQueryTimeoutHandsNothingOut(t *testing.T) {
 			require.NoError(t, err)
 			t.Cleanup(k.Close)
 			hooksOf(k).keepWatcher = keep
+			hooksOf(k).keepWarned = keep // the control removes both checks: the watcher's and the WARNING's
 			hooksOf(k).noRetry = true
 
 			key := ID(2)
@@ -310,4 +313,90 @@ func TestSyncWaitQueryTimeoutHandsNothingOut(t *testing.T) {
 			requireKeyFree(t, admin, key)
 		})
 	}
+}
+
+// TestSyncWaitExternalCancelHandsNothingOut: a cancel sent by someone else
+// (pg_cancel_backend here; a pooler may forward one) to a lock session
+// whose grant's commit waits for a synchronous standby that never answers
+// makes the server end the wait with a WARNING and report success. The
+// grant is undone and not handed out. Negative control: with the warned
+// grants kept, TryAcquire hands out a token the standby may not have.
+func TestSyncWaitExternalCancelHandsNothingOut(t *testing.T) {
+	t.Parallel()
+	for _, keep := range []bool{false, true} {
+		t.Run(map[bool]string{false: "undone", true: "control"}[keep], func(t *testing.T) {
+			t.Parallel()
+			ctx, stop := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer stop()
+			_, srv := pgtest.NewCluster(t, &pgtest.ClusterOptions{Settings: map[string]string{"lc_messages": "C"}})
+			db := srv.NewDB(t)
+			admin := db.Conn(t)
+			_, err := admin.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = 'missing_standby'`)
+			require.NoError(t, err)
+			t.Cleanup(func() { resetSyncStandby(t, admin) })
+			_, err = admin.Exec(ctx, `SELECT pg_reload_conf()`)
+			require.NoError(t, err)
+			require.Eventually(t, func() bool {
+				var v string
+				err := admin.QueryRow(ctx, `SELECT current_setting('synchronous_standby_names')`).Scan(&v)
+				return err == nil && v == "missing_standby"
+			}, 30*time.Second, 5*time.Millisecond, "the server reloads")
+			const app = "pgfence-syncwait-external"
+			k, err := New(ctx, db.Pool, &Config{QueryTimeout: 5 * time.Second, ApplicationName: app})
+			require.NoError(t, err)
+			t.Cleanup(k.Close)
+			hooksOf(k).keepWarned = keep
+			hooksOf(k).noRetry = true
+
+			key := ID(3)
+			type result struct {
+				l   *Lease
+				err error
+			}
+			res := make(chan result, 1)
+			go func() {
+				l, err := k.TryAcquireKey(ctx, key, nil)
+				res <- result{l, err}
+			}()
+			var pid int32
+			require.Eventually(t, func() bool {
+				err := admin.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND wait_event = 'SyncRep'`,
+					app).Scan(&pid)
+				return err == nil
+			}, 30*time.Second, 2*time.Millisecond, "the grant's commit waits for the standby")
+			var sent bool
+			require.NoError(t, admin.QueryRow(ctx, `SELECT pg_cancel_backend($1)`, pid).Scan(&sent))
+			require.True(t, sent)
+			var r result
+			select {
+			case r = <-res:
+			case <-time.After(time.Minute):
+				t.Fatal("TryAcquire did not return")
+			}
+			resetSyncStandby(t, admin)
+			if keep {
+				require.NoError(t, r.err, "control: the cancelled wait reports success")
+				require.NotNil(t, r.l)
+				t.Logf("control: handed out token %d that the standby may not have", r.l.Token())
+				require.NoError(t, r.l.Release(ctx))
+				return
+			}
+			require.ErrorIs(t, r.err, errUnconfirmedCommit)
+			require.Nil(t, r.l)
+			require.Zero(t, k.Stats().Acquired)
+			requireKeyFree(t, admin, key)
+		})
+	}
+}
+
+// resetSyncStandby names no synchronous standby on admin's server again, so that
+// commits waiting for one end.
+func resetSyncStandby(t *testing.T, admin *pgx.Conn) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := admin.Exec(ctx, `ALTER SYSTEM RESET synchronous_standby_names`)
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, `SELECT pg_reload_conf()`)
+	require.NoError(t, err)
 }

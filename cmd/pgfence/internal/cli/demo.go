@@ -74,6 +74,9 @@ var demoLockKey = advisory.Name("pgfence-demo").Int64()
 // Takes demoLockKey for the session, without waiting.
 const demoLockSQL = `SELECT pg_catalog.pg_try_advisory_lock($1)`
 
+// Releases demoLockKey.
+const demoUnlockSQL = `SELECT pg_catalog.pg_advisory_unlock($1)`
+
 // demoTTL is the workers' lease TTL: short, so the story is quick.
 const demoTTL = 2 * time.Second
 
@@ -421,7 +424,11 @@ func (d *demoRun) cleanup(ctx context.Context) {
 		d.conn = nil
 	}
 	if d.guard != nil {
-		closeConn(ctx, d.guard) // ends the session, and its advisory lock
+		// Unlock before closing: the server ends a closed session's
+		// backend, and its lock, only a moment after the demo exits, and a
+		// demo started then would be refused.
+		_, _ = d.guard.Exec(ctx, demoUnlockSQL, demoLockKey)
+		closeConn(ctx, d.guard)
 		d.guard = nil
 	}
 	if d.cluster != nil {

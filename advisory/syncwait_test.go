@@ -146,23 +146,8 @@ func syncWaitScenario(t *testing.T, db *pgtest.DB, admin *pgx.Conn, key Key, byC
 	waitEvent(t, admin, pid, "advisory")
 
 	// A commit that wrote WAL now waits for a standby that never comes.
-	_, err = admin.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = 'missing_standby'`)
-	require.NoError(t, err)
-	defer func() {
-		rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer rcancel()
-		_, err := admin.Exec(rctx, `ALTER SYSTEM RESET synchronous_standby_names`)
-		require.NoError(t, err)
-		_, err = admin.Exec(rctx, `SELECT pg_reload_conf()`)
-		require.NoError(t, err)
-	}()
-	_, err = admin.Exec(ctx, `SELECT pg_reload_conf()`)
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		var v string
-		err := admin.QueryRow(ctx, `SELECT current_setting('synchronous_standby_names')`).Scan(&v)
-		return err == nil && v == "missing_standby"
-	}, 30*time.Second, 5*time.Millisecond, "the server reloads")
+	nameMissingStandby(t, ctx, admin)
+	defer resetSyncStandby(t, admin)
 	// A backend reloads before its next statement: once the parked wait
 	// has begun two more statements (each ends at lock_timeout), the
 	// one running draws its token under the new setting.
@@ -275,15 +260,8 @@ func TestSyncWaitQueryTimeoutHandsNothingOut(t *testing.T) {
 			})
 			// A commit that writes WAL now waits for a standby that never
 			// comes; the Locker's session, opened after this, has the setting.
-			_, err := admin.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = 'missing_standby'`)
-			require.NoError(t, err)
-			_, err = admin.Exec(ctx, `SELECT pg_reload_conf()`)
-			require.NoError(t, err)
-			require.Eventually(t, func() bool {
-				var v string
-				err := admin.QueryRow(ctx, `SELECT current_setting('synchronous_standby_names')`).Scan(&v)
-				return err == nil && v == "missing_standby"
-			}, 30*time.Second, 5*time.Millisecond, "the server reloads")
+			nameMissingStandby(t, ctx, admin)
+			t.Cleanup(func() { resetSyncStandby(t, admin) })
 			k, err := New(ctx, pool, &Config{QueryTimeout: time.Second})
 			require.NoError(t, err)
 			t.Cleanup(k.Close)
@@ -331,16 +309,8 @@ func TestSyncWaitExternalCancelHandsNothingOut(t *testing.T) {
 			_, srv := pgtest.NewCluster(t, &pgtest.ClusterOptions{Settings: map[string]string{"lc_messages": "C"}})
 			db := srv.NewDB(t)
 			admin := db.Conn(t)
-			_, err := admin.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = 'missing_standby'`)
-			require.NoError(t, err)
+			nameMissingStandby(t, ctx, admin)
 			t.Cleanup(func() { resetSyncStandby(t, admin) })
-			_, err = admin.Exec(ctx, `SELECT pg_reload_conf()`)
-			require.NoError(t, err)
-			require.Eventually(t, func() bool {
-				var v string
-				err := admin.QueryRow(ctx, `SELECT current_setting('synchronous_standby_names')`).Scan(&v)
-				return err == nil && v == "missing_standby"
-			}, 30*time.Second, 5*time.Millisecond, "the server reloads")
 			const app = "pgfence-syncwait-external"
 			k, err := New(ctx, db.Pool, &Config{QueryTimeout: 5 * time.Second, ApplicationName: app})
 			require.NoError(t, err)
@@ -387,6 +357,22 @@ func TestSyncWaitExternalCancelHandsNothingOut(t *testing.T) {
 			requireKeyFree(t, admin, key)
 		})
 	}
+}
+
+// nameMissingStandby names a synchronous standby that never connects on
+// admin's server and waits until the server has reloaded: from then on,
+// every new session's commit that wrote WAL waits for it.
+func nameMissingStandby(t *testing.T, ctx context.Context, admin *pgx.Conn) {
+	t.Helper()
+	_, err := admin.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = 'missing_standby'`)
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, `SELECT pg_reload_conf()`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var v string
+		err := admin.QueryRow(ctx, `SELECT current_setting('synchronous_standby_names')`).Scan(&v)
+		return err == nil && v == "missing_standby"
+	}, 30*time.Second, 5*time.Millisecond, "the server reloads")
 }
 
 // resetSyncStandby names no synchronous standby on admin's server again, so that

@@ -57,7 +57,10 @@ func TestPostmasterPidFindsItsPostmaster(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(dataDir, "postmaster.pid"),
 		[]byte(fmt.Sprintf("%d\n%s\n", cmd.Process.Pid, dataDir)), 0o600))
 
-	require.Equal(t, cmd.Process.Pid, postmasterPid(dataDir))
+	// The child's command line is the test binary's until its exec: wait
+	// for the exec, not for a fixed time.
+	require.Eventually(t, func() bool { return postmasterPid(dataDir) == cmd.Process.Pid },
+		10*time.Second, time.Millisecond, "the started postgres is found")
 	pid, err := killPostmaster(dataDir, syscall.SIGKILL, 5*time.Second)
 	require.NoError(t, err)
 	require.Equal(t, cmd.Process.Pid, pid)

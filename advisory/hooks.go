@@ -21,7 +21,6 @@ type testHooks struct {
 	noPark       bool          // waiting calls never park
 	noRecollect  bool          // a turn leaves requests queued during its unlocks
 	closeNoWait  bool          // Close returns before its sessions are closed
-	keepCancel   bool          // a parked grant its cancel raced is returned
 	keepWatcher  bool          // sessions keep the pool's context watcher
 	keepWarned   bool          // grants of a statement that drew a WARNING are handed out
 
@@ -79,8 +78,6 @@ func (h *testHooks) notifyAfter() time.Duration {
 func (h *testHooks) retries() bool   { return h == nil || !h.noRetry }
 func (h *testHooks) parks() bool     { return h == nil || !h.noPark }
 func (h *testHooks) recollect() bool { return h == nil || !h.noRecollect }
-
-func (h *testHooks) dropsCancelledGrant() bool { return h == nil || !h.keepCancel }
 
 func (h *testHooks) pinsDeadlineWatcher() bool { return h == nil || !h.keepWatcher }
 

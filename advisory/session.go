@@ -192,7 +192,8 @@ func (s *session) removeLocked() {
 // timeouts that drop a vanished client's session. It takes no lock.
 const sessionSetupSQL = `SELECT pg_catalog.pg_backend_pid(), ` +
 	`pg_catalog.set_config('tcp_keepalives_idle', $1, false), pg_catalog.set_config('tcp_keepalives_interval', $2, false), ` +
-	`pg_catalog.set_config('tcp_keepalives_count', $3, false), pg_catalog.set_config('tcp_user_timeout', $4, false)`
+	`pg_catalog.set_config('tcp_keepalives_count', $3, false), pg_catalog.set_config('tcp_user_timeout', $4, false), ` +
+	`pg_catalog.set_config('client_min_messages', 'warning', false)`
 
 // ready waits until s is open, dialing it first when open is true (the
 // caller reserved a new session). The dial runs in the background, so the
@@ -216,8 +217,9 @@ func (s *session) ready(ctx context.Context, open bool) error {
 // commit waiting for a synchronous standby would make the server report
 // success for a token the standby may not have. And it counts the WARNING
 // notices in s.warnings (then calls cc's OnNotice): a lock statement that
-// drew a warning is not trusted (see distrusted), as a cancel sent by
-// someone else ends that wait with one.
+// drew a warning is not trusted (see distrusted), as a cancel, the
+// Locker's own or someone else's, ends that wait with one (sessionSetupSQL
+// makes sure warnings are sent).
 func (s *session) sessionConnConfig(cc *pgx.ConnConfig) *pgx.ConnConfig {
 	c := cc.Copy()
 	if s.k.hooks.pinsDeadlineWatcher() {
@@ -266,7 +268,7 @@ func (s *session) open(ctx context.Context) {
 			strconv.FormatInt(int64(k.cfg.TCPKeepalivesInterval/time.Second), 10),
 			strconv.Itoa(k.cfg.TCPKeepalivesCount),
 			strconv.FormatInt(k.cfg.TCPUserTimeout.Milliseconds(), 10),
-		).Scan(&pid, &idle, &interval, &count, &userTimeout)
+		).Scan(&pid, &idle, &interval, &count, &userTimeout, new(string))
 		if err == nil {
 			k.log.DebugContext(ctx, "pgfence: advisory: lock session opened", "session", s.id, "pid", pid,
 				"tcp_keepalives_idle", idle, "tcp_keepalives_interval", interval,
@@ -982,11 +984,10 @@ func (s *session) unpark(id int64) {
 // parkOnce runs one wait statement on s for key. It returns the token, or
 // errParkTimeout when the wait ended without the lock (lock_timeout, or a
 // cancel) with s fit for another; on any other error s holds nothing or was
-// closed. A grant that its cancel request raced is not returned: a cancel
-// that reaches the commit's wait for a synchronous standby ends the wait
-// and the server reports success, so the token may be missing on the
-// standby. parkOnce then closes s, freeing the lock, and returns
-// errParkTimeout. The caller has the turn and the parked reservation.
+// closed. A grant whose statement drew a WARNING (its own cancel request,
+// or someone else's, reached the commit's wait for a synchronous standby)
+// is not returned: s is closed, freeing the lock. The caller has the turn
+// and the parked reservation.
 func (s *session) parkOnce(ctx context.Context, key Key) (int64, error) {
 	k := s.k
 	k.mu.Lock()
@@ -1022,17 +1023,17 @@ func (s *session) parkOnce(ctx context.Context, key Key) (int64, error) {
 	// Wait for a cancel under way: once the server took it, it cannot reach
 	// a later statement. One whose sending failed still may: then s is not
 	// reused.
-	cancelled, unsure := false, false
+	unsure := false
 	if stoppedCtx, stoppedClose := stopCtx(), stopClose(); !stoppedCtx || !stoppedClose {
 		<-sent
-		cancelled, unsure = true, cancelErr != nil
+		unsure = cancelErr != nil
 	}
 	if err == nil {
 		if err = s.checkPID(int32(pid)); err != nil {
 			s.fail(ctx, err)
 			return 0, fmt.Errorf("pgfence: advisory: lock %v: %w", key, err)
 		}
-		if unsure || (cancelled && k.hooks.dropsCancelledGrant()) {
+		if unsure {
 			s.closeParked(ctx) // releases the lock; the caller is leaving
 			return 0, errParkTimeout
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -41,6 +42,72 @@ func requireStory(t *testing.T, r result) {
 	require.Less(t, presented, current, "the paused worker's token is older")
 }
 
+// readmeDemo returns the demo output that README.md shows, as one pattern
+// per line: what varies from run to run (elapsed times, pids, the wait,
+// column padding) is matched loosely, everything else exactly.
+func readmeDemo(t *testing.T) []*regexp.Regexp {
+	t.Helper()
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	m := regexp.MustCompile("(?s)go run ./cmd/pgfence demo\n```\n.*?```\n(.*?)```").FindSubmatch(readme)
+	require.NotNil(t, m, "README shows the demo's output after its command")
+	variable := regexp.MustCompile(`\+\d+\.\d+s|pid \d+|after \d+(\.\d+)?s|\s+`)
+	loose := func(v string) string {
+		switch {
+		case strings.HasPrefix(v, "+"):
+			return `\+\d+\.\d+s`
+		case strings.HasPrefix(v, "pid"):
+			return `pid \d+`
+		case strings.HasPrefix(v, "after"):
+			return `after \d+(\.\d+)?s`
+		default:
+			return `\s+`
+		}
+	}
+	var lines []*regexp.Regexp
+	for _, l := range strings.Split(strings.TrimSpace(string(m[1])), "\n") {
+		l = strings.TrimSpace(l)
+		if l == "" {
+			continue
+		}
+		var b strings.Builder
+		last := 0
+		for _, loc := range variable.FindAllStringIndex(l, -1) {
+			b.WriteString(regexp.QuoteMeta(l[last:loc[0]]) + loose(l[loc[0]:loc[1]]))
+			last = loc[1]
+		}
+		b.WriteString(regexp.QuoteMeta(l[last:]))
+		lines = append(lines, regexp.MustCompile("^"+b.String()+"$"))
+	}
+	require.GreaterOrEqual(t, len(lines), 8, "README shows the story")
+	return lines
+}
+
+// readmeDemoMissing returns the first README line (pattern) that is not a
+// line of stdout in the README's order, or nil when every one is.
+func readmeDemoMissing(lines []*regexp.Regexp, stdout string) *regexp.Regexp {
+	out := strings.Split(stdout, "\n")
+	i := 0
+	for _, want := range lines {
+		for i < len(out) && !want.MatchString(strings.TrimSpace(out[i])) {
+			i++
+		}
+		if i == len(out) {
+			return want
+		}
+		i++
+	}
+	return nil
+}
+
+// requireReadmeDemo checks that the README's demo output is what the demo
+// printed to stdout.
+func requireReadmeDemo(t *testing.T, stdout string) {
+	t.Helper()
+	missing := readmeDemoMissing(readmeDemo(t), stdout)
+	require.Nil(t, missing, "README's demo line is not in the output, in order:\n%s", stdout)
+}
+
 func schemaExists(t *testing.T, db *pgtest.DB) bool {
 	t.Helper()
 	var ok bool
@@ -54,6 +121,13 @@ func TestDemoOnAGivenDatabase(t *testing.T) {
 	db := pgtest.NewDB(t)
 	r := pgfence(t, nil, "", "demo", "--database", db.URL)
 	requireStory(t, r)
+	requireReadmeDemo(t, r.stdout) // a fresh install: the README's tokens 1 and 1025
+	// Controls on this output: other tokens, or the story out of order, fail.
+	lines := readmeDemo(t)
+	require.NotNil(t, readmeDemoMissing(lines, strings.ReplaceAll(r.stdout, "1025", "2049")))
+	out := strings.Split(r.stdout, "\n")
+	slices.Reverse(out)
+	require.NotNil(t, readmeDemoMissing(lines, strings.Join(out, "\n")))
 	require.Contains(t, r.stdout, "using the database from --database")
 	require.NotContains(t, r.stdout, db.URL, "the URL (and a password in it) is not printed")
 	require.Contains(t, r.stdout, "cleaned up: dropped schema pgfence_demo")
@@ -152,4 +226,16 @@ func processAlive(pid int) bool {
 	s := string(b)
 	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
 	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
+}
+
+// The README check can fail: a line the demo no longer prints, or printed
+// out of order, is caught.
+func TestReadmeDemoCheckFails(t *testing.T) {
+	t.Parallel()
+	lines := readmeDemo(t)
+	good := "  +2.279s  worker-A  worker-A #1       acquired pgfence-demo:account:42: token 1, TTL 2s, renewed every 667ms"
+	require.True(t, lines[1].MatchString(strings.TrimSpace(good)), "%s", lines[1])
+	stale := strings.Replace(good, "token 1,", "token 2,", 1)
+	require.False(t, lines[1].MatchString(strings.TrimSpace(stale)), "a changed token is caught")
+	require.NotNil(t, readmeDemoMissing(lines, "nothing of the story"), "output without the story fails the check")
 }

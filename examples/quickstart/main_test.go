@@ -21,6 +21,7 @@ func TestQuickstartRuns(t *testing.T) {
 	var out bytes.Buffer
 	require.NoError(t, run(t.Context(), db.URL, &out))
 	require.Regexp(t, `^stale write rejected \(pgfence.ErrFenced: true\): presented token (\d+), row has (\d+)\nbalance: 130\n$`, out.String())
+	require.Equal(t, readmeOutput(t), out.String(), "README shows what a first run prints")
 	out.Reset()
 	require.NoError(t, run(t.Context(), db.URL, &out))
 	require.Contains(t, out.String(), "balance: 160")
@@ -37,4 +38,19 @@ func TestReadmeQuickStartIsThisProgram(t *testing.T) {
 	require.NotNil(t, m, "README has a Quick start with a go block")
 	require.Equal(t, strings.TrimSpace(string(src)), strings.TrimSpace(string(m[1])),
 		"README's Quick start must be examples/quickstart/main.go verbatim")
+}
+
+// readmeOutput is the output README.md shows under the quick start's run
+// command (its "# " lines).
+func readmeOutput(t *testing.T) string {
+	t.Helper()
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	m := regexp.MustCompile("go run ./examples/quickstart\n((?:# .*\n)+)").FindSubmatch(readme)
+	require.NotNil(t, m, "README shows the quick start's output")
+	var b strings.Builder
+	for _, l := range strings.Split(strings.TrimSpace(string(m[1])), "\n") {
+		b.WriteString(strings.TrimPrefix(l, "# ") + "\n")
+	}
+	return b.String()
 }

@@ -42,6 +42,7 @@
 //	pgfence.lock.renewal.failures   counter              {failure}  pgfence.lock.strategy, error.type
 //	pgfence.lock.losses             counter              {lock}     pgfence.lock.strategy, pgfence.loss.cause
 //	pgfence.fence.stale_writes      counter              {write}    pgfence.lock.strategy (fence), db.collection.name
+//	pgfence.fence.no_token_writes   counter              {write}    pgfence.lock.strategy (fence), db.collection.name
 //	pgfence.listen.lost             counter              {event}    pgfence.lock.strategy, error.type
 //	pgfence.listen.restored         counter              {event}    pgfence.lock.strategy
 //	pgfence.listen.down.duration    histogram            s          pgfence.lock.strategy
@@ -59,7 +60,9 @@
 // found the lock held); its count over acquire.duration's is the share of
 // contended acquires; hold.duration from Released and Lost (HeldFor); renewals,
 // renewal.failures and losses from Renewed, RenewalFailed and Lost;
-// stale_writes from StaleWrite; the listen metrics from ListenLost and
+// stale_writes from StaleWrite; no_token_writes from NoTokenWrite (a write
+// to a strict-guarded table that presented no token: a bug in the writer,
+// not a stale holder); the listen metrics from ListenLost and
 // ListenRestored; operation.duration from StartOp to EndOp of every
 // operation (an acquire with all its attempts, a release with its retries,
 // one renewal round trip, one fenced write). The last four are read from

@@ -22,7 +22,7 @@ func errorType(err error) attribute.KeyValue {
 
 // ErrorType returns the value of the error.type attribute for err, the
 // error of an operation or event: "not_acquired", "already_held",
-// "unavailable", "closed", "lease_lost", "not_held", "fenced", "canceled",
+// "unavailable", "closed", "lease_lost", "not_held", "fenced", "no_token", "canceled",
 // "timeout", the SQLSTATE of a *pgconn.PgError (e.g. "57P01"), or "_OTHER";
 // "" for nil. pgfence's sentinels are matched first, so an
 // [pgfence.ErrUnavailable] that wraps a PgError is "unavailable".
@@ -41,6 +41,8 @@ func ErrorType(err error) string {
 		return "closed"
 	case errors.Is(err, pgfence.ErrFenced):
 		return "fenced"
+	case errors.Is(err, pgfence.ErrNoToken):
+		return "no_token"
 	case errors.Is(err, pgfence.ErrLeaseLost):
 		return "lease_lost"
 	case errors.Is(err, pgfence.ErrNotHeld):

@@ -75,6 +75,7 @@ type instruments struct {
 	renewalFailures   metric.Int64Counter
 	losses            metric.Int64Counter
 	staleWrites       metric.Int64Counter
+	noTokenWrites     metric.Int64Counter
 	listenLost        metric.Int64Counter
 	listenRestored    metric.Int64Counter
 	listenDown        metric.Float64Histogram
@@ -189,6 +190,7 @@ func New(cfg *Config) (*Observer, error) {
 	in.renewalFailures = c("pgfence.lock.renewal.failures", "Failed renewal attempts of locks still held (they are retried until the lock's expiry).", "{failure}")
 	in.losses = c("pgfence.lock.losses", "Locks lost by their holder, by cause.", "{lock}")
 	in.staleWrites = c("pgfence.fence.stale_writes", "Fenced writes rejected because the row carries a newer token.", "{write}")
+	in.noTokenWrites = c("pgfence.fence.no_token_writes", "Writes to a strict-guarded table rejected because they presented no fencing token.", "{write}")
 	in.listenLost = c("pgfence.listen.lost", "Times a Locker's LISTEN connection failed.", "{event}")
 	in.listenRestored = c("pgfence.listen.restored", "Times a Locker's LISTEN connection was restored.", "{event}")
 	if err == nil {
@@ -421,6 +423,11 @@ func (o *Observer) Observe(ctx context.Context, e pgfence.Event) {
 		o.inst.staleWrites.Add(ctx, 1, metric.WithAttributes(StrategyKey.String(pgfence.StrategyFence), semconv.DBCollectionName(collectionName(e.Table))))
 		if sp := o.opSpan(ctx, pgfence.OpFencedWrite); sp != nil {
 			sp.SetAttributes(PresentedKey.Int64(e.Presented), CurrentKey.Int64(e.Current))
+		}
+	case pgfence.NoTokenWrite:
+		o.inst.noTokenWrites.Add(ctx, 1, metric.WithAttributes(StrategyKey.String(pgfence.StrategyFence), semconv.DBCollectionName(collectionName(e.Table))))
+		if sp := o.opSpan(ctx, pgfence.OpFencedWrite); sp != nil {
+			sp.SetAttributes(CurrentKey.Int64(e.Current))
 		}
 	}
 }

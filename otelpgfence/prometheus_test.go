@@ -298,3 +298,41 @@ func TestPrometheusStaleWrite(t *testing.T) {
 	require.Equal(t, 2.0, b.value(t, "pgfence_operation_duration_seconds", "pgfence_operation=fenced_write"))
 	require.Equal(t, 1.0, b.value(t, "pgfence_operation_duration_seconds", "pgfence_operation=fenced_write", "error_type=fenced"))
 }
+
+// TestPrometheusNoTokenWrite: a write to a strict-guarded table that
+// presents no token is counted as no_token_writes and typed "no_token",
+// not as a stale write; the same write after Present counts nothing.
+func TestPrometheusNoTokenWrite(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupProm(t)
+	pool := newPool(t, 4)
+	_, err := pool.Exec(ctx, `CREATE TABLE prom_strict (id int PRIMARY KEY, balance bigint NOT NULL, fence_token bigint NOT NULL DEFAULT 0);
+		INSERT INTO prom_strict (id, balance) VALUES (1, 0);
+		SELECT pgfence.pgfence_protect('prom_strict', 'fence_token', true)`)
+	require.NoError(t, err)
+
+	// A plain UPDATE presents nothing: the strict guard refuses it as such.
+	_, err = pool.Exec(ctx, "UPDATE prom_strict SET balance = balance + 1 WHERE id = 1")
+	err = fence.Classify(err)
+	require.ErrorIs(t, err, pgfence.ErrNoToken)
+	require.NotErrorIs(t, err, pgfence.ErrFenced)
+	require.Equal(t, "no_token", otelpgfence.ErrorType(err))
+
+	var none *fence.NoTokenError
+	require.ErrorAs(t, err, &none)
+	b.obs.Observe(ctx, pgfence.NoTokenWrite{Table: "prom_strict", Current: none.Current}) // as a builder reports it
+	require.Equal(t, 1.0, b.value(t, "pgfence_fence_no_token_writes_total", "pgfence_lock_strategy=fence", `db_collection_name=prom_strict`))
+	require.Zero(t, b.value(t, "pgfence_fence_stale_writes_total"))
+
+	// The control: presented, the write passes and nothing is counted.
+	var token int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pgfence.pgfence_next_token()").Scan(&token))
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, fence.Present(ctx, tx, token))
+	_, err = fence.Update("prom_strict").Set("balance = balance + $1").Where("id = $2").Observer(b.obs).Exec(ctx, tx, token, 1, 1)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, 1.0, b.value(t, "pgfence_fence_no_token_writes_total", "pgfence_lock_strategy=fence", `db_collection_name=prom_strict`))
+}

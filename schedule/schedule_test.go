@@ -232,21 +232,41 @@ func TestSlotRecordIsFenced(t *testing.T) {
 	require.Equal(t, cur.Token(), token)
 }
 
-// TestSkewedReplicasNamedSlots: three replicas whose clocks differ by up to
-// 1.1s tick every 250ms on their own clocks and name each slot from it.
-// Every slot named runs exactly once. The negative control, the
+// TestSkewedReplicas: three replicas whose clocks differ by up to
+// 1.1s (injected: Go reads the clock through the vDSO, which libfaketime
+// does not reach) tick every 250ms on their own clocks and name each slot
+// from it, or ask the database for it: every slot runs exactly once. The
+// negative control, the
 // hand-written AtLeast pattern, runs slots twice under the same skew.
-func TestSkewedReplicasNamedSlots(t *testing.T) {
+func TestSkewedReplicas(t *testing.T) {
 	t.Parallel()
 	const every, ticks = 250 * time.Millisecond, 10
 	offsets := []time.Duration{-400 * time.Millisecond, 0, 700 * time.Millisecond}
 	db := pgtest.NewDB(t)
 
 	t.Run("slots", func(t *testing.T) {
-		runs := tickReplicas(t, offsets, every, ticks, func(i int) func(ctx context.Context, slot string, fn func()) {
+		runs := tickReplicas(t, offsets, every, ticks, func(i int) runFunc {
 			r := newReplica(t, db, string(rune('a'+i)), 5*time.Second)
-			return func(ctx context.Context, slot string, fn func()) {
-				err := r.runner.Run(ctx, "skewed", slot, nil, func(context.Context, *schedule.Slot) error { fn(); return nil })
+			return func(ctx context.Context, slot string, fn func(string)) {
+				err := r.runner.Run(ctx, "skewed", slot, nil, func(_ context.Context, s *schedule.Slot) error { fn(s.Key()); return nil })
+				if err != nil && !errors.Is(err, schedule.ErrSlotDone) {
+					t.Error(err)
+				}
+			}
+		})
+		require.NotEmpty(t, runs)
+		for slot, n := range runs {
+			require.Equal(t, 1, n, "slot %s", slot)
+		}
+	})
+	t.Run("database clock slots", func(t *testing.T) {
+		// The same skewed ticks, each asking the database for the slot.
+		runs := tickReplicas(t, offsets, every, ticks, func(i int) runFunc {
+			r := newReplica(t, db, string(rune('a'+i)), 5*time.Second)
+			return func(ctx context.Context, _ string, fn func(string)) {
+				slot, err := r.runner.Current(ctx, every)
+				require.NoError(t, err)
+				err = r.runner.Run(ctx, "database", slot, nil, func(_ context.Context, s *schedule.Slot) error { fn(s.Key()); return nil })
 				if err != nil && !errors.Is(err, schedule.ErrSlotDone) {
 					t.Error(err)
 				}
@@ -258,7 +278,7 @@ func TestSkewedReplicasNamedSlots(t *testing.T) {
 		}
 	})
 	t.Run("control: AtLeast alone", func(t *testing.T) {
-		runs := tickReplicas(t, offsets, every, ticks, func(i int) func(ctx context.Context, slot string, fn func()) {
+		runs := tickReplicas(t, offsets, every, ticks, func(i int) runFunc {
 			pool := db.NewPool(t, nil)
 			locker, err := leasetable.New(context.Background(), pool, &leasetable.Config{TTL: 5 * time.Second})
 			require.NoError(t, err)
@@ -278,23 +298,27 @@ func TestSkewedReplicasNamedSlots(t *testing.T) {
 
 // atLeastScheduler is the hand-written pattern: take the job's lock for at
 // least atLeast, run, release.
-func atLeastScheduler(locker *leasetable.Locker, job string, atLeast time.Duration) func(ctx context.Context, slot string, fn func()) {
-	return func(ctx context.Context, slot string, fn func()) {
+func atLeastScheduler(locker *leasetable.Locker, job string, atLeast time.Duration) runFunc {
+	return func(ctx context.Context, slot string, fn func(string)) {
 		l, err := locker.TryAcquire(ctx, job, &pgfence.AcquireOpts{AtLeast: atLeast})
 		if err != nil {
 			return
 		}
-		fn()
+		fn(slot)
 		_ = l.Release(ctx)
 	}
 }
+
+// runFunc runs the job for the slot a replica's clock names; fn counts a
+// run of the slot it is given.
+type runFunc func(ctx context.Context, slot string, fn func(slot string))
 
 // tickReplicas runs one replica per offset: each ticks at the slot
 // boundaries of its own clock (time.Now()+offset) and calls run with the
 // slot its clock names, ticks times. It returns how often each slot's fn
 // ran.
 func tickReplicas(t *testing.T, offsets []time.Duration, every time.Duration, ticks int,
-	newRun func(i int) func(ctx context.Context, slot string, fn func())) map[string]int {
+	newRun func(i int) runFunc) map[string]int {
 	t.Helper()
 	ctx := context.Background()
 	var mu sync.Mutex
@@ -312,7 +336,7 @@ func tickReplicas(t *testing.T, offsets []time.Duration, every time.Duration, ti
 				at := first.Add(time.Duration(k) * every)
 				time.Sleep(at.Sub(clock()))
 				slot := schedule.SlotKey(schedule.SlotStart(clock(), every), every)
-				run(ctx, slot, func() {
+				run(ctx, slot, func(slot string) {
 					mu.Lock()
 					runs[slot]++
 					mu.Unlock()

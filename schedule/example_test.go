@@ -68,8 +68,12 @@ func ExampleRunner_Every() {
 // gocronLock, gocronLocker and gocronElector are gocron v2's interfaces,
 // copied: the adapters are checked against them without the dependency.
 type (
-	gocronLock    interface{ Unlock(ctx context.Context) error }
-	gocronLocker  interface{ Lock(ctx context.Context, key string) (gocronLock, error) }
+	gocronLock interface {
+		Unlock(ctx context.Context) error
+	}
+	gocronLocker interface {
+		Lock(ctx context.Context, key string) (gocronLock, error)
+	}
 	gocronElector interface{ IsLeader(context.Context) error }
 )
 

@@ -66,8 +66,9 @@ func checkEvery(every time.Duration) error {
 // ctx ends: at each slot's start (timed from the database's now, measured
 // on the local monotonic clock) it runs the slot as [Runner.Run] does, and
 // first, oldest first, up to Config.CatchUp slots passed since the last one
-// this call saw through (one whose run could not be recorded, or missed
-// while the database was unreachable). Every replica may call Every for
+// seen through (one whose run could not be recorded, missed while the
+// database was unreachable, or, when Every starts, since the job's newest
+// recorded slot). Every replica may call Every for
 // the same job: each slot runs once. Errors are logged and observed, not
 // returned; Every returns ctx's cause.
 func (r *Runner) Every(ctx context.Context, job string, every time.Duration, opts *RunOpts, fn func(ctx context.Context, s *Slot) error) error {
@@ -88,8 +89,17 @@ func (r *Runner) every(ctx context.Context, job string, every time.Duration, opt
 		return err
 	}
 	retry := min(every, time.Second)
-	var last time.Time // the newest slot this call saw through
+	var last time.Time // the newest slot seen through, by this call or (at first) by the job's record
+	resumed := false
 	for {
+		if !resumed {
+			l, err := r.resumeFrom(ctx, job, every)
+			if err == nil {
+				last, resumed = l, true
+			} else if ctx.Err() != nil {
+				return context.Cause(ctx)
+			}
+		}
 		now, err := r.Now(ctx)
 		read := time.Now()
 		if err != nil {
@@ -128,6 +138,24 @@ func (r *Runner) every(ctx context.Context, job string, every time.Duration, opt
 			return err
 		}
 	}
+}
+
+// resumeFrom returns the slot to resume after: job's newest slot record of
+// this interval when it is done, the one before when it is running or
+// failed (so that it is run again); zero when the job has no such record.
+func (r *Runner) resumeFrom(ctx context.Context, job string, every time.Duration) (time.Time, error) {
+	recs, err := r.History(ctx, job, 1)
+	if err != nil || len(recs) == 0 {
+		return time.Time{}, err
+	}
+	at, err := time.Parse(time.RFC3339Nano, recs[0].Slot)
+	if err != nil || SlotKey(at, every) != recs[0].Slot {
+		return time.Time{}, nil
+	}
+	if recs[0].State != "done" {
+		at = at.Add(-every)
+	}
+	return at, nil
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

@@ -201,12 +201,12 @@ func TestHolderPausedPastTTL(t *testing.T) {
 // everyReplicas runs n replicas' Every loops on db, each slot's job writing
 // one effect in its transaction, until stop returns true, and returns the
 // replicas.
-func everyReplicas(t *testing.T, db *pgtest.DB, n int, every time.Duration, during func(rs []*replica)) []*replica {
+func everyReplicas(t *testing.T, db *pgtest.DB, n, catchUp int, every time.Duration, during func(rs []*replica)) []*replica {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var rs []*replica
 	for i := range n {
-		rs = append(rs, newReplicaCfg(t, db, fmt.Sprintf("r%d", i), time.Second, 100))
+		rs = append(rs, newReplicaCfg(t, db, fmt.Sprintf("r%d", i), time.Second, catchUp))
 	}
 	var wg sync.WaitGroup
 	for _, r := range rs {
@@ -228,6 +228,15 @@ func everyReplicas(t *testing.T, db *pgtest.DB, n int, every time.Duration, duri
 // other with no gap, each with one effect, and returns how many there are.
 func requireContiguous(t *testing.T, db *pgtest.DB, r *replica, every time.Duration) int {
 	t.Helper()
+	done, lost := slotGaps(t, db, r, every)
+	require.Zero(t, lost, "slots lost")
+	return done
+}
+
+// slotGaps returns how many slots of job "every" are done, each with one
+// effect, and how many between the first and the last are not.
+func slotGaps(t *testing.T, db *pgtest.DB, r *replica, every time.Duration) (done, lost int) {
+	t.Helper()
 	recs, err := r.runner.History(context.Background(), "every", 100000)
 	require.NoError(t, err)
 	var keys []string
@@ -244,13 +253,13 @@ func requireContiguous(t *testing.T, db *pgtest.DB, r *replica, every time.Durat
 		at, err := time.Parse(time.RFC3339Nano, k)
 		require.NoError(t, err)
 		if !prev.IsZero() {
-			require.Equal(t, prev.Add(every), at, "a slot was lost before %s", k)
+			lost += int(at.Sub(prev)/every) - 1
 		}
 		prev = at
 		require.Equal(t, 1, fx[k], "slot %s", k)
 	}
 	require.Len(t, fx, len(keys), "an effect without a done slot")
-	return len(keys)
+	return len(keys), lost
 }
 
 func waitDone(t *testing.T, r *replica, n int) {
@@ -280,22 +289,40 @@ func TestEveryReplicasNoneLost(t *testing.T) {
 	t.Parallel()
 	db := faultDB(t)
 	const every = 200 * time.Millisecond
-	rs := everyReplicas(t, db, 3, every, func(rs []*replica) { waitDone(t, rs[0], 8) })
+	rs := everyReplicas(t, db, 3, 0, every, func(rs []*replica) { waitDone(t, rs[0], 8) })
 	require.GreaterOrEqual(t, requireContiguous(t, db, rs[0], every), 8)
 }
 
 // TestServerRestart: the server stops for a while under three replicas'
 // Every loops and starts again; every slot, those of the outage included,
-// ends done exactly once.
+// ends done exactly once. The negative control, CatchUp 1, loses the
+// outage's slots.
 func TestServerRestart(t *testing.T) {
 	t.Parallel()
 	cluster, server := pgtest.NewCluster(t, nil)
-	db := server.NewDB(t)
-	_, err := db.Pool.Exec(context.Background(), effectsDDL)
-	require.NoError(t, err)
 	const every = 200 * time.Millisecond
+	for _, control := range []bool{false, true} {
+		db := server.NewDB(t)
+		_, err := db.Pool.Exec(context.Background(), effectsDDL)
+		require.NoError(t, err)
+		catchUp := map[bool]int{false: 100, true: 1}[control]
+		rs, before := restartUnder(t, cluster, db, catchUp, every)
+		done, lost := slotGaps(t, db, rs[0], every)
+		require.GreaterOrEqual(t, done, before+6)
+		if control {
+			require.NotZero(t, lost, "CatchUp 1 should lose the outage's slots")
+		} else {
+			require.Zero(t, lost, "slots lost")
+		}
+	}
+}
+
+// restartUnder runs three replicas' EveryTx on db while cluster stops for
+// a second and starts again, and returns them with the number of slot
+// records before the restart.
+func restartUnder(t *testing.T, cluster *pgtest.Cluster, db *pgtest.DB, catchUp int, every time.Duration) ([]*replica, int) {
 	var before int
-	rs := everyReplicas(t, db, 3, every, func(rs []*replica) {
+	rs := everyReplicas(t, db, 3, catchUp, every, func(rs []*replica) {
 		waitDone(t, rs[0], 4)
 		require.NoError(t, cluster.Stop())
 		time.Sleep(time.Second) // the outage
@@ -307,5 +334,27 @@ func TestServerRestart(t *testing.T) {
 		before = len(recs)
 		waitDone(t, rs[0], before+6)
 	})
-	require.GreaterOrEqual(t, requireContiguous(t, db, rs[0], every), before+6)
+	return rs, before
+}
+
+// TestEveryResumesAfterEveryReplicaStopped: the only replica stops for a
+// few slots; the next Every to start runs the slots passed since the
+// job's newest record, so none is lost. The negative control, CatchUp 1,
+// loses them.
+func TestEveryResumesAfterEveryReplicaStopped(t *testing.T) {
+	t.Parallel()
+	const every = 200 * time.Millisecond
+	for _, catchUp := range []int{100, 1} {
+		db := faultDB(t)
+		rs := everyReplicas(t, db, 1, catchUp, every, func(rs []*replica) { waitDone(t, rs[0], 3) })
+		time.Sleep(5 * every) // no replica runs
+		everyReplicas(t, db, 1, catchUp, every, func([]*replica) { waitDone(t, rs[0], 10) })
+		done, lost := slotGaps(t, db, rs[0], every)
+		require.GreaterOrEqual(t, done, 10)
+		if catchUp == 1 {
+			require.NotZero(t, lost, "CatchUp 1 should lose the stopped slots")
+		} else {
+			require.Zero(t, lost, "slots lost")
+		}
+	}
 }

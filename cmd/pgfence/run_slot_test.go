@@ -93,3 +93,30 @@ func TestRunEvery(t *testing.T) {
 	r = pgfence(t, env, "", "ls", "--jobs", "--terms")
 	require.Equal(t, 2, r.code)
 }
+
+// TestRunSlotKilledHolder: a pgfence run --slot killed (SIGKILL) while its
+// command runs leaves the slot running; the next run of the slot runs it
+// again once the lease's TTL has passed, and records it done.
+func TestRunSlotKilledHolder(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	env := dbEnv(db)
+	first := startPgfence(t, env, "run", "--ttl", "1s", "--slot", "s", "job", "--", "sh", "-c", "echo started; exec sleep 60")
+	require.Equal(t, "started", first.line(t))
+	require.NoError(t, first.cmd.Process.Kill())
+	first.wait(t)
+	r := pgfence(t, env, "", "run", "--slot", "s", "job", "--", "true")
+	require.Equal(t, 0, r.code, r.stderr)
+	r = pgfence(t, env, "", "ls", "--jobs", "--json")
+	require.Equal(t, 0, r.code, r.stderr)
+	var ls struct {
+		Slots []struct {
+			State    string
+			Attempts int
+		}
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &ls))
+	require.Len(t, ls.Slots, 1)
+	require.Equal(t, "done", ls.Slots[0].State)
+	require.Equal(t, 2, ls.Slots[0].Attempts)
+}

@@ -2,10 +2,13 @@ package schedule
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence"
 )
 
 // nowSQL reads the database clock.
@@ -124,11 +127,15 @@ func (r *Runner) every(ctx context.Context, job string, every time.Duration, opt
 		}
 		wait := cur.Add(every).Sub(now)
 		for s := from; !s.After(cur); s = s.Add(every) {
-			out, _ := r.run(ctx, job, SlotKey(s, every), opts, fn, txFn)
+			key := SlotKey(s, every)
+			out, err := r.run(ctx, job, key, opts, fn, txFn)
 			if ctx.Err() != nil {
 				return context.Cause(ctx)
 			}
 			if out == notRun {
+				if !errors.Is(err, pgfence.ErrNotAcquired) {
+					r.cfg.Logger.WarnContext(ctx, "pgfence: schedule: slot not run; trying again", "job", job, "slot", key, "error", err)
+				}
 				wait = retry
 				break
 			}

@@ -68,8 +68,8 @@ type Config struct {
 	// finds slots passed since the last one it ran. Zero means
 	// [DefaultCatchUp].
 	CatchUp int
-	// Logger receives skipped-as-running retries, failures and losses.
-	// Nil means silent.
+	// Logger receives retries, failures and slots not run. Nil means
+	// silent.
 	Logger *slog.Logger
 	// Observer receives [pgfence.SlotDone], [pgfence.SlotFailed],
 	// [pgfence.SlotSkipped] and [pgfence.SlotRetried], on the caller's

@@ -26,6 +26,13 @@
 // done at least once: a holder that dies after its side effect and before
 // the record leaves the slot running, and it runs again.
 //
+// # Observing
+//
+// [Config].Observer receives [pgfence.SlotDone], [pgfence.SlotFailed],
+// [pgfence.SlotSkipped] and [pgfence.SlotRetried]; [Config].Logger warns of
+// retries and failures; [Runner.Stats] counts them; [Runner.History] and
+// pgfence ls --jobs read the records.
+//
 // # What is not guaranteed
 //
 // A caller that names slots from its own clock gets one run per name, not

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -84,6 +85,20 @@ type Runner struct {
 	locker *leasetable.Locker
 	cfg    Config
 	sql    statements
+
+	nDone, nFailed, nSkipped, nRetried atomic.Uint64
+}
+
+// Stats counts a Runner's slots since it was made: recorded done, failed
+// (fn's error, or an outcome that could not be recorded), skipped as done,
+// and run again after a holder died, lost its lease or failed.
+type Stats struct {
+	Done, Failed, Skipped, Retried uint64
+}
+
+// Stats returns the Runner's counters.
+func (r *Runner) Stats() Stats {
+	return Stats{Done: r.nDone.Load(), Failed: r.nFailed.Load(), Skipped: r.nSkipped.Load(), Retried: r.nRetried.Load()}
 }
 
 type statements struct {
@@ -283,6 +298,7 @@ func (r *Runner) Begin(ctx context.Context, job, key string, opts *RunOpts) (*Sl
 	case "run", "retry":
 		s.attempt = int(*attempts)
 		if res == "retry" {
+			r.nRetried.Add(1)
 			ev := pgfence.SlotRetried{Slot: s.ev(), Attempt: s.attempt, PrevState: deref(prevState), PrevOwner: deref(prevOwner), PrevToken: deref(prevToken)}
 			r.cfg.Logger.WarnContext(ctx, "pgfence: schedule: slot run again", "job", job, "slot", key, "token", lease.Token(),
 				"attempt", s.attempt, "prev_state", ev.PrevState, "prev_owner", ev.PrevOwner, "prev_token", ev.PrevToken)
@@ -290,6 +306,7 @@ func (r *Runner) Begin(ctx context.Context, job, key string, opts *RunOpts) (*Sl
 		}
 		return s, nil
 	case "done":
+		r.nSkipped.Add(1)
 		s.release(ctx)
 		e := &DoneError{Job: job, Slot: key, Owner: deref(prevOwner), Token: deref(prevToken), FinishedAt: deref(prevFinished)}
 		r.observe(ctx, pgfence.SlotSkipped{Slot: s.ev(), DoneBy: e.Owner, DoneToken: e.Token})
@@ -353,10 +370,12 @@ func (s *Slot) finish(ctx context.Context, runErr error, tx pgx.Tx) (outcome, er
 	}
 	switch {
 	case runErr == nil && err == nil:
+		s.r.nDone.Add(1)
 		s.r.observe(ctx, pgfence.SlotDone{Slot: s.ev(), Attempt: s.attempt, Duration: took})
 		return out, nil
 	default:
 		all := errors.Join(runErr, err)
+		s.r.nFailed.Add(1)
 		s.r.cfg.Logger.WarnContext(ctx, "pgfence: schedule: slot failed", "job", s.job, "slot", s.key,
 			"token", s.lease.Token(), "attempt", s.attempt, "recorded", err == nil, "error", all)
 		s.r.observe(ctx, pgfence.SlotFailed{Slot: s.ev(), Attempt: s.attempt, Duration: took, Err: all})

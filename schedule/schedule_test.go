@@ -124,6 +124,8 @@ func TestRunOnceThenSkip(t *testing.T) {
 	sk := b.events.list()[0].(pgfence.SlotSkipped)
 	require.Equal(t, "a", sk.DoneBy)
 	require.Equal(t, pgfence.StrategySchedule, sk.Strategy())
+	require.Equal(t, schedule.Stats{Done: 1}, a.runner.Stats())
+	require.Equal(t, schedule.Stats{Skipped: 1}, b.runner.Stats())
 }
 
 func TestFailedSlotRunsAgain(t *testing.T) {
@@ -149,6 +151,7 @@ func TestFailedSlotRunsAgain(t *testing.T) {
 	require.Equal(t, "failed", re.PrevState)
 	require.Equal(t, 2, re.Attempt)
 	require.IsType(t, pgfence.SlotDone{}, evs[2])
+	require.Equal(t, schedule.Stats{Done: 1, Failed: 1, Retried: 1}, a.runner.Stats())
 }
 
 // TestRunTxRollsBackWithFailure: fn's writes commit with the done record,

@@ -209,7 +209,8 @@ func (a *App) ls(ctx context.Context, args []string) error {
 	f.Bool(&terms, "", "terms", "list the recent terms of every election instead")
 	f.Bool(&jobs, "", "jobs", "list the recent slots of every scheduled job instead")
 	f.fs.IntVar(&limit, "limit", limit, "")
-	f.add("", "limit", "N", "with --forced: show the newest N (with --jobs: of each job, default 10)", strconv.Itoa(limit))
+	f.add("", "limit", "N", fmt.Sprintf("with --forced: show the newest N (default %d); with --jobs: the newest N of each job (default %d)",
+		defaultForcedLimit, defaultJobsLimit), "")
 	pos, _, err := a.parseOrHelp(f, lsHelp, args)
 	if err != nil {
 		return err

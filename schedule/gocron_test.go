@@ -20,8 +20,10 @@ func TestGocronLocker(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
 	a, b := newReplica(t, db, "a", 5*time.Second), newReplica(t, db, "b", 5*time.Second)
-	la := gocronAdapter{&schedule.Locker{Runner: a.runner, Every: time.Hour}}
-	lb := gocronAdapter{&schedule.Locker{Runner: b.runner, Every: time.Hour}}
+	// A slot over a year long: no boundary falls between the two locks.
+	const every = 10000 * time.Hour
+	la := gocronAdapter{&schedule.Locker{Runner: a.runner, Every: every}}
+	lb := gocronAdapter{&schedule.Locker{Runner: b.runner, Every: every}}
 	lock, err := la.Lock(ctx, "job")
 	require.NoError(t, err)
 	require.NoError(t, lock.Unlock(ctx))

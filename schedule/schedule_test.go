@@ -261,6 +261,7 @@ func TestSkewedReplicas(t *testing.T) {
 		for slot, n := range runs {
 			require.Equal(t, 1, n, "slot %s", slot)
 		}
+		t.Logf("%d slots, each run once", len(runs))
 	})
 	t.Run("database clock slots", func(t *testing.T) {
 		// The same skewed ticks, each asking the database for the slot.
@@ -279,6 +280,7 @@ func TestSkewedReplicas(t *testing.T) {
 		for slot, n := range runs {
 			require.Equal(t, 1, n, "slot %s", slot)
 		}
+		t.Logf("%d slots, each run once", len(runs))
 	})
 	t.Run("control: AtLeast alone", func(t *testing.T) {
 		runs := tickReplicas(t, offsets, every, ticks, func(i int) runFunc {
@@ -295,6 +297,7 @@ func TestSkewedReplicas(t *testing.T) {
 				double++
 			}
 		}
+		t.Logf("AtLeast alone: %d of %d slots ran more than once", double, len(runs))
 		require.NotZero(t, double, "the AtLeast pattern should run some slot twice under skew: %v", runs)
 	})
 }

@@ -6,7 +6,8 @@ import "time"
 const StrategySchedule = "schedule"
 
 // Slot identifies the schedule slot an event is about: the job, the slot's
-// key, and the token of the lease that ran or checked it.
+// key, and the token of the lease that ran or checked it (0 when a done
+// slot was seen without taking the lease).
 type Slot struct {
 	Job   string
 	Key   string

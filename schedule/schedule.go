@@ -102,7 +102,7 @@ func (r *Runner) Stats() Stats {
 }
 
 type statements struct {
-	begin, finish, present, history, prune string
+	begin, finish, present, done, history, prune string
 }
 
 // New returns a Runner using pool for its statements and cfg.Locker for its
@@ -135,6 +135,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 		begin:   `SELECT outcome, attempts, prev_state, prev_owner, prev_token, prev_finished_at FROM ` + s + `.pgfence_slot_begin($1, $2, $3, $4)`,
 		finish:  `SELECT ` + s + `.pgfence_slot_finish($1, $2, $3, $4, $5, $6)`,
 		present: `SELECT ` + s + `.pgfence_present($1)`,
+		done: `SELECT d.owner, d.token, d.finished_at FROM ` + s + `.pgfence_slots d
+			WHERE d.job OPERATOR(pg_catalog.=) $1 AND d.slot OPERATOR(pg_catalog.=) $2 AND d.state OPERATOR(pg_catalog.=) 'done'`,
 		history: historySQL(s),
 		prune:   `SELECT ` + s + `.pgfence_slots_prune($1 * interval '1 microsecond')`,
 	}}, nil
@@ -265,9 +267,20 @@ func (r *Runner) Begin(ctx context.Context, job, key string, opts *RunOpts) (*Sl
 	if opts == nil {
 		opts = &RunOpts{}
 	}
+	// A done slot stays done: no lease is needed to see it.
+	var done DoneError
+	err := r.pool.QueryRow(ctx, r.sql.done, job, key).Scan(&done.Owner, &done.Token, &done.FinishedAt)
+	if err == nil {
+		done.Job, done.Slot = job, key
+		r.nSkipped.Add(1)
+		r.observe(ctx, pgfence.SlotSkipped{Slot: pgfence.Slot{Job: job, Key: key}, DoneBy: done.Owner, DoneToken: done.Token})
+		return nil, &done
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("pgfence: schedule: read slot %q of job %q: %w", key, job, err)
+	}
 	aopts := &pgfence.AcquireOpts{MaxHold: r.cfg.MaxHold, WaitTimeout: opts.WaitTimeout}
 	var l pgfence.Lease
-	var err error
 	if opts.NoWait {
 		l, err = r.locker.TryAcquire(ctx, LeasePrefix+job, aopts)
 	} else {

@@ -40,12 +40,15 @@ var appFunctions = []string{
 	"pgfence_present(pg_catalog.int8)",
 	"pgfence_protect(pg_catalog.regclass, pg_catalog.name, pg_catalog.bool)",
 	"pgfence_maintenance(pg_catalog.regclass)",
+	"pgfence_slot_begin(pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.text)",
+	"pgfence_slot_finish(pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text, pg_catalog.text)",
+	"pgfence_slots_prune(pg_catalog.interval)",
 }
 
 // appTables are the tables an application role reads: the leases, the
-// elections' leaders, the key of notification payloads, and the version
-// ([Version], and [Up] at start-up).
-var appTables = []string{"pgfence_leases", "pgfence_leaders", "pgfence_notify_key", Table}
+// elections' leaders, the key of notification payloads, the version
+// ([Version], and [Up] at start-up), and the schedule's slots.
+var appTables = []string{"pgfence_leases", "pgfence_leaders", "pgfence_notify_key", Table, "pgfence_slots"}
 
 // operatorFunction is what GrantOpts.Operator adds.
 const operatorFunction = "pgfence_force_release(pg_catalog.text, pg_catalog.text)"

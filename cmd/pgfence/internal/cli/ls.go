@@ -23,6 +23,7 @@ Usage:
   pgfence ls [flags]
   pgfence ls --terms [flags]
   pgfence ls --forced [flags]
+  pgfence ls --jobs [flags]
 
 Lists the leases held in <schema>.pgfence_leases, the leaders of the
 elections (package leader: <schema>.pgfence_leaders) and the advisory locks
@@ -37,6 +38,11 @@ ten of each), newest first.
 With --forced, lists instead the audit trail of forced releases
 (<schema>.pgfence_forced_releases, written by 'pgfence release --force'),
 newest first; reading it needs pgfence's operator grant.
+
+With --jobs, lists instead the newest slots of each scheduled job
+(<schema>.pgfence_slots, written by package schedule and 'pgfence run
+--every/--slot'), newest first within each job: --limit of each (default
+10).
 
 Names, owners, reasons and application names that hold control or other
 non-printing characters are shown quoted, with Go escapes ("a\nb",
@@ -54,6 +60,9 @@ Columns:
                     GRANTED (false: waiting), PID, APPLICATION, DATABASE
   forced releases   RELEASED AT, LEASE, OLD OWNER, OLD TOKEN, NEW TOKEN, WAS
                     HELD, BY (database user), FROM (client address), REASON
+  job slots         JOB, SLOT, STATE (running, done, failed), OWNER (who ran
+                    it last), TOKEN (its lease's), ATTEMPTS, STARTED AT,
+                    DURATION ("-" while running), ERROR (a failed run's)
 
 With --json, prints one object:
   {"now": time, "leases": [{"name", "owner", "token", "held", "acquired_at",
@@ -71,7 +80,11 @@ with --terms:
 with --forced:
   {"forced_releases": [{"name", "old_owner", "old_token", "was_held",
    "token", "reason", "released_by", "client_addr", "released_at"}]}
-where client_addr is empty for a unix-socket client.
+where client_addr is empty for a unix-socket client;
+with --jobs:
+  {"slots": [{"job", "slot", "state", "owner", "token", "attempts",
+   "started_at", "finished_at", "duration_seconds", "error"}]}
+where finished_at and duration_seconds are null while running.
 
 Examples:
   pgfence ls
@@ -80,6 +93,7 @@ Examples:
   pgfence ls --json | jq -r '.leaders[] | select(.election == "scheduler") | .value'
   pgfence ls --terms
   pgfence ls --forced --limit 10
+  pgfence ls --jobs --limit 3
 `
 
 // Advisory locks in the current database. For a bigint key, classid holds
@@ -185,7 +199,7 @@ const defaultForcedLimit = 50
 
 func (a *App) ls(ctx context.Context, args []string) error {
 	var database, schema string
-	var asJSON, forced, terms bool
+	var asJSON, forced, terms, jobs bool
 	limit := defaultForcedLimit
 	f := newFlags("ls")
 	f.String(&database, "d", "database", "URL", databaseFlagUsage)
@@ -193,8 +207,10 @@ func (a *App) ls(ctx context.Context, args []string) error {
 	f.Bool(&asJSON, "j", "json", "print JSON for scripts")
 	f.Bool(&forced, "", "forced", "list the forced releases (the audit trail of release --force) instead")
 	f.Bool(&terms, "", "terms", "list the recent terms of every election instead")
+	f.Bool(&jobs, "", "jobs", "list the recent slots of every scheduled job instead")
 	f.fs.IntVar(&limit, "limit", limit, "")
-	f.add("", "limit", "N", "with --forced: show the newest N", strconv.Itoa(limit))
+	f.add("", "limit", "N", fmt.Sprintf("with --forced: show the newest N (default %d); with --jobs: the newest N of each job (default %d)",
+		defaultForcedLimit, defaultJobsLimit), "")
 	pos, _, err := a.parseOrHelp(f, lsHelp, args)
 	if err != nil {
 		return err
@@ -205,8 +221,11 @@ func (a *App) ls(ctx context.Context, args []string) error {
 	if limit <= 0 {
 		return usageErrorf("--limit must be positive, not %d", limit)
 	}
-	if forced && terms {
-		return usageErrorf("--forced and --terms list different things: pass one")
+	if forced && terms || jobs && (forced || terms) {
+		return usageErrorf("--forced, --terms and --jobs list different things: pass one")
+	}
+	if jobs && !f.set("", "limit") {
+		limit = defaultJobsLimit
 	}
 	if err := checkSchema(schema); err != nil {
 		return err
@@ -230,6 +249,9 @@ func (a *App) ls(ctx context.Context, args []string) error {
 	}
 	if terms {
 		return a.lsTerms(ctx, pool, schema, asJSON)
+	}
+	if jobs {
+		return a.lsJobs(ctx, pool, schema, limit, asJSON)
 	}
 
 	out := lsJSON{Leases: []leaseJSON{}, Leaders: []leaderJSON{}, AdvisoryLocks: []advisoryJSON{}}

@@ -37,6 +37,8 @@ const (
 const runHelp = `
 Usage:
   pgfence run [flags] NAME -- COMMAND [ARGS...]
+  pgfence run --every DURATION [flags] JOB -- COMMAND [ARGS...]
+  pgfence run --slot KEY [flags] JOB -- COMMAND [ARGS...]
 
 Runs COMMAND while holding the lease NAME, like flock(1) across machines:
 acquires the lease, runs the command, renews the lease while it runs, and
@@ -87,9 +89,25 @@ The whole job, even when pgfence is killed:
   SIGKILL (the command gets SIGKILL then, its descendants do not); on
   systems other than Linux only the command's process group is ended.
 
+Once per slot (--every, --slot):
+  With --every DURATION the command runs at most once per slot of that
+  length on the database's clock (slots start at multiples of DURATION
+  since the Unix epoch: --every 1m starts one each minute at :00); with
+  --slot KEY, once for KEY (a date, a batch id). Every replica may run the
+  same cron line: the first one runs the slot, the others wait while it
+  runs and then find it done (exit with the conflict code) or, if its
+  holder died or lost the lease, run it again. The slot is recorded done
+  when the command exits 0, failed otherwise (a failed slot runs again the
+  next time it is asked for); 'pgfence ls --jobs' lists them. The lease is
+  pgfence:schedule:JOB; --max-hold defaults to 1h. The command gets
+  PGFENCE_SLOT (the slot's key) too. A command that writes to the database
+  must fence its writes with PGFENCE_TOKEN: the slot's record is fenced,
+  the command's own writes only if it presents the token.
+
 Exit codes:
   the command's   its exit code, or 128+N when signal N ended it
-  1, or -E N      the lease is held by another owner (--no-wait, or --wait ran out)
+  1, or -E N      the lease is held by another owner (--no-wait, or --wait ran out),
+                  or, with --every or --slot, the slot is done
   2               usage error
   124             the lease was lost, or held for --max-hold; the command was terminated
   125             pgfence run itself failed (database unreachable, schema missing, release failed)
@@ -102,6 +120,8 @@ Examples:
   pgfence run -n -q -E 0 billing-sync -- billing sync   # cron: skip quietly if running elsewhere
   pgfence run -w 30s --ttl 1m --at-least 5m import -- sh -c 'psql -v token=$PGFENCE_TOKEN -f import.sql'
   pgfence run --max-hold 2h nightly-report -- ./report.sh   # stop it, as on a loss, after 2h
+  pgfence run -q -E 0 --every 1m billing-sync -- billing sync   # cron on every replica: once a minute
+  pgfence run --slot "$(date -u +%F)" daily-report -- ./report.sh
 `
 
 // runOptions are the parsed flags and arguments of `pgfence run`.
@@ -116,6 +136,8 @@ type runOptions struct {
 	margin       time.Duration // 0: ttl / defaultMarginDivisor
 	conflictExit int
 	quiet        bool
+	every        time.Duration // 0: not once per slot
+	slot         string
 	name         string
 	argv         []string
 }
@@ -134,6 +156,8 @@ func parseRun(args []string) (runOptions, *flags, error) {
 	f.fs.IntVar(&o.conflictExit, "conflict-exit-code", o.conflictExit, "")
 	f.add("E", "conflict-exit-code", "N", "exit status when the lease is held by another owner", strconv.Itoa(o.conflictExit))
 	f.Bool(&o.quiet, "q", "quiet", "say nothing when the lease is held by another owner")
+	f.Duration(&o.every, "", "every", "run at most once per slot of DURATION on the database clock (see Once per slot)")
+	f.String(&o.slot, "", "slot", "KEY", "run at most once for slot KEY (see Once per slot)")
 	f.String(&o.database, "d", "database", "URL", databaseFlagUsage)
 	schemaFlag(f, &o.schema)
 	pos, argv, err := f.parse(args)
@@ -169,6 +193,9 @@ func parseRun(args []string) (runOptions, *flags, error) {
 		return o, f, checkName(pos[0])
 	case o.conflictExit < 0 || o.conflictExit > 255:
 		return o, f, usageErrorf("--conflict-exit-code must be between 0 and 255, not %d", o.conflictExit)
+	}
+	if err := checkSlotFlags(&o, pos[0], f); err != nil {
+		return o, f, err
 	}
 	// --wait 0 does not wait, as flock -w 0 does not.
 	if f.set("w", "wait") && o.wait == 0 {
@@ -440,6 +467,9 @@ func (a *App) run(ctx context.Context, args []string) error {
 	}
 	defer a.closeBounded(locker, pool)
 
+	if o.every != 0 || o.slot != "" {
+		return a.runSlot(ctx, pool, locker, &o, sigs, grace, events, logger, ttl)
+	}
 	lease, err := a.acquireForRun(ctx, locker, &o, sigs)
 	if err != nil {
 		return err

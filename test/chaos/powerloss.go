@@ -267,7 +267,12 @@ func (p *PowerLossFS) fsync(fd int) syscall.Errno {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return gofs.ToErrno(err)
 	}
-	u := p.state(&st)
+	p.mu.Lock()
+	u := p.files[st.Ino]
+	p.mu.Unlock()
+	if u == nil {
+		return 0 // not written since it was last durable
+	}
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return u.syncLocked(fd)

@@ -16,7 +16,7 @@ CHAOS_DURATION ?= 10m
 # porcupine's budget per history on long runs.
 CHAOS_CHECK_TIMEOUT ?= 10m
 
-CHAOS_SUMMARY := '^(---|ok|FAIL|panic)|chaos: scenario=|detected as expected|danger shown|reissued|server clock|preserved|through PgBouncer|client timestamp|granted across|child observed|power cuts?:|power-loss:|combined statements'
+CHAOS_SUMMARY := '^(---|ok|FAIL|panic)|chaos: scenario=|detected as expected|danger shown|reissued|server clock|preserved|through PgBouncer|client timestamp|granted across|child observed|power cuts?:|power-loss:|combined statements|model-replay:'
 # On failure the whole log is printed, then this digest of the failures
 # (every failed test, subtests included, and each failed assertion), last,
 # so that a truncated CI log still ends with why.

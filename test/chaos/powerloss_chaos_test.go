@@ -323,6 +323,10 @@ func runPowerLoss(t *testing.T, ctx context.Context, pc *plCluster, cuts int, ph
 	admin := appPool(t, ctx, url, "powerloss-admin", 2, nil)
 	ws := powerLossWorkloads(t, ctx, lockPool, regPool, admin)
 
+	// One recorder, so that the histories share a clock (the model's
+	// replay orders grants across names); each workload's processes from
+	// 100*i.
+	rec := chaos.NewRecorder()
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
 	var wg sync.WaitGroup
@@ -330,25 +334,35 @@ func runPowerLoss(t *testing.T, ctx context.Context, pc *plCluster, cuts int, ph
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			h, err := chaos.Run(wctx, chaos.WorkloadConfig{
-				Lockers: w.lockers, Register: w.reg, Name: "pl-" + w.name, Workers: w.workers,
-				Duration: 3 * time.Minute, MaxSleep: 120 * time.Millisecond, OpTimeout: 2 * time.Second, Seed: uint64(i + 1),
+			_, err := chaos.Run(wctx, chaos.WorkloadConfig{
+				Lockers: w.lockers, Register: w.reg, Recorder: rec, Name: "pl-" + w.name, Workers: w.workers,
+				ProcessBase: 100 * i, Duration: 3 * time.Minute, MaxSleep: 120 * time.Millisecond,
+				OpTimeout: 2 * time.Second, Seed: uint64(i + 1),
 			})
 			if err != nil {
 				t.Errorf("%s: %v", w.name, err)
 			}
-			w.hist = h
 		}()
 	}
-	for i := 0; i < cuts && !t.Failed(); i++ {
+	for i := 0; i <= cuts && !t.Failed(); i++ {
 		sleepCtx(ctx, phase)
-		if err := pc.cut(ctx); err != nil {
-			t.Errorf("power cut %d: %v", i, err)
+		progress(t, ctx, rec, len(ws))
+		if i < cuts {
+			if err := pc.cut(ctx); err != nil {
+				t.Errorf("power cut %d: %v", i, err)
+			}
 		}
 	}
-	sleepCtx(ctx, phase)
 	stop()
 	wg.Wait()
+	all := rec.History()
+	for i, w := range ws {
+		for _, op := range all {
+			if op.Process/100 == i {
+				w.hist = append(w.hist, op)
+			}
+		}
+	}
 	require.False(t, t.Failed())
 	n, files, bytes := pc.dropped()
 	t.Logf("power cuts: %d; dropped %d bytes not yet fsynced in %d files", n, bytes, files)
@@ -362,17 +376,50 @@ func runPowerLoss(t *testing.T, ctx context.Context, pc *plCluster, cuts int, ph
 	return ws, finals
 }
 
-// grantsOf returns the grants of every workload whose tokens must be
-// unique: a transaction lock's grant counts once its transaction
-// committed (see chaos.CheckOpts.TxScoped).
-func grantsOf(ws []*plWorkload) chaos.History {
+// progress waits (up to a minute) until every workload has had 2 writes
+// acknowledged since it was last called, so that each cut has grants and
+// writes to lose and each restart is followed by load.
+func progress(t *testing.T, ctx context.Context, rec *chaos.Recorder, workloads int) {
+	t.Helper()
+	from := len(rec.History())
+	for deadline := time.Now().Add(time.Minute); ctx.Err() == nil; sleepCtx(ctx, 100*time.Millisecond) {
+		acked := make([]int, workloads)
+		for _, op := range rec.History()[from:] {
+			if op.Kind == chaos.Write && op.Outcome == chaos.Ok {
+				acked[op.Process/100]++
+			}
+		}
+		done := true
+		for _, n := range acked {
+			done = done && n >= 2
+		}
+		if done {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("workloads made no progress in a minute: writes acknowledged %v", acked)
+			return
+		}
+	}
+}
+
+// merged returns the histories of every workload in one, for the checks
+// across names: a transaction lock's grant counts once its transaction
+// committed (see chaos.CheckOpts.TxScoped), and reads and writes are named
+// after their workload's register.
+func merged(ws []*plWorkload) chaos.History {
 	var all chaos.History
 	for _, w := range ws {
 		h := w.hist
 		if w.kind == kindAdvisoryTx {
 			h = chaos.WithoutUncommittedGrants(h)
 		}
-		all = append(all, h...)
+		for _, op := range h {
+			if op.Kind == chaos.Read || op.Kind == chaos.Write {
+				op.Name = "register-" + w.name
+			}
+			all = append(all, op)
+		}
 	}
 	return all
 }
@@ -402,9 +449,12 @@ func TestPowerLossWorkloads(t *testing.T) {
 	combined := combinedGrants(ws)
 	t.Logf("advisory: %d grants drawn by combined statements", combined)
 	require.Positive(t, combined, "no advisory grants were drawn by one combined statement")
-	all := grantsOf(ws)
+	all := merged(ws)
 	require.Empty(t, chaos.CheckTokensUnique(all))
-	t.Logf("power-loss: %d grants across every workload, no token handed out twice", all.Count(chaos.Acquire, chaos.Ok))
+	forbidden := chaos.ReplayModel(all, &chaos.CheckOpts{Claim: true})
+	t.Logf("power-loss: %d grants across every workload, no token handed out twice; model-replay: scenario=power-loss ops=%d forbidden=%d",
+		all.Count(chaos.Acquire, chaos.Ok), len(all), len(forbidden))
+	require.Empty(t, forbidden, "the protocol model forbids steps of the merged history")
 }
 
 // Negative control: the same cut on a server with fsync off, which never
@@ -424,9 +474,14 @@ func TestPowerLossFsyncOffControl(t *testing.T) {
 	}
 	// The lease workload ran before and after the cut on every schedule.
 	verdict(t, ws[0].hist, &chaos.CheckOpts{Name: "negative-control-power-loss-fsync-off", Final: &finals[0].Value, Claim: true}, true)
-	reissued := chaos.CheckTokensUnique(grantsOf(ws))
+	all := merged(ws)
+	reissued := chaos.CheckTokensUnique(all)
 	require.NotEmpty(t, reissued, "fsync off: no token was handed out twice")
 	t.Logf("fsync off: %d tokens handed out twice, e.g. %s", len(reissued), reissued[0])
+	forbidden := chaos.ReplayModel(all, &chaos.CheckOpts{Claim: true})
+	require.NotEmpty(t, forbidden, "fsync off: the model's replay found no forbidden step")
+	t.Logf("model-replay: scenario=negative-control-power-loss-fsync-off ops=%d forbidden=%d verdict=violation detected; first: %s",
+		len(all), len(forbidden), forbidden[0])
 }
 
 // Tokens drawn with pgfence_next_token() between power cuts, at

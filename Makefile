@@ -81,7 +81,7 @@ chaos:
 #   patroni: fault=NAME mode=sync|async ... to_new_primary=... no_grants=...
 # and each run its violation counts (patroni: run=...). On failure the
 # whole log follows (with the nodes' Patroni logs), then the digest.
-PATRONI_SUMMARY := '^(---|ok|FAIL|panic)|patroni: (fault|run)='
+PATRONI_SUMMARY := '^(---|ok|FAIL|panic)|patroni: (fault|run)=|model forbids'
 patroni-ci:
 	@log=$${TMPDIR:-/tmp}/pgfence-patroni-ci.log; \
 	$(GO) -C test test -race -count=1 -tags patroni -timeout 12m -v ./patroni/... >$$log 2>&1; \

@@ -56,7 +56,7 @@ chaos-ci:
 # powerloss-ci runs the power-loss scenarios of the fault suite (test/chaos,
 # TestPowerLoss*, which chaos-ci and chaos leave out): the cluster's data
 # directory on a FUSE filesystem that drops every write not yet fsynced when
-# the power is cut (chaos.PowerLossFS). One after another, about 2-3
+# the power is cut (chaos.PowerLossFS). One after another, 2.5-3.5
 # minutes on 2 cores, build included. It needs root and /dev/fuse (the
 # filesystem is mounted by mount(2), not fusermount).
 powerloss-ci:

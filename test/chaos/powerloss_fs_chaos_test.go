@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/pgfence/pgfence/test/chaos"
 )
@@ -38,7 +39,8 @@ func readFile(t *testing.T, path string) string {
 
 // The filesystem keeps what was fsynced and drops the rest on a cut: file
 // data written since the file's last fsync (or fdatasync, through any of its
-// descriptors), growth and truncation; O_DSYNC writes are durable at once.
+// descriptors), growth, truncation (O_TRUNC too) and punched holes; O_DSYNC
+// writes are durable at once.
 // Before the cut every write is visible, so the cut alone loses them.
 func TestPowerLossFSDropsUnsyncedWrites(t *testing.T) {
 	p, mnt := mountPowerLoss(t)
@@ -79,12 +81,25 @@ func TestPowerLossFSDropsUnsyncedWrites(t *testing.T) {
 	require.NoError(t, os.Rename(path("f"), path("g")))
 	writeAt(t, f, "!", 7)
 
+	h := open("h", 0) // synced, then reopened with O_TRUNC and rewritten
+	writeAt(t, h, "before", 0)
+	require.NoError(t, h.Sync())
+	h2 := open("h", os.O_TRUNC)
+	writeAt(t, h2, "x", 0)
+
+	k := open("k", 0) // synced, then a hole punched in it
+	writeAt(t, k, "punch me", 0)
+	require.NoError(t, k.Sync())
+	require.NoError(t, unix.Fallocate(int(k.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, 5))
+
+	require.Equal(t, "x", readFile(t, path("h")))
+	require.Equal(t, "\x00\x00\x00\x00\x00 me", readFile(t, path("k")))
 	require.Equal(t, "duXXble-tail", readFile(t, path("a")))
 	require.Equal(t, "lost", readFile(t, path("b")))
 	require.Equal(t, "ke", readFile(t, path("c")))
 	require.Equal(t, "renamed!", readFile(t, path("g")))
 
-	for _, f := range []*os.File{a, b, c, d, e1, e2, f} {
+	for _, f := range []*os.File{a, b, c, d, e1, e2, f, h, h2, k} {
 		require.NoError(t, f.Close())
 	}
 	st, err := p.PowerCut()
@@ -97,5 +112,7 @@ func TestPowerLossFSDropsUnsyncedWrites(t *testing.T) {
 	require.Equal(t, "dsync", readFile(t, path("d")))
 	require.Equal(t, "onetwo", readFile(t, path("e")))
 	require.Equal(t, "renamed", readFile(t, path("g")))
-	require.Equal(t, 4, st.Files)
+	require.Equal(t, "before", readFile(t, path("h")))
+	require.Equal(t, "punch me", readFile(t, path("k")))
+	require.Equal(t, 6, st.Files)
 }

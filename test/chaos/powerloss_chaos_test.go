@@ -23,10 +23,10 @@ import (
 	"github.com/pgfence/pgfence/test/chaos"
 )
 
-// powerLossSettings run the server durably (fsync on, full pages after
-// each checkpoint) with asynchronous commit as its default, so that no
-// token is durable unless pgfence's draw makes it so, and the WAL writer
-// flushing rarely on its own.
+// powerLossSettings are the servers' settings: durable (fsync on, full
+// pages after each checkpoint; fsync off for the control), asynchronous
+// commit by default, so that no token is durable unless pgfence's draw
+// makes it so, and a WAL writer that flushes rarely on its own.
 func powerLossSettings(fsync bool) map[string]string {
 	s := map[string]string{
 		"fsync":              "on",

@@ -4,6 +4,7 @@ go 1.25.11
 
 require (
 	github.com/anishathalye/porcupine v1.3.1
+	github.com/hanwen/go-fuse/v2 v2.12.1
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/pgfence/pgfence v0.0.0
 	github.com/stretchr/testify v1.12.1

@@ -91,6 +91,9 @@
 //     [Child.Cont] resumes;
 //   - connection kill: [TerminateBackends] (pg_terminate_backend);
 //   - server crash: internal/pgtest's Cluster.Crash and Start;
+//   - power loss: [PowerLossFS] holds a cluster's data directory and, on
+//     [PowerLossFS.PowerCut], drops every file write not yet fsynced
+//     (make powerloss-ci; docs/testing.md);
 //   - clock: [FakeClock] moves a server's wall clock through libfaketime;
 //   - failover: internal/pgtest's NewStandby (synchronous or asynchronous)
 //     and Cluster.Promote;

@@ -62,6 +62,12 @@ func verdict(t *testing.T, h chaos.History, opts *chaos.CheckOpts, wantViolation
 	r, err := chaos.Check(h, opts)
 	require.NoError(t, err)
 	t.Log(r.Summary())
+	// The history replayed through the protocol model's transition rules.
+	forbidden := chaos.ReplayModel(h, opts)
+	t.Logf("model-replay: scenario=%s ops=%d forbidden=%d", opts.Name, len(h), len(forbidden))
+	if !wantViolation {
+		require.Empty(t, forbidden, "the protocol model forbids steps of this history:\n%s", r)
+	}
 	if wantViolation {
 		require.Equal(t, "violation detected", r.Verdict(), "negative control not detected:\n%s", r)
 		t.Logf("negative control detected as expected; first violation: %s; visualisation: %s", firstOr(r.Violations, string(r.Linearizability)), r.Visualization)

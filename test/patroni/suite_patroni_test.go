@@ -51,6 +51,9 @@ type suite struct {
 	toldLate                  []string
 	// strikes are the times the faults struck.
 	strikes []time.Duration
+	// forbidden are the steps of the history the protocol model forbids
+	// (chaos.ReplayModel), set by finish.
+	forbidden []string
 }
 
 func newSuite(t *testing.T, synchronous bool, budget time.Duration) *suite {
@@ -250,6 +253,15 @@ func (s *suite) finish() *patroni.Violations {
 		t.Logf("advisory holder cut off by a fault, still believing: %s", l)
 	}
 	t.Logf("patroni: run=%s violations=%d %s advisory_belief_lags=%d", s.mode, v.Total(), v.Counts(), len(v.AdvisoryBeliefLag))
+	// The history replayed through the protocol model's transition rules.
+	s.forbidden = chaos.ReplayModel(h, nil)
+	t.Logf("patroni: run=%s model_replay_ops=%d model_replay_forbidden=%d", s.mode, len(h), len(s.forbidden))
+	for i, f := range s.forbidden {
+		if i == 5 {
+			break
+		}
+		t.Logf("model forbids: %s", f)
+	}
 	return v
 }
 
@@ -285,6 +297,7 @@ func TestPatroniSynchronous(t *testing.T) {
 
 	v := s.finish()
 	require.Zero(t, v.Total(), "synchronous replication must keep every invariant:\n%s", v)
+	require.Empty(t, s.forbidden, "the protocol model forbids steps of the synchronous run")
 }
 
 // cutThenCrash returns the replication-cut-then-crash fault. In
@@ -323,6 +336,7 @@ func TestPatroniAsynchronousShowsDanger(t *testing.T) {
 	// The negative control: asynchronous replication loses what the
 	// primary committed after the cut, and the checker must say so.
 	require.NotZero(t, v.Total(), "asynchronous replication with a cut and a crash must show violations")
+	require.NotEmpty(t, s.forbidden, "the protocol model's replay must forbid steps of the asynchronous run")
 	t.Logf("patroni: run=async danger detected as expected:\n%s", v)
 }
 

@@ -318,8 +318,8 @@ func (c *Cluster) Pid() int {
 
 // Start starts the server on the cluster's data directory and port and waits
 // until it accepts connections. After a crash the server runs recovery
-// first. Start retries for a while when the previous server's processes are
-// still exiting.
+// first. Start retries for a while (60s, or until ctx's deadline when it
+// has a later one) when the previous server's processes are still exiting.
 func (c *Cluster) Start(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -331,6 +331,9 @@ func (c *Cluster) Start(ctx context.Context) error {
 		}
 	}
 	deadline := time.Now().Add(60 * time.Second)
+	if d, ok := ctx.Deadline(); ok && d.After(deadline) {
+		deadline = d // a recovery that fsyncs every file (through FUSE, say) may need longer
+	}
 	for {
 		p, err := c.spawn()
 		if err != nil {

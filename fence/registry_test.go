@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -96,6 +97,9 @@ func TestCheckResource(t *testing.T) {
 // its transaction ends. A newer token waits for an older holder's
 // transaction and is accepted after it; an older token waiting on a newer
 // one is rejected once the newer commits, and accepted if it rolls back.
+// The control checks in a transaction of its own before writing: the newer
+// holder's check and write then commit while the older holder's write is
+// still open, and the older one lands last.
 func TestCheckResourceOrdersCommits(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -152,6 +156,31 @@ func TestCheckResourceOrdersCommits(t *testing.T) {
 	balance, _ = b.row(t, 1)
 	require.Equal(t, int64(5070910), balance)
 	require.Equal(t, int64(10), b.highest(t, "accounts"))
+
+	// Control.
+	b.exec(t, "CREATE TABLE writes (token bigint NOT NULL)")
+	require.NoError(t, b.checkCommit(t, "control", 5))
+	olderTx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = olderTx.Rollback(context.Background()) }()
+	_, err = olderTx.Exec(ctx, "INSERT INTO writes VALUES (5)")
+	require.NoError(t, err)
+	newerDone := make(chan error, 1)
+	go func() {
+		if err := b.checkCommit(t, "control", 7); err != nil {
+			newerDone <- err
+			return
+		}
+		_, err := b.pool.Exec(ctx, "INSERT INTO writes VALUES (7)")
+		newerDone <- err
+	}()
+	select {
+	case err := <-newerDone:
+		require.NoError(t, err, "control: the newer holder checks and writes while the older one's write is open")
+	case <-time.After(time.Minute):
+		t.Fatal("control: the newer holder waited for the older one")
+	}
+	require.NoError(t, olderTx.Commit(ctx), "control: the older holder's write commits after the newer one's")
 }
 
 // A service checks the token a lock holder sent with its request in the

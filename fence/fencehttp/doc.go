@@ -48,10 +48,11 @@
 // sent as the handler wrote it. A status of 400 or more rolls back and is
 // sent as written. A panic rolls back and panics on. A failed commit sends
 // 500 and not the handler's response (409 when the commit itself reported a
-// stale token). The handler must not commit or roll back the transaction
-// itself ([Tx]'s Commit and Rollback fail); savepoints (Begin) are its own.
-// Because the response is buffered, handlers cannot stream, flush or
-// hijack the connection.
+// stale token); as with any database client, a connection lost during the
+// commit leaves its outcome unknown. The handler must not commit or roll
+// back the transaction itself ([Tx]'s Commit and Rollback fail); savepoints
+// (Begin) are its own. Because the response is buffered, handlers cannot
+// stream, flush or hijack the connection.
 //
 // # What it guarantees, and what it does not
 //

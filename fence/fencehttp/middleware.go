@@ -211,7 +211,7 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 				rejectStale(w, stale)
 				return
 			}
-			m.fail(w, r, http.StatusInternalServerError, "the request's transaction did not commit; nothing it wrote is kept", err)
+			m.fail(w, r, http.StatusInternalServerError, "the request's transaction did not commit", err)
 			return
 		}
 		buf.send(w)

@@ -229,7 +229,7 @@ func TestHandlerFailureRollsBack(t *testing.T) {
 
 	status, body, _ = b.post(t, "dup=1", "dup", fenced("n", "4096"))
 	require.Equal(t, http.StatusInternalServerError, status)
-	require.Equal(t, "pgfence: the request's transaction did not commit; nothing it wrote is kept\n", body)
+	require.Equal(t, "pgfence: the request's transaction did not commit\n", body)
 	require.Len(t, b.errs, 1)
 	require.ErrorContains(t, b.errs[0], "notes_id")
 

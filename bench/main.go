@@ -97,7 +97,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.DurationVar(&c.WriteDelay, "write-delay", 0, "sleep this long before every write to PostgreSQL on the connections of the compared PostgreSQL systems (ceilings, pglock, pgfence and its Lockers' sessions), as a network round trip would delay each statement; scenarios 6, 7, 9 and 11 open their own connections and ignore it (Go rounds short sleeps up, to about 1ms on some machines: the raw arms' cycle p50 shows the delay that ran)")
 	fs.DurationVar(&c.Warmup, "warmup", 0, "unmeasured warm-up per point (default 1s, 250ms with -quick)")
 	fs.StringVar(&clients, "clients", "1,4,16,64", "client counts of the uncontended scenario")
-	fs.StringVar(&scenarios, "scenarios", "1,2,3,4,5,6,7,8,9,10,11,12,13", "scenarios to run")
+	fs.StringVar(&scenarios, "scenarios", "1,2,3,4,5,6,7,8,9,10,11,12,13,14", "scenarios to run")
 	fs.StringVar(&sysList, "systems", "", "comma-separated system names to run (default all)")
 	fs.StringVar(&c.DatabaseURL, "database", "", "a disposable, empty PostgreSQL database to use instead of starting a cluster; pgfence migrations are applied")
 	fs.StringVar(&c.AppRole, "app-role", "", "connect pgfence's lockers (and raw-advisory-token) as this role, granted only what migrations.Grant grants; created in the benchmark's own cluster, must exist with -database (default: the owner that migrated)")
@@ -126,8 +126,8 @@ func parseFlags(args []string) (*config, error) {
 	fs.DurationVar(&c.RenewalTTL, "renewal-ttl", 3*time.Second, "lease TTL in the renewal scenario (renewed every TTL/3)")
 	fs.IntVar(&c.RenewalIntervals, "renewal-intervals", 0, "renewal intervals measured (default 10, 3 with -quick)")
 	fs.IntVar(&c.AdvisoryLocks, "advisory-locks", 10_000, "session locks one advisory Locker holds in scenario 7")
-	fs.IntVar(&c.CallBatches, "call-batches", 0, "batches per path in the security-cost and ownership-cost scenarios (8, 13), alternating between the paths (default 20, 6 with -quick)")
-	fs.IntVar(&c.CallCycles, "call-cycles", 200, "cycles per batch in the security-cost and ownership-cost scenarios (8, 13)")
+	fs.IntVar(&c.CallBatches, "call-batches", 0, "batches per path in the security-cost, ownership-cost and registry-cost scenarios (8, 13, 14), alternating between the paths (default 20, 6 with -quick)")
+	fs.IntVar(&c.CallCycles, "call-cycles", 200, "cycles per batch in the security-cost, ownership-cost and registry-cost scenarios (8, 13, 14)")
 	fs.IntVar(&c.OwnershipRounds, "ownership-rounds", 50, "hand-overs per batch and version in the ownership-cost scenario (13)")
 	fs.IntVar(&c.ObserveBatches, "observe-batches", 0, "batches of the observer-cost scenario, each running every observer arm at once for -duration (default 10, 4 with -quick)")
 	fs.IntVar(&c.ObserveClients, "observe-clients", 4, "clients of each arm of the observer-cost scenario")
@@ -194,7 +194,7 @@ func parseFlags(args []string) (*config, error) {
 		return nil, fmt.Errorf("-scenarios: %w", err)
 	}
 	for _, s := range c.Scenarios {
-		if s < 1 || s > 13 {
+		if s < 1 || s > 14 {
 			return nil, fmt.Errorf("-scenarios: no scenario %d", s)
 		}
 	}
@@ -376,6 +376,7 @@ func run(ctx context.Context, cfg *config) error {
 		1: r.uncontended, 2: r.handover, 3: r.contended, 4: r.fencedWrites, 5: r.scale,
 		6: r.renewal, 7: r.advisoryScale, 8: r.securityCost, 9: r.observeCost,
 		10: r.advisoryCombine, 11: r.herdScenario, 12: r.clientScale, 13: r.ownershipCost,
+		14: r.registryCost,
 	}
 	for _, n := range cfg.Scenarios {
 		f, ok := scenarios[n]

@@ -271,6 +271,7 @@ func render(res *results, cfg *config) (map[string][]byte, error) {
 	renderSecurityCost(p, res, cfg)
 	renderClientScale(p, res, cfg, files)
 	renderOwnershipCost(p, res)
+	renderRegistryCost(p, res)
 	renderProfiles(p, res)
 	renderMisses(p, res, cfg)
 

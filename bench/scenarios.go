@@ -30,14 +30,15 @@ type results struct {
 	Renewal       *renewalResult
 	AdvisoryConns []advisoryConns
 	CallCosts     []callCost
-	ClientScale   *clientScaleResult // scenario 12
-	Combine       []combinePoint     // scenario 10
-	Herd          []herdPoint        // scenario 11
-	HerdRaw       *rawChainResult    // scenario 11's raw NOTIFY chain
-	HerdNoFlush   *herdNoFlush       // scenario 11's one-waiter hand-over with fsync off
-	Ownership     *ownershipResult   // scenario 13
-	WaitEvents    []waitSample       // scenario 1 at profileClients, last round
-	WriteWaits    []waitSample       // scenario 4, last round
+	ClientScale   *clientScaleResult  // scenario 12
+	Combine       []combinePoint      // scenario 10
+	Herd          []herdPoint         // scenario 11
+	HerdRaw       *rawChainResult     // scenario 11's raw NOTIFY chain
+	HerdNoFlush   *herdNoFlush        // scenario 11's one-waiter hand-over with fsync off
+	Ownership     *ownershipResult    // scenario 13
+	Registry      *registryCostResult // scenario 14
+	WaitEvents    []waitSample        // scenario 1 at profileClients, last round
+	WriteWaits    []waitSample        // scenario 4, last round
 	Notes         []string
 }
 

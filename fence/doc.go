@@ -72,6 +72,16 @@
 // The owner backfills a strict table after SELECT
 // pgfence.pgfence_maintenance('accounts') in its transaction.
 //
+// # Resources outside the database
+//
+// [CheckResource] extends fencing to what a holder writes elsewhere (another
+// service, an object store, a second database): the service checks the
+// holder's token against the fence registry (pgfence_fence_check in SQL) in
+// the transaction of its own writes. A token older than the highest seen for
+// the resource is a [*StaleTokenError]; an accepted one holds the resource
+// until the transaction ends. Package fence/fencehttp does this for HTTP;
+// docs/fencing-anything.md has the recipes.
+//
 // # How a rejection leaves the transaction
 //
 // A rejection by a builder's own predicate leaves the transaction usable; one
@@ -82,7 +92,8 @@
 // # What is not guaranteed
 //
 //   - Writes that neither go through a builder nor meet a trigger.
-//   - Side effects outside the database; a stale holder can still read.
+//   - Side effects outside the database that no registry check admits; a
+//     stale holder can still read.
 //   - A row re-inserted after a delete: it carries the inserting token.
 //     Keep the row and mark it deleted where re-creation matters.
 //   - A write a stale holder makes before the new holder's first write is

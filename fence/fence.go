@@ -45,6 +45,8 @@ const maxLeaseName = 512
 type StaleTokenError struct {
 	// Table is quoted as the statement names it; empty from plain SQL.
 	Table string
+	// Resource is the fence registry's resource, set by [CheckResource].
+	Resource string
 	// Presented is 0 when no token was presented, or for a TRUNCATE.
 	Presented int64
 	// Current is the newest token on the matched rows; 0 when unreadable.
@@ -59,13 +61,18 @@ type StaleTokenError struct {
 func (e *StaleTokenError) Error() string {
 	var b strings.Builder
 	b.WriteString("pgfence: write rejected")
+	if e.Resource != "" {
+		fmt.Fprintf(&b, ": stale fencing token %d for resource %q, which has seen %d", e.Presented, e.Resource, e.Current)
+		return b.String()
+	}
 	if e.Table != "" {
 		b.WriteString(" on " + e.Table)
 	}
-	// The trigger's own message tells the other rejections.
+	// The trigger's (or registry's) own message tells the other rejections.
 	var pgErr *pgconn.PgError
 	if errors.As(e.Err, &pgErr) {
-		if m := detailRE.FindStringSubmatch(pgErr.Detail); pgErr.Message != "" && (m == nil || m[1] == "" || e.Presented > e.Current) {
+		if m := detailRE.FindStringSubmatch(pgErr.Detail); pgErr.Message != "" &&
+			(m == nil || m[1] == "" || e.Presented > e.Current || pgErr.TableName == registryTable) {
 			b.WriteString(": " + strings.TrimPrefix(pgErr.Message, "pgfence: "))
 			return b.String()
 		}

@@ -2,6 +2,8 @@ package fence_test
 
 import (
 	"context"
+	"io/fs"
+	"slices"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -90,11 +92,15 @@ func TestBaselineGuardFunctions(t *testing.T) {
 	}
 	checkUp(int(migrations.Latest()))
 
-	// The later migrations' down files first, as migrations.Down runs them.
-	_, err = conn.Exec(ctx, migration(t, "000004_schedule_slots.down.sql"))
+	// Every down file, newest first, as migrations.Down runs them.
+	downs, err := fs.Glob(migrations.FS, "*.down.sql")
 	require.NoError(t, err)
-	_, err = conn.Exec(ctx, migration(t, "000001_baseline.down.sql"))
-	require.NoError(t, err)
+	slices.Reverse(downs)
+	require.Equal(t, "000001_baseline.down.sql", downs[len(downs)-1])
+	for _, down := range downs {
+		_, err = conn.Exec(ctx, migration(t, down))
+		require.NoError(t, err, down)
+	}
 	fns := functions(t, conn)
 	for _, name := range guardFunctions {
 		require.NotContains(t, fns, name)

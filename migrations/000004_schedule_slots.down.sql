@@ -8,7 +8,7 @@ DROP TABLE IF EXISTS pgfence_slots;
 CREATE OR REPLACE FUNCTION pgfence_schema_version() RETURNS integer
     LANGUAGE sql IMMUTABLE
     SET search_path = pg_catalog, pg_temp
-AS $$ SELECT 1 $$;
+AS $$ SELECT 3 $$;
 DO $$
 BEGIN
     EXECUTE pg_catalog.format('ALTER FUNCTION %s.pgfence_schema_version() SET search_path = pg_catalog, %s, pg_temp',

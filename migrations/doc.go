@@ -81,9 +81,15 @@
 // pgfence_schema_version, pgfence_acquire, pgfence_release, pgfence_renew,
 // pgfence_lease_held, pgfence_prune_scan, pgfence_prune_delete,
 // pgfence_leader_proclaim, pgfence_present, pgfence_protect,
-// pgfence_maintenance, pgfence_slot_begin, pgfence_slot_finish,
-// pgfence_slots_prune, the trigger functions, and pgfence_last_token, which
-// the strict trigger calls as the writing role.
+// pgfence_maintenance, pgfence_fence_check, pgfence_slot_begin,
+// pgfence_slot_finish, pgfence_slots_prune, the trigger functions, and
+// pgfence_last_token, which the strict trigger calls as the writing role.
+//
+// With [GrantOpts].CheckOnly it gives a service that only checks tokens
+// with the fence registry USAGE on the schema and EXECUTE on
+// pgfence_fence_check and pgfence_schema_version: it can raise a resource's
+// highest token to one it is shown, never lower it, and reads or writes no
+// table.
 //
 // Nothing on the sequences, and no INSERT, UPDATE, DELETE or TRUNCATE on the
 // tables: every write goes through the functions, which run as the owner

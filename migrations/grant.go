@@ -2,6 +2,7 @@ package migrations
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -16,6 +17,11 @@ type GrantOpts struct {
 	// (pgfence_forced_releases). Give it to the people or tools that run
 	// `pgfence release --force`, not to the application.
 	Operator bool
+	// CheckOnly gives only what a service that checks fencing tokens with
+	// the fence registry needs: USAGE on the schema and EXECUTE on
+	// pgfence_fence_check and pgfence_schema_version, nothing else (no
+	// lease, no table, no token). It cannot be combined with Operator.
+	CheckOnly bool
 }
 
 // appFunctions are the functions an application role executes, every write
@@ -40,10 +46,18 @@ var appFunctions = []string{
 	"pgfence_present(pg_catalog.int8)",
 	"pgfence_protect(pg_catalog.regclass, pg_catalog.name, pg_catalog.bool)",
 	"pgfence_maintenance(pg_catalog.regclass)",
+	checkFunction,
 	"pgfence_slot_begin(pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.text)",
 	"pgfence_slot_finish(pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text, pg_catalog.text)",
 	"pgfence_slots_prune(pg_catalog.interval)",
 }
+
+// checkFunction is the fence registry's check; with pgfence_schema_version
+// all that GrantOpts.CheckOnly gives.
+const checkFunction = "pgfence_fence_check(pg_catalog.text, pg_catalog.int8)"
+
+// checkOnlyFunctions are the functions GrantOpts.CheckOnly gives.
+var checkOnlyFunctions = []string{checkFunction, "pgfence_schema_version()"}
 
 // appTables are the tables an application role reads: the leases, the
 // elections' leaders, the key of notification payloads, the version
@@ -71,6 +85,13 @@ func grants(schema, role string, opts *GrantOpts) ([]string, []privilege) {
 	to := " TO " + pgx.Identifier{role}.Sanitize()
 	privs := []privilege{{"schema", s, "USAGE"}}
 	var tables, fns []string
+	if opts != nil && opts.CheckOnly {
+		for _, f := range checkOnlyFunctions {
+			fns = append(fns, s+"."+f)
+			privs = append(privs, privilege{"function", fns[len(fns)-1], "EXECUTE"})
+		}
+		return []string{"GRANT USAGE ON SCHEMA " + s + to, "GRANT EXECUTE ON FUNCTION " + strings.Join(fns, ", ") + to}, privs
+	}
 	for _, t := range appTables {
 		tables = append(tables, pgx.Identifier{schema, t}.Sanitize())
 		privs = append(privs, privilege{"table", tables[len(tables)-1], "SELECT"})
@@ -97,8 +118,10 @@ func grants(schema, role string, opts *GrantOpts) ([]string, []privilege) {
 // every type schema-qualified: USAGE on the schema, SELECT on the tables the
 // application reads, EXECUTE on the functions it calls (the package
 // documentation lists them), and with Operator EXECUTE on
-// pgfence_force_release and SELECT on pgfence_forced_releases. GrantSQL
-// does not validate its arguments; [Grant] does.
+// pgfence_force_release and SELECT on pgfence_forced_releases; with
+// CheckOnly, only USAGE on the schema and EXECUTE on pgfence_fence_check and
+// pgfence_schema_version. GrantSQL does not validate its arguments; [Grant]
+// does.
 func GrantSQL(schema, role string, opts *GrantOpts) []string {
 	stmts, _ := grants(schema, role, opts)
 	return stmts
@@ -120,6 +143,9 @@ func grant(ctx context.Context, t Target, role string, cfg *Config, opts *GrantO
 	}
 	if role == "public" {
 		return fmt.Errorf("pgfence: migrations: grant: refusing to grant to %q, which means every role: name the application's role", role)
+	}
+	if opts != nil && opts.CheckOnly && opts.Operator {
+		return errors.New("pgfence: migrations: grant: CheckOnly and Operator cannot be combined: CheckOnly gives a checking service nothing else")
 	}
 	return run(ctx, t, cfg, "grant", func(r *runner) error {
 		v, dirty, err := r.readOnlyVersion()

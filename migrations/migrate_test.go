@@ -23,13 +23,14 @@ import (
 
 func TestLatest(t *testing.T) {
 	t.Parallel()
-	// The baseline and the schedule's slots, each with its down file.
+	// The baseline, the fence registry and the schedule's slots, each with
+	// its down file.
 	ups, err := fs.Glob(migrations.FS, "*.up.sql")
 	require.NoError(t, err)
 	downs, err := fs.Glob(migrations.FS, "*.down.sql")
 	require.NoError(t, err)
-	require.Equal(t, []string{"000001_baseline.up.sql", "000004_schedule_slots.up.sql"}, ups)
-	require.Equal(t, []string{"000001_baseline.down.sql", "000004_schedule_slots.down.sql"}, downs)
+	require.Equal(t, []string{"000001_baseline.up.sql", "000003_fence_registry.up.sql", "000004_schedule_slots.up.sql"}, ups)
+	require.Equal(t, []string{"000001_baseline.down.sql", "000003_fence_registry.down.sql", "000004_schedule_slots.down.sql"}, downs)
 	require.Equal(t, uint(4), migrations.Latest())
 }
 
@@ -91,7 +92,7 @@ func TestBaselineCatalog(t *testing.T) {
 		require.NoError(t, err)
 		return out
 	}
-	require.Equal(t, []string{"pgfence_acquire", "pgfence_force_release", "pgfence_last_token", "pgfence_leader_proclaim",
+	require.Equal(t, []string{"pgfence_acquire", "pgfence_fence_check", "pgfence_force_release", "pgfence_last_token", "pgfence_leader_proclaim",
 		"pgfence_lease_held", "pgfence_next_token", "pgfence_next_tokens", "pgfence_prune_delete", "pgfence_prune_scan",
 		"pgfence_release", "pgfence_renew", "pgfence_slot_begin", "pgfence_slot_finish", "pgfence_slots_prune"},
 		list(`SELECT proname::text FROM pg_proc WHERE pronamespace = 'pgfence'::regnamespace AND prosecdef ORDER BY 1`))
@@ -104,7 +105,7 @@ func TestBaselineCatalog(t *testing.T) {
 		  AND (has_table_privilege('public', c.oid, 'SELECT') OR has_table_privilege('public', c.oid, 'UPDATE'))`))
 	require.Equal(t, []string{"1024 1 false"}, list(`SELECT seqincrement || ' ' || seqcache || ' ' || seqcycle FROM pg_sequence
 		WHERE seqrelid = 'pgfence.pgfence_leases_fence_seq'::regclass`))
-	require.Equal(t, []string{"4"}, list(`SELECT pgfence.pgfence_schema_version()::text`))
+	require.Equal(t, []string{fmt.Sprint(migrations.Latest())}, list(`SELECT pgfence.pgfence_schema_version()::text`))
 
 	keys := list(`SELECT encode(key, 'hex') FROM pgfence.pgfence_notify_key`)
 	require.Len(t, keys, 1)
@@ -523,10 +524,15 @@ func TestGrantSQL(t *testing.T) {
 			`"pgfence".pgfence_last_token(), "pgfence".pgfence_present(pg_catalog.int8), ` +
 			`"pgfence".pgfence_protect(pg_catalog.regclass, pg_catalog.name, pg_catalog.bool), ` +
 			`"pgfence".pgfence_maintenance(pg_catalog.regclass), ` +
+			`"pgfence".pgfence_fence_check(pg_catalog.text, pg_catalog.int8), ` +
 			`"pgfence".pgfence_slot_begin(pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.text), ` +
 			`"pgfence".pgfence_slot_finish(pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text, pg_catalog.text), ` +
 			`"pgfence".pgfence_slots_prune(pg_catalog.interval) TO "app"`,
 	}, migrations.GrantSQL("", "app", nil))
+	require.Equal(t, []string{
+		`GRANT USAGE ON SCHEMA "we""ird" TO "svc"`,
+		`GRANT EXECUTE ON FUNCTION "we""ird".pgfence_fence_check(pg_catalog.text, pg_catalog.int8), "we""ird".pgfence_schema_version() TO "svc"`,
+	}, migrations.GrantSQL(`we"ird`, "svc", &migrations.GrantOpts{CheckOnly: true}))
 
 	op := migrations.GrantSQL(`we"ird`, `Ro le`, &migrations.GrantOpts{Operator: true})
 	require.Len(t, op, 5)

@@ -37,8 +37,9 @@ func TestHerdOfOneLockerAsksOnce(t *testing.T) {
 		// wake-up it follows); 51 seen on a loaded CI machine, 35-39 quiet.
 		{"shared", false, waiters + 6*handovers, 0},
 		// About one attempt per woken waiter and hand-over (207-214
-		// seen): well above the bound of the shared case.
-		{"control: not shared", true, 1 << 30, waiters + 10*handovers},
+		// seen quiet, 108 at load 14 on 2 cores, where woken waiters
+		// coalesce): it must exceed what the shared case may take.
+		{"control: not shared", true, 1 << 30, waiters + 6*handovers + 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -175,3 +175,43 @@ func TestGrant(t *testing.T) {
 	require.Equal(t, 1, r.code)
 	require.Contains(t, r.stderr, "no_such_role_x")
 }
+
+// grant --check-only gives a checking service the fence registry's check
+// and nothing else: it can check a token, and cannot take a lease or read
+// the leases (the control: an ordinary grant can).
+func TestGrantCheckOnly(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	role, roleURL := newRole(t, db)
+	owner := dbEnv(db)
+	svc := []string{"DATABASE_URL=" + roleURL}
+
+	r := pgfence(t, nil, "", "grant", "--check-only", "--operator", "--print", role)
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "--operator and --check-only exclude each other")
+	r = pgfence(t, nil, "", "grant", "--check-only", "--print", role)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 2, strings.Count(r.stdout, "GRANT "), r.stdout)
+	require.Contains(t, r.stdout, "pgfence_fence_check(pg_catalog.text, pg_catalog.int8)")
+
+	r = pgfence(t, owner, "", "grant", "--check-only", role)
+	require.Equal(t, 0, r.code, r.stderr)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, roleURL)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "SELECT pgfence.pgfence_fence_check('stock', 7)")
+	require.NoError(t, err, "the check is granted")
+	_, err = conn.Exec(ctx, "SELECT pgfence.pgfence_fence_check('stock', 6)")
+	require.ErrorContains(t, err, "stale", "and it fences")
+	r = pgfence(t, svc, "", "ls")
+	require.Equal(t, 1, r.code, "a checking service reads no lease")
+	require.Contains(t, r.stderr, "permission denied")
+	r = pgfence(t, svc, "", "run", "job", "--", "true")
+	require.NotEqual(t, 0, r.code, "nor takes one")
+
+	r = pgfence(t, owner, "", "grant", role)
+	require.Equal(t, 0, r.code, r.stderr)
+	r = pgfence(t, svc, "", "ls")
+	require.Equal(t, 0, r.code, "control: the application grant reads them: %s", r.stderr)
+}

@@ -23,7 +23,10 @@ on the token sequence and no INSERT, UPDATE, DELETE or TRUNCATE on the
 table: pgfence's SECURITY DEFINER functions make every write. With
 --operator, also EXECUTE on pgfence_force_release and SELECT on
 pgfence_forced_releases, for the people and tools that run 'pgfence release
---force' and 'pgfence ls --forced'.
+--force' and 'pgfence ls --forced'. With --check-only, instead, only USAGE
+on the schema and EXECUTE on pgfence_fence_check and pgfence_schema_version:
+for a service that checks fencing tokens with the fence registry and does
+nothing else (docs/fencing-anything.md).
 
 Run it as the role that ran 'pgfence migrate up' (the owner), after that;
 granting twice is harmless. Before committing, it checks that ROLE holds
@@ -36,13 +39,15 @@ Examples:
   pgfence grant app
   pgfence grant oncall --operator --database postgres://owner@db/app
   pgfence grant app --print --schema locks
+  pgfence grant payments-svc --check-only
 `
 
 func (a *App) grant(ctx context.Context, args []string) error {
 	var database, schema string
-	var operator, print bool
+	var operator, checkOnly, print bool
 	f := newFlags("grant")
 	f.Bool(&operator, "", "operator", "also allow release --force and reading the forced-release audit trail")
+	f.Bool(&checkOnly, "", "check-only", "only what a service that checks tokens with the fence registry needs")
 	f.Bool(&print, "", "print", "print the statements instead of running them")
 	f.String(&database, "d", "database", "URL", databaseFlagUsage)
 	schemaFlag(f, &schema)
@@ -60,7 +65,10 @@ func (a *App) grant(ctx context.Context, args []string) error {
 	if err := checkSchema(schema); err != nil {
 		return err
 	}
-	opts := &migrations.GrantOpts{Operator: operator}
+	if operator && checkOnly {
+		return usageErrorf("--operator and --check-only exclude each other")
+	}
+	opts := &migrations.GrantOpts{Operator: operator, CheckOnly: checkOnly}
 	if print {
 		for _, stmt := range migrations.GrantSQL(schema, role, opts) {
 			fmt.Fprintf(a.Stdout, "%s;\n", stmt)

@@ -43,6 +43,8 @@
 //	pgfence.lock.losses             counter              {lock}     pgfence.lock.strategy, pgfence.loss.cause
 //	pgfence.fence.stale_writes      counter              {write}    pgfence.lock.strategy (fence), db.collection.name
 //	pgfence.fence.no_token_writes   counter              {write}    pgfence.lock.strategy (fence), db.collection.name
+//	pgfence.schedule.slots          counter              {slot}     pgfence.schedule.job, pgfence.schedule.outcome, error.type (failed)
+//	pgfence.schedule.run.duration   histogram            s          pgfence.schedule.job, pgfence.schedule.outcome (done, failed)
 //	pgfence.listen.lost             counter              {event}    pgfence.lock.strategy, error.type
 //	pgfence.listen.restored         counter              {event}    pgfence.lock.strategy
 //	pgfence.listen.down.duration    histogram            s          pgfence.lock.strategy
@@ -62,7 +64,9 @@
 // renewal.failures and losses from Renewed, RenewalFailed and Lost;
 // stale_writes from StaleWrite; no_token_writes from NoTokenWrite (a write
 // to a strict-guarded table that presented no token: a bug in the writer,
-// not a stale holder); the listen metrics from ListenLost and
+// not a stale holder); schedule.slots and schedule.run.duration from
+// package schedule's SlotDone, SlotFailed, SlotSkipped and SlotRetried;
+// the listen metrics from ListenLost and
 // ListenRestored; operation.duration from StartOp to EndOp of every
 // operation (an acquire with all its attempts, a release with its retries,
 // one renewal round trip, one fenced write). The last four are read from

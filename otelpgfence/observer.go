@@ -76,6 +76,8 @@ type instruments struct {
 	losses            metric.Int64Counter
 	staleWrites       metric.Int64Counter
 	noTokenWrites     metric.Int64Counter
+	slots             metric.Int64Counter
+	slotDuration      metric.Float64Histogram
 	listenLost        metric.Int64Counter
 	listenRestored    metric.Int64Counter
 	listenDown        metric.Float64Histogram
@@ -116,6 +118,12 @@ const (
 	// only).
 	PresentedKey = attribute.Key("pgfence.fence.presented_token")
 	CurrentKey   = attribute.Key("pgfence.fence.current_token")
+	// JobKey is a schedule job's name (package schedule: a few per
+	// service, so metrics carry it).
+	JobKey = attribute.Key("pgfence.schedule.job")
+	// SlotOutcomeKey is what became of a slot: done, failed, skipped or
+	// retried.
+	SlotOutcomeKey = attribute.Key("pgfence.schedule.outcome")
 )
 
 // Results of an acquire (ResultKey) and ends of a hold (EndKey).
@@ -191,6 +199,8 @@ func New(cfg *Config) (*Observer, error) {
 	in.losses = c("pgfence.lock.losses", "Locks lost by their holder, by cause.", "{lock}")
 	in.staleWrites = c("pgfence.fence.stale_writes", "Fenced writes rejected because the row carries a newer token.", "{write}")
 	in.noTokenWrites = c("pgfence.fence.no_token_writes", "Writes to a strict-guarded table rejected because they presented no fencing token.", "{write}")
+	in.slots = c("pgfence.schedule.slots", "Schedule slots by outcome: run to done, failed, skipped as already done, or retried after a holder that did not finish.", "{slot}")
+	in.slotDuration = h("pgfence.schedule.run.duration", "Duration of schedule slot runs that ended done or failed.", "s", holdBuckets)
 	in.listenLost = c("pgfence.listen.lost", "Times a Locker's LISTEN connection failed.", "{event}")
 	in.listenRestored = c("pgfence.listen.restored", "Times a Locker's LISTEN connection was restored.", "{event}")
 	if err == nil {
@@ -424,6 +434,16 @@ func (o *Observer) Observe(ctx context.Context, e pgfence.Event) {
 		if sp := o.opSpan(ctx, pgfence.OpFencedWrite); sp != nil {
 			sp.SetAttributes(PresentedKey.Int64(e.Presented), CurrentKey.Int64(e.Current))
 		}
+	case pgfence.SlotDone:
+		o.inst.slots.Add(ctx, 1, metric.WithAttributes(JobKey.String(e.Job), SlotOutcomeKey.String("done")))
+		o.inst.slotDuration.Record(ctx, e.Duration.Seconds(), metric.WithAttributes(JobKey.String(e.Job), SlotOutcomeKey.String("done")))
+	case pgfence.SlotFailed:
+		o.inst.slots.Add(ctx, 1, metric.WithAttributes(JobKey.String(e.Job), SlotOutcomeKey.String("failed"), errorType(e.Err)))
+		o.inst.slotDuration.Record(ctx, e.Duration.Seconds(), metric.WithAttributes(JobKey.String(e.Job), SlotOutcomeKey.String("failed")))
+	case pgfence.SlotSkipped:
+		o.inst.slots.Add(ctx, 1, metric.WithAttributes(JobKey.String(e.Job), SlotOutcomeKey.String("skipped")))
+	case pgfence.SlotRetried:
+		o.inst.slots.Add(ctx, 1, metric.WithAttributes(JobKey.String(e.Job), SlotOutcomeKey.String("retried")))
 	case pgfence.NoTokenWrite:
 		o.inst.noTokenWrites.Add(ctx, 1, metric.WithAttributes(StrategyKey.String(pgfence.StrategyFence), semconv.DBCollectionName(collectionName(e.Table))))
 		if sp := o.opSpan(ctx, pgfence.OpFencedWrite); sp != nil {

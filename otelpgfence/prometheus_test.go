@@ -23,6 +23,7 @@ import (
 	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/leasetable"
 	"github.com/pgfence/pgfence/otelpgfence"
+	"github.com/pgfence/pgfence/schedule"
 )
 
 // promBundle is an Observer exporting to a Prometheus registry, served as
@@ -335,4 +336,33 @@ func TestPrometheusNoTokenWrite(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
 	require.Equal(t, 1.0, b.value(t, "pgfence_fence_no_token_writes_total", "pgfence_lock_strategy=fence", `db_collection_name=prom_strict`))
+}
+
+// TestPrometheusScheduleSlots: package schedule's outcomes are counted per
+// job: a slot run to done, the same slot skipped, a failed one (with its
+// error type) and its retry run to done; runs are timed.
+func TestPrometheusScheduleSlots(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupProm(t)
+	pool := newPool(t, 4)
+	lk, err := leasetable.New(ctx, pool, &leasetable.Config{TTL: 5 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { lk.Close() })
+	r, err := schedule.New(pool, &schedule.Config{Locker: lk, Observer: b.obs})
+	require.NoError(t, err)
+	ok := func(context.Context, *schedule.Slot) error { return nil }
+
+	require.NoError(t, r.Run(ctx, "report", "2026-12-03", nil, ok))
+	require.ErrorIs(t, r.Run(ctx, "report", "2026-12-03", nil, ok), schedule.ErrSlotDone)
+	boom := errors.New("boom")
+	require.ErrorIs(t, r.Run(ctx, "report", "2026-12-04", nil, func(context.Context, *schedule.Slot) error { return boom }), boom)
+	require.NoError(t, r.Run(ctx, "report", "2026-12-04", nil, ok))
+
+	job := "pgfence_schedule_job=report"
+	require.Equal(t, 2.0, b.value(t, "pgfence_schedule_slots_total", job, "pgfence_schedule_outcome=done"))
+	require.Equal(t, 1.0, b.value(t, "pgfence_schedule_slots_total", job, "pgfence_schedule_outcome=skipped"))
+	require.Equal(t, 1.0, b.value(t, "pgfence_schedule_slots_total", job, "pgfence_schedule_outcome=failed", "error_type=_OTHER"))
+	require.Equal(t, 1.0, b.value(t, "pgfence_schedule_slots_total", job, "pgfence_schedule_outcome=retried"))
+	require.Equal(t, 3.0, b.value(t, "pgfence_schedule_run_duration_seconds", job))
 }

@@ -75,13 +75,15 @@
 //
 // [Grant] gives an application role USAGE on the schema; SELECT on
 // pgfence_leases, pgfence_leaders, pgfence_notify_key (the key that
-// authenticates notifications) and pgfence_schema_migrations; and EXECUTE on
+// authenticates notifications), pgfence_schema_migrations and
+// pgfence_semaphores; and EXECUTE on
 // the functions it calls: pgfence_next_token, pgfence_next_tokens,
 // pgfence_schema_version, pgfence_acquire, pgfence_release, pgfence_renew,
 // pgfence_lease_held, pgfence_prune_scan, pgfence_prune_delete,
 // pgfence_leader_proclaim, pgfence_present, pgfence_protect,
-// pgfence_maintenance, the trigger functions, and pgfence_last_token, which
-// the strict trigger calls as the writing role.
+// pgfence_maintenance, pgfence_acquire_permit, pgfence_acquire_set, the
+// guard's trigger functions, and pgfence_last_token, which the strict
+// trigger calls as the writing role.
 //
 // Nothing on the sequences, and no INSERT, UPDATE, DELETE or TRUNCATE on the
 // tables: every write goes through the functions, which run as the owner

@@ -40,12 +40,14 @@ var appFunctions = []string{
 	"pgfence_present(pg_catalog.int8)",
 	"pgfence_protect(pg_catalog.regclass, pg_catalog.name, pg_catalog.bool)",
 	"pgfence_maintenance(pg_catalog.regclass)",
+	"pgfence_acquire_permit(pg_catalog.text, pg_catalog.int4, pg_catalog.text, pg_catalog.int8)",
+	"pgfence_acquire_set(pg_catalog.text[], pg_catalog.text, pg_catalog.int8[])",
 }
 
 // appTables are the tables an application role reads: the leases, the
-// elections' leaders, the key of notification payloads, and the version
-// ([Version], and [Up] at start-up).
-var appTables = []string{"pgfence_leases", "pgfence_leaders", "pgfence_notify_key", Table}
+// elections' leaders, the key of notification payloads, the version
+// ([Version], and [Up] at start-up) and the semaphores' permit counts.
+var appTables = []string{"pgfence_leases", "pgfence_leaders", "pgfence_notify_key", Table, "pgfence_semaphores"}
 
 // operatorFunction is what GrantOpts.Operator adds.
 const operatorFunction = "pgfence_force_release(pg_catalog.text, pg_catalog.text)"

@@ -23,14 +23,14 @@ import (
 
 func TestLatest(t *testing.T) {
 	t.Parallel()
-	// One baseline, version 1, with its down file.
+	// The baseline, version 1, and the semaphores, version 5, each with its down file.
 	ups, err := fs.Glob(migrations.FS, "*.up.sql")
 	require.NoError(t, err)
 	downs, err := fs.Glob(migrations.FS, "*.down.sql")
 	require.NoError(t, err)
-	require.Equal(t, []string{"000001_baseline.up.sql"}, ups)
-	require.Equal(t, []string{"000001_baseline.down.sql"}, downs)
-	require.Equal(t, uint(1), migrations.Latest())
+	require.Equal(t, []string{"000001_baseline.up.sql", "000005_semaphores.up.sql"}, ups)
+	require.Equal(t, []string{"000001_baseline.down.sql", "000005_semaphores.down.sql"}, downs)
+	require.Equal(t, uint(5), migrations.Latest())
 }
 
 func TestUpCreatesSchemaAndIsIdempotent(t *testing.T) {
@@ -91,7 +91,7 @@ func TestBaselineCatalog(t *testing.T) {
 		require.NoError(t, err)
 		return out
 	}
-	require.Equal(t, []string{"pgfence_acquire", "pgfence_force_release", "pgfence_last_token", "pgfence_leader_proclaim",
+	require.Equal(t, []string{"pgfence_acquire", "pgfence_acquire_permit", "pgfence_acquire_set", "pgfence_force_release", "pgfence_last_token", "pgfence_leader_proclaim",
 		"pgfence_lease_held", "pgfence_next_token", "pgfence_next_tokens", "pgfence_prune_delete", "pgfence_prune_scan",
 		"pgfence_release", "pgfence_renew"},
 		list(`SELECT proname::text FROM pg_proc WHERE pronamespace = 'pgfence'::regnamespace AND prosecdef ORDER BY 1`))
@@ -104,7 +104,7 @@ func TestBaselineCatalog(t *testing.T) {
 		  AND (has_table_privilege('public', c.oid, 'SELECT') OR has_table_privilege('public', c.oid, 'UPDATE'))`))
 	require.Equal(t, []string{"1024 1 false"}, list(`SELECT seqincrement || ' ' || seqcache || ' ' || seqcycle FROM pg_sequence
 		WHERE seqrelid = 'pgfence.pgfence_leases_fence_seq'::regclass`))
-	require.Equal(t, []string{"1"}, list(`SELECT pgfence.pgfence_schema_version()::text`))
+	require.Equal(t, []string{"5"}, list(`SELECT pgfence.pgfence_schema_version()::text`))
 
 	keys := list(`SELECT encode(key, 'hex') FROM pgfence.pgfence_notify_key`)
 	require.Len(t, keys, 1)
@@ -509,7 +509,7 @@ func TestGrantSQL(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, []string{
 		`GRANT USAGE ON SCHEMA "pgfence" TO "app"`,
-		`GRANT SELECT ON TABLE "pgfence"."pgfence_leases", "pgfence"."pgfence_leaders", "pgfence"."pgfence_notify_key", "pgfence"."pgfence_schema_migrations" TO "app"`,
+		`GRANT SELECT ON TABLE "pgfence"."pgfence_leases", "pgfence"."pgfence_leaders", "pgfence"."pgfence_notify_key", "pgfence"."pgfence_schema_migrations", "pgfence"."pgfence_semaphores" TO "app"`,
 		`GRANT EXECUTE ON FUNCTION "pgfence".pgfence_next_token(), "pgfence".pgfence_schema_version(), ` +
 			`"pgfence".pgfence_acquire(pg_catalog.text[], pg_catalog.text, pg_catalog.int8[]), ` +
 			`"pgfence".pgfence_release(pg_catalog.text[], pg_catalog.int8[], pg_catalog.text[], pg_catalog.int8[]), ` +
@@ -522,7 +522,9 @@ func TestGrantSQL(t *testing.T) {
 			`"pgfence".pgfence_guard(), "pgfence".pgfence_guard_strict(), "pgfence".pgfence_guard_truncate(), ` +
 			`"pgfence".pgfence_last_token(), "pgfence".pgfence_present(pg_catalog.int8), ` +
 			`"pgfence".pgfence_protect(pg_catalog.regclass, pg_catalog.name, pg_catalog.bool), ` +
-			`"pgfence".pgfence_maintenance(pg_catalog.regclass) TO "app"`,
+			`"pgfence".pgfence_maintenance(pg_catalog.regclass), ` +
+			`"pgfence".pgfence_acquire_permit(pg_catalog.text, pg_catalog.int4, pg_catalog.text, pg_catalog.int8), ` +
+			`"pgfence".pgfence_acquire_set(pg_catalog.text[], pg_catalog.text, pg_catalog.int8[]) TO "app"`,
 	}, migrations.GrantSQL("", "app", nil))
 
 	op := migrations.GrantSQL(`we"ird`, `Ro le`, &migrations.GrantOpts{Operator: true})

@@ -134,7 +134,8 @@ COMMENT ON FUNCTION pgfence_acquire_permit(sem text, n integer, new_owner text, 
 -- taken in name order: it never waits, so two sets cannot deadlock) in a
 -- subtransaction that is rolled back unless every name was acquired. The
 -- tokens drawn then are never issued. Returns pgfence_acquire's rows; on a
--- refusal none has acquired true.
+-- refusal none has acquired true, and a name that was free has no owner
+-- and expires_at = db_now.
 CREATE FUNCTION pgfence_acquire_set(names text[], new_owner text, ttl_us bigint[])
     RETURNS TABLE(acquired boolean, name text, owner text, fence bigint, acquired_at timestamptz, expires_at timestamptz, db_now timestamptz, secret text)
     LANGUAGE plpgsql SECURITY DEFINER
@@ -167,7 +168,7 @@ BEGIN
         SELECT false, r.name, CASE WHEN r.acquired THEN NULL ELSE r.owner END,
                CASE WHEN r.acquired THEN NULL ELSE r.fence END,
                CASE WHEN r.acquired THEN NULL ELSE r.acquired_at END,
-               CASE WHEN r.acquired THEN NULL ELSE r.expires_at END,
+               CASE WHEN r.acquired THEN r.db_now ELSE r.expires_at END,
                r.db_now, NULL::text
         FROM pg_catalog.jsonb_to_recordset(res) AS r(acquired boolean, name text, owner text, fence bigint,
             acquired_at timestamptz, expires_at timestamptz, db_now timestamptz, secret text);

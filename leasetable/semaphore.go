@@ -433,3 +433,44 @@ func (k *Locker) adoptGrant(ctx context.Context, name string, rep acquireReply, 
 	k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: acquired", "lease", name, "token", rep.token, "ttl", t.ttl)
 	return l, nil
 }
+
+// SemaphoreInfo describes a semaphore with a permit held, on the database
+// clock.
+type SemaphoreInfo struct {
+	Name    string // the semaphore's name
+	Permits int    // its number of permits
+	InUse   int    // permits held now
+}
+
+// semaphoresSQL lists the semaphores with a permit held (%[1]s is the
+// schema). It reads, and locks nothing.
+const semaphoresSQL = `
+SELECT s.name, s.permits, u.in_use::pg_catalog.int4
+FROM %[1]s.pgfence_semaphores s
+CROSS JOIN LATERAL (
+    SELECT pg_catalog.count(*) AS in_use FROM %[1]s.pgfence_leases p
+    WHERE p.name OPERATOR(pg_catalog.=) ANY (ARRAY(
+            SELECT s.name OPERATOR(pg_catalog.||) pg_catalog.chr(31) OPERATOR(pg_catalog.||) g.slot::pg_catalog.text
+            FROM pg_catalog.generate_series(0, s.permits OPERATOR(pg_catalog.-) 1) g(slot)))
+      AND p.expires_at OPERATOR(pg_catalog.>) pg_catalog.now()) u
+WHERE u.in_use OPERATOR(pg_catalog.>) 0
+ORDER BY s.name`
+
+// Semaphores returns the semaphores with at least one permit held, by
+// name, each with its number of permits and those held. Waiting callers are
+// in their Lockers' processes and not counted here (see [pgfence.Stats]).
+// It returns database errors wrapped.
+func (k *Locker) Semaphores(ctx context.Context) ([]SemaphoreInfo, error) {
+	rows, err := k.pool.Query(ctx, fmt.Sprintf(semaphoresSQL, k.schemaSQL()))
+	if err != nil {
+		return nil, fmt.Errorf("pgfence: leasetable: list semaphores: %w", install.WrapPermission(err, "", k.cfg.Schema))
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (SemaphoreInfo, error) {
+		var s SemaphoreInfo
+		return s, r.Scan(&s.Name, &s.Permits, &s.InUse)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pgfence: leasetable: list semaphores: %w", install.WrapPermission(err, "", k.cfg.Schema))
+	}
+	return out, nil
+}

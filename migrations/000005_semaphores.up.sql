@@ -59,12 +59,17 @@ BEGIN
         RAISE EXCEPTION 'pgfence: a semaphore name is 1 to 507 bytes without chr(31)'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    INSERT INTO pgfence_semaphores AS s (name, permits) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING;
-    SELECT s.permits INTO STRICT cur FROM pgfence_semaphores s WHERE s.name = $1 FOR SHARE;
-    IF cur <> $2 THEN
-        -- Another count: taken only while no permit is held. The row lock
-        -- waits for acquires in flight; the next statement sees them.
-        SELECT s.permits INTO STRICT cur FROM pgfence_semaphores s WHERE s.name = $1 FOR UPDATE;
+    -- Acquires hold the semaphore's lock shared (in memory: no row lock,
+    -- no WAL); the first use and a change of count hold it exclusive, which
+    -- waits for acquires in flight, so the statements after it see them.
+    SELECT s.permits INTO cur FROM pgfence_semaphores s WHERE s.name = $1;
+    IF FOUND AND cur = $2 THEN
+        PERFORM pg_catalog.pg_advisory_xact_lock_shared(pg_catalog.hashtextextended($1 || pg_catalog.chr(31), 7378831));
+        SELECT s.permits INTO STRICT cur FROM pgfence_semaphores s WHERE s.name = $1;
+    ELSE
+        PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended($1 || pg_catalog.chr(31), 7378831));
+        INSERT INTO pgfence_semaphores AS s (name, permits) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING;
+        SELECT s.permits INTO STRICT cur FROM pgfence_semaphores s WHERE s.name = $1;
         IF cur <> $2 AND NOT EXISTS (
             SELECT FROM pgfence_leases p
             WHERE p.name IN (SELECT $1 || pg_catalog.chr(31) || g.s FROM pg_catalog.generate_series(0, cur - 1) g(s))
@@ -72,11 +77,13 @@ BEGIN
             UPDATE pgfence_semaphores s SET permits = $2, updated_at = pg_catalog.now() WHERE s.name = $1;
             cur := $2;
         END IF;
-        IF cur <> $2 THEN
-            RETURN QUERY SELECT false, NULL::text, NULL::text, NULL::bigint, NULL::timestamptz, NULL::timestamptz,
-                pg_catalog.now(), NULL::text, cur, false;
-            RETURN;
-        END IF;
+    END IF;
+    IF cur <> $2 THEN
+        -- A permit is held under another count (or the count changed
+        -- during the call).
+        RETURN QUERY SELECT false, NULL::text, NULL::text, NULL::bigint, NULL::timestamptz, NULL::timestamptz,
+            pg_catalog.now(), NULL::text, cur, false;
+        RETURN;
     END IF;
     sec := pg_catalog.replace(pg_catalog.gen_random_uuid()::text || pg_catalog.gen_random_uuid()::text, '-', '');
     FOR slot IN

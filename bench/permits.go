@@ -127,18 +127,22 @@ func medianOf(v []float64) float64 {
 	return s[len(s)/2]
 }
 
-// permitHandover measures hand-overs among w waiters on one name for d.
+// permitHandover measures hand-overs among w waiters (over the lockers) on
+// one name for d, the first quarter unmeasured.
 func permitHandover(ctx context.Context, lockers []*leasetable.Locker, tag string, w int, permit bool, d time.Duration) (string, []float64, error) {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	name := tag + "h"
+	// The first callers of a new semaphore record its count one at a time:
+	// the first quarter is not measured.
+	measureFrom := time.Now().Add(d / 4)
 	var released atomic.Int64 // UnixNano of the last Release call, 0 before
 	var mu sync.Mutex
 	var lat []float64
 	var firstErr error
 	var wg sync.WaitGroup
 	for i := range w + 1 {
-		k := lockers[i%2]
+		k := lockers[i%len(lockers)]
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -158,7 +162,7 @@ func permitHandover(ctx context.Context, lockers []*leasetable.Locker, tag strin
 					}
 					return
 				}
-				if at := released.Swap(0); at != 0 {
+				if at := released.Swap(0); at != 0 && time.Now().After(measureFrom) {
 					mu.Lock()
 					lat = append(lat, float64(time.Now().UnixNano()-at)/1e6)
 					mu.Unlock()

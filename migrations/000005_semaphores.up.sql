@@ -60,15 +60,18 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- Acquires hold the semaphore's lock shared (in memory: no row lock,
-    -- no WAL); the first use and a change of count hold it exclusive, which
-    -- waits for acquires in flight, so the statements after it see them.
+    -- no WAL); a change of count holds it exclusive, which waits for
+    -- acquires in flight, so the statements after it see them.
     SELECT s.permits INTO cur FROM pgfence_semaphores s WHERE s.name = $1;
-    IF FOUND AND cur = $2 THEN
+    IF NOT FOUND THEN
+        INSERT INTO pgfence_semaphores AS s (name, permits) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING;
+        SELECT s.permits INTO STRICT cur FROM pgfence_semaphores s WHERE s.name = $1;
+    END IF;
+    IF cur = $2 THEN
         PERFORM pg_catalog.pg_advisory_xact_lock_shared(pg_catalog.hashtextextended($1 || pg_catalog.chr(31), 7378831));
         SELECT s.permits INTO STRICT cur FROM pgfence_semaphores s WHERE s.name = $1;
     ELSE
         PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended($1 || pg_catalog.chr(31), 7378831));
-        INSERT INTO pgfence_semaphores AS s (name, permits) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING;
         SELECT s.permits INTO STRICT cur FROM pgfence_semaphores s WHERE s.name = $1;
         IF cur <> $2 AND NOT EXISTS (
             SELECT FROM pgfence_leases p

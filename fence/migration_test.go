@@ -2,6 +2,7 @@ package fence_test
 
 import (
 	"context"
+	"io/fs"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -73,7 +74,7 @@ func TestBaselineGuardFunctions(t *testing.T) {
 	var quoted string
 	require.NoError(t, conn.QueryRow(ctx, "SELECT pg_catalog.quote_ident($1)", schema).Scan(&quoted))
 	pinned := "search_path=pg_catalog, " + quoted + ", pg_temp"
-	checkUp := func() {
+	checkUp := func(version int) {
 		t.Helper()
 		fns := functions(t, conn)
 		for _, name := range guardFunctions {
@@ -86,10 +87,17 @@ func TestBaselineGuardFunctions(t *testing.T) {
 		}
 		var v int
 		require.NoError(t, conn.QueryRow(ctx, "SELECT "+pgx.Identifier{schema, "pgfence_schema_version"}.Sanitize()+"()").Scan(&v))
-		require.Equal(t, 1, v)
+		require.Equal(t, version, v)
 	}
-	checkUp()
+	checkUp(int(migrations.Latest()))
 
+	// The later migrations' down files first, newest first.
+	downs, err := fs.Glob(migrations.FS, "*.down.sql")
+	require.NoError(t, err)
+	for i := len(downs) - 1; i > 0; i-- {
+		_, err = conn.Exec(ctx, migration(t, downs[i]))
+		require.NoError(t, err, downs[i])
+	}
 	_, err = conn.Exec(ctx, migration(t, "000001_baseline.down.sql"))
 	require.NoError(t, err)
 	fns := functions(t, conn)
@@ -99,5 +107,5 @@ func TestBaselineGuardFunctions(t *testing.T) {
 
 	_, err = conn.Exec(ctx, migration(t, "000001_baseline.up.sql"))
 	require.NoError(t, err)
-	checkUp()
+	checkUp(1)
 }

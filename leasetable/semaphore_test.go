@@ -65,6 +65,9 @@ func TestPermitCap(t *testing.T) {
 	_, err := b.TryAcquirePermit(ctx, "api", 3, nil)
 	require.ErrorIs(t, err, pgfence.ErrNotAcquired)
 	require.Equal(t, 3, heldPermits(t, db, "api"))
+	sems, err := b.Semaphores(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []leasetable.SemaphoreInfo{{Name: "api", Permits: 3, InUse: 3}}, sems)
 
 	// A permit is a lease: renewed, released, and taken again with a newer token.
 	require.NoError(t, held[1].(*leasetable.Lease).Renew(ctx))
@@ -73,6 +76,13 @@ func TestPermitCap(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, held[1].Name(), l.Name(), "the released permit")
 	require.Greater(t, l.Token(), held[1].Token())
+
+	for _, l := range []pgfence.Lease{held[0], held[2], l} {
+		require.NoError(t, l.Release(ctx))
+	}
+	sems, err = b.Semaphores(ctx)
+	require.NoError(t, err)
+	require.Empty(t, sems, "only semaphores with a permit held are listed")
 
 	// An ordinary lease never collides with a permit or the semaphore's name.
 	plain, err := b.TryAcquire(ctx, "api", nil)

@@ -161,6 +161,14 @@ func checkPermits(name string, permits int) error {
 	return nil
 }
 
+// checkForceName validates a lease name, or a permit's, to force-release.
+func checkForceName(name string) error {
+	if sem, _, ok := SplitPermit(name); ok {
+		return checkPermits(sem, 1)
+	}
+	return checkText("lease name", name)
+}
+
 // preparePermit validates a permit acquire and returns the permit's timing.
 func (k *Locker) preparePermit(ctx context.Context, name string, permits int, opts *AcquireOpts) (leaseTiming, error) {
 	if err := ctx.Err(); err != nil {

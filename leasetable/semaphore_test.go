@@ -358,3 +358,25 @@ func TestPermitFencing(t *testing.T) {
 	require.NoError(t, lb.Release(ctx))
 	require.True(t, errors.Is(la.Release(ctx), pgfence.ErrNotHeld) || la.Err() != nil)
 }
+
+// TestPermitForceRelease: an operator force-releases a permit by its lease
+// name; its holder loses it and the next holder gets a newer token.
+func TestPermitForceRelease(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := pgtest.NewDB(t)
+	k := newLocker(t, db.Pool, nil)
+	l, err := k.TryAcquirePermit(ctx, "api", 1, nil)
+	require.NoError(t, err)
+	fr, err := k.ForceRelease(ctx, l.Name(), "stuck")
+	require.NoError(t, err)
+	require.True(t, fr.WasHeld)
+	require.Equal(t, l.Token(), fr.OldToken)
+	require.ErrorIs(t, l.(*leasetable.Lease).Renew(ctx), pgfence.ErrLeaseLost)
+	next, err := k.TryAcquirePermit(ctx, "api", 1, nil)
+	require.NoError(t, err)
+	require.Greater(t, next.Token(), fr.Token)
+	require.NoError(t, next.Release(ctx))
+	_, err = k.ForceRelease(ctx, "api\x1f01", "x")
+	require.ErrorContains(t, err, "control character", "not a permit's name: slot numbers have no leading zero")
+}

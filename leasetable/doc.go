@@ -49,6 +49,14 @@
 // no token is issued twice across a crash. Do not DELETE rows by hand while
 // acquirers run: that may reorder a name's tokens (fencing stays safe).
 //
+// # Semaphores and sets
+//
+// [Locker.AcquirePermit] takes one of N permits of a name: permit k is the
+// lease named [PermitName](name, k), with its own token, renewed, released
+// and lost like any lease. [Locker.AcquireSet] takes several leases in one
+// statement, all or none. Both need schema version 5; docs/semaphores.md
+// gives the design, the rule for N and the waiters' bound.
+//
 // # Ownership and privileges
 //
 // Every statement calls a SECURITY DEFINER function of pgfence's schema or

@@ -182,6 +182,7 @@ func (k *Locker) endLocked(l *Lease, state leaseState, cause error) {
 	for w := range k.waiters[l.name] {
 		w.wake()
 	}
+	k.wakePermitWaitersLocked(l.name)
 	if state == stateLost {
 		k.cfg.Logger.WarnContext(l.values, "pgfence: leasetable: lease lost", append(logAttrs(l), "cause", cause)...)
 		k.nLost.Add(1)

@@ -109,7 +109,8 @@ LIMIT $1`
 // ErrNoLease is returned by [Locker.ForceRelease] when the name has no row.
 var ErrNoLease = errors.New("pgfence: leasetable: no lease row with that name")
 
-// ForceRelease ends the lease name whoever holds it, for operators: its row
+// ForceRelease ends the lease name (a permit's too: see [PermitName])
+// whoever holds it, for operators: its row
 // gets a fresh token and expires now, so the holder's renewals and
 // lease-checked writes fail and its fenced writes are rejected. The release
 // is recorded on the server with reason (at most [MaxNameLength] bytes).
@@ -121,7 +122,7 @@ func (k *Locker) ForceRelease(ctx context.Context, name, reason string) (ForcedR
 	if err := k.checkOpen(); err != nil {
 		return ForcedRelease{}, err
 	}
-	if err := checkText("lease name", name); err != nil {
+	if err := checkForceName(name); err != nil {
 		return ForcedRelease{}, err
 	}
 	if len(reason) > MaxNameLength {

@@ -246,6 +246,7 @@ func (k *Locker) released(l *Lease) {
 	for w := range k.waiters[l.name] {
 		w.wake()
 	}
+	k.wakePermitWaitersLocked(l.name)
 }
 
 // releaseReq is one caller's request to release a lease.

@@ -75,15 +75,16 @@
 //
 // [Grant] gives an application role USAGE on the schema; SELECT on
 // pgfence_leases, pgfence_leaders, pgfence_notify_key (the key that
-// authenticates notifications), pgfence_schema_migrations and pgfence_slots
-// (the schedule's record); and EXECUTE on
+// authenticates notifications), pgfence_schema_migrations, pgfence_slots
+// (the schedule's record) and pgfence_semaphores; and EXECUTE on
 // the functions it calls: pgfence_next_token, pgfence_next_tokens,
 // pgfence_schema_version, pgfence_acquire, pgfence_release, pgfence_renew,
 // pgfence_lease_held, pgfence_prune_scan, pgfence_prune_delete,
 // pgfence_leader_proclaim, pgfence_present, pgfence_protect,
 // pgfence_maintenance, pgfence_fence_check, pgfence_slot_begin,
-// pgfence_slot_finish, pgfence_slots_prune, the trigger functions, and
-// pgfence_last_token, which the strict trigger calls as the writing role.
+// pgfence_slot_finish, pgfence_slots_prune, pgfence_acquire_permit,
+// pgfence_acquire_set, the trigger functions, and pgfence_last_token, which
+// the strict trigger calls as the writing role.
 //
 // With [GrantOpts].CheckOnly it gives a service that only checks tokens
 // with the fence registry USAGE on the schema and EXECUTE on

@@ -50,6 +50,8 @@ var appFunctions = []string{
 	"pgfence_slot_begin(pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.text)",
 	"pgfence_slot_finish(pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text, pg_catalog.text)",
 	"pgfence_slots_prune(pg_catalog.interval)",
+	"pgfence_acquire_permit(pg_catalog.text, pg_catalog.int4, pg_catalog.text, pg_catalog.int8)",
+	"pgfence_acquire_set(pg_catalog.text[], pg_catalog.text, pg_catalog.int8[])",
 }
 
 // checkFunction is the fence registry's check; with pgfence_schema_version
@@ -61,8 +63,9 @@ var checkOnlyFunctions = []string{checkFunction, "pgfence_schema_version()"}
 
 // appTables are the tables an application role reads: the leases, the
 // elections' leaders, the key of notification payloads, the version
-// ([Version], and [Up] at start-up), and the schedule's slots.
-var appTables = []string{"pgfence_leases", "pgfence_leaders", "pgfence_notify_key", Table, "pgfence_slots"}
+// ([Version], and [Up] at start-up), the schedule's slots and the
+// semaphores' permit counts.
+var appTables = []string{"pgfence_leases", "pgfence_leaders", "pgfence_notify_key", Table, "pgfence_slots", "pgfence_semaphores"}
 
 // operatorFunction is what GrantOpts.Operator adds.
 const operatorFunction = "pgfence_force_release(pg_catalog.text, pg_catalog.text)"

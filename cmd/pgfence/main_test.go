@@ -306,6 +306,11 @@ type lsOutput struct {
 		HeldForSeconds   float64   `json:"held_for_seconds"`
 		ExpiresInSeconds float64   `json:"expires_in_seconds"`
 	} `json:"leases"`
+	Semaphores []struct {
+		Name    string `json:"name"`
+		Permits int    `json:"permits"`
+		InUse   int    `json:"in_use"`
+	} `json:"semaphores"` // see run_permits_test.go
 	Leaders       []lsLeader `json:"leaders"` // see ls_leaders_test.go
 	AdvisoryLocks []struct {
 		Key             *int64 `json:"key"`

@@ -48,9 +48,15 @@ Names, owners, reasons and application names that hold control or other
 non-printing characters are shown quoted, with Go escapes ("a\nb",
 "\x1b[31m"); --json shows them as they are.
 
+A semaphore's permits (pgfence run --permits) are leases named NAME, the
+byte 0x1f, the slot: listed with the leases (quoted), and summed up per
+semaphore. Callers waiting for a permit wait in their own processes and are
+not listed.
+
 Columns:
   leases            NAME, OWNER, TOKEN (the fencing token), HELD FOR (since
                     acquired), EXPIRES IN
+  semaphores        SEMAPHORE, IN USE (permits held), PERMITS
   leaders           ELECTION, LEADER (the value it proclaimed, "-" when
                     nobody leads), OWNER, TERM (the term's fencing token),
                     LEADING FOR, EXPIRES IN
@@ -67,6 +73,7 @@ Columns:
 With --json, prints one object:
   {"now": time, "leases": [{"name", "owner", "token", "held", "acquired_at",
    "expires_at", "held_for_seconds", "expires_in_seconds"}],
+   "semaphores": [{"name", "permits", "in_use"}],
    "leaders": [{"election", "leading", "token", "owner", "value",
    "proclaimed", "began_at", "expires_at", "leading_for_seconds",
    "expires_in_seconds"}],
@@ -170,12 +177,20 @@ type termJSON struct {
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 }
 
+// semaphoreJSON is one semaphore with a permit held, in ls --json.
+type semaphoreJSON struct {
+	Name    string `json:"name"`
+	Permits int    `json:"permits"`
+	InUse   int    `json:"in_use"`
+}
+
 // lsJSON is the output of ls --json.
 type lsJSON struct {
-	Now           time.Time      `json:"now"`
-	Leases        []leaseJSON    `json:"leases"`
-	Leaders       []leaderJSON   `json:"leaders"`
-	AdvisoryLocks []advisoryJSON `json:"advisory_locks"`
+	Now           time.Time       `json:"now"`
+	Leases        []leaseJSON     `json:"leases"`
+	Semaphores    []semaphoreJSON `json:"semaphores"`
+	Leaders       []leaderJSON    `json:"leaders"`
+	AdvisoryLocks []advisoryJSON  `json:"advisory_locks"`
 }
 
 // forcedJSON is one forced release of ls --forced --json.
@@ -254,7 +269,7 @@ func (a *App) ls(ctx context.Context, args []string) error {
 		return a.lsJobs(ctx, pool, schema, limit, asJSON)
 	}
 
-	out := lsJSON{Leases: []leaseJSON{}, Leaders: []leaderJSON{}, AdvisoryLocks: []advisoryJSON{}}
+	out := lsJSON{Leases: []leaseJSON{}, Semaphores: []semaphoreJSON{}, Leaders: []leaderJSON{}, AdvisoryLocks: []advisoryJSON{}}
 	// The clock is read before the leases, so every lease List finds held
 	// (expires_at after its own, later now()) expires after out.Now too.
 	if err := pool.QueryRow(ctx, dbNowSQL).Scan(&out.Now); err != nil {
@@ -273,6 +288,13 @@ func (a *App) ls(ctx context.Context, args []string) error {
 			HeldForSeconds:   max(0, out.Now.Sub(i.AcquiredAt).Seconds()),
 			ExpiresInSeconds: i.ExpiresAt.Sub(out.Now).Seconds(),
 		})
+	}
+	sems, err := locker.Semaphores(ctx)
+	if err != nil {
+		return explainSchemaError(err, schema)
+	}
+	for _, s := range sems {
+		out.Semaphores = append(out.Semaphores, semaphoreJSON{Name: s.Name, Permits: s.Permits, InUse: s.InUse})
 	}
 	elections, err := leader.List(ctx, pool, schema)
 	if err != nil {
@@ -407,6 +429,13 @@ func printLs(w io.Writer, out lsJSON) error {
 		for _, l := range out.Leases {
 			heldFor, expiresIn := seconds(l.HeldForSeconds), seconds(l.ExpiresInSeconds)
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", display(l.Name), display(l.Owner), l.Token, heldFor, expiresIn)
+		}
+	}
+	if len(out.Semaphores) > 0 {
+		fmt.Fprintln(tw)
+		fmt.Fprintln(tw, "SEMAPHORE\tIN USE\tPERMITS")
+		for _, s := range out.Semaphores {
+			fmt.Fprintf(tw, "%s\t%d\t%d\n", display(s.Name), s.InUse, s.Permits)
 		}
 	}
 	if len(out.Leaders) > 0 {

@@ -32,6 +32,9 @@ import (
 const (
 	EnvLease = "PGFENCE_LEASE"
 	EnvToken = "PGFENCE_TOKEN"
+	// With --permits: the semaphore's name and the permit's slot.
+	EnvSemaphore = "PGFENCE_SEMAPHORE"
+	EnvPermit    = "PGFENCE_PERMIT"
 )
 
 const runHelp = `
@@ -48,6 +51,14 @@ holder releases it. --wait 0 does not wait, like --no-wait (flock -w 0). SIGINT 
 
 The command gets PGFENCE_LEASE (the name) and PGFENCE_TOKEN (the fencing
 token of this acquisition) in its environment, so its own SQL can be fenced.
+
+With --permits N, NAME is a semaphore of N permits (1 to 1024): run takes
+any free one, so at most N commands run at once under NAME across machines.
+Each permit is a lease of its own, with its own token; the command also
+gets PGFENCE_SEMAPHORE (NAME) and PGFENCE_PERMIT (the permit's slot, 0 to
+N-1), and PGFENCE_LEASE is the permit's lease name (NAME, the byte 0x1f,
+the slot): key fenced rows by it. Every user of NAME must give the same N
+while a permit is held (else exit 125).
 It does not get the lease's secret: renewing and releasing stay with
 pgfence run, and a token is all a fenced write needs; a secret in the
 environment would let any process that reads it release or renew the
@@ -122,6 +133,7 @@ Examples:
   pgfence run --max-hold 2h nightly-report -- ./report.sh   # stop it, as on a loss, after 2h
   pgfence run -q -E 0 --every 1m billing-sync -- billing sync   # cron on every replica: once a minute
   pgfence run --slot "$(date -u +%F)" daily-report -- ./report.sh
+  pgfence run --permits 4 transcode -- ./transcode.sh   # at most 4 at once, anywhere
 `
 
 // runOptions are the parsed flags and arguments of `pgfence run`.
@@ -134,6 +146,7 @@ type runOptions struct {
 	atLeast      time.Duration
 	maxHold      time.Duration // 0: no bound
 	margin       time.Duration // 0: ttl / defaultMarginDivisor
+	permits      int           // 0: NAME is a lease, else a semaphore of this many permits
 	conflictExit int
 	quiet        bool
 	every        time.Duration // 0: not once per slot
@@ -152,6 +165,8 @@ func parseRun(args []string) (runOptions, *flags, error) {
 	f.Duration(&o.atLeast, "", "at-least", "keep the lease at least DURATION after acquiring it, even if the command ends sooner")
 	f.Duration(&o.maxHold, "", "max-hold", "give the lease up DURATION after acquiring it: the command is stopped as on a lost lease (exit 124)")
 	f.Duration(&o.margin, "", "safety-margin", "give the lease up this long before the database would expire it; SIGKILL follows SIGTERM after half of it (default TTL/5)")
+	f.fs.IntVar(&o.permits, "permits", 0, "")
+	f.add("", "permits", "N", "NAME is a semaphore of N permits: run while holding any one of them", "")
 	f.fs.IntVar(&o.conflictExit, "E", o.conflictExit, "")
 	f.fs.IntVar(&o.conflictExit, "conflict-exit-code", o.conflictExit, "")
 	f.add("E", "conflict-exit-code", "N", "exit status when the lease is held by another owner", strconv.Itoa(o.conflictExit))
@@ -187,6 +202,10 @@ func parseRun(args []string) (runOptions, *flags, error) {
 		return o, f, usageErrorf("--safety-margin must not be negative, not %v", o.margin)
 	case o.margin != 0 && o.margin < minMargin:
 		return o, f, usageErrorf("--safety-margin must be at least %v, not %v", minMargin, o.margin)
+	case f.set("", "permits") && (o.permits < 1 || o.permits > leasetable.MaxPermits):
+		return o, f, usageErrorf("--permits must be between 1 and %d, not %d", leasetable.MaxPermits, o.permits)
+	case o.permits > 0 && len(pos[0]) > leasetable.MaxSemaphoreNameLength:
+		return o, f, usageErrorf("the semaphore name is %d bytes long; at most %d are allowed", len(pos[0]), leasetable.MaxSemaphoreNameLength)
 	case len(pos[0]) > leasetable.MaxNameLength:
 		return o, f, usageErrorf("the lease name is %d bytes long; at most %d are allowed", len(pos[0]), leasetable.MaxNameLength)
 	case checkName(pos[0]) != nil:
@@ -377,12 +396,17 @@ func (a *App) releaseAfterRun(lease pgfence.Lease, lost bool) error {
 func leaseEnv(env []string, lease pgfence.Lease) []string {
 	out := make([]string, 0, len(env)+2)
 	for _, kv := range env {
-		if strings.HasPrefix(kv, EnvLease+"=") || strings.HasPrefix(kv, EnvToken+"=") {
+		if strings.HasPrefix(kv, EnvLease+"=") || strings.HasPrefix(kv, EnvToken+"=") ||
+			strings.HasPrefix(kv, EnvSemaphore+"=") || strings.HasPrefix(kv, EnvPermit+"=") {
 			continue
 		}
 		out = append(out, kv)
 	}
-	return append(out, EnvLease+"="+lease.Name(), EnvToken+"="+strconv.FormatInt(lease.Token(), 10))
+	out = append(out, EnvLease+"="+lease.Name(), EnvToken+"="+strconv.FormatInt(lease.Token(), 10))
+	if sem, slot, ok := leasetable.SplitPermit(lease.Name()); ok {
+		out = append(out, EnvSemaphore+"="+sem, EnvPermit+"="+strconv.Itoa(slot))
+	}
+	return out
 }
 
 // defaultMarginDivisor sets run's default safety margin to TTL/5: larger
@@ -642,9 +666,14 @@ func (a *App) acquireForRun(ctx context.Context, locker *leasetable.Locker, o *r
 	opts := &pgfence.AcquireOpts{AtLeast: o.atLeast, WaitTimeout: o.wait, MaxHold: o.maxHold}
 	var lease pgfence.Lease
 	var err error
-	if o.noWait {
+	switch {
+	case o.permits > 0 && o.noWait:
+		lease, err = locker.TryAcquirePermit(actx, o.name, o.permits, opts)
+	case o.permits > 0:
+		lease, err = locker.AcquirePermit(actx, o.name, o.permits, opts)
+	case o.noWait:
 		lease, err = locker.TryAcquire(actx, o.name, opts)
-	} else {
+	default:
 		lease, err = locker.Acquire(actx, o.name, opts)
 	}
 	close(stop)
@@ -690,6 +719,13 @@ func (a *App) conflict(ctx context.Context, locker *leasetable.Locker, o *runOpt
 	how := "is held by another owner"
 	if !o.noWait && o.wait > 0 {
 		how = fmt.Sprintf("was not acquired within %v", o.wait)
+	}
+	if o.permits > 0 {
+		how = "are held"
+		if !o.noWait && o.wait > 0 {
+			how = fmt.Sprintf("stayed held for %v", o.wait)
+		}
+		return fmt.Errorf("all %d permits of semaphore %q %s; the command was not run", o.permits, o.name, how)
 	}
 	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()

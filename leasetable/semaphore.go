@@ -1,0 +1,484 @@
+package leasetable
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/hold"
+	"github.com/pgfence/pgfence/internal/install"
+	"github.com/pgfence/pgfence/internal/retry"
+	"github.com/pgfence/pgfence/internal/waitline"
+)
+
+// MaxPermits is the largest number of permits a semaphore may have.
+const MaxPermits = 1024
+
+// MaxSemaphoreNameLength is the longest semaphore name, in bytes: a
+// permit's lease name adds a separator and the slot number.
+const MaxSemaphoreNameLength = MaxNameLength - 5
+
+// PermitSeparator separates a semaphore's name from a permit's slot number
+// in the permit's lease name. Lease names cannot contain it.
+const PermitSeparator = "\x1f"
+
+// ErrPermitsMismatch is returned when a semaphore is asked for with another
+// number of permits than the one recorded for its name while a permit of it
+// is held. With no permit held, the new number replaces the recorded one.
+var ErrPermitsMismatch = errors.New("pgfence: leasetable: the semaphore has another number of permits")
+
+// permitSQL takes one permit (%[1]s is the schema) through the SECURITY
+// DEFINER pgfence_acquire_permit. $1 semaphore, $2 permits, $3 owner, $4
+// TTL in microseconds.
+const permitSQL = `SELECT acquired, name, owner, fence, acquired_at, expires_at, db_now, secret, permits, busy
+FROM %[1]s.pgfence_acquire_permit($1, $2, $3, $4)`
+
+// PermitName returns the lease name of permit slot (0 to permits-1) of
+// semaphore: the name, [PermitSeparator], and the slot in decimal.
+func PermitName(semaphore string, slot int) string {
+	return semaphore + PermitSeparator + strconv.Itoa(slot)
+}
+
+// SplitPermit returns the semaphore and slot of a permit's lease name, and
+// ok false for any other lease name.
+func SplitPermit(leaseName string) (semaphore string, slot int, ok bool) {
+	sem, s, found := strings.Cut(leaseName, PermitSeparator)
+	if !found || sem == "" {
+		return "", 0, false
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 || n >= MaxPermits || strconv.Itoa(n) != s {
+		return "", 0, false
+	}
+	return sem, n, true
+}
+
+// semaphoreKey is the name under which a semaphore's waiters wait and its
+// release notifications are tagged; no lease name equals it.
+func semaphoreKey(semaphore string) string { return semaphore + PermitSeparator }
+
+// wakePermitWaitersLocked wakes the waiters of the semaphore whose permit
+// is the lease name, if it is one. k.mu is held.
+func (k *Locker) wakePermitWaitersLocked(name string) {
+	if sem, _, ok := SplitPermit(name); ok {
+		for w := range k.waiters[semaphoreKey(sem)] {
+			w.wake()
+		}
+	}
+}
+
+// TryAcquirePermit takes one of the permits permits (1 to [MaxPermits]) of
+// the semaphore name, if one is free or expired, in one round trip. The
+// permit is a *[Lease] named [PermitName](name, slot) with its own fencing
+// token, renewed, lost and released like any lease; opts as for
+// [Locker.TryAcquire]. Transient errors are retried for at most
+// [Config].QueryTimeout.
+//
+// It returns an error matching [pgfence.ErrNotAcquired] when all permits
+// are held or claimed; [ErrPermitsMismatch] when name has another number of
+// permits and one is held; [pgfence.ErrAlreadyHeld] when ctx descends from
+// a permit of name; [pgfence.ErrUnavailable], [pgfence.ErrClosed] and
+// other errors as TryAcquire does. Bad arguments are refused before
+// anything is sent.
+func (k *Locker) TryAcquirePermit(ctx context.Context, name string, permits int, opts *AcquireOpts) (pgfence.Lease, error) {
+	l, err := k.observePermit(ctx, name, permits, opts, false)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// AcquirePermit takes one of the permits permits of the semaphore name like
+// [Locker.TryAcquirePermit], waiting while all are held, until one is taken
+// or ctx (or opts.WaitTimeout) ends. A release of any permit, from any
+// Locker, wakes it through LISTEN/NOTIFY; an expiry, at the earliest held
+// permit's expiry. The waiting calls of one Locker for one semaphore are
+// served in the order they began to wait (see docs/semaphores.md).
+//
+// It returns the errors of [Locker.Acquire], and [ErrPermitsMismatch] at
+// once.
+func (k *Locker) AcquirePermit(ctx context.Context, name string, permits int, opts *AcquireOpts) (pgfence.Lease, error) {
+	l, err := k.observePermit(ctx, name, permits, opts, true)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// observePermit validates a permit acquire and runs it, as one operation
+// for the Observer, counting its outcome in Stats.
+func (k *Locker) observePermit(ctx context.Context, name string, permits int, opts *AcquireOpts, wait bool) (*Lease, error) {
+	start := time.Now()
+	t, err := k.preparePermit(ctx, name, permits, opts)
+	if err != nil && !errors.Is(err, pgfence.ErrNotAcquired) && !errors.Is(err, pgfence.ErrClosed) {
+		return nil, err
+	}
+	op := pgfence.Op{Kind: pgfence.OpAcquire, Strategy: pgfence.StrategyLeaseTable, Name: name, Batch: 1}
+	ctx = k.ev.StartOp(ctx, op)
+	attempts := 0
+	var l *Lease
+	switch {
+	case err == nil && !wait:
+		l, err = k.tryPermit(ctx, name, permits, t, &attempts)
+	case err == nil:
+		l, err = k.waitPermit(ctx, name, permits, t, opts, &attempts)
+	}
+	if err != nil {
+		k.nNotAcquired.Add(1)
+		if k.ev.Enabled() {
+			k.ev.Sync(ctx, pgfence.NotAcquired{Lock: pgfence.Lock{Kind: pgfence.StrategyLeaseTable, Name: name},
+				Wait: time.Since(start), Attempts: attempts, Err: err})
+		}
+	} else {
+		k.nAcquired.Add(1)
+		if k.ev.Enabled() {
+			k.ev.Sync(ctx, pgfence.Acquired{Lock: l.lock(), Wait: time.Since(start), Attempts: attempts})
+		}
+	}
+	k.ev.EndOp(ctx, op, err)
+	return l, err
+}
+
+// checkPermits rejects a semaphore name or permit count the function would.
+func checkPermits(name string, permits int) error {
+	if err := checkText("semaphore name", name); err != nil {
+		return err
+	}
+	if len(name) > MaxSemaphoreNameLength {
+		return fmt.Errorf("pgfence: leasetable: semaphore name is %d bytes long; at most %d are allowed", len(name), MaxSemaphoreNameLength)
+	}
+	if permits < 1 || permits > MaxPermits {
+		return fmt.Errorf("pgfence: leasetable: a semaphore has 1 to %d permits, not %d", MaxPermits, permits)
+	}
+	return nil
+}
+
+// checkForceName validates a lease name, or a permit's, to force-release.
+func checkForceName(name string) error {
+	if sem, _, ok := SplitPermit(name); ok {
+		return checkPermits(sem, 1)
+	}
+	return checkText("lease name", name)
+}
+
+// preparePermit validates a permit acquire and returns the permit's timing.
+func (k *Locker) preparePermit(ctx context.Context, name string, permits int, opts *AcquireOpts) (leaseTiming, error) {
+	if err := ctx.Err(); err != nil {
+		if cause := context.Cause(ctx); cause != err {
+			err = fmt.Errorf("%w: %w", cause, err)
+		}
+		return leaseTiming{}, fmt.Errorf("pgfence: leasetable: acquire permit of %q: %w", name, err)
+	}
+	if err := checkPermits(name, permits); err != nil {
+		return leaseTiming{}, err
+	}
+	t, err := k.cfg.timing(opts)
+	if err != nil {
+		return leaseTiming{}, err
+	}
+	for s := range permits {
+		if hold.Held(ctx, k, PermitName(name, s)) {
+			return leaseTiming{}, fmt.Errorf("pgfence: leasetable: permit %d of semaphore %q: %w", s, name, pgfence.ErrAlreadyHeld)
+		}
+	}
+	return t, k.checkOpen()
+}
+
+// tryPermit is TryAcquirePermit's attempt, retried while QueryTimeout lasts.
+func (k *Locker) tryPermit(ctx context.Context, name string, permits int, t leaseTiming, attempts *int) (*Lease, error) {
+	start := time.Now()
+	for failures := 1; ; failures++ {
+		l, _, err := k.permitAttempt(ctx, name, permits, t, attempts)
+		switch {
+		case err == nil && l == nil:
+			return nil, fmt.Errorf("pgfence: leasetable: semaphore %q: all %d permits are held: %w", name, permits, pgfence.ErrNotAcquired)
+		case err == nil:
+			return l, nil
+		case ctx.Err() != nil || !k.retryable(err):
+			return nil, permitError(name, err)
+		}
+		wait := k.backoff.Wait(failures)
+		if time.Since(start)+wait >= k.cfg.QueryTimeout {
+			return nil, permitError(name, retry.Unavailable("", err))
+		}
+		k.suspectListen()
+		if serr := sleep(ctx, wait); serr != nil {
+			return nil, fmt.Errorf("pgfence: leasetable: acquire permit of %q: %w; last attempt: %w", name, serr, retry.Unavailable("", err))
+		}
+	}
+}
+
+// waitPermit is AcquirePermit's loop, as waitAcquire's: only the head of
+// the semaphore's line retries; the others wait their turn.
+func (k *Locker) waitPermit(ctx context.Context, name string, permits int, t leaseTiming, opts *AcquireOpts, attempts *int) (*Lease, error) {
+	k.waiting.Add(1)
+	defer k.waiting.Add(-1)
+	if opts != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = hold.WaitTimeout(ctx, opts.WaitTimeout)
+		defer cancel()
+	}
+	key := semaphoreKey(name)
+	w, err := k.addWaiter(key)
+	if err != nil {
+		return nil, err
+	}
+	defer k.removeWaiter(key, w)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	failures := 0
+	var unavailable error
+	ended := func() error {
+		if unavailable != nil {
+			return fmt.Errorf("pgfence: leasetable: acquire permit of %q: %w; last attempt: %w", name, context.Cause(ctx), retry.Unavailable("", unavailable))
+		}
+		return fmt.Errorf("pgfence: leasetable: acquire permit of %q: %w", name, context.Cause(ctx))
+	}
+	var ln *waitline.Line
+	head := false
+	defer func() {
+		if ln != nil {
+			k.lines.Leave(key, ln, head)
+		}
+	}()
+	if k.lines.Members(key) > 0 {
+		// Callers wait: no barging in ahead of them.
+		ln = k.lines.Join(key)
+		if _, stopped := ln.Head(ctx, k.closeCtx.Done()); stopped {
+			if ctx.Err() != nil {
+				return nil, ended()
+			}
+			return nil, fmt.Errorf("pgfence: leasetable: acquire permit of %q: %w", name, pgfence.ErrClosed)
+		}
+		head = true
+	}
+	for {
+		l, retryIn, err := k.permitAttempt(ctx, name, permits, t, attempts)
+		switch {
+		case err == nil:
+			failures, unavailable = 0, nil
+		case ctx.Err() != nil:
+			return nil, ended()
+		case errors.Is(err, errLateGrant):
+			failures, unavailable = failures+1, nil
+			retryIn = k.backoff.Wait(failures)
+		case k.retryable(err):
+			failures, unavailable = failures+1, err
+			retryIn = k.backoff.Wait(failures)
+			k.suspectListen()
+		default:
+			return nil, permitError(name, err)
+		}
+		if l != nil {
+			return l, nil
+		}
+		if ln == nil {
+			ln = k.lines.Join(key)
+		}
+		if !head {
+			waited, stopped := ln.Head(ctx, k.closeCtx.Done())
+			switch {
+			case stopped && ctx.Err() != nil:
+				return nil, ended()
+			case stopped:
+				return nil, fmt.Errorf("pgfence: leasetable: acquire permit of %q: %w", name, pgfence.ErrClosed)
+			}
+			head = true
+			if waited {
+				continue
+			}
+		}
+		k.listenFor(w)
+		timer.Reset(retryIn)
+		select {
+		case <-w.ch:
+		case <-timer.C:
+		case <-ctx.Done():
+			return nil, ended()
+		case <-k.closeCtx.Done():
+			return nil, fmt.Errorf("pgfence: leasetable: acquire permit of %q: %w", name, pgfence.ErrClosed)
+		}
+	}
+}
+
+// permitError prefixes an error of a permit acquire of name.
+func permitError(name string, err error) error {
+	if errors.Is(err, pgfence.ErrClosed) || errors.Is(err, errLateGrant) || errors.Is(err, ErrPermitsMismatch) {
+		return err
+	}
+	return fmt.Errorf("pgfence: leasetable: acquire permit of %q: %w", name, err)
+}
+
+// permitAttempt sends one pgfence_acquire_permit. It returns the permit
+// when taken, else when to try again.
+func (k *Locker) permitAttempt(ctx context.Context, name string, permits int, t leaseTiming, attempts *int) (*Lease, time.Duration, error) {
+	*attempts++
+	back, err := k.startGrant()
+	if err != nil {
+		return nil, 0, err
+	}
+	defer back()
+	var (
+		rep       acquireReply
+		pname     *string
+		recorded  int
+		expiresAt *time.Time
+	)
+	err = k.grantStatement(ctx, t, func(qctx context.Context, c *pgxpool.Conn) error {
+		var owner, secret *string
+		var token *int64
+		var acquiredAt *time.Time
+		rep.sent = time.Now()
+		err := c.QueryRow(qctx, k.permitSQL(), name, permits, k.cfg.Owner, t.ttl.Microseconds()).Scan(
+			&rep.acquired, &pname, &owner, &token, &acquiredAt, &expiresAt, &rep.dbNow, &secret, &recorded, &rep.busy)
+		if err != nil || !rep.acquired {
+			return err
+		}
+		if pname == nil || owner == nil || token == nil || acquiredAt == nil || expiresAt == nil || secret == nil {
+			return fmt.Errorf("pgfence_acquire_permit granted %q without a token or secret", name)
+		}
+		rep.owner, rep.token, rep.acquiredAt, rep.expiresAt, rep.secret = *owner, *token, *acquiredAt, *expiresAt, *secret
+		return nil
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	if !rep.acquired {
+		switch {
+		case recorded != permits:
+			return nil, 0, fmt.Errorf("pgfence: leasetable: semaphore %q was asked for with %d permits, but has %d and one is held: %w",
+				name, permits, recorded, ErrPermitsMismatch)
+		case rep.busy || expiresAt == nil:
+			return nil, jitter(10*time.Millisecond, 50*time.Millisecond), nil
+		}
+		wait := min(max(expiresAt.Sub(rep.dbNow), 0), MaxTTL)
+		return nil, wait + jitter(time.Millisecond, expiryJitter), nil
+	}
+	l, err := k.adoptGrant(ctx, *pname, rep, t)
+	return l, 0, err
+}
+
+// schemaSQL returns the Locker's schema, quoted for SQL.
+func (k *Locker) schemaSQL() string { return pgx.Identifier{k.cfg.Schema}.Sanitize() }
+
+func (k *Locker) permitSQL() string { return fmt.Sprintf(permitSQL, k.schemaSQL()) }
+
+// startGrant registers a statement that may grant leases, so that Close
+// waits for its grants to be adopted or given back. It returns
+// [pgfence.ErrClosed] after Close.
+func (k *Locker) startGrant() (done func(), err error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed {
+		return nil, pgfence.ErrClosed
+	}
+	k.background.Add(1)
+	return k.background.Done, nil
+}
+
+// grantStatement runs fn on a pool connection. Once sent, the statement
+// runs to its answer for at most QueryTimeout after ctx ended (and never
+// past the TTL, after which a grant is useless), so that every lease it
+// took is known and can be given back.
+func (k *Locker) grantStatement(ctx context.Context, t leaseTiming, fn func(context.Context, *pgxpool.Conn) error) (err error) {
+	defer func() { err = install.WrapPermission(err, "", k.cfg.Schema) }()
+	conn, err := k.conn(ctx, "acquire", k.cfg.QueryTimeout, false)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	qctx, qcancel := context.WithTimeout(context.WithoutCancel(ctx), t.ttl)
+	defer qcancel()
+	var graceMu sync.Mutex
+	var grace *time.Timer
+	stop := context.AfterFunc(ctx, func() {
+		graceMu.Lock()
+		defer graceMu.Unlock()
+		grace = time.AfterFunc(k.cfg.QueryTimeout, qcancel)
+	})
+	defer func() {
+		stop()
+		graceMu.Lock()
+		defer graceMu.Unlock()
+		if grace != nil {
+			grace.Stop()
+		}
+	}()
+	err = fn(qctx, conn)
+	if err != nil {
+		k.discardStale(conn, err)
+	}
+	return err
+}
+
+// adoptGrant makes a granted row a held *Lease, or gives it back when its
+// caller left, the Locker closed, or it came past its local deadline.
+func (k *Locker) adoptGrant(ctx context.Context, name string, rep acquireReply, t leaseTiming) (*Lease, error) {
+	back := []giveBackReq{{ctx, name, rep.token, rep.secret}}
+	if err := ctx.Err(); err != nil {
+		k.giveBack(back)
+		return nil, err
+	}
+	l := k.newLease(ctx, name, rep, t)
+	if !time.Now().Before(l.deadline) {
+		k.giveBack(back)
+		return nil, fmt.Errorf("pgfence: leasetable: lease %q (token %d) was granted %v after the acquire was sent, past its local deadline (TTL %v less margin %v); given back: %w: %w",
+			name, rep.token, time.Since(rep.sent).Round(time.Millisecond), t.ttl, t.margin, errLateGrant, pgfence.ErrNotAcquired)
+	}
+	if !k.adopt(l) {
+		l.cancel(errLostClosed)
+		k.giveBack(back)
+		return nil, fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, pgfence.ErrClosed)
+	}
+	k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: acquired", "lease", name, "token", rep.token, "ttl", t.ttl)
+	return l, nil
+}
+
+// SemaphoreInfo describes a semaphore with a permit held, on the database
+// clock.
+type SemaphoreInfo struct {
+	Name    string // the semaphore's name
+	Permits int    // its number of permits
+	InUse   int    // permits held now
+}
+
+// semaphoresSQL lists the semaphores with a permit held (%[1]s is the
+// schema). It reads, and locks nothing.
+const semaphoresSQL = `
+SELECT s.name, s.permits, u.in_use::pg_catalog.int4
+FROM %[1]s.pgfence_semaphores s
+CROSS JOIN LATERAL (
+    SELECT pg_catalog.count(*) AS in_use FROM %[1]s.pgfence_leases p
+    WHERE p.name OPERATOR(pg_catalog.=) ANY (ARRAY(
+            SELECT s.name OPERATOR(pg_catalog.||) pg_catalog.chr(31) OPERATOR(pg_catalog.||) g.slot::pg_catalog.text
+            FROM pg_catalog.generate_series(0, s.permits OPERATOR(pg_catalog.-) 1) g(slot)))
+      AND p.expires_at OPERATOR(pg_catalog.>) pg_catalog.now()) u
+WHERE u.in_use OPERATOR(pg_catalog.>) 0
+ORDER BY s.name`
+
+// Semaphores returns the semaphores with at least one permit held, by
+// name, each with its number of permits and those held. Waiting callers are
+// in their Lockers' processes and not counted here (see [pgfence.Stats]).
+// It returns database errors wrapped.
+func (k *Locker) Semaphores(ctx context.Context) ([]SemaphoreInfo, error) {
+	rows, err := k.pool.Query(ctx, fmt.Sprintf(semaphoresSQL, k.schemaSQL()))
+	if err != nil {
+		return nil, fmt.Errorf("pgfence: leasetable: list semaphores: %w", install.WrapPermission(err, "", k.cfg.Schema))
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (SemaphoreInfo, error) {
+		var s SemaphoreInfo
+		return s, r.Scan(&s.Name, &s.Permits, &s.InUse)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pgfence: leasetable: list semaphores: %w", install.WrapPermission(err, "", k.cfg.Schema))
+	}
+	return out, nil
+}

@@ -48,6 +48,7 @@ type Locker struct {
 	notifyKey       notifier.Key            // checks notifications (see notify)
 	tagNames        map[string]string       // a listened-for name by its notification tag
 	watched         map[string]*watch       // the listened-for names (see listenFor)
+	interests       map[string]*interest    // the names whose interest key waiters need (see interest.go)
 	waiterSeq       uint64                  // the seq of the last waiter added
 	listenWants     int                     // waiters that wait for notifications (see wantListen)
 	listenIdleSince time.Time               // when listenWants last fell to 0
@@ -65,15 +66,18 @@ var _ pgfence.Locker = (*Locker)(nil)
 
 // testHooks are the switches and callbacks tests set (export_test.go).
 type testHooks struct {
-	noRetry      bool   // transient errors are not retried
-	keepStale    bool   // connections to a read-only server are kept
-	noShare      bool   // waiters do not share attempts (see try)
-	noListenWake bool   // the LISTEN connection's subscribing wakes no waiter
-	noGrantWait  bool   // Close cuts acquire statements in flight and does not wait for grants
-	lateRenewals bool   // a renewal is sent however little time is left (see fastestRenewal)
-	onRound      func() // a waiting Acquire goes round its loop again
-	onListen     func() // a waiter first waits for notifications (see listenFor)
-	listenAsked  int64  // wantListen's answers so far; guarded by Locker.mu
+	noRetry      bool                 // transient errors are not retried
+	keepStale    bool                 // connections to a read-only server are kept
+	noShare      bool                 // waiters do not share attempts (see try)
+	noListenWake bool                 // the LISTEN connection's subscribing wakes no waiter
+	noArmWake    bool                 // taking a name's interest key wakes none of its waiters
+	noInterest   bool                 // waiters take no interest key
+	onArm        func(names []string) // the LISTEN connection is about to take the interest keys of names
+	noGrantWait  bool                 // Close cuts acquire statements in flight and does not wait for grants
+	lateRenewals bool                 // a renewal is sent however little time is left (see fastestRenewal)
+	onRound      func()               // a waiting Acquire goes round its loop again
+	onListen     func()               // a waiter first waits for notifications (see listenFor)
+	listenAsked  int64                // wantListen's answers so far; guarded by Locker.mu
 }
 
 // New returns a Locker that runs its statements on pool; cfg may be nil for
@@ -122,6 +126,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 		notifyKey:    key,
 		tagNames:     make(map[string]string),
 		watched:      make(map[string]*watch),
+		interests:    make(map[string]*interest),
 		attempts:     make(map[string]*attempt),
 		lines:        waitline.New[string](false),
 		backoff:      retry.Default,

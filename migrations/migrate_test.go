@@ -23,14 +23,14 @@ import (
 
 func TestLatest(t *testing.T) {
 	t.Parallel()
-	// One baseline, version 1, with its down file.
+	// The baseline and version 2, each with its down file.
 	ups, err := fs.Glob(migrations.FS, "*.up.sql")
 	require.NoError(t, err)
 	downs, err := fs.Glob(migrations.FS, "*.down.sql")
 	require.NoError(t, err)
-	require.Equal(t, []string{"000001_baseline.up.sql"}, ups)
-	require.Equal(t, []string{"000001_baseline.down.sql"}, downs)
-	require.Equal(t, uint(1), migrations.Latest())
+	require.Equal(t, []string{"000001_baseline.up.sql", "000002_notify_waiters.up.sql"}, ups)
+	require.Equal(t, []string{"000001_baseline.down.sql", "000002_notify_waiters.down.sql"}, downs)
+	require.Equal(t, uint(2), migrations.Latest())
 }
 
 func TestUpCreatesSchemaAndIsIdempotent(t *testing.T) {
@@ -104,7 +104,7 @@ func TestBaselineCatalog(t *testing.T) {
 		  AND (has_table_privilege('public', c.oid, 'SELECT') OR has_table_privilege('public', c.oid, 'UPDATE'))`))
 	require.Equal(t, []string{"1024 1 false"}, list(`SELECT seqincrement || ' ' || seqcache || ' ' || seqcycle FROM pg_sequence
 		WHERE seqrelid = 'pgfence.pgfence_leases_fence_seq'::regclass`))
-	require.Equal(t, []string{"1"}, list(`SELECT pgfence.pgfence_schema_version()::text`))
+	require.Equal(t, []string{fmt.Sprint(migrations.Latest())}, list(`SELECT pgfence.pgfence_schema_version()::text`))
 
 	keys := list(`SELECT encode(key, 'hex') FROM pgfence.pgfence_notify_key`)
 	require.Len(t, keys, 1)

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/retry"
 )
 
 // Registering interest: a waiter's Locker holds the name's interest key
@@ -32,9 +34,11 @@ const takeInterestSQL = `SELECT i FROM pg_catalog.unnest($1::pg_catalog.int4[]) 
 const dropInterestSQL = `SELECT pg_catalog.count(*) FILTER (WHERE pg_catalog.pg_advisory_unlock_shared(1885824620, k.id)) ` +
 	`FROM pg_catalog.unnest($1::pg_catalog.int4[]) AS k(id)`
 
-// interestRetry is how soon the LISTEN connection tries again an interest
-// key it was refused: a release holds it for an instant.
-const interestRetry = 20 * time.Millisecond
+// interestRetryMin and interestRetryMax bound how soon the LISTEN connection tries again an
+// interest key it was refused: a release holds it until it commits, an
+// instant, so the first retry comes after 1 ms, and the pause doubles up to
+// 20 ms while refusals go on (a stranger holding InterestClassID keys).
+const interestRetryMin, interestRetryMax = time.Millisecond, 20 * time.Millisecond
 
 // interestLocked counts w, about to wait for notifications, as interested
 // in its name. It reports whether the LISTEN connection must take the key;
@@ -144,7 +148,10 @@ func (k *Locker) applyInterests(ctx context.Context, conn *pgx.Conn) (retryIn ti
 	if len(granted) < len(take) {
 		// Held exclusively: by a release until it commits, or by a stranger
 		// using InterestClassID (then every release notifies anyway).
-		retryIn = interestRetry
+		k.interestRefusals++
+		retryIn = retry.Backoff{Min: interestRetryMin, Max: interestRetryMax}.Wait(k.interestRefusals)
+	} else {
+		k.interestRefusals = 0
 	}
 	return retryIn, nil
 }

@@ -37,25 +37,26 @@ type Locker struct {
 
 	renewRTT atomic.Int64 // see fastestRenewal
 
-	mu              sync.Mutex
-	closed          bool
-	leases          map[*Lease]struct{} // held leases, renewed by the watchdog
-	held            map[string]*Lease   // the same, by name
-	watchdogRunning bool
-	watchdogWake    chan struct{}      // buffered(1): a lease was added
-	listener        *notifier.Notifier // the LISTEN loop, once started
-	waiters         map[string]map[*waiter]struct{}
-	notifyKey       notifier.Key            // checks notifications (see notify)
-	tagNames        map[string]string       // a listened-for name by its notification tag
-	watched         map[string]*watch       // the listened-for names (see listenFor)
-	interests       map[string]*interest    // the names whose interest key waiters need (see interest.go)
-	waiterSeq       uint64                  // the seq of the last waiter added
-	listenWants     int                     // waiters that wait for notifications (see wantListen)
-	listenIdleSince time.Time               // when listenWants last fell to 0
-	listenAnswer    bool                    // wantListen's last answer to the notifier
-	lingerTimer     *time.Timer             // asks the notifier again once listenLinger has passed
-	attempts        map[string]*attempt     // attempts in flight, by name (see try)
-	lines           *waitline.Lines[string] // the waiting Acquire calls by name (see waitAcquire)
+	mu               sync.Mutex
+	closed           bool
+	leases           map[*Lease]struct{} // held leases, renewed by the watchdog
+	held             map[string]*Lease   // the same, by name
+	watchdogRunning  bool
+	watchdogWake     chan struct{}      // buffered(1): a lease was added
+	listener         *notifier.Notifier // the LISTEN loop, once started
+	waiters          map[string]map[*waiter]struct{}
+	notifyKey        notifier.Key            // checks notifications (see notify)
+	tagNames         map[string]string       // a listened-for name by its notification tag
+	watched          map[string]*watch       // the listened-for names (see listenFor)
+	interests        map[string]*interest    // the names whose interest key waiters need (see interest.go)
+	waiterSeq        uint64                  // the seq of the last waiter added
+	listenWants      int                     // waiters that wait for notifications (see wantListen)
+	listenIdleSince  time.Time               // when listenWants last fell to 0
+	listenAnswer     bool                    // wantListen's last answer to the notifier
+	lingerTimer      *time.Timer             // asks the notifier again once listenLinger has passed
+	attempts         map[string]*attempt     // attempts in flight, by name (see try)
+	lines            *waitline.Lines[string] // the waiting Acquire calls by name (see waitAcquire)
+	interestRefusals int                     // consecutive refused interest keys; applyInterests only
 
 	acquires batcher[*acquireReq] // combines concurrent acquires
 	granting sync.WaitGroup       // grants handed to callers, not yet adopted or given back

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/engine"
 	"github.com/pgfence/pgfence/internal/events"
 	"github.com/pgfence/pgfence/internal/install"
 	"github.com/pgfence/pgfence/internal/notifier"
@@ -88,8 +89,10 @@ type testHooks struct {
 // least 2 (New logs a Warn otherwise).
 //
 // New returns an error for an invalid cfg or a nil pool (nothing sent), one
-// matching [pgfence.ErrNotInstalled] that says how to install the schema,
-// and database errors wrapped.
+// matching [pgfence.ErrUnsafeServer] for a standby, YugabyteDB or
+// CockroachDB, one matching [pgfence.ErrNotInstalled] that says how to
+// install the schema, and database errors wrapped. Asynchronous standbys
+// of the server are reported by a Warn and a [pgfence.ServerWarning].
 func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 	if pool == nil {
 		return nil, errNilPool
@@ -103,6 +106,10 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 		return nil, err
 	}
 	resolved.Schema = schema
+	warnings, err := engine.Gate(ctx, pool)
+	if err != nil {
+		return nil, fmt.Errorf("pgfence: leasetable: %w", err)
+	}
 	if _, err := install.Check(ctx, pool, schema, quoted); err != nil {
 		return nil, fmt.Errorf("pgfence: leasetable: %w", err)
 	}
@@ -136,6 +143,10 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 	k.acquires.exec, k.acquires.fail = k.execAcquires, k.failAcquire
 	k.releases.exec, k.releases.fail = k.execReleases, failRelease
 	k.warnSmallPool(ctx)
+	for _, w := range warnings {
+		k.cfg.Logger.WarnContext(ctx, "pgfence: leasetable: "+w.Detail, "reason", w.Reason)
+		k.ev.Async(ctx, pgfence.ServerWarning{Kind: pgfence.StrategyLeaseTable, Reason: w.Reason, Detail: w.Detail})
+	}
 	return k, nil
 }
 

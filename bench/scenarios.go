@@ -35,6 +35,7 @@ type results struct {
 	Herd          []herdPoint        // scenario 11
 	HerdRaw       *rawChainResult    // scenario 11's raw NOTIFY chain
 	HerdNoFlush   *herdNoFlush       // scenario 11's one-waiter hand-over with fsync off
+	Neighbour     []neighbourPoint   // scenario 14
 	Ownership     *ownershipResult   // scenario 13
 	WaitEvents    []waitSample       // scenario 1 at profileClients, last round
 	WriteWaits    []waitSample       // scenario 4, last round

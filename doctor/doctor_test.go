@@ -109,7 +109,7 @@ func TestStandby(t *testing.T) {
 	primary := check(t, db.URL, nil)
 	require.Equal(t, doctor.OK, primary["standby"].Level)
 	require.Equal(t, doctor.Warn, primary["replication"].Level)
-	require.Contains(t, primary["replication"].Detail, "asynchronous standby")
+	require.Contains(t, primary["replication"].Detail, "no synchronous standby")
 
 	cc, err := pgx.ParseConfig(db.URL)
 	require.NoError(t, err)

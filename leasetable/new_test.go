@@ -136,7 +136,7 @@ func TestNewGate(t *testing.T) {
 	require.ErrorContains(t, err, "standby in recovery")
 
 	logs := newLogWatch()
-	logs.count("asynchronous standby")
+	logs.count("no synchronous standby")
 	warned := make(chan pgfence.ServerWarning, 1)
 	newLocker(t, db.Pool, &leasetable.Config{Logger: logs.logger(), Observer: pgfence.ObserverFunc(func(_ context.Context, e pgfence.Event) {
 		if w, ok := e.(pgfence.ServerWarning); ok {
@@ -146,5 +146,5 @@ func TestNewGate(t *testing.T) {
 	w := <-warned
 	require.Equal(t, "async_standby", w.Reason)
 	require.Equal(t, pgfence.StrategyLeaseTable, w.Kind)
-	require.Equal(t, 1, logs.count("asynchronous standby"))
+	require.Equal(t, 1, logs.count("no synchronous standby"))
 }

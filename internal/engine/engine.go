@@ -140,20 +140,31 @@ type Warning struct {
 }
 
 // Warnings returns the weakened guarantees of a server that Refusal
-// accepts: asynchronous standbys, which a failover can promote without the
-// last tokens and writes (docs/ha.md).
+// accepts: standbys of which none is synchronous, so that any failover
+// promotes one without the last tokens and writes (docs/ha.md). A standby
+// is asynchronous when pg_stat_replication says so, or when
+// synchronous_standby_names is empty (which a role that cannot read
+// sync_state still sees). With a synchronous standby, asynchronous ones
+// are read replicas that the failover manager must never promote (Patroni's
+// synchronous_mode does not).
 func (f Facts) Warnings() []Warning {
 	var async []string
+	synced := false
 	for _, s := range f.Standbys {
-		if s.SyncState == "async" || (s.SyncState == "" && strings.TrimSpace(f.SyncNames) == "") {
+		switch {
+		case s.SyncState == "sync" || s.SyncState == "quorum":
+			synced = true
+		case s.SyncState == "" && strings.TrimSpace(f.SyncNames) != "":
+			synced = true // not visible to the role, and some standby may be
+		default:
 			async = append(async, fmt.Sprintf("%q", s.Name))
 		}
 	}
-	if len(async) == 0 {
+	if synced || len(async) == 0 {
 		return nil
 	}
-	return []Warning{{Reason: "async_standby", Detail: fmt.Sprintf("%d asynchronous standby(s) (%s): a failover to one can reissue tokens "+
-		"and lose acknowledged writes; list them in synchronous_standby_names, or fail over only to synchronous standbys (docs/ha.md)",
+	return []Warning{{Reason: "async_standby", Detail: fmt.Sprintf("no synchronous standby, %d asynchronous (%s): a failover to one can reissue tokens "+
+		"and lose acknowledged writes; list them in synchronous_standby_names (Patroni: synchronous_mode), or fail over only to synchronous standbys (docs/ha.md)",
 		len(async), strings.Join(async, ", "))}}
 }
 

@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -146,5 +147,33 @@ func TestStandbysAndReplication(t *testing.T) {
 		require.True(t, f.InRecovery)
 		require.ErrorIs(t, f.Refusal(), pgfence.ErrUnsafeServer)
 		require.NoError(t, conn.Close(ctx))
+	}
+}
+
+// The warning rule: standbys of which none is synchronous. An
+// asynchronous replica beside a synchronous standby (Patroni's
+// synchronous_mode with three nodes) is not warned of; states the role may
+// not read count as asynchronous only when synchronous_standby_names is
+// empty.
+func TestWarnings(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		names  string
+		states []string
+		warn   bool
+	}{
+		{"", nil, false},
+		{"", []string{"async"}, true},
+		{"", []string{""}, true},
+		{"node2", []string{""}, false},
+		{"node2", []string{"sync", "async"}, false},
+		{"ANY 1 (a, b)", []string{"quorum", "quorum"}, false},
+		{"node2", []string{"potential", "async"}, true},
+	} {
+		f := engine.Facts{Kind: engine.PostgreSQL, SyncNames: c.names}
+		for i, s := range c.states {
+			f.Standbys = append(f.Standbys, engine.Standby{Name: fmt.Sprint("s", i), SyncState: s})
+		}
+		require.Equal(t, c.warn, len(f.Warnings()) == 1, "%+v", c)
 	}
 }

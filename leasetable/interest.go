@@ -20,9 +20,10 @@ import (
 
 // interest is the state of one name's interest key. Guarded by Locker.mu.
 type interest struct {
-	id      int32 // the second argument of the key
-	waiters int   // waiters of the name that wait for notifications
-	held    bool  // the LISTEN connection holds the key
+	id      int32     // the second argument of the key
+	waiters int       // waiters of the name that wait for notifications
+	held    bool      // the LISTEN connection holds the key
+	idle    time.Time // when waiters last fell to 0
 }
 
 // takeInterestSQL takes the interest keys $1 shared, without waiting, and
@@ -69,13 +70,23 @@ func (k *Locker) dropInterestLocked(name string) {
 		return
 	}
 	in.waiters--
-	if in.waiters == 0 && k.listener != nil && !k.closed {
-		k.listener.Kick()
+	if in.waiters == 0 {
+		in.idle = time.Now()
+		if k.listener != nil && !k.closed {
+			k.listener.Kick() // plans the key's release after the linger
+		}
 	}
 }
 
+// interestLinger is how long a key stays held after the name's last waiter
+// left: a Locker that waits for a name again and again (a hand-over back
+// and forth) keeps it, so that a release soon after notifies it at once
+// rather than after it took the key again. It matches listenLinger, for
+// which the connection stays subscribed.
+const interestLinger = listenLinger
+
 // applyInterests takes the interest keys that waiters need and releases
-// those nobody needs any more, on the LISTEN connection (the notifier's
+// those nobody needed for interestLinger, on the LISTEN connection (the notifier's
 // Apply hook, bounded by ctx), then wakes the waiters of each name whose
 // key it took, when the connection is subscribed. It asks to run again after interestRetry when a key was
 // refused.
@@ -87,6 +98,8 @@ func (k *Locker) applyInterests(ctx context.Context, conn *pgx.Conn) (retryIn ti
 		switch {
 		case in.waiters > 0 && !in.held:
 			take, takeIDs = append(take, name), append(takeIDs, in.id)
+		case in.waiters == 0 && in.held && time.Since(in.idle) < interestLinger:
+			retryIn = soonest(retryIn, interestLinger-time.Since(in.idle))
 		case in.waiters == 0 && in.held:
 			drop, dropIDs = append(drop, name), append(dropIDs, in.id)
 		case in.waiters == 0:
@@ -109,7 +122,7 @@ func (k *Locker) applyInterests(ctx context.Context, conn *pgx.Conn) (retryIn ti
 			if in.waiters == 0 {
 				delete(k.interests, name)
 			} else {
-				retryIn = time.Nanosecond // registered again meanwhile
+				retryIn = soonest(retryIn, time.Nanosecond) // registered again meanwhile
 			}
 		}
 		k.mu.Unlock()
@@ -135,7 +148,7 @@ func (k *Locker) applyInterests(ctx context.Context, conn *pgx.Conn) (retryIn ti
 		in := k.interests[name]
 		in.held = true
 		if in.waiters == 0 {
-			retryIn = time.Nanosecond // no longer needed: release it
+			retryIn = soonest(retryIn, interestLinger) // no longer needed: release it after the linger
 		}
 		// Not yet subscribed: subscribing, later in this turn, wakes every
 		// waiter (see listening).
@@ -149,11 +162,19 @@ func (k *Locker) applyInterests(ctx context.Context, conn *pgx.Conn) (retryIn ti
 		// Held exclusively: by a release until it commits, or by a stranger
 		// using InterestClassID (then every release notifies anyway).
 		k.interestRefusals++
-		retryIn = retry.Backoff{Min: interestRetryMin, Max: interestRetryMax}.Wait(k.interestRefusals)
+		retryIn = soonest(retryIn, retry.Backoff{Min: interestRetryMin, Max: interestRetryMax}.Wait(k.interestRefusals))
 	} else {
 		k.interestRefusals = 0
 	}
 	return retryIn, nil
+}
+
+// soonest returns the shorter of two retry delays, zero meaning none.
+func soonest(a, b time.Duration) time.Duration {
+	if a == 0 || (b > 0 && b < a) {
+		return b
+	}
+	return a
 }
 
 // listenEnded is the notifier's Ended hook: the connection, and with it

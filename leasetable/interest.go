@@ -13,7 +13,8 @@ import (
 // Registering interest: a waiter's Locker holds the name's interest key
 // (InterestClassID, its tag's first 4 bytes) shared on its LISTEN
 // connection, and a release notifies only when it cannot take that key
-// exclusively (pgfence_notify_waiters; see docs/leasetable.md, Waiting).
+// exclusively (pgfence_notify_waiters; docs/leasetable.md, Notify only
+// when someone waits).
 // The order that no release can slip through is: LISTEN, take the key,
 // then try again. Taking the key therefore wakes the name's waiters whose
 // last attempt may have come before it.
@@ -35,10 +36,11 @@ const takeInterestSQL = `SELECT i FROM pg_catalog.unnest($1::pg_catalog.int4[]) 
 const dropInterestSQL = `SELECT pg_catalog.count(*) FILTER (WHERE pg_catalog.pg_advisory_unlock_shared(1885824620, k.id)) ` +
 	`FROM pg_catalog.unnest($1::pg_catalog.int4[]) AS k(id)`
 
-// interestRetryMin and interestRetryMax bound how soon the LISTEN connection tries again an
-// interest key it was refused: a release holds it until it commits, an
-// instant, so the first retry comes after 1 ms, and the pause doubles up to
-// 20 ms while refusals go on (a stranger holding InterestClassID keys).
+// interestRetryMin and interestRetryMax bound how soon the LISTEN
+// connection tries again an interest key it was refused: a release holds
+// it until it commits, an instant, so the first retry comes after 1 ms, and
+// the pause doubles up to 20 ms while refusals go on (a stranger holding
+// InterestClassID keys).
 const interestRetryMin, interestRetryMax = time.Millisecond, 20 * time.Millisecond
 
 // interestLocked counts w, about to wait for notifications, as interested
@@ -62,8 +64,8 @@ func (k *Locker) interestLocked(w *waiter) (arm bool) {
 }
 
 // dropInterestLocked uncounts a waiter of name that waited for
-// notifications; the last one has the LISTEN connection release the key.
-// k.mu is held.
+// notifications; after the last one, the LISTEN connection releases the
+// key once interestLinger has passed. k.mu is held.
 func (k *Locker) dropInterestLocked(name string) {
 	in := k.interests[name]
 	if in == nil {

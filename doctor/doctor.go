@@ -165,9 +165,13 @@ func (d *doctor) server() {
 		d.cannot("server", err)
 		return
 	}
-	if num/10000 < minMajor {
+	switch {
+	case num/10000 < minMajor:
 		d.add("server", Fail, fmt.Sprintf("PostgreSQL %d (%s); pgfence needs %d or later", num/10000, f.Version, minMajor), "upgrade PostgreSQL")
-	} else {
+	case f.Kind == engine.Neon:
+		d.add("server", Warn, "Neon ("+f.Version+"): a compute that scales to zero ends every session, and with them session advisory locks and LISTEN",
+			"turn scale-to-zero off for the compute advisory.Locker uses, and connect to its direct endpoint, not the -pooler one")
+	default:
 		d.add("server", OK, f.Version, "")
 	}
 	if f.InRecovery {

@@ -16,18 +16,21 @@ import (
 // Kind names a server engine that speaks PostgreSQL's protocol.
 type Kind string
 
-// The engines told apart. Only PostgreSQL gives pgfence's guarantees.
+// The engines told apart. PostgreSQL and Neon (PostgreSQL whose computes
+// scale to zero, ending every session) give pgfence's guarantees.
 const (
 	PostgreSQL  Kind = "PostgreSQL"
+	Neon        Kind = "Neon"
 	YugabyteDB  Kind = "YugabyteDB"
 	CockroachDB Kind = "CockroachDB"
 )
 
 // Identify names the engine from version() and the names of the settings
-// that start with "yb_" or are "crdb_version" (documented signatures:
-// YugabyteDB's version() reads "PostgreSQL 11.2-YB-2.20.1.0-b0 on ..." and
-// it has yb_* settings; CockroachDB's reads "CockroachDB CCL v23.2.0 (...)"
-// and it has crdb_version).
+// that start with "yb_" or "neon." or are "crdb_version" (documented
+// signatures: YugabyteDB's version() reads "PostgreSQL 11.2-YB-2.20.1.0-b0
+// on ..." and it has yb_* settings; CockroachDB's reads "CockroachDB CCL
+// v23.2.0 (...)" and it has crdb_version; Neon's computes load the neon
+// extension, whose settings are neon.*).
 func Identify(version string, settings []string) Kind {
 	switch {
 	case strings.HasPrefix(version, "CockroachDB"):
@@ -41,6 +44,8 @@ func Identify(version string, settings []string) Kind {
 			return CockroachDB
 		case strings.HasPrefix(s, "yb_"):
 			return YugabyteDB
+		case strings.HasPrefix(s, "neon."):
+			return Neon
 		}
 	}
 	return PostgreSQL
@@ -79,7 +84,7 @@ type Source interface {
 // identifySQL reads version() and the names of the settings that tell
 // YugabyteDB and CockroachDB apart. No lock, no privilege needed.
 const identifySQL = `SELECT pg_catalog.version(), ARRAY(SELECT s.name::pg_catalog.text FROM pg_catalog.pg_settings s ` +
-	`WHERE s.name OPERATOR(pg_catalog.~~) 'yb\_%' OR s.name OPERATOR(pg_catalog.=) 'crdb_version' ORDER BY 1 LIMIT 3)`
+	`WHERE s.name OPERATOR(pg_catalog.~~) 'yb\_%' OR s.name OPERATOR(pg_catalog.~~) 'neon.%' OR s.name OPERATOR(pg_catalog.=) 'crdb_version' ORDER BY 1 LIMIT 3)`
 
 // replicationSQL reads whether the server is in recovery,
 // synchronous_standby_names, and its physical standbys (walsenders that
@@ -101,7 +106,7 @@ func Read(ctx context.Context, db Source) (Facts, error) {
 		return f, fmt.Errorf("identify the server: %w", err)
 	}
 	f.Kind = Identify(f.Version, settings)
-	if f.Kind != PostgreSQL {
+	if f.Kind != PostgreSQL && f.Kind != Neon {
 		return f, nil
 	}
 	var names, states []string

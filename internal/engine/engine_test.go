@@ -33,6 +33,7 @@ func TestIdentify(t *testing.T) {
 		{"PostgreSQL 11.2", []string{"yb_read_from_followers"}, engine.YugabyteDB},
 		{"CockroachDB CCL v23.2.0 (x86_64-pc-linux-gnu, built 2023/12/20 17:24:16, go1.21.5 X:nocoverageredesign)", nil, engine.CockroachDB},
 		{"PostgreSQL 13.0", []string{"crdb_version"}, engine.CockroachDB},
+		{"PostgreSQL 16.3 on x86_64-pc-linux-gnu, compiled by gcc", []string{"neon.tenant_id", "neon.timeline_id"}, engine.Neon},
 	} {
 		require.Equal(t, c.want, engine.Identify(c.version, c.settings), c.version)
 	}

@@ -19,7 +19,8 @@ Usage:
 Checks the database for what pgfence's guarantees need, and prints one
 finding per check, each ok, warn or fail, with the fix:
 
-  server        PostgreSQL 13 or later; YugabyteDB and CockroachDB fail
+  server        PostgreSQL 13 or later; YugabyteDB and CockroachDB fail,
+                Neon warns (scale-to-zero ends sessions)
   standby       the server is a primary, not a standby or reader endpoint
   replication   standbys and whether each is synchronous
   schema        pgfence's schema, its version and its token sequence

@@ -186,8 +186,8 @@ func TestReleaseAsWaiterRegisters(t *testing.T) {
 }
 
 // TestInterestKeyOnlyWhileWaiting: a Locker holds a name's interest key
-// only while a call waits for it, so that releases after the wait notify
-// nobody.
+// only while a call waits for it (and for interestLinger after), so that
+// releases after the wait notify nobody.
 func TestInterestKeyOnlyWhileWaiting(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()

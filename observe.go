@@ -163,6 +163,19 @@ type ListenRestored struct {
 // Strategy returns e.Kind.
 func (e ListenRestored) Strategy() string { return e.Kind }
 
+// ServerWarning is sent by a Locker's New when the server works but
+// weakens a guarantee, for example an asynchronous standby that a failover
+// could promote without the last tokens and writes. Reason is a short key
+// ("async_standby"), Detail what was found.
+type ServerWarning struct {
+	Kind   string
+	Reason string
+	Detail string
+}
+
+// Strategy returns e.Kind.
+func (e ServerWarning) Strategy() string { return e.Kind }
+
 // StaleWrite is sent when a fenced write was rejected with [ErrFenced].
 type StaleWrite struct {
 	Table     string
@@ -181,6 +194,7 @@ func (Lost) event()           {}
 func (Released) event()       {}
 func (ListenLost) event()     {}
 func (ListenRestored) event() {}
+func (ServerWarning) event()  {}
 func (StaleWrite) event()     {}
 
 // Stats is a snapshot of a Locker: Held and Waiting now, counters since it

@@ -74,6 +74,12 @@ var ErrClosed = errors.New("pgfence: locker is closed")
 // message says how to fix it.
 var ErrNotInstalled = errors.New("pgfence: schema is not installed as this version needs")
 
+// ErrUnsafeServer is matched by New's error when the server is one on
+// which pgfence's tokens or exclusion are known not to hold: a standby (or
+// a reader endpoint), YugabyteDB or CockroachDB. The message says what was
+// found; docs/doctor.md says why.
+var ErrUnsafeServer = errors.New("pgfence: server cannot give pgfence's guarantees")
+
 // Lease is a held lock with its fencing token. Its methods are safe for
 // concurrent use.
 type Lease interface {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -111,21 +113,55 @@ func TestFailoverToSynchronousStandby(t *testing.T) {
 // handed out, and the session is dropped so that each retry dials again.
 // TryAcquire gives up with ErrUnavailable wrapping the server's error; a
 // wait rides on until the standby is promoted, then gets the lock. (Other
-// server errors keep the session: see TestLockTableFull.)
+// server errors keep the session: see TestLockTableFull.) New refuses
+// the standby itself (ErrUnsafeServer) and, on its primary, warns of the
+// asynchronous standby (a Warn and a ServerWarning event).
 func TestSessionOnStandbyIsDropped(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	c, srv := pgtest.NewCluster(t, nil)
 	db := srv.NewDB(t)
 	sb := pgtest.NewStandby(t, c, nil)
+
+	// New refuses the standby.
+	onStandby, err := pgxpool.ParseConfig(db.TCPURL)
+	require.NoError(t, err)
+	onStandby.ConnConfig.Port = uint16(sb.Port)
+	standbyPool, err := pgxpool.NewWithConfig(ctx, onStandby)
+	require.NoError(t, err)
+	t.Cleanup(standbyPool.Close)
+	_, err = advisory.New(ctx, standbyPool, nil)
+	require.ErrorIs(t, err, pgfence.ErrUnsafeServer)
+	require.ErrorContains(t, err, "standby in recovery")
+
+	// On the primary it warns of the asynchronous standby; then the server
+	// the Locker's sessions dial turns into that standby (the pool's
+	// connections, and New's checks, stay on the primary).
+	var demoted atomic.Bool
 	pcfg, err := pgxpool.ParseConfig(db.TCPURL)
 	require.NoError(t, err)
-	pcfg.ConnConfig.Port = uint16(sb.Port)
+	pcfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if demoted.Load() {
+			addr = fmt.Sprintf("127.0.0.1:%d", sb.Port)
+		}
+		return (&net.Dialer{}).DialContext(ctx, network, addr)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	h := &recordHandler{}
-	l := newLocker(t, pool, &advisory.Config{ApplicationName: "pgfence-standby", Logger: slog.New(h)})
+	warned := make(chan pgfence.ServerWarning, 1)
+	l := newLocker(t, pool, &advisory.Config{ApplicationName: "pgfence-standby", Logger: slog.New(h),
+		Observer: pgfence.ObserverFunc(func(_ context.Context, e pgfence.Event) {
+			if w, ok := e.(pgfence.ServerWarning); ok {
+				warned <- w
+			}
+		})})
+	w := <-warned
+	require.Equal(t, "async_standby", w.Reason)
+	require.Equal(t, pgfence.StrategyAdvisory, w.Kind)
+	require.Equal(t, 1, h.countLevel(slog.LevelWarn))
+	demoted.Store(true)
 	const opened = "pgfence: advisory: lock session opened"
 
 	_, err = l.TryAcquire(ctx, "ro", nil)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/engine"
 	"github.com/pgfence/pgfence/internal/events"
 	"github.com/pgfence/pgfence/internal/install"
 	"github.com/pgfence/pgfence/internal/notifier"
@@ -66,7 +67,9 @@ type Locker struct {
 // A nil cfg means the defaults. New checks once, through the pool and
 // bounded by ctx, that pgfence's schema is installed at the version this
 // code needs; when not, the error matches [pgfence.ErrNotInstalled] and says
-// how to fix it. It opens no lock session.
+// how to fix it. It refuses a standby, YugabyteDB or CockroachDB with an
+// error matching [pgfence.ErrUnsafeServer], and reports asynchronous
+// standbys by a Warn and a [pgfence.ServerWarning]. It opens no lock session.
 func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 	if pool == nil {
 		return nil, errors.New("pgfence: advisory: New: nil pool")
@@ -80,6 +83,10 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 		return nil, err
 	}
 	c.Schema = schema
+	warnings, err := engine.Gate(ctx, pool)
+	if err != nil {
+		return nil, fmt.Errorf("pgfence: advisory: %w", err)
+	}
 	if _, err := install.Check(ctx, pool, schema, quoted); err != nil {
 		return nil, fmt.Errorf("pgfence: advisory: %w", err)
 	}
@@ -91,7 +98,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 	lc := cc.Copy()
 	lc.RuntimeParams["application_name"] = c.ApplicationName + "-listen"
 	closeCtx, closeStop := context.WithCancel(context.Background())
-	return &Locker{
+	k := &Locker{
 		cfg:          c,
 		sql:          newStatements(quoted),
 		log:          c.Logger,
@@ -105,7 +112,12 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 		lines:        waitline.New[int64](false),
 		lineRegs:     make(map[*waitline.Line]*waitReg),
 		interests:    make(map[int64]*interest),
-	}, nil
+	}
+	for _, w := range warnings {
+		k.log.WarnContext(ctx, "pgfence: advisory: "+w.Detail, "reason", w.Reason)
+		k.ev.Async(ctx, pgfence.ServerWarning{Kind: pgfence.StrategyAdvisory, Reason: w.Reason, Detail: w.Detail})
+	}
+	return k, nil
 }
 
 // Schema returns the schema whose sequence the Locker draws tokens from.

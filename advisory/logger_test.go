@@ -168,3 +168,16 @@ func TestIdleSessionsClose(t *testing.T) {
 	require.Equal(t, 1, sessionCount(t, db.Pool, "pgfence-idle"))
 	require.NoError(t, lk.Release(ctx))
 }
+
+// countLevel returns the number of records at level.
+func (h *recordHandler) countLevel(level slog.Level) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, r := range h.records {
+		if r.Level == level {
+			n++
+		}
+	}
+	return n
+}

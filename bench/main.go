@@ -97,7 +97,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.DurationVar(&c.WriteDelay, "write-delay", 0, "sleep this long before every write to PostgreSQL on the connections of the compared PostgreSQL systems (ceilings, pglock, pgfence and its Lockers' sessions), as a network round trip would delay each statement; scenarios 6, 7, 9 and 11 open their own connections and ignore it (Go rounds short sleeps up, to about 1ms on some machines: the raw arms' cycle p50 shows the delay that ran)")
 	fs.DurationVar(&c.Warmup, "warmup", 0, "unmeasured warm-up per point (default 1s, 250ms with -quick)")
 	fs.StringVar(&clients, "clients", "1,4,16,64", "client counts of the uncontended scenario")
-	fs.StringVar(&scenarios, "scenarios", "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15", "scenarios to run")
+	fs.StringVar(&scenarios, "scenarios", "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16", "scenarios to run")
 	fs.StringVar(&sysList, "systems", "", "comma-separated system names to run (default all)")
 	fs.StringVar(&c.DatabaseURL, "database", "", "a disposable, empty PostgreSQL database to use instead of starting a cluster; pgfence migrations are applied")
 	fs.StringVar(&c.AppRole, "app-role", "", "connect pgfence's lockers (and raw-advisory-token) as this role, granted only what migrations.Grant grants; created in the benchmark's own cluster, must exist with -database (default: the owner that migrated)")
@@ -194,7 +194,7 @@ func parseFlags(args []string) (*config, error) {
 		return nil, fmt.Errorf("-scenarios: %w", err)
 	}
 	for _, s := range c.Scenarios {
-		if s < 1 || s > 15 {
+		if s < 1 || s > 16 {
 			return nil, fmt.Errorf("-scenarios: no scenario %d", s)
 		}
 	}
@@ -378,6 +378,7 @@ func run(ctx context.Context, cfg *config) error {
 		10: r.advisoryCombine, 11: r.herdScenario, 12: r.clientScale, 13: r.ownershipCost,
 		14: r.registryCost,
 		15: r.permits,
+		16: r.neighbour,
 	}
 	for _, n := range cfg.Scenarios {
 		f, ok := scenarios[n]

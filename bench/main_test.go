@@ -40,7 +40,7 @@ func TestParseFlagsRejectsBadInput(t *testing.T) {
 	for _, args := range [][]string{
 		{"-clients", "1,x"},
 		{"-clients", "0"},
-		{"-scenarios", "16"},
+		{"-scenarios", "17"},
 		{"-ownership-rounds", "0"},
 		{"-observe-clients", "0"},
 		{"-scale-names", "2", "-scale-clients", "4"},

@@ -186,6 +186,14 @@ func (c *ownershipConn) releasedBy(payload, name string, token int64) bool {
 	return len(parts) == 3 && parts[1] == strconv.FormatInt(token, 10)
 }
 
+// ownershipInterestSQL takes the interest key of lease $2 shared (class $1,
+// the first 4 bytes of the name's keyed tag), as pgfence_notify_waiters
+// tries it.
+const ownershipInterestSQL = `SELECT pg_catalog.pg_advisory_lock_shared($1::pg_catalog.int4,
+    (pg_catalog.get_byte(s.h, 0) << 24) | (pg_catalog.get_byte(s.h, 1) << 16) | (pg_catalog.get_byte(s.h, 2) << 8) | pg_catalog.get_byte(s.h, 3))
+FROM (SELECT pg_catalog.sha256(k.key || '\x01'::bytea || pg_catalog.convert_to($2, 'UTF8')) AS h FROM "pgfence".pgfence_notify_key k) AS s
+WHERE pg_catalog.to_regproc('"pgfence".pgfence_notify_waiters') IS NOT NULL`
+
 // ownershipDB is one arm's database and its connections: calls runs the
 // per-call cycles; a and b hand a lease back and forth, both LISTENing.
 type ownershipDB struct {
@@ -382,6 +390,15 @@ func (r *runner) openOwnershipDB(ctx context.Context, arm ownershipArm) (*owners
 		if _, err := c.conn.Exec(ctx, "LISTEN "+leasetable.NotifyChannel); err != nil {
 			d.close(ctx)
 			return nil, err
+		}
+		// From schema version 2 of the 0.1.0 line, a release notifies only
+		// when a waiter holds the name's interest key: both sides do, as a
+		// waiting Locker's LISTEN connection would.
+		if c.arm.secret {
+			if _, err := c.conn.Exec(ctx, ownershipInterestSQL, leasetable.InterestClassID, d.handover); err != nil {
+				d.close(ctx)
+				return nil, err
+			}
 		}
 	}
 	l, ok, err := d.a.acquire(ctx, d.handover)

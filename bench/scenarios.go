@@ -35,6 +35,7 @@ type results struct {
 	Herd          []herdPoint         // scenario 11
 	HerdRaw       *rawChainResult     // scenario 11's raw NOTIFY chain
 	HerdNoFlush   *herdNoFlush        // scenario 11's one-waiter hand-over with fsync off
+	Neighbour     []neighbourPoint    // scenario 16
 	Ownership     *ownershipResult    // scenario 13
 	Registry      *registryCostResult // scenario 14
 	WaitEvents    []waitSample        // scenario 1 at profileClients, last round

@@ -90,7 +90,7 @@ func TestBaselineGuardFunctions(t *testing.T) {
 		require.NoError(t, conn.QueryRow(ctx, "SELECT "+pgx.Identifier{schema, "pgfence_schema_version"}.Sanitize()+"()").Scan(&v))
 		require.Equal(t, version, v)
 	}
-	checkUp(int(migrations.Latest()))
+	checkUp(int(migrations.Latest())) // as migrated
 
 	// Every down file, newest first, as migrations.Down runs them.
 	downs, err := fs.Glob(migrations.FS, "*.down.sql")
@@ -108,5 +108,5 @@ func TestBaselineGuardFunctions(t *testing.T) {
 
 	_, err = conn.Exec(ctx, migration(t, "000001_baseline.up.sql"))
 	require.NoError(t, err)
-	checkUp(1)
+	checkUp(1) // the baseline alone
 }

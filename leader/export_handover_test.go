@@ -11,3 +11,8 @@ func Listening(e *Elector) bool {
 	defer e.mu.Unlock()
 	return e.listener.Listening()
 }
+
+// DisableInterest keeps e's observers from taking the election's interest
+// key, so that no release notifies them: a negative control. Call it
+// before e's first Observe.
+func DisableInterest(e *Elector) { e.hooks = &testHooks{noInterest: true} }

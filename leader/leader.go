@@ -181,6 +181,7 @@ type Elector struct {
 	term         *Term                      // the term held, if any
 	running      bool                       // Run is running
 	listener     *notifier.Notifier         // the observers' LISTEN connection, once started
+	interestHeld bool                       // the LISTEN connection holds the election's interest key
 	watchers     map[chan struct{}]struct{} // buffered(1): wake an observer
 	notifiedTerm int64                      // the newest term a notification announced (see notify)
 	aside        time.Time                  // StepAside: no campaign before then
@@ -190,6 +191,7 @@ type Elector struct {
 // testHooks change an Elector's behaviour for tests (export_handover_test.go).
 type testHooks struct {
 	noHandover bool // a campaign after a resignation does not wait
+	noInterest bool // observers take no interest key
 }
 
 // New returns an Elector for cfg.Election that campaigns with cfg.Locker

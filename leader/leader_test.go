@@ -3,6 +3,7 @@ package leader_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -292,6 +293,46 @@ func TestObserve(t *testing.T) {
 	for range ch {
 	}
 	_ = tb.Resign(ctx)
+}
+
+// TestObserveSeesResignation: a resignation reaches an observer at once by
+// its notification, long before the lease's one-minute TTL or the hour's
+// ObserveInterval: the observer's LISTEN connection holds the election's
+// interest key. Negative control: an observer without it is not notified
+// (releases notify only names someone waits for) and sees nothing in 3s.
+func TestObserveSeesResignation(t *testing.T) {
+	t.Parallel()
+	for _, interest := range []bool{true, false} {
+		t.Run(fmt.Sprintf("interest=%t", interest), func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			db := pgtest.NewDB(t)
+			lcfg := &leasetable.Config{TTL: time.Minute}
+			slow := func(c *leader.Config) { c.ObserveInterval = time.Hour }
+			a := newCandidate(t, db.Pool, "resign", "a", lcfg, slow)
+			o := newCandidate(t, db.NewPool(t, nil), "resign", "observer", lcfg, slow)
+			if !interest {
+				leader.DisableInterest(o.e)
+			}
+			ta, err := a.e.Campaign(ctx)
+			require.NoError(t, err)
+			octx, stop := context.WithCancel(ctx)
+			defer stop()
+			ch := o.e.Observe(octx)
+			require.Equal(t, ta.Token(), next(t, ch).Token)
+			require.Eventually(t, func() bool { return leader.Listening(o.e) }, 30*time.Second, 5*time.Millisecond)
+			require.NoError(t, ta.Resign(ctx))
+			if interest {
+				require.False(t, next(t, ch).Leading)
+				return
+			}
+			select {
+			case i := <-ch:
+				t.Fatalf("control: the observer saw the resignation without an interest key: %+v", i)
+			case <-time.After(3 * time.Second):
+			}
+		})
+	}
 }
 
 // An observer whose leader crashed (its lease is never renewed, and no

@@ -194,6 +194,9 @@ func (e *Elector) addWatcher() (chan struct{}, error) {
 	}
 	w := make(chan struct{}, 1)
 	e.watchers[w] = struct{}{}
+	if e.listener != nil && !e.interestHeld {
+		e.listener.Kick() // take the interest key
+	}
 	if e.listener == nil && !e.cfg.DisableListen {
 		checkInterval := leasetable.DefaultListenCheckInterval
 		e.listener = notifier.Start(e.closeCtx, notifier.Config{
@@ -205,7 +208,8 @@ func (e *Elector) addWatcher() (chan struct{}, error) {
 			LogPrefix:     "pgfence: leader",
 			Notify:        e.notify,
 			Listening:     e.wakeAll,
-			Apply:         listenReleases,
+			Apply:         e.applyListen,
+			Ended:         e.listenEnded,
 			Probe:         e.probe,
 			ProbeTimeout:  5 * time.Second,
 		}, &e.wg)
@@ -217,6 +221,9 @@ func (e *Elector) removeWatcher(w chan struct{}) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	delete(e.watchers, w)
+	if len(e.watchers) == 0 && e.listener != nil && e.interestHeld {
+		e.listener.Kick() // release the interest key
+	}
 }
 
 // notify wakes the observers when a notification names the election: its
@@ -251,12 +258,65 @@ func (e *Elector) wakeAll() {
 	}
 }
 
-// listenReleases subscribes the observers' LISTEN connection to the lease
-// table's releases too (a resignation is a release); it runs after each
-// connect, and changes nothing on a session that already listens.
-func listenReleases(ctx context.Context, conn *pgx.Conn) (time.Duration, error) {
-	_, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{leasetable.NotifyChannel}.Sanitize())
-	return 0, err
+// listenReleasesSQL subscribes the observers' LISTEN connection to the
+// lease table's releases too (a resignation is a release).
+var listenReleasesSQL = "LISTEN " + pgx.Identifier{leasetable.NotifyChannel}.Sanitize()
+
+// takeInterestSQL takes the interest key ($1, $2) shared, without waiting,
+// so that a release of the election's lease notifies (see
+// leasetable.InterestClassID); dropInterestSQL releases it.
+const (
+	takeInterestSQL = `SELECT pg_catalog.pg_try_advisory_lock_shared($1::pg_catalog.int4, $2::pg_catalog.int4)`
+	dropInterestSQL = `SELECT pg_catalog.pg_advisory_unlock_shared($1::pg_catalog.int4, $2::pg_catalog.int4)`
+)
+
+// interestRetry is how soon the LISTEN connection tries the interest key
+// again when a release held it.
+const interestRetry = 20 * time.Millisecond
+
+// applyListen is the notifier's Apply hook: it subscribes to the lease
+// table's releases (a no-op on a session that listens) and holds the
+// election's interest key while an observer watches, waking the observers
+// once it took it (a resignation just before went unannounced).
+func (e *Elector) applyListen(ctx context.Context, conn *pgx.Conn) (time.Duration, error) {
+	if _, err := conn.Exec(ctx, listenReleasesSQL); err != nil {
+		return 0, err
+	}
+	e.mu.Lock()
+	want, held := len(e.watchers) > 0 && (e.hooks == nil || !e.hooks.noInterest), e.interestHeld
+	e.mu.Unlock()
+	id := e.notifyKey.InterestID(e.cfg.Election)
+	switch {
+	case want && !held:
+		var ok bool
+		if err := conn.QueryRow(ctx, takeInterestSQL, leasetable.InterestClassID, id).Scan(&ok); err != nil {
+			return 0, fmt.Errorf("pgfence: leader: take the interest key: %w", err)
+		}
+		if !ok {
+			return interestRetry, nil
+		}
+		e.mu.Lock()
+		e.interestHeld = true
+		e.mu.Unlock()
+		e.wakeAll()
+	case !want && held:
+		var ok bool
+		if err := conn.QueryRow(ctx, dropInterestSQL, leasetable.InterestClassID, id).Scan(&ok); err != nil {
+			return 0, fmt.Errorf("pgfence: leader: release the interest key: %w", err)
+		}
+		e.mu.Lock()
+		e.interestHeld = false
+		e.mu.Unlock()
+	}
+	return 0, nil
+}
+
+// listenEnded is the notifier's Ended hook: the interest key went with the
+// connection.
+func (e *Elector) listenEnded(bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.interestHeld = false
 }
 
 // probeSQL sends a probe notification on [NotifyChannel] through the pool;

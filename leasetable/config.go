@@ -46,6 +46,15 @@ const maxListenCheckTimeout = 5 * time.Second
 // announced, each with a keyed tag of the lease name instead of the name.
 const NotifyChannel = "pgfence_lease_released"
 
+// InterestClassID is the first argument of the two-argument advisory locks
+// that waiting calls take shared, on their Locker's LISTEN connection, so
+// that a release of their lease notifies them (pgfence_notify_waiters): the
+// bytes "pgfl". The second is the first 4 bytes of the name's notification
+// tag. Other clients of the database should not use it as the first
+// argument of such locks: held shared, it makes every release of a name
+// notify; held exclusively, it delays waiters' registration.
+const InterestClassID int32 = 0x7067666c
+
 // Config configures a [Locker]. A nil *Config, and every zero field, means the
 // documented default. [New] validates it and returns an error naming the bad
 // field; the caller's Config is never modified.

@@ -36,8 +36,9 @@
 // lease has expired or was released, and draws a new token. A Locker does
 // not re-enter a name ([pgfence.ErrAlreadyHeld] for a caller whose ctx
 // descends from the lease's Context). [Locker.Acquire] waits without
-// polling: releases notify on [NotifyChannel], which the Locker's LISTEN
-// connection receives; otherwise a waiter retries at the holder's expiry.
+// polling: a release notifies on [NotifyChannel], which the Locker's LISTEN
+// connection receives, when some waiter holds the name's interest key
+// ([InterestClassID]); otherwise a waiter retries at the holder's expiry.
 // Concurrent acquires (and releases) of one Locker go out in one statement;
 // each caller gets the outcome it would get alone.
 //

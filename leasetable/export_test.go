@@ -85,3 +85,16 @@ func SetSendLateRenewals(k *Locker) { hooksOf(k).lateRenewals = true }
 // SetNoGrantWait has Close return without waiting for grants in flight
 // (the negative control of TestCloseRacingAcquire). Call it before using k.
 func SetNoGrantWait(k *Locker) { hooksOf(k).noGrantWait = true }
+
+// SetOnArm sets a function run on k's LISTEN connection just before it
+// takes the interest keys of names. Call it before using k.
+func SetOnArm(k *Locker, f func(names []string)) { hooksOf(k).onArm = f }
+
+// SetNoArmWake keeps k from waking a name's waiters when its LISTEN
+// connection took the name's interest key, for a negative control. Call it
+// before using k.
+func SetNoArmWake(k *Locker) { hooksOf(k).noArmWake = true }
+
+// SetNoInterest keeps k's waiters from taking interest keys, so that no
+// release notifies them, for a negative control. Call it before using k.
+func SetNoInterest(k *Locker) { hooksOf(k).noInterest = true }

@@ -56,9 +56,17 @@ func TestForgedNotificationsCostNothing(t *testing.T) {
 	defer spy.Release()
 	_, err = spy.Exec(ctx, "LISTEN "+leasetable.NotifyChannel)
 	require.NoError(t, err)
+	key, err := notifier.LoadKey(ctx, db.Pool, `"pgfence"`)
+	require.NoError(t, err)
+	interest, err := db.Pool.Acquire(ctx) // someone waits: the release notifies
+	require.NoError(t, err)
+	_, err = interest.Exec(ctx, "SELECT pg_advisory_lock_shared($1, $2)", leasetable.InterestClassID, key.InterestID("customer@example.com"))
+	require.NoError(t, err)
 	seen, err := holder.TryAcquire(ctx, "customer@example.com", nil)
 	require.NoError(t, err)
 	require.NoError(t, seen.Release(ctx))
+	interest.Conn().Close(ctx) //nolint:errcheck // ends the session, and its lock
+	interest.Release()
 	n, err := spy.Conn().WaitForNotification(ctx)
 	require.NoError(t, err)
 	require.NotContains(t, n.Payload, "customer@example.com", "a role without pgfence's grant reads no lease name")
@@ -72,8 +80,6 @@ func TestForgedNotificationsCostNothing(t *testing.T) {
 	go func() { _, _ = waiter.Acquire(wctx, "customer@example.com", nil) }()
 	require.Eventually(t, func() bool { return waiter.Stats().Listening && counter.n.Load() > 0 }, 30*time.Second, 10*time.Millisecond)
 
-	key, err := notifier.LoadKey(ctx, db.Pool, `"pgfence"`)
-	require.NoError(t, err)
 	// send sends each payload in a transaction of its own, as separate
 	// notifications (PostgreSQL folds equal payloads of one transaction).
 	send := func(pool *pgxpool.Pool, payloads []string) {

@@ -13,6 +13,7 @@ type waiter struct {
 	ch      chan struct{} // buffered(1)
 	seq     uint64        // order of registration (Locker.waiterSeq)
 	listens bool          // it waits for notifications (counted in Locker.listenWants)
+	armed   bool          // its name's interest key was held, and LISTEN on, when it registered
 }
 
 func (w *waiter) wake() {
@@ -39,6 +40,9 @@ func (k *Locker) addWaiter(name string) (*waiter, error) {
 	}
 	k.waiterSeq++
 	w := &waiter{ch: make(chan struct{}, 1), seq: k.waiterSeq, name: name}
+	if in := k.interests[name]; in != nil && in.held && k.listener.Listening() {
+		w.armed = true
+	}
 	set := k.waiters[name]
 	if set == nil {
 		set = make(map[*waiter]struct{})
@@ -50,7 +54,7 @@ func (k *Locker) addWaiter(name string) (*waiter, error) {
 			ConnConfig:    k.cfg.ListenConnConfig,
 			Channel:       NotifyChannel,
 			CheckInterval: k.cfg.ListenCheckInterval,
-			CheckTimeout:  min(k.cfg.ListenCheckInterval, maxListenCheckTimeout),
+			CheckTimeout:  probeTimeout(k.cfg.ListenCheckInterval), // bounds Apply too, with the check off
 			Logger:        k.cfg.Logger,
 			LogPrefix:     "pgfence: leasetable",
 			Notify:        k.notify,
@@ -60,6 +64,8 @@ func (k *Locker) addWaiter(name string) (*waiter, error) {
 			Lost:          k.listenLost,
 			Restored:      k.listenRestored,
 			Wanted:        k.wantListen,
+			Apply:         k.applyInterests,
+			Ended:         k.listenEnded,
 		}, &k.background)
 	}
 	return w, nil
@@ -78,6 +84,7 @@ func (k *Locker) removeWaiter(name string, w *waiter) {
 		}
 	}
 	if w.listens {
+		k.dropInterestLocked(name)
 		k.listenWants--
 		if k.listenWants == 0 && k.listener != nil && !k.closed {
 			// Unsubscribe after the linger unless a waiter came back.
@@ -111,9 +118,10 @@ func (k *Locker) listenFor(w *waiter) {
 	}
 	w.listens = true
 	k.watchLocked(w.name)
+	arm := k.interestLocked(w)
 	k.listenWants++
-	if k.listenWants == 1 && k.listener != nil && !k.listenAnswer {
-		k.listener.Kick() // subscribe
+	if (arm || k.listenWants == 1 && !k.listenAnswer) && k.listener != nil {
+		k.listener.Kick() // take the interest key, subscribe
 	}
 }
 

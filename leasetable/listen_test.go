@@ -87,7 +87,8 @@ func TestListenOnlyWhileWaiting(t *testing.T) {
 // subscribed is announced to nobody there; the subscription wakes the
 // waiter, which tries again and takes the lease at once, not at the
 // holder's expiry. Negative control: when subscribing wakes nobody, the
-// waiter sleeps until its WaitTimeout.
+// waiter sleeps until its WaitTimeout (taking the name's interest key, which
+// also wakes it, is switched off too).
 func TestReleaseBeforeSubscribingIsNotMissed(t *testing.T) {
 	t.Parallel()
 	for _, wake := range []bool{true, false} {
@@ -103,6 +104,7 @@ func TestReleaseBeforeSubscribingIsNotMissed(t *testing.T) {
 			holder := newLocker(t, db.Pool, &leasetable.Config{TTL: time.Minute})
 			if !wake {
 				leasetable.SetNoListenWake(waiter)
+				leasetable.SetNoArmWake(waiter)
 			}
 			// The holder's lease is released as the waiter first waits for
 			// notifications: after its refusal, before it subscribes.

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/engine"
 	"github.com/pgfence/pgfence/internal/events"
 	"github.com/pgfence/pgfence/internal/install"
 	"github.com/pgfence/pgfence/internal/notifier"
@@ -37,24 +38,26 @@ type Locker struct {
 
 	renewRTT atomic.Int64 // see fastestRenewal
 
-	mu              sync.Mutex
-	closed          bool
-	leases          map[*Lease]struct{} // held leases, renewed by the watchdog
-	held            map[string]*Lease   // the same, by name
-	watchdogRunning bool
-	watchdogWake    chan struct{}      // buffered(1): a lease was added
-	listener        *notifier.Notifier // the LISTEN loop, once started
-	waiters         map[string]map[*waiter]struct{}
-	notifyKey       notifier.Key            // checks notifications (see notify)
-	tagNames        map[string]string       // a listened-for name by its notification tag
-	watched         map[string]*watch       // the listened-for names (see listenFor)
-	waiterSeq       uint64                  // the seq of the last waiter added
-	listenWants     int                     // waiters that wait for notifications (see wantListen)
-	listenIdleSince time.Time               // when listenWants last fell to 0
-	listenAnswer    bool                    // wantListen's last answer to the notifier
-	lingerTimer     *time.Timer             // asks the notifier again once listenLinger has passed
-	attempts        map[string]*attempt     // attempts in flight, by name (see try)
-	lines           *waitline.Lines[string] // the waiting Acquire calls by name (see waitAcquire)
+	mu               sync.Mutex
+	closed           bool
+	leases           map[*Lease]struct{} // held leases, renewed by the watchdog
+	held             map[string]*Lease   // the same, by name
+	watchdogRunning  bool
+	watchdogWake     chan struct{}      // buffered(1): a lease was added
+	listener         *notifier.Notifier // the LISTEN loop, once started
+	waiters          map[string]map[*waiter]struct{}
+	notifyKey        notifier.Key            // checks notifications (see notify)
+	tagNames         map[string]string       // a listened-for name by its notification tag
+	watched          map[string]*watch       // the listened-for names (see listenFor)
+	interests        map[string]*interest    // the names whose interest key waiters need (see interest.go)
+	waiterSeq        uint64                  // the seq of the last waiter added
+	listenWants      int                     // waiters that wait for notifications (see wantListen)
+	listenIdleSince  time.Time               // when listenWants last fell to 0
+	listenAnswer     bool                    // wantListen's last answer to the notifier
+	lingerTimer      *time.Timer             // asks the notifier again once listenLinger has passed
+	attempts         map[string]*attempt     // attempts in flight, by name (see try)
+	lines            *waitline.Lines[string] // the waiting Acquire calls by name (see waitAcquire)
+	interestRefusals int                     // consecutive refused interest keys; applyInterests only
 
 	acquires batcher[*acquireReq] // combines concurrent acquires
 	granting sync.WaitGroup       // grants handed to callers, not yet adopted or given back
@@ -65,15 +68,18 @@ var _ pgfence.Locker = (*Locker)(nil)
 
 // testHooks are the switches and callbacks tests set (export_test.go).
 type testHooks struct {
-	noRetry      bool   // transient errors are not retried
-	keepStale    bool   // connections to a read-only server are kept
-	noShare      bool   // waiters do not share attempts (see try)
-	noListenWake bool   // the LISTEN connection's subscribing wakes no waiter
-	noGrantWait  bool   // Close cuts acquire statements in flight and does not wait for grants
-	lateRenewals bool   // a renewal is sent however little time is left (see fastestRenewal)
-	onRound      func() // a waiting Acquire goes round its loop again
-	onListen     func() // a waiter first waits for notifications (see listenFor)
-	listenAsked  int64  // wantListen's answers so far; guarded by Locker.mu
+	noRetry      bool                 // transient errors are not retried
+	keepStale    bool                 // connections to a read-only server are kept
+	noShare      bool                 // waiters do not share attempts (see try)
+	noListenWake bool                 // the LISTEN connection's subscribing wakes no waiter
+	noArmWake    bool                 // taking a name's interest key wakes none of its waiters
+	noInterest   bool                 // waiters take no interest key
+	onArm        func(names []string) // the LISTEN connection is about to take the interest keys of names
+	noGrantWait  bool                 // Close cuts acquire statements in flight and does not wait for grants
+	lateRenewals bool                 // a renewal is sent however little time is left (see fastestRenewal)
+	onRound      func()               // a waiting Acquire goes round its loop again
+	onListen     func()               // a waiter first waits for notifications (see listenFor)
+	listenAsked  int64                // wantListen's answers so far; guarded by Locker.mu
 }
 
 // New returns a Locker that runs its statements on pool; cfg may be nil for
@@ -83,8 +89,10 @@ type testHooks struct {
 // least 2 (New logs a Warn otherwise).
 //
 // New returns an error for an invalid cfg or a nil pool (nothing sent), one
-// matching [pgfence.ErrNotInstalled] that says how to install the schema,
-// and database errors wrapped.
+// matching [pgfence.ErrUnsafeServer] for a standby, YugabyteDB or
+// CockroachDB, one matching [pgfence.ErrNotInstalled] that says how to
+// install the schema, and database errors wrapped. Asynchronous standbys
+// of the server are reported by a Warn and a [pgfence.ServerWarning].
 func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 	if pool == nil {
 		return nil, errNilPool
@@ -98,6 +106,10 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 		return nil, err
 	}
 	resolved.Schema = schema
+	warnings, err := engine.Gate(ctx, pool)
+	if err != nil {
+		return nil, fmt.Errorf("pgfence: leasetable: %w", err)
+	}
 	if _, err := install.Check(ctx, pool, schema, quoted); err != nil {
 		return nil, fmt.Errorf("pgfence: leasetable: %w", err)
 	}
@@ -122,6 +134,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 		notifyKey:    key,
 		tagNames:     make(map[string]string),
 		watched:      make(map[string]*watch),
+		interests:    make(map[string]*interest),
 		attempts:     make(map[string]*attempt),
 		lines:        waitline.New[string](false),
 		backoff:      retry.Default,
@@ -130,6 +143,10 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 	k.acquires.exec, k.acquires.fail = k.execAcquires, k.failAcquire
 	k.releases.exec, k.releases.fail = k.execReleases, failRelease
 	k.warnSmallPool(ctx)
+	for _, w := range warnings {
+		k.cfg.Logger.WarnContext(ctx, "pgfence: leasetable: "+w.Detail, "reason", w.Reason)
+		k.ev.Async(ctx, pgfence.ServerWarning{Kind: pgfence.StrategyLeaseTable, Reason: w.Reason, Detail: w.Detail})
+	}
 	return k, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence"
@@ -117,4 +118,33 @@ func TestNewChecksTheInstall(t *testing.T) {
 		_, err := leasetable.New(cancelled, db.Pool, nil)
 		require.ErrorIs(t, err, context.Canceled, "ctx bounds the check")
 	})
+}
+
+// TestNewGate: New refuses a standby with ErrUnsafeServer, and accepts its
+// primary, warning (a Warn and a ServerWarning) of that asynchronous
+// standby.
+func TestNewGate(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	c, srv := pgtest.NewCluster(t, nil)
+	db := srv.NewDB(t)
+	sb := pgtest.NewStandby(t, c, nil)
+
+	standby := db.NewTCPPool(t, func(pc *pgxpool.Config) { pc.ConnConfig.Port = uint16(sb.Port) })
+	_, err := leasetable.New(ctx, standby, nil)
+	require.ErrorIs(t, err, pgfence.ErrUnsafeServer)
+	require.ErrorContains(t, err, "standby in recovery")
+
+	logs := newLogWatch()
+	logs.count("no synchronous standby")
+	warned := make(chan pgfence.ServerWarning, 1)
+	newLocker(t, db.Pool, &leasetable.Config{Logger: logs.logger(), Observer: pgfence.ObserverFunc(func(_ context.Context, e pgfence.Event) {
+		if w, ok := e.(pgfence.ServerWarning); ok {
+			warned <- w
+		}
+	})})
+	w := <-warned
+	require.Equal(t, "async_standby", w.Reason)
+	require.Equal(t, pgfence.StrategyLeaseTable, w.Kind)
+	require.Equal(t, 1, logs.count("no synchronous standby"))
 }

@@ -188,6 +188,18 @@ func grant(ctx context.Context, t Target, role string, cfg *Config, opts *GrantO
 	})
 }
 
+// MissingGrants returns the privileges [Grant] gives (with opts) that role
+// does not hold on the install in schema (empty means "pgfence"), as
+// has_*_privilege sees them (PUBLIC and the roles role is a member of
+// included), each as "EXECUTE on function ..."; empty when it holds all.
+// It runs one query on q, bounded by ctx.
+func MissingGrants(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, schema, role string, opts *GrantOpts) ([]string, error) {
+	_, privs := grants(schema, role, opts)
+	return missingPrivileges(ctx, q, role, privs)
+}
+
 // missingPrivilegesSQL returns the positions (from 1) of the privileges in
 // $2, $3, $4 (kind, object, privilege) that role $1 does not hold.
 const missingPrivilegesSQL = `

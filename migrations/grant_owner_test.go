@@ -67,7 +67,7 @@ func TestGrantSQLRuns(t *testing.T) {
 		require.NoError(t, err)
 		return names
 	}
-	require.Equal(t, []string{"pgfence_check_us", "pgfence_force_release", "pgfence_notify_payload", "pgfence_permit_released"}, denied())
+	require.Equal(t, []string{"pgfence_check_us", "pgfence_force_release", "pgfence_notify_payload", "pgfence_notify_waiters", "pgfence_permit_released"}, denied())
 	exec(t, db, stmts[3:]...)
-	require.Equal(t, []string{"pgfence_check_us", "pgfence_notify_payload", "pgfence_permit_released"}, denied())
+	require.Equal(t, []string{"pgfence_check_us", "pgfence_notify_payload", "pgfence_notify_waiters", "pgfence_permit_released"}, denied())
 }

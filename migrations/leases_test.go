@@ -121,6 +121,7 @@ func releaseTrace(t *testing.T, db *pgtest.DB) []string {
 	defer func() { _ = listen.Close(context.WithoutCancel(ctx)) }()
 	_, err = listen.Exec(ctx, "LISTEN pgfence_lease_released")
 	require.NoError(t, err)
+	holdInterest(t, db, "a", "b", "c", "d", "e", "nobody") // every release is waited for
 
 	var trace []string
 	acquire := func(name string, ttl time.Duration) (int64, string) {
@@ -240,7 +241,7 @@ func TestReleaseOne(t *testing.T) {
 		weaken(t, db, edit{releaseFn, line, ""})
 		return releaseTrace(t, db)
 	}
-	require.NotEqual(t, want, broken("PERFORM pg_catalog.pg_notify('pgfence_lease_released', pgfence_notify_payload($1[1], $2[1]));"),
+	require.NotEqual(t, want, broken("PERFORM pgfence_notify_waiters($1[1], $2[1]);"),
 		"negative control: a one-lease path without its notification")
 	require.NotEqual(t, want, broken("durability := pg_catalog.set_config('synchronous_commit', 'off', true);"),
 		"negative control: a one-lease path that leaves the commit durable")

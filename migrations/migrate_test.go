@@ -23,14 +23,14 @@ import (
 
 func TestLatest(t *testing.T) {
 	t.Parallel()
-	// The baseline, the fence registry, the schedule's slots and the
-	// semaphores, each with its down file.
+	// The baseline, notify-waiters, the fence registry, the schedule's slots
+	// and the semaphores, each with its down file.
 	ups, err := fs.Glob(migrations.FS, "*.up.sql")
 	require.NoError(t, err)
 	downs, err := fs.Glob(migrations.FS, "*.down.sql")
 	require.NoError(t, err)
-	require.Equal(t, []string{"000001_baseline.up.sql", "000003_fence_registry.up.sql", "000004_schedule_slots.up.sql", "000005_semaphores.up.sql"}, ups)
-	require.Equal(t, []string{"000001_baseline.down.sql", "000003_fence_registry.down.sql", "000004_schedule_slots.down.sql", "000005_semaphores.down.sql"}, downs)
+	require.Equal(t, []string{"000001_baseline.up.sql", "000002_notify_waiters.up.sql", "000003_fence_registry.up.sql", "000004_schedule_slots.up.sql", "000005_semaphores.up.sql"}, ups)
+	require.Equal(t, []string{"000001_baseline.down.sql", "000002_notify_waiters.down.sql", "000003_fence_registry.down.sql", "000004_schedule_slots.down.sql", "000005_semaphores.down.sql"}, downs)
 	require.Equal(t, uint(5), migrations.Latest())
 }
 

@@ -98,7 +98,7 @@ var (
 	noPruneAgeCheck = []edit{{"pgfence_prune_delete(text[], bigint[], interval)",
 		"IF $3 IS NULL OR pg_catalog.now() - $3 > pg_catalog.now() - interval '1 minute' THEN", "IF false THEN"}}
 	noTTLCheck       = []edit{{acquireFn, "PERFORM pgfence_check_us($3, 1, 'a TTL');", ""}}
-	namedReleaseNote = []edit{{releaseFn, "pgfence_notify_payload($1[1], $2[1])", "$1[1]"}}
+	namedReleaseNote = []edit{{"pgfence_notify_waiters(text, bigint)", "pgfence_notify_payload($1, $2)", "$1"}}
 )
 
 func TestAttackRenewWithReadableValues(t *testing.T) {
@@ -266,6 +266,7 @@ func TestAttackListenReadsNames(t *testing.T) {
 		outsider := connAs(t, a.db, a.outsider)
 		_, err := outsider.Exec(ctx, "LISTEN pgfence_lease_released")
 		require.NoError(t, err)
+		holdInterest(t, a.db, "alice@example.com") // someone waits: the release notifies
 		token, secret := a.acquire(t, "alice@example.com", time.Minute)
 		_, err = a.holder.Exec(ctx, "SELECT * FROM pgfence.pgfence_release('{alice@example.com}', $1, $2, '{0}')", []int64{token}, []string{secret})
 		require.NoError(t, err)

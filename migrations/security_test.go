@@ -445,6 +445,7 @@ func TestForceReleaseAudit(t *testing.T) {
 	listener := connAs(t, db, app)
 	_, err := listener.Exec(ctx, "LISTEN pgfence_lease_released")
 	require.NoError(t, err)
+	holdInterest(t, db, "job") // someone waits: the forced release notifies
 
 	var mu sync.Mutex
 	var logged []string

@@ -17,7 +17,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgfence/pgfence/internal/notifier"
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/leasetable"
 	"github.com/pgfence/pgfence/migrations"
 )
 
@@ -432,6 +434,10 @@ func TestReleaseForce(t *testing.T) {
 
 	listener := db.Conn(t)
 	_, err := listener.Exec(ctx, "LISTEN pgfence_lease_released")
+	require.NoError(t, err)
+	key, err := notifier.LoadKey(ctx, db.Pool, "pgfence")
+	require.NoError(t, err)
+	_, err = listener.Exec(ctx, "SELECT pg_advisory_lock_shared($1, $2)", leasetable.InterestClassID, key.InterestID("account:42")) // someone waits
 	require.NoError(t, err)
 
 	// Flags may follow the name.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"strconv"
@@ -36,6 +37,18 @@ func (k Key) Tag(name string) string {
 	h.Write([]byte{1})
 	h.Write([]byte(name))
 	return hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// InterestID returns the second half of name's interest key, which a
+// waiter locks shared so that a lease-table release notifies it
+// (pgfence_notify_waiters): the first 4 bytes of sha256(key || 0x01 ||
+// name), the tag's, as a big-endian int32.
+func (k Key) InterestID(name string) int32 {
+	h := sha256.New()
+	h.Write(k)
+	h.Write([]byte{1})
+	h.Write([]byte(name))
+	return int32(binary.BigEndian.Uint32(h.Sum(nil)[:4]))
 }
 
 // mac is the first 16 bytes of sha256(key || sha256(key || 0x02 || msg)).

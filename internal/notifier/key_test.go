@@ -2,6 +2,7 @@ package notifier_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -51,5 +52,23 @@ func TestPayloadMatchesDatabase(t *testing.T) {
 		other[0] ^= 1
 		_, _, ok = other.Verify(payload)
 		require.False(t, ok)
+	}
+}
+
+// TestInterestIDIsTheTagsFirstBytes: a name's interest key is the first 4
+// bytes of its tag as a big-endian int32, as pgfence_notify_waiters reads
+// them; names differ, keys too (for these).
+func TestInterestIDIsTheTagsFirstBytes(t *testing.T) {
+	t.Parallel()
+	key := notifier.Key(make([]byte, 32))
+	seen := map[int32]string{}
+	for _, name := range []string{"a", "b", "account:42", "\u00e9t\u00e9"} {
+		id := key.InterestID(name)
+		var want uint32
+		_, err := fmt.Sscanf(key.Tag(name)[:8], "%08x", &want)
+		require.NoError(t, err)
+		require.Equal(t, int32(want), id, name)
+		require.NotContains(t, seen, id)
+		seen[id] = name
 	}
 }

@@ -96,6 +96,7 @@ func commands() []command {
 		{"prune", "delete lease rows that expired long ago", (*App).prune},
 		{"migrate", "apply, revert or show pgfence's schema migrations", (*App).migrate},
 		{"grant", "let a role use pgfence (as the owner)", (*App).grant},
+		{"doctor", "check the database for what pgfence's guarantees need", (*App).doctor},
 		{"version", "print pgfence's version", (*App).version},
 	}
 }

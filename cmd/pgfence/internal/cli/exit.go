@@ -16,6 +16,15 @@ const (
 	ExitUsage = 2
 )
 
+// Exit codes of `pgfence doctor` beyond the general ones (ExitFailure: the
+// checks could not run).
+const (
+	// ExitDoctorWarn: warnings, no failure.
+	ExitDoctorWarn = 3
+	// ExitDoctorFail: at least one check failed.
+	ExitDoctorFail = 4
+)
+
 const exitCodesHelp = `Exit codes:
   0  success
   1  failure (database error, no such lease, confirmation declined); see the message

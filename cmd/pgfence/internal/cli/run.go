@@ -583,6 +583,10 @@ func (a *App) closeBounded(locker *leasetable.Locker, pool *pgxpool.Pool) {
 	}
 }
 
+// lossInterestSQL takes the lease's interest key ($1, $2) shared, waiting
+// for a release that holds it exclusively to commit.
+const lossInterestSQL = `SELECT pg_catalog.pg_advisory_lock_shared($1::pg_catalog.int4, $2::pg_catalog.int4)`
+
 // lossCheckTimeout bounds the renewal that checks the lease after a
 // notification names it.
 const lossCheckTimeout = 5 * time.Second
@@ -590,8 +594,9 @@ const lossCheckTimeout = 5 * time.Second
 // watchForLoss makes a loss of lease stop the command within about a round
 // trip of its notification, not at the next scheduled renewal (TTL/3
 // later): it LISTENs on leasetable.NotifyChannel on a connection of its
-// own, and when a notification names the lease (a force release frees it
-// and notifies: its payload, checked with key, carries the name's tag), or
+// own, holding the lease's interest key so that releases notify it, and
+// when a notification names the lease (a force release frees it and
+// notifies: its payload, checked with key, carries the name's tag), or
 // the connection starts listening (one may have been missed), it renews
 // the lease at once. If the database no longer holds the
 // lease for this token the renewal fails and the lease's Done channel
@@ -630,6 +635,12 @@ func watchForLoss(pool *pgxpool.Pool, lease pgfence.Lease, key notifier.Key, log
 			if t, _, ok := key.Verify(payload); ok && t == tag {
 				check()
 			}
+		},
+		// Releases notify only names someone waits for: the watch holds its
+		// lease's interest key, before Listening's check.
+		Apply: func(ctx context.Context, conn *pgx.Conn) (time.Duration, error) {
+			_, err := conn.Exec(ctx, lossInterestSQL, leasetable.InterestClassID, key.InterestID(lease.Name()))
+			return 0, err
 		},
 		Listening: check,
 	}, &wg)

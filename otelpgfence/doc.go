@@ -43,6 +43,7 @@
 //	pgfence.lock.losses             counter              {lock}     pgfence.lock.strategy, pgfence.loss.cause
 //	pgfence.fence.stale_writes      counter              {write}    pgfence.lock.strategy (fence), db.collection.name
 //	pgfence.fence.no_token_writes   counter              {write}    pgfence.lock.strategy (fence), db.collection.name
+//	pgfence.server.warnings         counter              {warning}  pgfence.lock.strategy, pgfence.server.warning
 //	pgfence.schedule.slots          counter              {slot}     pgfence.schedule.job, pgfence.schedule.outcome, error.type (failed)
 //	pgfence.schedule.run.duration   histogram            s          pgfence.schedule.job, pgfence.schedule.outcome (done, failed)
 //	pgfence.listen.lost             counter              {event}    pgfence.lock.strategy, error.type
@@ -64,7 +65,8 @@
 // renewal.failures and losses from Renewed, RenewalFailed and Lost;
 // stale_writes from StaleWrite; no_token_writes from NoTokenWrite (a write
 // to a strict-guarded table that presented no token: a bug in the writer,
-// not a stale holder); schedule.slots and schedule.run.duration from
+// not a stale holder); server.warnings from ServerWarning (New found, for
+// example, only asynchronous standbys); schedule.slots and schedule.run.duration from
 // package schedule's SlotDone, SlotFailed, SlotSkipped and SlotRetried;
 // the listen metrics from ListenLost and
 // ListenRestored; operation.duration from StartOp to EndOp of every

@@ -77,6 +77,7 @@ type instruments struct {
 	staleWrites       metric.Int64Counter
 	noTokenWrites     metric.Int64Counter
 	slots             metric.Int64Counter
+	serverWarnings    metric.Int64Counter
 	slotDuration      metric.Float64Histogram
 	listenLost        metric.Int64Counter
 	listenRestored    metric.Int64Counter
@@ -118,6 +119,9 @@ const (
 	// only).
 	PresentedKey = attribute.Key("pgfence.fence.presented_token")
 	CurrentKey   = attribute.Key("pgfence.fence.current_token")
+	// ReasonKey is why a server weakens a guarantee (ServerWarning's
+	// Reason, e.g. async_standby).
+	ReasonKey = attribute.Key("pgfence.server.warning")
 	// JobKey is a schedule job's name (package schedule: a few per
 	// service, so metrics carry it).
 	JobKey = attribute.Key("pgfence.schedule.job")
@@ -199,6 +203,7 @@ func New(cfg *Config) (*Observer, error) {
 	in.losses = c("pgfence.lock.losses", "Locks lost by their holder, by cause.", "{lock}")
 	in.staleWrites = c("pgfence.fence.stale_writes", "Fenced writes rejected because the row carries a newer token.", "{write}")
 	in.noTokenWrites = c("pgfence.fence.no_token_writes", "Writes to a strict-guarded table rejected because they presented no fencing token.", "{write}")
+	in.serverWarnings = c("pgfence.server.warnings", "Warnings a Locker's New gave about the server: setups that work but weaken a guarantee, such as asynchronous standbys only.", "{warning}")
 	in.slots = c("pgfence.schedule.slots", "Schedule slots by outcome: run to done, failed, skipped as already done, or retried after a holder that did not finish.", "{slot}")
 	in.slotDuration = h("pgfence.schedule.run.duration", "Duration of schedule slot runs that ended done or failed.", "s", holdBuckets)
 	in.listenLost = c("pgfence.listen.lost", "Times a Locker's LISTEN connection failed.", "{event}")
@@ -434,6 +439,8 @@ func (o *Observer) Observe(ctx context.Context, e pgfence.Event) {
 		if sp := o.opSpan(ctx, pgfence.OpFencedWrite); sp != nil {
 			sp.SetAttributes(PresentedKey.Int64(e.Presented), CurrentKey.Int64(e.Current))
 		}
+	case pgfence.ServerWarning:
+		o.inst.serverWarnings.Add(ctx, 1, metric.WithAttributes(StrategyKey.String(e.Kind), ReasonKey.String(e.Reason)))
 	case pgfence.SlotDone:
 		o.inst.slots.Add(ctx, 1, metric.WithAttributes(JobKey.String(e.Job), SlotOutcomeKey.String("done")))
 		o.inst.slotDuration.Record(ctx, e.Duration.Seconds(), metric.WithAttributes(JobKey.String(e.Job), SlotOutcomeKey.String("done")))

@@ -366,3 +366,15 @@ func TestPrometheusScheduleSlots(t *testing.T) {
 	require.Equal(t, 1.0, b.value(t, "pgfence_schedule_slots_total", job, "pgfence_schedule_outcome=retried"))
 	require.Equal(t, 3.0, b.value(t, "pgfence_schedule_run_duration_seconds", job))
 }
+
+// TestPrometheusServerWarning: a warning from New about the server is
+// counted by strategy and reason; other events leave it at zero.
+func TestPrometheusServerWarning(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupProm(t)
+	b.obs.Observe(ctx, pgfence.Renewed{Lock: pgfence.Lock{Kind: pgfence.StrategyLeaseTable, Name: "x"}})
+	require.Zero(t, b.value(t, "pgfence_server_warnings_total"))
+	b.obs.Observe(ctx, pgfence.ServerWarning{Kind: pgfence.StrategyLeaseTable, Reason: "async_standby", Detail: "2 asynchronous standbys, none synchronous"})
+	require.Equal(t, 1.0, b.value(t, "pgfence_server_warnings_total", "pgfence_lock_strategy=leasetable", "pgfence_server_warning=async_standby"))
+}

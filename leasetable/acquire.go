@@ -184,16 +184,8 @@ func (k *Locker) waitAcquire(ctx context.Context, name string, t leaseTiming, op
 		return nil, err
 	}
 	defer k.removeWaiter(name, w)
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	failures := 0
-	var unavailable error // the last attempt's transient error
-	ended := func() error {
-		if unavailable != nil {
-			return fmt.Errorf("pgfence: leasetable: acquire %q: %w; last attempt: %w", name, context.Cause(ctx), retry.Unavailable("", unavailable))
-		}
-		return fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, context.Cause(ctx))
-	}
+	loop := k.newWaitLoop(ctx, fmt.Sprintf("acquire %q", name), name)
+	defer loop.stop()
 	// Only the head of the line retries; the others stay registered (w), so
 	// that the attempt a new head makes cannot miss a release.
 	var ln *waitline.Line
@@ -203,26 +195,14 @@ func (k *Locker) waitAcquire(ctx context.Context, name string, t leaseTiming, op
 			k.lines.Leave(name, ln, head)
 		}
 	}()
+	final := func(err error) error { return acquireError(name, err) }
 	for round := 0; ; round++ {
 		if round > 0 && k.hooks != nil && k.hooks.onRound != nil {
 			k.hooks.onRound()
 		}
 		l, _, retryIn, err := k.try(ctx, name, t, attempts, w)
-		switch {
-		case err == nil:
-			failures, unavailable = 0, nil
-		case ctx.Err() != nil:
-			return nil, ended()
-		case errors.Is(err, errLateGrant):
-			failures, unavailable = failures+1, nil
-			retryIn = k.backoff.Wait(failures)
-		case k.retryable(err):
-			failures, unavailable = failures+1, err
-			retryIn = k.backoff.Wait(failures)
-			k.suspectListen()
-			k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: acquire failed; retrying", "lease", name, "error", err, "retry_in", retryIn)
-		default:
-			return nil, acquireError(name, err)
+		if retryIn, err = loop.next(err, retryIn, final); err != nil {
+			return nil, err
 		}
 		if l != nil {
 			return l, nil
@@ -231,30 +211,21 @@ func (k *Locker) waitAcquire(ctx context.Context, name string, t leaseTiming, op
 			ln = k.lines.Join(name)
 		}
 		if !head {
-			waited, stopped := ln.Head(ctx, k.closeCtx.Done())
-			switch {
-			case stopped && ctx.Err() != nil:
-				return nil, ended()
-			case stopped:
-				return nil, fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, pgfence.ErrClosed)
+			waited, err := loop.turn(ln)
+			if err != nil {
+				return nil, err
 			}
 			head = true
 			if waited {
 				continue // the call before got the lease, or left: try at once
 			}
 		}
-		if unavailable == nil {
+		if loop.unavailable == nil {
 			k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: waiting for lease", "lease", name, "retry_in", retryIn)
 		}
 		k.listenFor(w)
-		timer.Reset(retryIn)
-		select {
-		case <-w.ch:
-		case <-timer.C:
-		case <-ctx.Done():
-			return nil, ended()
-		case <-k.closeCtx.Done():
-			return nil, fmt.Errorf("pgfence: leasetable: acquire %q: %w", name, pgfence.ErrClosed)
+		if err := loop.sleep(w.ch, retryIn); err != nil {
+			return nil, err
 		}
 	}
 }

@@ -232,16 +232,8 @@ func (k *Locker) waitPermit(ctx context.Context, name string, permits int, t lea
 		return nil, err
 	}
 	defer k.removeWaiter(key, w)
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	failures := 0
-	var unavailable error
-	ended := func() error {
-		if unavailable != nil {
-			return fmt.Errorf("pgfence: leasetable: acquire permit of %q: %w; last attempt: %w", name, context.Cause(ctx), retry.Unavailable("", unavailable))
-		}
-		return fmt.Errorf("pgfence: leasetable: acquire permit of %q: %w", name, context.Cause(ctx))
-	}
+	loop := k.newWaitLoop(ctx, fmt.Sprintf("acquire permit of %q", name), name)
+	defer loop.stop()
 	var ln *waitline.Line
 	head := false
 	defer func() {
@@ -252,30 +244,16 @@ func (k *Locker) waitPermit(ctx context.Context, name string, permits int, t lea
 	if k.lines.Members(key) > 0 {
 		// Callers wait: no barging in ahead of them.
 		ln = k.lines.Join(key)
-		if _, stopped := ln.Head(ctx, k.closeCtx.Done()); stopped {
-			if ctx.Err() != nil {
-				return nil, ended()
-			}
-			return nil, fmt.Errorf("pgfence: leasetable: acquire permit of %q: %w", name, pgfence.ErrClosed)
+		if _, err := loop.turn(ln); err != nil {
+			return nil, err
 		}
 		head = true
 	}
+	final := func(err error) error { return permitError(name, err) }
 	for {
 		l, retryIn, err := k.permitAttempt(ctx, name, permits, t, attempts)
-		switch {
-		case err == nil:
-			failures, unavailable = 0, nil
-		case ctx.Err() != nil:
-			return nil, ended()
-		case errors.Is(err, errLateGrant):
-			failures, unavailable = failures+1, nil
-			retryIn = k.backoff.Wait(failures)
-		case k.retryable(err):
-			failures, unavailable = failures+1, err
-			retryIn = k.backoff.Wait(failures)
-			k.suspectListen()
-		default:
-			return nil, permitError(name, err)
+		if retryIn, err = loop.next(err, retryIn, final); err != nil {
+			return nil, err
 		}
 		if l != nil {
 			return l, nil
@@ -284,12 +262,9 @@ func (k *Locker) waitPermit(ctx context.Context, name string, permits int, t lea
 			ln = k.lines.Join(key)
 		}
 		if !head {
-			waited, stopped := ln.Head(ctx, k.closeCtx.Done())
-			switch {
-			case stopped && ctx.Err() != nil:
-				return nil, ended()
-			case stopped:
-				return nil, fmt.Errorf("pgfence: leasetable: acquire permit of %q: %w", name, pgfence.ErrClosed)
+			waited, err := loop.turn(ln)
+			if err != nil {
+				return nil, err
 			}
 			head = true
 			if waited {
@@ -297,14 +272,8 @@ func (k *Locker) waitPermit(ctx context.Context, name string, permits int, t lea
 			}
 		}
 		k.listenFor(w)
-		timer.Reset(retryIn)
-		select {
-		case <-w.ch:
-		case <-timer.C:
-		case <-ctx.Done():
-			return nil, ended()
-		case <-k.closeCtx.Done():
-			return nil, fmt.Errorf("pgfence: leasetable: acquire permit of %q: %w", name, pgfence.ErrClosed)
+		if err := loop.sleep(w.ch, retryIn); err != nil {
+			return nil, err
 		}
 	}
 }

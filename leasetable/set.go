@@ -217,32 +217,12 @@ func (k *Locker) waitSet(ctx context.Context, names []string, t leaseTiming, opt
 			}
 		}()
 	}
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	failures := 0
-	var unavailable error
-	ended := func() error {
-		if unavailable != nil {
-			return fmt.Errorf("pgfence: leasetable: acquire set: %w; last attempt: %w", context.Cause(ctx), retry.Unavailable("", unavailable))
-		}
-		return fmt.Errorf("pgfence: leasetable: acquire set: %w", context.Cause(ctx))
-	}
+	loop := k.newWaitLoop(ctx, "acquire set", strings.Join(names, ","))
+	defer loop.stop()
 	for {
 		ls, retryIn, _, err := k.setAttempt(ctx, names, t, attempts)
-		switch {
-		case err == nil:
-			failures, unavailable = 0, nil
-		case ctx.Err() != nil:
-			return nil, ended()
-		case errors.Is(err, errLateGrant):
-			failures, unavailable = failures+1, nil
-			retryIn = k.backoff.Wait(failures)
-		case k.retryable(err):
-			failures, unavailable = failures+1, err
-			retryIn = k.backoff.Wait(failures)
-			k.suspectListen()
-		default:
-			return nil, setError(err)
+		if retryIn, err = loop.next(err, retryIn, setError); err != nil {
+			return nil, err
 		}
 		if ls != nil {
 			return ls, nil
@@ -250,14 +230,8 @@ func (k *Locker) waitSet(ctx context.Context, names []string, t leaseTiming, opt
 		for _, w := range ws {
 			k.listenFor(w)
 		}
-		timer.Reset(retryIn)
-		select {
-		case <-wake:
-		case <-timer.C:
-		case <-ctx.Done():
-			return nil, ended()
-		case <-k.closeCtx.Done():
-			return nil, fmt.Errorf("pgfence: leasetable: acquire set: %w", pgfence.ErrClosed)
+		if err := loop.sleep(wake, retryIn); err != nil {
+			return nil, err
 		}
 	}
 }

@@ -1,0 +1,97 @@
+package leasetable
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/retry"
+	"github.com/pgfence/pgfence/internal/waitline"
+)
+
+// waitLoop is what the waiting loops of Acquire, AcquirePermit and
+// AcquireSet share: each attempt's outcome (retried, or final), the turn in
+// a line, and the wait for a wake-up, the retry time, ctx or Close.
+type waitLoop struct {
+	k           *Locker
+	ctx         context.Context
+	what        string // the call, for errors: `acquire "name"`
+	lease       string // what the logs name
+	failures    int    // consecutive failed attempts
+	unavailable error  // the last attempt's transient error
+	timer       *time.Timer
+}
+
+// newWaitLoop starts a loop; stop ends it.
+func (k *Locker) newWaitLoop(ctx context.Context, what, lease string) *waitLoop {
+	return &waitLoop{k: k, ctx: ctx, what: what, lease: lease, timer: time.NewTimer(time.Hour)}
+}
+
+func (w *waitLoop) stop() { w.timer.Stop() }
+
+// ended is the error of a wait whose ctx ended, with the last transient
+// error when there was one.
+func (w *waitLoop) ended() error {
+	if w.unavailable != nil {
+		return fmt.Errorf("pgfence: leasetable: %s: %w; last attempt: %w", w.what, context.Cause(w.ctx), retry.Unavailable("", w.unavailable))
+	}
+	return fmt.Errorf("pgfence: leasetable: %s: %w", w.what, context.Cause(w.ctx))
+}
+
+func (w *waitLoop) closed() error {
+	return fmt.Errorf("pgfence: leasetable: %s: %w", w.what, pgfence.ErrClosed)
+}
+
+// next judges an attempt's error: after none it keeps retryIn; after a late
+// grant or a transient error it counts a failure and backs off; after
+// anything else, or once ctx ended, it returns the error to end with
+// (final(err), or ended()).
+func (w *waitLoop) next(err error, retryIn time.Duration, final func(error) error) (time.Duration, error) {
+	switch {
+	case err == nil:
+		w.failures, w.unavailable = 0, nil
+		return retryIn, nil
+	case w.ctx.Err() != nil:
+		return 0, w.ended()
+	case errors.Is(err, errLateGrant):
+		w.failures, w.unavailable = w.failures+1, nil
+		return w.k.backoff.Wait(w.failures), nil
+	case w.k.retryable(err):
+		w.failures, w.unavailable = w.failures+1, err
+		d := w.k.backoff.Wait(w.failures)
+		w.k.suspectListen()
+		w.k.cfg.Logger.DebugContext(w.ctx, "pgfence: leasetable: acquire failed; retrying", "lease", w.lease, "error", err, "retry_in", d)
+		return d, nil
+	}
+	return 0, final(err)
+}
+
+// turn waits until the call is the head of ln. It reports whether it had
+// to wait, or the error when ctx ended or the Locker closed first.
+func (w *waitLoop) turn(ln *waitline.Line) (waited bool, err error) {
+	waited, stopped := ln.Head(w.ctx, w.k.closeCtx.Done())
+	switch {
+	case stopped && w.ctx.Err() != nil:
+		return false, w.ended()
+	case stopped:
+		return false, w.closed()
+	}
+	return waited, nil
+}
+
+// sleep waits for wake, retryIn, ctx or Close; it returns an error for the
+// last two.
+func (w *waitLoop) sleep(wake <-chan struct{}, retryIn time.Duration) error {
+	w.timer.Reset(retryIn)
+	select {
+	case <-wake:
+	case <-w.timer.C:
+	case <-w.ctx.Done():
+		return w.ended()
+	case <-w.k.closeCtx.Done():
+		return w.closed()
+	}
+	return nil
+}

@@ -72,9 +72,8 @@ func interestKeys(t *testing.T, db *pgtest.DB) int {
 // TestUncontendedCyclesNotifyNobody: 300 acquire/release cycles nobody
 // waits for send no notification, even while another Locker of the
 // database listens and waits for another name; a release someone waits for
-// (here a Locker of another pool) sends one. Negative control: a waiter
-// that takes no interest key is not notified and waits for its
-// WaitTimeout.
+// (here a Locker of another pool) sends one. Negative control: a release
+// that a waiter without an interest key waits for sends none.
 func TestUncontendedCyclesNotifyNobody(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -103,6 +102,10 @@ func TestUncontendedCyclesNotifyNobody(t *testing.T) {
 	require.NoError(t, r.l.Release(ctx))
 	require.Zero(t, count.since(), "nobody waits any more")
 
+	// The control: a waiter that takes no interest key, listening and
+	// waiting, is not notified of the release (the waiter above was). What
+	// it then does depends on when its own attempts ran, so only the
+	// notification is checked.
 	deaf := newLocker(t, db.NewPool(t, nil), nil)
 	leasetable.SetNoInterest(deaf)
 	l, err := holder.TryAcquire(ctx, "quiet", nil)
@@ -111,10 +114,11 @@ func TestUncontendedCyclesNotifyNobody(t *testing.T) {
 	require.Eventually(t, func() bool { return deaf.Stats().Listening && leasetable.Waiters(deaf, "quiet") == 1 },
 		30*time.Second, 5*time.Millisecond)
 	require.NoError(t, l.Release(ctx))
+	require.Zero(t, count.since(), "control: without an interest key a waiter's release notifies nobody")
 	r = <-got
-	require.ErrorIs(t, r.err, pgfence.ErrNotAcquired, "control: without an interest key the waiter missed the release")
-	require.ErrorIs(t, r.err, context.DeadlineExceeded)
-	require.Zero(t, count.since())
+	if r.err == nil {
+		require.NoError(t, r.l.Release(ctx))
+	}
 }
 
 // TestReleaseAsWaiterRegisters forces the race of a release with a waiter

@@ -585,16 +585,19 @@ func TestWaitingWithoutListenRetriesAtExpiry(t *testing.T) {
 	waiter := newLocker(t, db.NewPool(t, nil), &leasetable.Config{DisableListen: true, Logger: logs.logger()})
 	holder := newLocker(t, db.Pool, nil)
 
-	// The holder disappears without releasing: its row stays until expiry.
-	l, err := holder.TryAcquire(ctx, "expiring", &leasetable.AcquireOpts{TTL: 500 * time.Millisecond})
+	// The holder disappears without releasing: its row stays until expiry,
+	// two seconds from now, so that the waiter's first attempt finds it
+	// held however slow the server.
+	l, err := holder.TryAcquire(ctx, "expiring", nil)
 	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, "UPDATE pgfence.pgfence_leases SET owner = 'gone', fence = pgfence.pgfence_next_token() WHERE name = 'expiring'")
+	_, err = db.Pool.Exec(ctx, `UPDATE pgfence.pgfence_leases SET owner = 'gone', fence = pgfence.pgfence_next_token(),
+		expires_at = pg_catalog.now() + interval '2 seconds' WHERE name = 'expiring'`)
 	require.NoError(t, err)
-	waitFor(t, l.Done(), "the holder to notice")
 
 	waiting := logs.next("waiting for lease")
 	got := acquireAsync(waiter, "expiring", 20*time.Second)
 	waitFor(t, waiting, "the waiter to wait")
+	waitFor(t, l.Done(), "the holder to notice")
 	r := <-got
 	require.NoError(t, r.err)
 	require.Greater(t, r.l.Token(), l.Token())

@@ -156,7 +156,7 @@ func (d *doctor) server() {
 		d.cannot("server", err)
 		return
 	}
-	if err := f.Refusal(); err != nil && f.Kind != engine.PostgreSQL {
+	if err := f.EngineRefusal(); err != nil { // a standby is the standby finding's
 		d.add("server", Fail, err.Error(), "run pgfence on PostgreSQL")
 		return
 	}

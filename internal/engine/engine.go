@@ -122,16 +122,26 @@ func Read(ctx context.Context, db Source) (Facts, error) {
 // Refusal returns an error matching [pgfence.ErrUnsafeServer] when pgfence
 // must not run on the server, else nil.
 func (f Facts) Refusal() error {
-	switch {
-	case f.Kind == YugabyteDB:
-		return fmt.Errorf("%w: YugabyteDB (%s): it caches sequence values per connection whatever CACHE says "+
-			"(ysql_sequence_cache_minval), so tokens come out of order and stale writes would land", pgfence.ErrUnsafeServer, f.Version)
-	case f.Kind == CockroachDB:
-		return fmt.Errorf("%w: CockroachDB (%s): its advisory lock functions do not exclude and its sequences are not ordered by commit",
-			pgfence.ErrUnsafeServer, f.Version)
-	case f.InRecovery:
+	if err := f.EngineRefusal(); err != nil {
+		return err
+	}
+	if f.InRecovery {
 		return fmt.Errorf("%w: the server is a standby in recovery (a replica or reader endpoint): connect to the primary",
 			pgfence.ErrUnsafeServer)
+	}
+	return nil
+}
+
+// EngineRefusal is the part of Refusal that depends on the engine alone,
+// not on the server's role (primary or standby).
+func (f Facts) EngineRefusal() error {
+	switch f.Kind {
+	case YugabyteDB:
+		return fmt.Errorf("%w: YugabyteDB (%s): it caches sequence values per connection whatever CACHE says "+
+			"(ysql_sequence_cache_minval), so tokens come out of order and stale writes would land", pgfence.ErrUnsafeServer, f.Version)
+	case CockroachDB:
+		return fmt.Errorf("%w: CockroachDB (%s): its advisory lock functions do not exclude and its sequences are not ordered by commit",
+			pgfence.ErrUnsafeServer, f.Version)
 	}
 	return nil
 }

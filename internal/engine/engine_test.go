@@ -178,3 +178,20 @@ func TestWarnings(t *testing.T) {
 		require.Equal(t, c.warn, len(f.Warnings()) == 1, "%+v", c)
 	}
 }
+
+// TestEngineRefusalLeavesTheStandbyToRefusal: the doctor reports an engine
+// that cannot run pgfence as a server failure and a standby as a standby,
+// so EngineRefusal judges the engine alone (a Neon replica passes it) while
+// Refusal, which New uses, refuses both.
+func TestEngineRefusalLeavesTheStandbyToRefusal(t *testing.T) {
+	t.Parallel()
+	replica := engine.Facts{Kind: engine.Neon, InRecovery: true}
+	require.NoError(t, replica.EngineRefusal())
+	require.ErrorIs(t, replica.Refusal(), pgfence.ErrUnsafeServer)
+	for _, k := range []engine.Kind{engine.YugabyteDB, engine.CockroachDB} {
+		f := engine.Facts{Kind: k}
+		require.ErrorIs(t, f.EngineRefusal(), pgfence.ErrUnsafeServer)
+		require.ErrorIs(t, f.Refusal(), pgfence.ErrUnsafeServer)
+	}
+	require.NoError(t, engine.Facts{Kind: engine.PostgreSQL}.Refusal())
+}

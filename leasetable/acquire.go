@@ -12,7 +12,6 @@ import (
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/hold"
 	"github.com/pgfence/pgfence/internal/install"
-	"github.com/pgfence/pgfence/internal/retry"
 	"github.com/pgfence/pgfence/internal/waitline"
 )
 
@@ -83,35 +82,18 @@ func (k *Locker) Do(ctx context.Context, name string, opts *AcquireOpts, fn func
 // observeAcquire validates an acquire and runs it, waiting or not, as one
 // operation for the Observer, counting its outcome in Stats.
 func (k *Locker) observeAcquire(ctx context.Context, name string, opts *AcquireOpts, wait bool) (*Lease, error) {
-	start := time.Now()
-	t, err := k.prepare(ctx, name, opts)
-	if err != nil && !errors.Is(err, pgfence.ErrNotAcquired) && !errors.Is(err, pgfence.ErrClosed) {
-		return nil, err // bad input
-	}
 	op := pgfence.Op{Kind: pgfence.OpAcquire, Strategy: pgfence.StrategyLeaseTable, Name: name, Batch: 1}
-	ctx = k.ev.StartOp(ctx, op)
-	attempts := 0
-	var l *Lease
-	switch {
-	case err == nil && !wait:
-		l, err = k.tryAcquire(ctx, name, t, &attempts)
-	case err == nil:
-		l, err = k.waitAcquire(ctx, name, t, opts, &attempts)
-	}
+	ls, err := k.observed(ctx, op, []string{name}, func() (leaseTiming, error) { return k.prepare(ctx, name, opts) },
+		func(ctx context.Context, t leaseTiming, attempts *int) ([]*Lease, error) {
+			if !wait {
+				return one(k.tryAcquire(ctx, name, t, attempts))
+			}
+			return one(k.waitAcquire(ctx, name, t, opts, attempts))
+		})
 	if err != nil {
-		k.nNotAcquired.Add(1)
-		if k.ev.Enabled() {
-			k.ev.Sync(ctx, pgfence.NotAcquired{Lock: pgfence.Lock{Kind: pgfence.StrategyLeaseTable, Name: name},
-				Wait: time.Since(start), Attempts: attempts, Err: err})
-		}
-	} else {
-		k.nAcquired.Add(1)
-		if k.ev.Enabled() {
-			k.ev.Sync(ctx, pgfence.Acquired{Lock: l.lock(), Wait: time.Since(start), Attempts: attempts})
-		}
+		return nil, err
 	}
-	k.ev.EndOp(ctx, op, err)
-	return l, err
+	return ls[0], nil
 }
 
 // prepare validates an acquire of name and returns the lease's timing.
@@ -137,30 +119,17 @@ func (k *Locker) prepare(ctx context.Context, name string, opts *AcquireOpts) (l
 
 // tryAcquire is TryAcquire's attempt, retried while QueryTimeout lasts.
 func (k *Locker) tryAcquire(ctx context.Context, name string, t leaseTiming, attempts *int) (*Lease, error) {
-	start := time.Now()
 	var (
 		l     *Lease
 		local bool
-		err   error
 	)
-	for failures := 1; ; failures++ {
+	err := k.retrying(ctx, fmt.Sprintf("acquire %q", name), name, func() (err error) {
 		l, local, _, err = k.try(ctx, name, t, attempts, nil)
-		if err == nil || ctx.Err() != nil || !k.retryable(err) {
-			break
-		}
-		wait := k.backoff.Wait(failures)
-		if time.Since(start)+wait >= k.cfg.QueryTimeout {
-			return nil, acquireError(name, retry.Unavailable("", err))
-		}
-		k.suspectListen()
-		k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: acquire failed; retrying", "lease", name, "error", err, "retry_in", wait)
-		if serr := sleep(ctx, wait); serr != nil {
-			return nil, fmt.Errorf("pgfence: leasetable: acquire %q: %w; last attempt: %w", name, serr, retry.Unavailable("", err))
-		}
-	}
+		return err
+	}, func(err error) error { return acquireError(name, err) })
 	switch {
 	case err != nil:
-		return nil, acquireError(name, err)
+		return nil, err
 	case l == nil && local:
 		return nil, fmt.Errorf("pgfence: leasetable: lease %q is held by another caller of this Locker: %w", name, pgfence.ErrNotAcquired)
 	case l == nil:

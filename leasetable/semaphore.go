@@ -15,7 +15,6 @@ import (
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/hold"
 	"github.com/pgfence/pgfence/internal/install"
-	"github.com/pgfence/pgfence/internal/retry"
 	"github.com/pgfence/pgfence/internal/waitline"
 )
 
@@ -116,35 +115,18 @@ func (k *Locker) AcquirePermit(ctx context.Context, name string, permits int, op
 // observePermit validates a permit acquire and runs it, as one operation
 // for the Observer, counting its outcome in Stats.
 func (k *Locker) observePermit(ctx context.Context, name string, permits int, opts *AcquireOpts, wait bool) (*Lease, error) {
-	start := time.Now()
-	t, err := k.preparePermit(ctx, name, permits, opts)
-	if err != nil && !errors.Is(err, pgfence.ErrNotAcquired) && !errors.Is(err, pgfence.ErrClosed) {
+	op := pgfence.Op{Kind: pgfence.OpAcquire, Strategy: pgfence.StrategyLeaseTable, Name: name, Batch: 1}
+	ls, err := k.observed(ctx, op, []string{name}, func() (leaseTiming, error) { return k.preparePermit(ctx, name, permits, opts) },
+		func(ctx context.Context, t leaseTiming, attempts *int) ([]*Lease, error) {
+			if !wait {
+				return one(k.tryPermit(ctx, name, permits, t, attempts))
+			}
+			return one(k.waitPermit(ctx, name, permits, t, opts, attempts))
+		})
+	if err != nil {
 		return nil, err
 	}
-	op := pgfence.Op{Kind: pgfence.OpAcquire, Strategy: pgfence.StrategyLeaseTable, Name: name, Batch: 1}
-	ctx = k.ev.StartOp(ctx, op)
-	attempts := 0
-	var l *Lease
-	switch {
-	case err == nil && !wait:
-		l, err = k.tryPermit(ctx, name, permits, t, &attempts)
-	case err == nil:
-		l, err = k.waitPermit(ctx, name, permits, t, opts, &attempts)
-	}
-	if err != nil {
-		k.nNotAcquired.Add(1)
-		if k.ev.Enabled() {
-			k.ev.Sync(ctx, pgfence.NotAcquired{Lock: pgfence.Lock{Kind: pgfence.StrategyLeaseTable, Name: name},
-				Wait: time.Since(start), Attempts: attempts, Err: err})
-		}
-	} else {
-		k.nAcquired.Add(1)
-		if k.ev.Enabled() {
-			k.ev.Sync(ctx, pgfence.Acquired{Lock: l.lock(), Wait: time.Since(start), Attempts: attempts})
-		}
-	}
-	k.ev.EndOp(ctx, op, err)
-	return l, err
+	return ls[0], nil
 }
 
 // checkPermits rejects a semaphore name or permit count the function would.
@@ -194,26 +176,18 @@ func (k *Locker) preparePermit(ctx context.Context, name string, permits int, op
 
 // tryPermit is TryAcquirePermit's attempt, retried while QueryTimeout lasts.
 func (k *Locker) tryPermit(ctx context.Context, name string, permits int, t leaseTiming, attempts *int) (*Lease, error) {
-	start := time.Now()
-	for failures := 1; ; failures++ {
-		l, _, err := k.permitAttempt(ctx, name, permits, t, attempts)
-		switch {
-		case err == nil && l == nil:
-			return nil, fmt.Errorf("pgfence: leasetable: semaphore %q: all %d permits are held: %w", name, permits, pgfence.ErrNotAcquired)
-		case err == nil:
-			return l, nil
-		case ctx.Err() != nil || !k.retryable(err):
-			return nil, permitError(name, err)
-		}
-		wait := k.backoff.Wait(failures)
-		if time.Since(start)+wait >= k.cfg.QueryTimeout {
-			return nil, permitError(name, retry.Unavailable("", err))
-		}
-		k.suspectListen()
-		if serr := sleep(ctx, wait); serr != nil {
-			return nil, fmt.Errorf("pgfence: leasetable: acquire permit of %q: %w; last attempt: %w", name, serr, retry.Unavailable("", err))
-		}
+	var l *Lease
+	err := k.retrying(ctx, fmt.Sprintf("acquire permit of %q", name), name, func() (err error) {
+		l, _, err = k.permitAttempt(ctx, name, permits, t, attempts)
+		return err
+	}, func(err error) error { return permitError(name, err) })
+	switch {
+	case err != nil:
+		return nil, err
+	case l == nil:
+		return nil, fmt.Errorf("pgfence: leasetable: semaphore %q: all %d permits are held: %w", name, permits, pgfence.ErrNotAcquired)
 	}
+	return l, nil
 }
 
 // waitPermit is AcquirePermit's loop, as waitAcquire's: only the head of

@@ -12,7 +12,6 @@ import (
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/hold"
-	"github.com/pgfence/pgfence/internal/retry"
 )
 
 // MaxSetSize is the largest number of leases one set may take.
@@ -53,41 +52,21 @@ func (k *Locker) AcquireSet(ctx context.Context, names []string, opts *AcquireOp
 // observeSet validates a set acquire and runs it as one operation for the
 // Observer, counting each lease's outcome in Stats.
 func (k *Locker) observeSet(ctx context.Context, names []string, opts *AcquireOpts, wait bool) ([]pgfence.Lease, error) {
-	start := time.Now()
-	t, err := k.prepareSet(ctx, names, opts)
-	if err != nil && !errors.Is(err, pgfence.ErrNotAcquired) && !errors.Is(err, pgfence.ErrClosed) {
-		return nil, err
-	}
 	op := pgfence.Op{Kind: pgfence.OpAcquire, Strategy: pgfence.StrategyLeaseTable, Batch: len(names)}
-	ctx = k.ev.StartOp(ctx, op)
-	attempts := 0
-	var ls []*Lease
-	switch {
-	case err == nil && !wait:
-		ls, err = k.trySet(ctx, names, t, &attempts)
-	case err == nil:
-		ls, err = k.waitSet(ctx, names, t, opts, &attempts)
-	}
-	if err != nil {
-		k.nNotAcquired.Add(uint64(len(names)))
-		if k.ev.Enabled() {
-			for _, n := range names {
-				k.ev.Sync(ctx, pgfence.NotAcquired{Lock: pgfence.Lock{Kind: pgfence.StrategyLeaseTable, Name: n},
-					Wait: time.Since(start), Attempts: attempts, Err: err})
+	ls, err := k.observed(ctx, op, names, func() (leaseTiming, error) { return k.prepareSet(ctx, names, opts) },
+		func(ctx context.Context, t leaseTiming, attempts *int) ([]*Lease, error) {
+			if !wait {
+				return k.trySet(ctx, names, t, attempts)
 			}
-		}
-		k.ev.EndOp(ctx, op, err)
+			return k.waitSet(ctx, names, t, opts, attempts)
+		})
+	if err != nil {
 		return nil, err
 	}
-	k.nAcquired.Add(uint64(len(ls)))
 	out := make([]pgfence.Lease, len(ls))
 	for i, l := range ls {
 		out[i] = l
-		if k.ev.Enabled() {
-			k.ev.Sync(ctx, pgfence.Acquired{Lock: l.lock(), Wait: time.Since(start), Attempts: attempts})
-		}
 	}
-	k.ev.EndOp(ctx, op, nil)
 	return out, nil
 }
 
@@ -126,26 +105,21 @@ func (k *Locker) prepareSet(ctx context.Context, names []string, opts *AcquireOp
 
 // trySet is TryAcquireSet's attempt, retried while QueryTimeout lasts.
 func (k *Locker) trySet(ctx context.Context, names []string, t leaseTiming, attempts *int) ([]*Lease, error) {
-	start := time.Now()
-	for failures := 1; ; failures++ {
-		ls, _, held, err := k.setAttempt(ctx, names, t, attempts)
-		switch {
-		case err == nil && ls == nil:
-			return nil, setRefused(held)
-		case err == nil:
-			return ls, nil
-		case ctx.Err() != nil || !k.retryable(err):
-			return nil, setError(err)
-		}
-		wait := k.backoff.Wait(failures)
-		if time.Since(start)+wait >= k.cfg.QueryTimeout {
-			return nil, setError(retry.Unavailable("", err))
-		}
-		k.suspectListen()
-		if serr := sleep(ctx, wait); serr != nil {
-			return nil, fmt.Errorf("pgfence: leasetable: acquire set: %w; last attempt: %w", serr, retry.Unavailable("", err))
-		}
+	var (
+		ls   []*Lease
+		held []string
+	)
+	err := k.retrying(ctx, "acquire set", strings.Join(names, ","), func() (err error) {
+		ls, _, held, err = k.setAttempt(ctx, names, t, attempts)
+		return err
+	}, setError)
+	switch {
+	case err != nil:
+		return nil, err
+	case ls == nil:
+		return nil, setRefused(held)
 	}
+	return ls, nil
 }
 
 // setRefused is the error of a refused set; held names the leases found

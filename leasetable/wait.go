@@ -95,3 +95,75 @@ func (w *waitLoop) sleep(wake <-chan struct{}, retryIn time.Duration) error {
 	}
 	return nil
 }
+
+// retrying runs attempt until it answers (nil) or fails for good: a
+// transient error is retried with backoff while [Config].QueryTimeout
+// lasts, then final(retry.Unavailable) ends it; any other error, or ctx
+// ending, ends it with final(err). what names the call in errors, lease in
+// logs. It is the try-once calls' loop (TryAcquire, TryAcquirePermit,
+// TryAcquireSet).
+func (k *Locker) retrying(ctx context.Context, what, lease string, attempt func() error, final func(error) error) error {
+	start := time.Now()
+	for failures := 1; ; failures++ {
+		err := attempt()
+		switch {
+		case err == nil:
+			return nil
+		case ctx.Err() != nil || !k.retryable(err):
+			return final(err)
+		}
+		wait := k.backoff.Wait(failures)
+		if time.Since(start)+wait >= k.cfg.QueryTimeout {
+			return final(retry.Unavailable("", err))
+		}
+		k.suspectListen()
+		k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: acquire failed; retrying", "lease", lease, "error", err, "retry_in", wait)
+		if serr := sleep(ctx, wait); serr != nil {
+			return fmt.Errorf("pgfence: leasetable: %s: %w; last attempt: %w", what, serr, retry.Unavailable("", err))
+		}
+	}
+}
+
+// observed runs an acquire (prep validates it, run takes the leases) as one
+// operation op for the Observer, and counts and reports its outcome for
+// each of names: Acquired per lease taken, NotAcquired per name otherwise.
+func (k *Locker) observed(ctx context.Context, op pgfence.Op, names []string, prep func() (leaseTiming, error), run func(context.Context, leaseTiming, *int) ([]*Lease, error)) ([]*Lease, error) {
+	start := time.Now()
+	t, err := prep()
+	if err != nil && !errors.Is(err, pgfence.ErrNotAcquired) && !errors.Is(err, pgfence.ErrClosed) {
+		return nil, err // bad input
+	}
+	ctx = k.ev.StartOp(ctx, op)
+	attempts := 0
+	var ls []*Lease
+	if err == nil {
+		ls, err = run(ctx, t, &attempts)
+	}
+	if err != nil {
+		k.nNotAcquired.Add(uint64(len(names)))
+		if k.ev.Enabled() {
+			for _, n := range names {
+				k.ev.Sync(ctx, pgfence.NotAcquired{Lock: pgfence.Lock{Kind: pgfence.StrategyLeaseTable, Name: n},
+					Wait: time.Since(start), Attempts: attempts, Err: err})
+			}
+		}
+		k.ev.EndOp(ctx, op, err)
+		return nil, err
+	}
+	k.nAcquired.Add(uint64(len(ls)))
+	if k.ev.Enabled() {
+		for _, l := range ls {
+			k.ev.Sync(ctx, pgfence.Acquired{Lock: l.lock(), Wait: time.Since(start), Attempts: attempts})
+		}
+	}
+	k.ev.EndOp(ctx, op, nil)
+	return ls, nil
+}
+
+// one adapts a single-lease attempt to observed's run.
+func one(l *Lease, err error) ([]*Lease, error) {
+	if err != nil {
+		return nil, err
+	}
+	return []*Lease{l}, nil
+}

@@ -25,13 +25,19 @@ type Record struct {
 	Error string
 }
 
-// historySQL lists the newest $2 slots of each job, or of job $1 only when
-// it is not empty, newest first within each job.
-func historySQL(schema string) string {
-	return `SELECT s.job, s.slot, s.state, s.owner, s.token, s.attempts, s.started_at, s.finished_at, coalesce(s.error, '')
+// historySQL lists the newest $2 slots of each job, or, with job set, the
+// newest $2 of job $1 alone: then a top-N read of the (job, started_at
+// DESC) index instead of numbering every row of the table.
+func historySQL(schema string, job bool) string {
+	const cols = `s.job, s.slot, s.state, s.owner, s.token, s.attempts, s.started_at, s.finished_at, coalesce(s.error, '')`
+	if job {
+		return `SELECT ` + cols + ` FROM ` + schema + `.pgfence_slots s WHERE s.job OPERATOR(pg_catalog.=) $1
+ORDER BY s.started_at DESC, s.slot DESC LIMIT $2`
+	}
+	return `SELECT ` + cols + `
 FROM (SELECT p.*, pg_catalog.row_number() OVER (PARTITION BY p.job ORDER BY p.started_at DESC, p.slot DESC) AS n
-      FROM ` + schema + `.pgfence_slots p WHERE $1 OPERATOR(pg_catalog.=) '' OR p.job OPERATOR(pg_catalog.=) $1) s
-WHERE s.n OPERATOR(pg_catalog.<=) $2
+      FROM ` + schema + `.pgfence_slots p) s
+WHERE s.n OPERATOR(pg_catalog.<=) $1
 ORDER BY s.job, s.started_at DESC, s.slot DESC`
 }
 
@@ -49,7 +55,15 @@ func History(ctx context.Context, db interface {
 	if limit <= 0 {
 		return nil, fmt.Errorf("pgfence: schedule: history limit is %d; it must be positive", limit)
 	}
-	rows, err := db.Query(ctx, historySQL(pgx.Identifier{schema}.Sanitize()), job, limit)
+	var (
+		rows pgx.Rows
+		err  error
+	)
+	if job != "" {
+		rows, err = db.Query(ctx, historySQL(pgx.Identifier{schema}.Sanitize(), true), job, limit)
+	} else {
+		rows, err = db.Query(ctx, historySQL(pgx.Identifier{schema}.Sanitize(), false), limit)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("pgfence: schedule: history: %w", err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fence"
+	"github.com/pgfence/pgfence/internal/hold"
 	"github.com/pgfence/pgfence/leasetable"
 )
 
@@ -102,7 +103,7 @@ func (r *Runner) Stats() Stats {
 }
 
 type statements struct {
-	begin, finish, present, done, history, prune string
+	begin, finish, done, prune string
 }
 
 // New returns a Runner using pool for its statements and cfg.Locker for its
@@ -132,13 +133,11 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 	}
 	s := pgx.Identifier{c.Locker.Schema()}.Sanitize()
 	return &Runner{pool: pool, locker: c.Locker, cfg: c, sql: statements{
-		begin:   `SELECT outcome, attempts, prev_state, prev_owner, prev_token, prev_finished_at FROM ` + s + `.pgfence_slot_begin($1, $2, $3, $4)`,
-		finish:  `SELECT ` + s + `.pgfence_slot_finish($1, $2, $3, $4, $5, $6)`,
-		present: `SELECT ` + s + `.pgfence_present($1)`,
+		begin:  `SELECT outcome, attempts, prev_state, prev_owner, prev_token, prev_finished_at FROM ` + s + `.pgfence_slot_begin($1, $2, $3, $4)`,
+		finish: `SELECT ` + s + `.pgfence_slot_finish($1, $2, $3, $4, $5, $6)`,
 		done: `SELECT d.owner, d.token, d.finished_at FROM ` + s + `.pgfence_slots d
 			WHERE d.job OPERATOR(pg_catalog.=) $1 AND d.slot OPERATOR(pg_catalog.=) $2 AND d.state OPERATOR(pg_catalog.=) 'done'`,
-		history: historySQL(s),
-		prune:   `SELECT ` + s + `.pgfence_slots_prune($1 * interval '1 microsecond')`,
+		prune: `SELECT ` + s + `.pgfence_slots_prune($1 * interval '1 microsecond')`,
 	}}, nil
 }
 
@@ -243,7 +242,7 @@ func (r *Runner) run(ctx context.Context, job, key string, opts *RunOpts, fn fun
 		return s.finish(ctx, err, nil)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err = tx.Exec(fctx, r.sql.present, s.lease.Token()); err == nil {
+	if err = fence.Present(fctx, tx, s.lease.Token()); err == nil {
 		err = txFn(fctx, tx, s)
 	}
 	if err != nil {
@@ -387,7 +386,7 @@ func (s *Slot) finish(ctx context.Context, runErr error, tx pgx.Tx) (outcome, er
 		s.r.observe(ctx, pgfence.SlotDone{Slot: s.ev(), Attempt: s.attempt, Duration: took})
 		return out, nil
 	default:
-		all := errors.Join(runErr, err)
+		all := hold.Join(runErr, err) // one line in logs
 		s.r.nFailed.Add(1)
 		s.r.cfg.Logger.WarnContext(ctx, "pgfence: schedule: slot failed", "job", s.job, "slot", s.key,
 			"token", s.lease.Token(), "attempt", s.attempt, "recorded", err == nil, "error", all)

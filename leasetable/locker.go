@@ -58,6 +58,7 @@ type Locker struct {
 	attempts         map[string]*attempt     // attempts in flight, by name (see try)
 	lines            *waitline.Lines[string] // the waiting Acquire calls by name (see waitAcquire)
 	interestRefusals int                     // consecutive refused interest keys; applyInterests only
+	lineIdle         []idleLineConn          // line connections kept for reuse (see line.go)
 
 	acquires batcher[*acquireReq] // combines concurrent acquires
 	granting sync.WaitGroup       // grants handed to callers, not yet adopted or given back
@@ -74,6 +75,9 @@ type testHooks struct {
 	noListenWake bool                 // the LISTEN connection's subscribing wakes no waiter
 	noArmWake    bool                 // taking a name's interest key wakes none of its waiters
 	noInterest   bool                 // waiters take no interest key
+	noDBLine     bool                 // waiting permit calls do not wait in the database's line
+	noDBLinePing bool                 // a line's holder does not ping its connection
+	onDBLineWait func(sem string)     // a waiting permit call is about to wait in the database's line
 	onArm        func(names []string) // the LISTEN connection is about to take the interest keys of names
 	noGrantWait  bool                 // Close cuts acquire statements in flight and does not wait for grants
 	lateRenewals bool                 // a renewal is sent however little time is left (see fastestRenewal)
@@ -199,6 +203,7 @@ func (k *Locker) Close() {
 	}
 	k.releases.close()
 	k.background.Wait()
+	k.closeLineConns()
 	k.ev.Close() // delivers the queued events
 }
 

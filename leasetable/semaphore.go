@@ -36,9 +36,10 @@ var ErrPermitsMismatch = errors.New("pgfence: leasetable: the semaphore has anot
 
 // permitSQL takes one permit (%[1]s is the schema) through the SECURITY
 // DEFINER pgfence_acquire_permit. $1 semaphore, $2 permits, $3 owner, $4
-// TTL in microseconds.
-const permitSQL = `SELECT acquired, name, owner, fence, acquired_at, expires_at, db_now, secret, permits, busy
-FROM %[1]s.pgfence_acquire_permit($1, $2, $3, $4)`
+// TTL in microseconds, $5 whether the caller holds the semaphore's line
+// (line.go).
+const permitSQL = `SELECT acquired, name, owner, fence, acquired_at, expires_at, db_now, secret, permits, busy, queued
+FROM %[1]s.pgfence_acquire_permit($1, $2, $3, $4, $5)`
 
 // PermitName returns the lease name of permit slot (0 to permits-1) of
 // semaphore: the name, [PermitSeparator], and the slot in decimal.
@@ -82,7 +83,8 @@ func (k *Locker) wakePermitWaitersLocked(name string) {
 // [Config].QueryTimeout.
 //
 // It returns an error matching [pgfence.ErrNotAcquired] when all permits
-// are held or claimed; [ErrPermitsMismatch] when name has another number of
+// are held or claimed, or callers wait for one (it does not go ahead of
+// them); [ErrPermitsMismatch] when name has another number of
 // permits and one is held; [pgfence.ErrAlreadyHeld] when ctx descends from
 // a permit of name; [pgfence.ErrUnavailable], [pgfence.ErrClosed] and
 // other errors as TryAcquire does. Bad arguments are refused before
@@ -99,8 +101,11 @@ func (k *Locker) TryAcquirePermit(ctx context.Context, name string, permits int,
 // [Locker.TryAcquirePermit], waiting while all are held, until one is taken
 // or ctx (or opts.WaitTimeout) ends. A release of any permit, from any
 // Locker, wakes it through LISTEN/NOTIFY; an expiry, at the earliest held
-// permit's expiry. The waiting calls of one Locker for one semaphore are
-// served in the order they began to wait (see docs/semaphores.md).
+// permit's expiry. Waiting calls form one line across Lockers: those of
+// one Locker in the order they began to wait, the Lockers in turn, in the
+// order they joined the database's line (a session connection of the
+// Locker's own, while its LISTEN connection listens); callers that do not
+// wait cannot go ahead of them. See docs/semaphores.md, Fairness.
 //
 // It returns the errors of [Locker.Acquire], and [ErrPermitsMismatch] at
 // once.
@@ -177,13 +182,16 @@ func (k *Locker) preparePermit(ctx context.Context, name string, permits int, op
 // tryPermit is TryAcquirePermit's attempt, retried while QueryTimeout lasts.
 func (k *Locker) tryPermit(ctx context.Context, name string, permits int, t leaseTiming, attempts *int) (*Lease, error) {
 	var l *Lease
+	var queued bool
 	err := k.retrying(ctx, fmt.Sprintf("acquire permit of %q", name), name, func() (err error) {
-		l, _, err = k.permitAttempt(ctx, name, permits, t, attempts)
+		l, _, queued, err = k.permitAttempt(ctx, name, permits, t, false, attempts)
 		return err
 	}, func(err error) error { return permitError(name, err) })
 	switch {
 	case err != nil:
 		return nil, err
+	case queued:
+		return nil, fmt.Errorf("pgfence: leasetable: semaphore %q: callers are waiting for a permit: %w", name, pgfence.ErrNotAcquired)
 	case l == nil:
 		return nil, fmt.Errorf("pgfence: leasetable: semaphore %q: all %d permits are held: %w", name, permits, pgfence.ErrNotAcquired)
 	}
@@ -223,9 +231,17 @@ func (k *Locker) waitPermit(ctx context.Context, name string, permits int, t lea
 		}
 		head = true
 	}
+	// The head of the Locker's line waits in the database's (line.go), so
+	// that callers of other Lockers are served in turn with it.
+	var dbLine *lineHold
+	defer func() {
+		if dbLine != nil {
+			dbLine.leave()
+		}
+	}()
 	final := func(err error) error { return permitError(name, err) }
 	for {
-		l, retryIn, err := k.permitAttempt(ctx, name, permits, t, attempts)
+		l, retryIn, queued, err := k.permitAttempt(ctx, name, permits, t, dbLine != nil, attempts)
 		if retryIn, err = loop.next(err, retryIn, final); err != nil {
 			return nil, err
 		}
@@ -245,6 +261,21 @@ func (k *Locker) waitPermit(ctx context.Context, name string, permits int, t lea
 				continue
 			}
 		}
+		if dbLine == nil && k.lineOn() {
+			// Refused: join the database's line, then try again at once
+			// (a permit may have come free meanwhile).
+			dbLine, err = k.enterLine(ctx, name)
+			if err == nil {
+				continue
+			}
+			if retryIn, err = loop.next(err, 0, final); err != nil {
+				return nil, err
+			}
+		} else if queued {
+			// Others wait in the database's line, which this Locker cannot
+			// join (no session connection): try again soon.
+			retryIn = jitter(10*time.Millisecond, 50*time.Millisecond)
+		}
 		k.listenFor(w)
 		if err := loop.sleep(w.ch, retryIn); err != nil {
 			return nil, err
@@ -260,13 +291,14 @@ func permitError(name string, err error) error {
 	return fmt.Errorf("pgfence: leasetable: acquire permit of %q: %w", name, err)
 }
 
-// permitAttempt sends one pgfence_acquire_permit. It returns the permit
-// when taken, else when to try again.
-func (k *Locker) permitAttempt(ctx context.Context, name string, permits int, t leaseTiming, attempts *int) (*Lease, time.Duration, error) {
+// permitAttempt sends one pgfence_acquire_permit, as the head of the
+// semaphore's line when inLine. It returns the permit when taken, else
+// when to try again, and queued when callers wait in the line.
+func (k *Locker) permitAttempt(ctx context.Context, name string, permits int, t leaseTiming, inLine bool, attempts *int) (l *Lease, retryIn time.Duration, queued bool, err error) {
 	*attempts++
 	back, err := k.startGrant()
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, false, err
 	}
 	defer back()
 	var (
@@ -280,8 +312,8 @@ func (k *Locker) permitAttempt(ctx context.Context, name string, permits int, t 
 		var token *int64
 		var acquiredAt *time.Time
 		rep.sent = time.Now()
-		err := c.QueryRow(qctx, k.permitSQL(), name, permits, k.cfg.Owner, t.ttl.Microseconds()).Scan(
-			&rep.acquired, &pname, &owner, &token, &acquiredAt, &expiresAt, &rep.dbNow, &secret, &recorded, &rep.busy)
+		err := c.QueryRow(qctx, k.permitSQL(), name, permits, k.cfg.Owner, t.ttl.Microseconds(), inLine).Scan(
+			&rep.acquired, &pname, &owner, &token, &acquiredAt, &expiresAt, &rep.dbNow, &secret, &recorded, &rep.busy, &queued)
 		if err != nil || !rep.acquired {
 			return err
 		}
@@ -292,21 +324,25 @@ func (k *Locker) permitAttempt(ctx context.Context, name string, permits int, t 
 		return nil
 	})
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, false, err
 	}
 	if !rep.acquired {
 		switch {
 		case recorded != permits:
-			return nil, 0, fmt.Errorf("pgfence: leasetable: semaphore %q was asked for with %d permits, but has %d and one is held: %w",
+			return nil, 0, false, fmt.Errorf("pgfence: leasetable: semaphore %q was asked for with %d permits, but has %d and one is held: %w",
 				name, permits, recorded, ErrPermitsMismatch)
+		case queued:
+			// The line's holder takes the next permit; a place in the line
+			// is what waiting needs (see waitPermit).
+			return nil, MaxTTL, true, nil
 		case rep.busy || expiresAt == nil:
-			return nil, jitter(10*time.Millisecond, 50*time.Millisecond), nil
+			return nil, jitter(10*time.Millisecond, 50*time.Millisecond), false, nil
 		}
 		wait := min(max(expiresAt.Sub(rep.dbNow), 0), MaxTTL)
-		return nil, wait + jitter(time.Millisecond, expiryJitter), nil
+		return nil, wait + jitter(time.Millisecond, expiryJitter), false, nil
 	}
-	l, err := k.adoptGrant(ctx, *pname, rep, t)
-	return l, 0, err
+	l, err = k.adoptGrant(ctx, *pname, rep, t)
+	return l, 0, false, err
 }
 
 // schemaSQL returns the Locker's schema, quoted for SQL.

@@ -51,6 +51,7 @@ var appFunctions = []string{
 	"pgfence_slot_finish(pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text, pg_catalog.text)",
 	"pgfence_slots_prune(pg_catalog.interval)",
 	"pgfence_acquire_permit(pg_catalog.text, pg_catalog.int4, pg_catalog.text, pg_catalog.int8)",
+	"pgfence_acquire_permit(pg_catalog.text, pg_catalog.int4, pg_catalog.text, pg_catalog.int8, pg_catalog.bool)",
 	"pgfence_acquire_set(pg_catalog.text[], pg_catalog.text, pg_catalog.int8[])",
 }
 

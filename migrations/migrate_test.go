@@ -29,9 +29,9 @@ func TestLatest(t *testing.T) {
 	require.NoError(t, err)
 	downs, err := fs.Glob(migrations.FS, "*.down.sql")
 	require.NoError(t, err)
-	require.Equal(t, []string{"000001_baseline.up.sql", "000002_notify_waiters.up.sql", "000003_fence_registry.up.sql", "000004_schedule_slots.up.sql", "000005_semaphores.up.sql"}, ups)
-	require.Equal(t, []string{"000001_baseline.down.sql", "000002_notify_waiters.down.sql", "000003_fence_registry.down.sql", "000004_schedule_slots.down.sql", "000005_semaphores.down.sql"}, downs)
-	require.Equal(t, uint(5), migrations.Latest())
+	require.Equal(t, []string{"000001_baseline.up.sql", "000002_notify_waiters.up.sql", "000003_fence_registry.up.sql", "000004_schedule_slots.up.sql", "000005_semaphores.up.sql", "000006_permit_line.up.sql"}, ups)
+	require.Equal(t, []string{"000001_baseline.down.sql", "000002_notify_waiters.down.sql", "000003_fence_registry.down.sql", "000004_schedule_slots.down.sql", "000005_semaphores.down.sql", "000006_permit_line.down.sql"}, downs)
+	require.Equal(t, uint(6), migrations.Latest())
 }
 
 func TestUpCreatesSchemaAndIsIdempotent(t *testing.T) {
@@ -92,7 +92,7 @@ func TestBaselineCatalog(t *testing.T) {
 		require.NoError(t, err)
 		return out
 	}
-	require.Equal(t, []string{"pgfence_acquire", "pgfence_acquire_permit", "pgfence_acquire_set", "pgfence_fence_check", "pgfence_force_release", "pgfence_last_token", "pgfence_leader_proclaim",
+	require.Equal(t, []string{"pgfence_acquire", "pgfence_acquire_permit", "pgfence_acquire_permit", "pgfence_acquire_set", "pgfence_fence_check", "pgfence_force_release", "pgfence_last_token", "pgfence_leader_proclaim",
 		"pgfence_lease_held", "pgfence_next_token", "pgfence_next_tokens", "pgfence_prune_delete", "pgfence_prune_scan",
 		"pgfence_release", "pgfence_renew", "pgfence_slot_begin", "pgfence_slot_finish", "pgfence_slots_prune"},
 		list(`SELECT proname::text FROM pg_proc WHERE pronamespace = 'pgfence'::regnamespace AND prosecdef ORDER BY 1`))
@@ -529,6 +529,7 @@ func TestGrantSQL(t *testing.T) {
 			`"pgfence".pgfence_slot_finish(pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text, pg_catalog.text), ` +
 			`"pgfence".pgfence_slots_prune(pg_catalog.interval), ` +
 			`"pgfence".pgfence_acquire_permit(pg_catalog.text, pg_catalog.int4, pg_catalog.text, pg_catalog.int8), ` +
+			`"pgfence".pgfence_acquire_permit(pg_catalog.text, pg_catalog.int4, pg_catalog.text, pg_catalog.int8, pg_catalog.bool), ` +
 			`"pgfence".pgfence_acquire_set(pg_catalog.text[], pg_catalog.text, pg_catalog.int8[]) TO "app"`,
 	}, migrations.GrantSQL("", "app", nil))
 	require.Equal(t, []string{

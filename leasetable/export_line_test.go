@@ -1,0 +1,10 @@
+package leasetable
+
+// SetNoDBLine keeps k's waiting permit calls out of the database's line
+// (line.go), for the negative controls of the fairness tests. Call it
+// before using k.
+func SetNoDBLine(k *Locker) { hooksOf(k).noDBLine = true }
+
+// SetNoDBLinePing stops k's line holders from pinging their connections, as
+// a paused process would. Call it before using k.
+func SetNoDBLinePing(k *Locker) { hooksOf(k).noDBLinePing = true }

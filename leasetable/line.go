@@ -1,0 +1,207 @@
+package leasetable
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// A semaphore's line (docs/semaphores.md, Fairness; migration 000006): the
+// head of a Locker's waiting calls for semaphore S queues, on a session
+// connection of the Locker's own, for the exclusive session advisory lock
+// on S's line key. PostgreSQL grants it in the order the sessions asked.
+// While a session holds or waits for the key, pgfence_acquire_permit
+// refuses (queued) every caller that is not in the line; the holder calls
+// with in_line true, and leaves the line (unlocks) once it took a permit or
+// stopped waiting. The line needs a session connection to the server: it is
+// used only while the Locker's LISTEN connection listens, on a connection
+// made with the same configuration.
+
+// lineKeySQL is the line key of semaphore $1: no lease, permit or
+// semaphore key hashes the same text (names hold no control character).
+const lineKeySQL = `pg_catalog.hashtextextended($1 OPERATOR(pg_catalog.||) pg_catalog.chr(31) OPERATOR(pg_catalog.||) pg_catalog.chr(31), 7378831)`
+
+// lineTakeSQL waits for, and takes, the line key of semaphore $1.
+const lineTakeSQL = `SELECT pg_catalog.pg_advisory_lock(` + lineKeySQL + `)`
+
+// lineLeaveSQL gives the line key of semaphore $1 back.
+const lineLeaveSQL = `SELECT pg_catalog.pg_advisory_unlock(` + lineKeySQL + `)`
+
+// lineSetupSQL prepares a new line connection: no statement or lock timeout
+// cuts its waits in the line (the caller's context bounds them), and, from
+// PostgreSQL 14, the server ends the session once it has been idle for $1
+// milliseconds, so that a paused or partitioned process does not hold a
+// line for longer: lineHold pings it more often.
+const lineSetupSQL = `SELECT pg_catalog.set_config('statement_timeout', '0', false),
+       pg_catalog.set_config('lock_timeout', '0', false),
+       CASE WHEN pg_catalog.current_setting('server_version_num')::pg_catalog.int4 OPERATOR(pg_catalog.>=) 140000
+            THEN pg_catalog.set_config('idle_session_timeout', $1, false) END`
+
+// lineIdleTimeout is the line connections' idle_session_timeout: how long
+// a process that stopped answering keeps its place at the head of a line at
+// most (PostgreSQL 14 and later; before, until its connection is found
+// dead). linePing is how often a line's holder shows it is alive.
+const (
+	lineIdleTimeout = 5 * time.Second
+	linePing        = lineIdleTimeout / 5
+)
+
+// lineIdleMax is how many line connections a Locker keeps for reuse, each
+// for at most lineIdleKeep (well within lineIdleTimeout).
+const (
+	lineIdleMax  = 2
+	lineIdleKeep = lineIdleTimeout / 2
+)
+
+// idleLineConn is a line connection kept for reuse.
+type idleLineConn struct {
+	conn  *pgx.Conn
+	since time.Time
+}
+
+// lineHold is a waiting call's place at the head of a semaphore's line: the
+// line key, held on conn, which a goroutine pings until leave.
+type lineHold struct {
+	k    *Locker
+	sem  string
+	conn *pgx.Conn
+	stop chan struct{}
+}
+
+// lineOn reports whether waiting calls use the database's line: the LISTEN
+// connection listens, so its configuration reaches a session of the server.
+func (k *Locker) lineOn() bool {
+	if k.hooks != nil && k.hooks.noDBLine {
+		return false
+	}
+	k.mu.Lock()
+	n := k.listener
+	k.mu.Unlock()
+	return n.Listening()
+}
+
+// enterLine waits until this Locker is the head of sem's line, holding the
+// line key, or ctx ends. A connection whose wait failed is closed, which
+// gives the key back if the server granted it.
+func (k *Locker) enterLine(ctx context.Context, sem string) (*lineHold, error) {
+	conn, err := k.lineConn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if k.hooks != nil && k.hooks.onDBLineWait != nil {
+		k.hooks.onDBLineWait(sem)
+	}
+	if _, err := conn.Exec(ctx, lineTakeSQL, sem); err != nil {
+		closeLineConn(conn)
+		return nil, fmt.Errorf("pgfence: leasetable: wait in the line of semaphore %q: %w", sem, err)
+	}
+	h := &lineHold{k: k, sem: sem, conn: conn, stop: make(chan struct{})}
+	k.background.Add(1)
+	go h.keep()
+	return h, nil
+}
+
+// lineConn returns a kept line connection, or opens one.
+func (k *Locker) lineConn(ctx context.Context) (*pgx.Conn, error) {
+	var stale []*pgx.Conn
+	k.mu.Lock()
+	for len(k.lineIdle) > 0 {
+		c := k.lineIdle[len(k.lineIdle)-1]
+		k.lineIdle = k.lineIdle[:len(k.lineIdle)-1]
+		if time.Since(c.since) < lineIdleKeep {
+			k.mu.Unlock()
+			for _, s := range stale {
+				closeLineConn(s)
+			}
+			return c.conn, nil
+		}
+		stale = append(stale, c.conn)
+	}
+	k.mu.Unlock()
+	for _, s := range stale {
+		closeLineConn(s)
+	}
+	cctx, cancel := context.WithTimeout(ctx, k.cfg.QueryTimeout)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(cctx, k.cfg.ListenConnConfig)
+	if err != nil {
+		return nil, fmt.Errorf("pgfence: leasetable: open a line connection: %w", err)
+	}
+	if _, err := conn.Exec(cctx, lineSetupSQL, fmt.Sprint(lineIdleTimeout.Milliseconds())); err != nil {
+		closeLineConn(conn)
+		return nil, fmt.Errorf("pgfence: leasetable: set up a line connection: %w", err)
+	}
+	return conn, nil
+}
+
+// keep pings the line connection until leave, then gives the line key back
+// and keeps the connection for reuse, or closes it.
+func (h *lineHold) keep() {
+	k := h.k
+	defer k.background.Done()
+	t := time.NewTicker(linePing)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			if k.hooks != nil && k.hooks.noDBLinePing {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(k.closeCtx, k.cfg.QueryTimeout)
+			_, err := h.conn.Exec(ctx, "SELECT")
+			cancel()
+			if err != nil {
+				// The key went with the session, or will: the holder's
+				// attempts still count as in line, and only its own Locker
+				// misses being refused.
+				k.cfg.Logger.DebugContext(k.closeCtx, "pgfence: leasetable: line connection lost", "semaphore", h.sem, "error", err)
+				closeLineConn(h.conn)
+				<-h.stop
+				return
+			}
+		case <-h.stop:
+			ctx, cancel := context.WithTimeout(context.Background(), k.cfg.QueryTimeout)
+			var left bool
+			err := h.conn.QueryRow(ctx, lineLeaveSQL, h.sem).Scan(&left)
+			cancel()
+			if err != nil || !left {
+				closeLineConn(h.conn)
+				return
+			}
+			k.mu.Lock()
+			if !k.closed && len(k.lineIdle) < lineIdleMax {
+				k.lineIdle = append(k.lineIdle, idleLineConn{h.conn, time.Now()})
+				k.mu.Unlock()
+				return
+			}
+			k.mu.Unlock()
+			closeLineConn(h.conn)
+			return
+		}
+	}
+}
+
+// leave gives the line's head to the next session in it. It does not wait
+// for the statement.
+func (h *lineHold) leave() { close(h.stop) }
+
+// closeLineConns closes the kept line connections (Close).
+func (k *Locker) closeLineConns() {
+	k.mu.Lock()
+	idle := k.lineIdle
+	k.lineIdle = nil
+	k.mu.Unlock()
+	for _, c := range idle {
+		closeLineConn(c.conn)
+	}
+}
+
+// closeLineConn closes a line connection within a second; its session's
+// locks go with it.
+func closeLineConn(conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = conn.Close(ctx)
+}

@@ -8,3 +8,8 @@ func SetNoDBLine(k *Locker) { hooksOf(k).noDBLine = true }
 // SetNoDBLinePing stops k's line holders from pinging their connections, as
 // a paused process would. Call it before using k.
 func SetNoDBLinePing(k *Locker) { hooksOf(k).noDBLinePing = true }
+
+// SetLateWatch has k watch a waiter's name for notifications only once the
+// waiter first waits for them, as before the fix that TestArmedWaiterWoken
+// covers, for its negative control. Call it before using k.
+func SetLateWatch(k *Locker) { hooksOf(k).lateWatch = true }

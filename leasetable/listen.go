@@ -49,6 +49,12 @@ func (k *Locker) addWaiter(name string) (*waiter, error) {
 		k.waiters[name] = set
 	}
 	set[w] = struct{}{}
+	// Watched from now on: an armed waiter relies on every release after
+	// its registration being notified and reaching it, including one that
+	// comes before it first waits for notifications (listenFor).
+	if k.hooks == nil || !k.hooks.lateWatch {
+		k.watchLocked(name)
+	}
 	if k.listener == nil && !k.cfg.DisableListen {
 		k.listener = notifier.Start(k.closeCtx, notifier.Config{
 			ConnConfig:    k.cfg.ListenConnConfig,

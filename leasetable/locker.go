@@ -83,6 +83,7 @@ type testHooks struct {
 	lateRenewals bool                 // a renewal is sent however little time is left (see fastestRenewal)
 	onRound      func()               // a waiting Acquire goes round its loop again
 	onListen     func()               // a waiter first waits for notifications (see listenFor)
+	lateWatch    bool                 // a waiter's name is watched from listenFor on, not from addWaiter
 	listenAsked  int64                // wantListen's answers so far; guarded by Locker.mu
 }
 

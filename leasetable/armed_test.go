@@ -1,0 +1,81 @@
+package leasetable_test
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/leasetable"
+)
+
+// TestArmedWaiterWoken: a waiter that registers while its Locker still
+// holds the name's interest key (a wait just before, within the linger) is
+// armed: it is not woken when it first waits for notifications, since every
+// release after its registration notifies. A release that comes after its
+// refused attempt but before that first wait (here, injected there) must
+// therefore reach it. A permit waiter shows it: its refused attempts note
+// nothing that would watch the name (a lease's note the holder's token).
+// Negative control: with the name watched only from that first wait, the
+// notification is dropped and the waiter sleeps until the holder's expiry.
+func TestArmedWaiterWoken(t *testing.T) {
+	t.Parallel()
+	run := func(t *testing.T, late bool) error {
+		ctx := t.Context()
+		db := pgtest.NewDB(t)
+		logs := newLogWatch()
+		a := newLocker(t, db.NewPool(t, nil), &leasetable.Config{Owner: "a", Logger: logs.logger()})
+		b := newLocker(t, db.NewPool(t, nil), &leasetable.Config{Owner: "b"})
+		if late {
+			leasetable.SetLateWatch(a)
+		}
+		var inject atomic.Pointer[pgfence.Lease]
+		leasetable.SetOnListen(a, func() {
+			if l := inject.Swap(nil); l != nil {
+				require.NoError(t, (*l).Release(ctx))
+				time.Sleep(300 * time.Millisecond) // its notification reaches a's LISTEN connection
+			}
+		})
+		// A first wait takes the interest key, which stays held for the
+		// linger after a is served.
+		permit := func(wait time.Duration) <-chan acquired {
+			got := make(chan acquired, 1)
+			go func() {
+				l, err := a.AcquirePermit(ctx, "n", 1, &leasetable.AcquireOpts{WaitTimeout: wait})
+				got <- acquired{l, err}
+			}()
+			return got
+		}
+		held, err := b.TryAcquirePermit(ctx, "n", 1, nil)
+		require.NoError(t, err)
+		got := permit(10 * time.Second)
+		require.Eventually(t, func() bool { return a.Stats().Waiting == 1 }, 10*time.Second, time.Millisecond)
+		time.Sleep(200 * time.Millisecond)
+		require.NoError(t, held.Release(ctx))
+		r := <-got
+		require.NoError(t, r.err)
+		require.NoError(t, r.l.Release(ctx))
+
+		// Within the linger: registered armed; b releases between a's
+		// refused attempt and its first wait for notifications.
+		held, err = b.TryAcquirePermit(ctx, "n", 1, &leasetable.AcquireOpts{TTL: 20 * time.Second})
+		require.NoError(t, err)
+		inject.Store(&held)
+		r = <-permit(3 * time.Second)
+		if r.err == nil {
+			require.NoError(t, r.l.Release(ctx))
+		}
+		return r.err
+	}
+	t.Run("fixed", func(t *testing.T) {
+		t.Parallel()
+		require.NoError(t, run(t, false), "the release reached the armed waiter")
+	})
+	t.Run("control", func(t *testing.T) {
+		t.Parallel()
+		require.ErrorIs(t, run(t, true), pgfence.ErrNotAcquired, "control: watched late, the armed waiter misses the release")
+	})
+}

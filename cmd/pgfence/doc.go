@@ -90,11 +90,15 @@
 // # Other commands
 //
 //   - pgfence ls [--json]: lease holders (name, owner, token, held for,
-//     expires in) and advisory locks from pg_locks; with --forced, the audit
-//     trail of forced releases. The table escapes control characters.
+//     expires in), semaphores with a permit held (in use, permits, and how
+//     many processes, Lockers not calls, wait for one) and advisory locks
+//     from pg_locks; with --forced, the audit trail of forced releases. The
+//     table escapes control characters.
 //   - pgfence release --force NAME [--reason TEXT]: an operator's override
 //     that ends a lease and bumps its token, fencing its holder out, and is
-//     recorded (who, from where, why); asks unless --yes.
+//     recorded (who, from where, why); asks unless --yes. With --permit
+//     SLOT, NAME is a semaphore and permit SLOT of it is released; NAME may
+//     also be a permit's name quoted as ls shows it ("jobs\x1f3").
 //   - pgfence prune [--older-than 24h] [--json]: deletes the rows of leases
 //     that ended more than that long ago (database clock), in short batches,
 //     so a table with a lease per entity stops growing; for cron.

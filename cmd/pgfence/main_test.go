@@ -312,7 +312,8 @@ type lsOutput struct {
 		Name    string `json:"name"`
 		Permits int    `json:"permits"`
 		InUse   int    `json:"in_use"`
-	} `json:"semaphores"` // see run_permits_test.go
+		Waiting int    `json:"waiting"`
+	} `json:"semaphores"` // see run_permits_test.go, ls_release_permit_test.go
 	Leaders       []lsLeader `json:"leaders"` // see ls_leaders_test.go
 	AdvisoryLocks []struct {
 		Key             *int64 `json:"key"`

@@ -59,7 +59,7 @@ func TestRunPermits(t *testing.T) {
 	r = pgfence(t, env, "", "ls")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, `"encode\x1f0"`, "a permit's name, quoted")
-	require.Regexp(t, `SEMAPHORE\s+IN USE\s+PERMITS\nencode\s+2\s+2\n`, r.stdout)
+	require.Regexp(t, `SEMAPHORE\s+IN USE\s+PERMITS\s+WAITING\nencode\s+2\s+2\s+0\n`, r.stdout)
 
 	listening := waitingBackends(t, db) // the holders' loss watchers
 	c := startPgfence(t, env, "run", "--permits", "2", "encode", "--", "sh", "-c", show)

@@ -49,14 +49,19 @@ non-printing characters are shown quoted, with Go escapes ("a\nb",
 "\x1b[31m"); --json shows them as they are.
 
 A semaphore's permits (pgfence run --permits) are leases named NAME, the
-byte 0x1f, the slot: listed with the leases (quoted), and summed up per
-semaphore. Callers waiting for a permit wait in their own processes and are
-not listed.
+byte 0x1f, the slot: listed with the leases (quoted, as 'pgfence release
+--force' also takes them), and summed up per semaphore with a permit held.
+WAITING counts the processes (Lockers) with a caller waiting for a permit,
+registered in the database to be woken (an advisory lock in pg_locks), not
+the callers: one pgfence run waiting counts 1, a program with ten calls
+waiting in one Locker counts 1 too. A Locker stays registered about a second
+after its last caller stopped waiting; one without LISTEN is not counted.
 
 Columns:
   leases            NAME, OWNER, TOKEN (the fencing token), HELD FOR (since
                     acquired), EXPIRES IN
-  semaphores        SEMAPHORE, IN USE (permits held), PERMITS
+  semaphores        SEMAPHORE, IN USE (permits held), PERMITS, WAITING
+                    (Lockers with a caller waiting for a permit)
   leaders           ELECTION, LEADER (the value it proclaimed, "-" when
                     nobody leads), OWNER, TERM (the term's fencing token),
                     LEADING FOR, EXPIRES IN
@@ -73,7 +78,7 @@ Columns:
 With --json, prints one object:
   {"now": time, "leases": [{"name", "owner", "token", "held", "acquired_at",
    "expires_at", "held_for_seconds", "expires_in_seconds"}],
-   "semaphores": [{"name", "permits", "in_use"}],
+   "semaphores": [{"name", "permits", "in_use", "waiting"}],
    "leaders": [{"election", "leading", "token", "owner", "value",
    "proclaimed", "began_at", "expires_at", "leading_for_seconds",
    "expires_in_seconds"}],
@@ -182,6 +187,7 @@ type semaphoreJSON struct {
 	Name    string `json:"name"`
 	Permits int    `json:"permits"`
 	InUse   int    `json:"in_use"`
+	Waiting int    `json:"waiting"`
 }
 
 // lsJSON is the output of ls --json.
@@ -294,7 +300,7 @@ func (a *App) ls(ctx context.Context, args []string) error {
 		return explainSchemaError(err, schema)
 	}
 	for _, s := range sems {
-		out.Semaphores = append(out.Semaphores, semaphoreJSON{Name: s.Name, Permits: s.Permits, InUse: s.InUse})
+		out.Semaphores = append(out.Semaphores, semaphoreJSON{Name: s.Name, Permits: s.Permits, InUse: s.InUse, Waiting: s.Waiting})
 	}
 	elections, err := leader.List(ctx, pool, schema)
 	if err != nil {
@@ -433,9 +439,9 @@ func printLs(w io.Writer, out lsJSON) error {
 	}
 	if len(out.Semaphores) > 0 {
 		fmt.Fprintln(tw)
-		fmt.Fprintln(tw, "SEMAPHORE\tIN USE\tPERMITS")
+		fmt.Fprintln(tw, "SEMAPHORE\tIN USE\tPERMITS\tWAITING")
 		for _, s := range out.Semaphores {
-			fmt.Fprintf(tw, "%s\t%d\t%d\n", display(s.Name), s.InUse, s.Permits)
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\n", display(s.Name), s.InUse, s.Permits, s.Waiting)
 		}
 	}
 	if len(out.Leaders) > 0 {

@@ -98,3 +98,24 @@ func SetNoArmWake(k *Locker) { hooksOf(k).noArmWake = true }
 // SetNoInterest keeps k's waiters from taking interest keys, so that no
 // release notifies them, for a negative control. Call it before using k.
 func SetNoInterest(k *Locker) { hooksOf(k).noInterest = true }
+
+// Notified returns the newest released token whose notification k acted
+// on for name, and whether k watches name (a waiter for it is registered).
+func Notified(k *Locker, name string) (int64, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	wa := k.watched[name]
+	if wa == nil {
+		return 0, false
+	}
+	return wa.notified, true
+}
+
+// InterestHeld reports whether k's LISTEN connection holds name's interest
+// key.
+func InterestHeld(k *Locker, name string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	in := k.interests[name]
+	return in != nil && in.held
+}

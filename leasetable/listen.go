@@ -23,8 +23,12 @@ func (w *waiter) wake() {
 	}
 }
 
-// watch is what a Locker knows of a name its waiters listen for: the tag
-// of its notifications, and the newest released token acted on.
+// watch is what a Locker knows of a name while waiters are registered for
+// it: the tag of its notifications, and the newest released token acted
+// on. It exists from the first waiter's registration (addWaiter), not from
+// its first wait: a waiter registered armed is woken by nothing but the
+// notifications that come after, and one may come, and must wake it, before
+// its attempt is answered and it waits (listenFor).
 type watch struct {
 	tag      string
 	notified int64
@@ -49,11 +53,8 @@ func (k *Locker) addWaiter(name string) (*waiter, error) {
 		k.waiters[name] = set
 	}
 	set[w] = struct{}{}
-	// Watched from now on: an armed waiter relies on every release after
-	// its registration being notified and reaching it, including one that
-	// comes before it first waits for notifications (listenFor).
 	if k.hooks == nil || !k.hooks.lateWatch {
-		k.watchLocked(name)
+		k.watchLocked(name) // notifications wake w from now on (see watch)
 	}
 	if k.listener == nil && !k.cfg.DisableListen {
 		k.listener = notifier.Start(k.closeCtx, notifier.Config{
@@ -123,7 +124,9 @@ func (k *Locker) listenFor(w *waiter) {
 		return
 	}
 	w.listens = true
-	k.watchLocked(w.name)
+	if k.hooks != nil && k.hooks.lateWatch {
+		k.watchLocked(w.name) // the negative control's order (addWaiter did not)
+	}
 	arm := k.interestLocked(w)
 	k.listenWants++
 	if (arm || k.listenWants == 1 && !k.listenAnswer) && k.listener != nil {
@@ -179,8 +182,7 @@ func (k *Locker) watchLocked(name string) *watch {
 func (k *Locker) noteHolder(name string, token int64) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if _, waiting := k.waiters[name]; waiting {
-		wa := k.watchLocked(name)
+	if wa := k.watched[name]; wa != nil {
 		wa.notified = max(wa.notified, token-1)
 	}
 }

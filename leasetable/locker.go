@@ -48,7 +48,7 @@ type Locker struct {
 	waiters          map[string]map[*waiter]struct{}
 	notifyKey        notifier.Key            // checks notifications (see notify)
 	tagNames         map[string]string       // a listened-for name by its notification tag
-	watched          map[string]*watch       // the listened-for names (see listenFor)
+	watched          map[string]*watch       // the names waiters are registered for (see addWaiter, notify)
 	interests        map[string]*interest    // the names whose interest key waiters need (see interest.go)
 	waiterSeq        uint64                  // the seq of the last waiter added
 	listenWants      int                     // waiters that wait for notifications (see wantListen)

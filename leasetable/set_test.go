@@ -3,14 +3,17 @@ package leasetable_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/notifier"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/leasetable"
 )
@@ -167,4 +170,122 @@ func assertErrIs(t *testing.T, err, target error) bool {
 		return false
 	}
 	return true
+}
+
+// TestSetWokenByReleaseBeforeItWaits: a waiting set registers while its
+// Locker still holds its names' interest keys (a wait for them just ended,
+// and interestLinger keeps them), so taking the keys will not wake it; a
+// release's notification must. The onListen hook forces the release
+// between the set's refused attempt and its wait: the release notifies,
+// and the notification reaches the Locker before the set waits. It wakes
+// the set, which takes its leases at once. Before the fix the Locker
+// acted on a name's notifications only from a waiter's first wait (a
+// single Acquire's first refusal), so it dropped this one and the set
+// slept until the holder's expiry: TestSetAllOrNothing failed so, about
+// once in 40 runs under load.
+//
+// The interleaving is forced, not timed. That the key was still held is
+// checked (the release notified: a separate session counts the
+// notifications); in the rare case the linger ended first (a stall of a
+// second), the scenario runs again with other names.
+func TestSetWokenByReleaseBeforeItWaits(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := pgtest.NewDB(t)
+	count := newReleaseCounter(t, db)
+	key, err := notifier.LoadKey(ctx, db.Pool, `"pgfence"`)
+	require.NoError(t, err)
+	a := newLocker(t, db.Pool, &leasetable.Config{Owner: "a"})
+	b := newLocker(t, db.NewPool(t, nil), &leasetable.Config{Owner: "b", TTL: time.Minute})
+	var hook atomic.Pointer[func()]
+	leasetable.SetOnListen(a, func() {
+		if f := hook.Swap(nil); f != nil {
+			(*f)()
+		}
+	})
+
+	// A call of a waits for "s" throughout: a's LISTEN connection stays
+	// subscribed (no wake-up from subscribing), and a notification for s,
+	// sent after another, tells when a has acted on both.
+	ls, err := b.TryAcquire(ctx, "s", nil)
+	require.NoError(t, err)
+	sctx, scancel := context.WithCancel(ctx)
+	sentinel := make(chan error, 1)
+	go func() {
+		_, err := a.Acquire(sctx, "s", nil)
+		sentinel <- err
+	}()
+	defer func() {
+		scancel()
+		require.ErrorIs(t, <-sentinel, context.Canceled)
+		require.NoError(t, ls.Release(ctx))
+	}()
+	require.Eventually(t, func() bool { return leasetable.InterestHeld(a, "s") && a.Stats().Listening },
+		30*time.Second, time.Millisecond, "a waits for s")
+	marker := int64(1) << 40
+
+	for try := range 5 {
+		x, y := fmt.Sprintf("x%d", try), fmt.Sprintf("y%d", try)
+		set := []string{x, y}
+		ly, err := b.TryAcquire(ctx, y, nil)
+		require.NoError(t, err)
+
+		// A wait for the set, ended once a holds both interest keys.
+		wctx, wcancel := context.WithCancel(ctx)
+		first := make(chan error, 1)
+		go func() {
+			_, err := a.AcquireSet(wctx, set, nil)
+			first <- err
+		}()
+		require.Eventually(t, func() bool { return leasetable.InterestHeld(a, x) && leasetable.InterestHeld(a, y) },
+			30*time.Second, time.Millisecond, "a holds the set's interest keys")
+		wcancel()
+		require.ErrorIs(t, <-first, context.Canceled)
+		count.since()
+
+		// The set again: refused, and y released before it waits.
+		released, proceed := make(chan struct{}), make(chan struct{})
+		f := func() {
+			assertNoErr(t, ly.Release(ctx))
+			close(released)
+			<-proceed
+		}
+		hook.Store(&f)
+		type setResult struct {
+			ls  []pgfence.Lease
+			err error
+		}
+		got := make(chan setResult, 1)
+		go func() {
+			ls, err := a.AcquireSet(ctx, set, &pgfence.AcquireOpts{WaitTimeout: 10 * time.Second})
+			got <- setResult{ls, err}
+		}()
+		waitFor(t, released, "the set's refused attempt")
+		notified := count.since() == 1 // a held y's key, from the first wait to the release
+		marker++
+		_, err = db.Pool.Exec(ctx, `SELECT pg_notify($1, $2)`, leasetable.NotifyChannel, key.Payload("s", marker))
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { n, _ := leasetable.Notified(a, "s"); return n >= marker },
+			30*time.Second, time.Millisecond, "a acted on the notifications so far")
+		token, watched := leasetable.Notified(a, y)
+		close(proceed)
+		r := <-got
+
+		if !notified {
+			t.Logf("try %d: a's interest key for %s lingered out before the release; again", try, y)
+			require.NoError(t, r.err)
+			for _, l := range r.ls {
+				require.NoError(t, l.Release(ctx))
+			}
+			continue
+		}
+		assert.NoError(t, r.err, "y's release woke the set")
+		assert.True(t, watched, "a watches y's notifications from the set's registration")
+		assert.Equal(t, ly.Token(), token, "a acted on y's release")
+		for _, l := range r.ls {
+			require.NoError(t, l.Release(ctx))
+		}
+		return
+	}
+	t.Fatal("in every try, a's interest key lingered out before the release")
 }

@@ -1,6 +1,8 @@
 -- pgfence version 6: a semaphore's waiters form one line across Lockers and
 -- processes, and a permit's release notifies only when someone waits
--- (docs/semaphores.md, Fairness).
+-- (docs/semaphores.md, Fairness). Its pgfence_acquire_permit plans its
+-- statements once (plan_cache_mode force_generic_plan, as pgfence_acquire
+-- does): version 5's re-planned them at every call.
 --
 -- The line: a Locker whose caller waits for a permit of semaphore S queues,
 -- on a session connection of its own, for the exclusive session advisory
@@ -23,6 +25,7 @@ CREATE FUNCTION pgfence_acquire_permit(sem text, n integer, new_owner text, ttl_
                   db_now timestamptz, secret text, permits integer, busy boolean, queued boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
+    SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -129,21 +132,47 @@ $$;
 COMMENT ON FUNCTION pgfence_acquire_permit(sem text, n integer, new_owner text, ttl_us bigint, in_line boolean) IS
     'Takes one free or expired permit of semaphore sem of n permits, as version 5 did, unless in_line is false and callers wait in the semaphore''s line (queued true).';
 
--- A permit's release wakes its semaphore's waiters only when one
--- registered for them (holds the interest key of S || chr(31), as
--- pgfence_notify_waiters requires), instead of always.
-CREATE OR REPLACE FUNCTION pgfence_permit_released() RETURNS trigger
-    LANGUAGE plpgsql
+-- A permit's release (or force release) wakes its semaphore's waiters only
+-- when one registered for them, through pgfence_notify_waiters as for a
+-- lease, instead of version 5's trigger, which notified every time: a
+-- permit's name (S || chr(31) || slot) is notified under its semaphore's
+-- waiters' name S || chr(31), numbered from pgfence_permit_wake_seq (drawn
+-- only to notify), and the waiters' interest key is that name's. Lease
+-- names hold no control character.
+DROP TRIGGER pgfence_permit_released ON pgfence_leases;
+DROP FUNCTION pgfence_permit_released();
+
+CREATE OR REPLACE FUNCTION pgfence_notify_waiters(name text, token bigint) RETURNS boolean
+    LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
+    SET plan_cache_mode = force_generic_plan
 AS $$
+DECLARE
+    h     bytea;
+    waits text := $1;
+    tok   bigint := $2;
 BEGIN
-    PERFORM pgfence_notify_waiters(pg_catalog.split_part(NEW.name, pg_catalog.chr(31), 1) || pg_catalog.chr(31),
-        pg_catalog.nextval('pgfence_permit_wake_seq'::pg_catalog.regclass));
-    RETURN NULL;
+    IF pg_catalog.strpos($1, pg_catalog.chr(31)) > 0 THEN
+        waits := pg_catalog.split_part($1, pg_catalog.chr(31), 1) OPERATOR(pg_catalog.||) pg_catalog.chr(31);
+    END IF;
+    SELECT pg_catalog.sha256(n.key OPERATOR(pg_catalog.||) '\x01'::bytea OPERATOR(pg_catalog.||) pg_catalog.convert_to(waits, 'UTF8'))
+    INTO STRICT h FROM pgfence_notify_key n;
+    IF pg_catalog.pg_try_advisory_xact_lock(1885824620,
+           (pg_catalog.get_byte(h, 0) OPERATOR(pg_catalog.<<) 24) OPERATOR(pg_catalog.|)
+           (pg_catalog.get_byte(h, 1) OPERATOR(pg_catalog.<<) 16) OPERATOR(pg_catalog.|)
+           (pg_catalog.get_byte(h, 2) OPERATOR(pg_catalog.<<) 8) OPERATOR(pg_catalog.|)
+           pg_catalog.get_byte(h, 3)) THEN
+        RETURN false;
+    END IF;
+    IF waits OPERATOR(pg_catalog.<>) $1 THEN
+        tok := pg_catalog.nextval('pgfence_permit_wake_seq'::pg_catalog.regclass);
+    END IF;
+    PERFORM pg_catalog.pg_notify('pgfence_lease_released', pgfence_notify_payload(waits, tok));
+    RETURN true;
 END;
 $$;
-COMMENT ON FUNCTION pgfence_permit_released() IS
-    'Trigger on pgfence_leases: a permit row whose expiry moved earlier (released) notifies its semaphore''s waiters, if any registered.';
+COMMENT ON FUNCTION pgfence_notify_waiters(name text, token bigint) IS
+    'Notifies pgfence_lease_released (tag:token:mac) that lease name was released with token, only if a session holds the name''s interest key (a waiter); a permit''s release is notified to its semaphore''s waiters (S || chr(31)) with a number from pgfence_permit_wake_seq. Returns whether it notified.';
 
 CREATE OR REPLACE FUNCTION pgfence_schema_version() RETURNS integer
     LANGUAGE sql IMMUTABLE
@@ -152,7 +181,8 @@ AS $$ SELECT 6 $$;
 
 -- Pin the search_path of the functions (re)defined above as the baseline
 -- pins its own; take EXECUTE on the new function from PUBLIC and give it to
--- the roles that may call version 5's (pgfence grant gives both).
+-- the roles that may call version 5's (pgfence grant gives both), whose
+-- statements are planned once from now on too.
 DO $$
 DECLARE
     s text := pg_catalog.quote_ident(pg_catalog.current_schema());
@@ -160,12 +190,13 @@ DECLARE
     r record;
 BEGIN
     FOREACH f IN ARRAY ARRAY['pgfence_acquire_permit(text, integer, text, bigint, boolean)',
-                             'pgfence_permit_released()',
+                             'pgfence_notify_waiters(text, bigint)',
                              'pgfence_schema_version()']
     LOOP
         EXECUTE pg_catalog.format('ALTER FUNCTION %s.%s SET search_path = pg_catalog, %s, pg_temp', s, f, s);
     END LOOP;
     EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.pgfence_acquire_permit(text, integer, text, bigint, boolean) FROM PUBLIC', s);
+    EXECUTE pg_catalog.format('ALTER FUNCTION %s.pgfence_acquire_permit(text, integer, text, bigint) SET plan_cache_mode = force_generic_plan', s);
     FOR r IN
         SELECT a.grantee::pg_catalog.regrole AS grantee
         FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a

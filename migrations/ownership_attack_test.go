@@ -98,7 +98,7 @@ var (
 	noPruneAgeCheck = []edit{{"pgfence_prune_delete(text[], bigint[], interval)",
 		"IF $3 IS NULL OR pg_catalog.now() - $3 > pg_catalog.now() - interval '1 minute' THEN", "IF false THEN"}}
 	noTTLCheck       = []edit{{acquireFn, "PERFORM pgfence_check_us($3, 1, 'a TTL');", ""}}
-	namedReleaseNote = []edit{{"pgfence_notify_waiters(text, bigint)", "pgfence_notify_payload($1, $2)", "$1"}}
+	namedReleaseNote = []edit{{"pgfence_notify_waiters(text, bigint)", "pgfence_notify_payload(waits, tok)", "waits"}}
 )
 
 func TestAttackRenewWithReadableValues(t *testing.T) {

@@ -55,7 +55,7 @@
 // [Locker.AcquirePermit] takes one of N permits of a name: permit k is the
 // lease named [PermitName](name, k), with its own token, renewed, released
 // and lost like any lease. [Locker.AcquireSet] takes several leases in one
-// statement, all or none. Both need schema version 5; docs/semaphores.md
+// statement, all or none. Both need schema version 5 (6 for the permits' line across Lockers); docs/semaphores.md
 // gives the design, the rule for N and the waiters' bound.
 //
 // # Ownership and privileges

@@ -25,11 +25,15 @@ type functionState struct {
 }
 
 // functions returns the state of every function named pgfence_* in the
-// database, by name.
+// database, by name; an overloaded name (pgfence_acquire_permit) by name
+// and identity arguments.
 func functions(t *testing.T, conn *pgx.Conn) map[string]functionState {
 	t.Helper()
 	rows, err := conn.Query(context.Background(), `
-		SELECT p.proname, n.nspname, coalesce(pg_catalog.array_to_string(p.proconfig, ';'), ''), p.prosrc, p.prosecdef,
+		SELECT CASE WHEN pg_catalog.count(*) OVER (PARTITION BY p.proname, n.nspname) OPERATOR(pg_catalog.>) 1
+		            THEN p.proname OPERATOR(pg_catalog.||) '(' OPERATOR(pg_catalog.||) pg_catalog.pg_get_function_identity_arguments(p.oid) OPERATOR(pg_catalog.||) ')'
+		            ELSE p.proname::pg_catalog.text END,
+		       n.nspname, coalesce(pg_catalog.array_to_string(p.proconfig, ';'), ''), p.prosrc, p.prosecdef,
 		       pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE')
 		FROM pg_catalog.pg_proc AS p JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
 		WHERE p.proname LIKE 'pgfence\_%'`)

@@ -61,10 +61,18 @@ func TestRunPermits(t *testing.T) {
 	require.Contains(t, r.stdout, `"encode\x1f0"`, "a permit's name, quoted")
 	require.Regexp(t, `SEMAPHORE\s+IN USE\s+PERMITS\s+WAITING\nencode\s+2\s+2\s+0\n`, r.stdout)
 
-	listening := waitingBackends(t, db) // the holders' loss watchers
 	c := startPgfence(t, env, "run", "--permits", "2", "encode", "--", "sh", "-c", show)
-	require.Eventually(t, func() bool { return waitingBackends(t, db) == listening+1 }, 30*time.Second, 10*time.Millisecond,
-		"the third run waits, listening for a release")
+	require.Eventually(t, func() bool {
+		// Registered to be woken: ls counts the Lockers holding the
+		// semaphore's interest key.
+		r := pgfence(t, env, "", "ls", "--json")
+		var out struct {
+			Semaphores []struct {
+				Waiting int `json:"waiting"`
+			} `json:"semaphores"`
+		}
+		return r.code == 0 && json.Unmarshal([]byte(r.stdout), &out) == nil && len(out.Semaphores) == 1 && out.Semaphores[0].Waiting == 1
+	}, 30*time.Second, 50*time.Millisecond, "the third run waits, registered for a release")
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGTERM))
 	require.Equal(t, 128+int(syscall.SIGTERM), a.wait(t))
 	f := strings.Fields(c.line(t))

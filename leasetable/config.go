@@ -104,10 +104,12 @@ type Config struct {
 	// session connection to the server is available.
 	DisableListen bool
 
-	// ListenConnConfig, when not nil, opens the LISTEN connection instead of
-	// the pool's configuration: point it at the server when the pool goes
-	// through a transaction-pooling PgBouncer. It is copied; its
-	// OnNotification is not called.
+	// ListenConnConfig, when not nil, opens the LISTEN connection, and the
+	// connections on which waiting permit calls hold their place in a
+	// semaphore's line (one per semaphore waited for, kept briefly for
+	// reuse), instead of the pool's configuration: point it at the server
+	// when the pool goes through a transaction-pooling PgBouncer. It is
+	// copied; its OnNotification is not called.
 	ListenConnConfig *pgx.ConnConfig
 
 	// ListenCheckInterval is how long the LISTEN connection may receive

@@ -32,11 +32,25 @@ func TestArmedWaiterWoken(t *testing.T) {
 		if late {
 			leasetable.SetLateWatch(a)
 		}
+		notified := make(chan struct{}, 16)
+		leasetable.SetOnNotify(a, func() {
+			select {
+			case notified <- struct{}{}:
+			default:
+			}
+		})
 		var inject atomic.Pointer[pgfence.Lease]
 		leasetable.SetOnListen(a, func() {
 			if l := inject.Swap(nil); l != nil {
+				for len(notified) > 0 { // earlier ones
+					<-notified
+				}
 				require.NoError(t, (*l).Release(ctx))
-				time.Sleep(300 * time.Millisecond) // its notification reaches a's LISTEN connection
+				select { // a's LISTEN connection has handled the release's notification
+				case <-notified:
+				case <-time.After(10 * time.Second):
+					t.Error("the release's notification never reached a")
+				}
 			}
 		})
 		// A first wait takes the interest key, which stays held for the
@@ -52,8 +66,8 @@ func TestArmedWaiterWoken(t *testing.T) {
 		held, err := b.TryAcquirePermit(ctx, "n", 1, nil)
 		require.NoError(t, err)
 		got := permit(10 * time.Second)
-		require.Eventually(t, func() bool { return a.Stats().Waiting == 1 }, 10*time.Second, time.Millisecond)
-		time.Sleep(200 * time.Millisecond)
+		require.Eventually(t, func() bool { return leasetable.InterestHeld(a, "n"+leasetable.PermitSeparator) },
+			10*time.Second, time.Millisecond, "a waits, registered for the semaphore")
 		require.NoError(t, held.Release(ctx))
 		r := <-got
 		require.NoError(t, r.err)

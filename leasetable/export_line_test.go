@@ -13,3 +13,7 @@ func SetNoDBLinePing(k *Locker) { hooksOf(k).noDBLinePing = true }
 // waiter first waits for them, as before the fix that TestArmedWaiterWoken
 // covers, for its negative control. Call it before using k.
 func SetLateWatch(k *Locker) { hooksOf(k).lateWatch = true }
+
+// SetOnNotify has f called after k acted on (or dropped) each notification
+// its LISTEN connection received. Call it before using k.
+func SetOnNotify(k *Locker, f func()) { hooksOf(k).onNotify = f }

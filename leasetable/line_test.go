@@ -2,9 +2,11 @@ package leasetable_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence"
@@ -61,6 +63,9 @@ func TestPermitLineAcrossLockers(t *testing.T) {
 		// The waiter is woken only by its retry at the permit's expiry,
 		// so that a newcomer right after the release always asks first.
 		leasetable.SetNoInterest(a)
+		waiting := make(chan struct{})
+		var once sync.Once
+		leasetable.SetOnListen(a, func() { once.Do(func() { close(waiting) }) })
 		if !line {
 			leasetable.SetNoDBLine(a)
 		}
@@ -73,14 +78,20 @@ func TestPermitLineAcrossLockers(t *testing.T) {
 			waited, err = a.AcquirePermit(ctx, "s", 1, nil)
 			got <- err
 		}()
+		select { // refused, a waits for the release
+		case <-waiting:
+		case <-ctx.Done():
+			t.Fatal("the waiter never waited")
+		}
 		if line {
+			// Its LISTEN connection listens from its first wait on, and
+			// the line with it.
 			waitInLine(t, db, "s", true, 1)
-		} else {
-			require.Eventually(t, func() bool { return a.Stats().Waiting == 1 }, 10*time.Second, 5*time.Millisecond)
-			time.Sleep(100 * time.Millisecond) // its first attempt was refused
 		}
 		require.NoError(t, held.Release(ctx))
-		l, err := b.TryAcquirePermit(ctx, "s", 1, nil)
+		// Short-lived too: a waiter woken meanwhile (its LISTEN connection
+		// subscribing wakes it) retries at this one's expiry.
+		l, err := b.TryAcquirePermit(ctx, "s", 1, &leasetable.AcquireOpts{TTL: 2 * time.Second})
 		if err == nil {
 			bargedIn = true
 			require.NoError(t, l.Release(ctx))
@@ -168,7 +179,12 @@ func TestPermitLinePausedHead(t *testing.T) {
 		go func() { _, _ = a.AcquirePermit(ctx, "p", 1, nil) }()
 		waitInLine(t, db, "p", true, 1)
 		require.True(t, queuedProbe(t, db, "p"), "newcomers are refused while the head waits")
-		time.Sleep(8 * time.Second) // the line's idle timeout (5s) and then some
+		if !ping {
+			// The server ends the silent session after the line's idle
+			// timeout (5s).
+			return !assert.Eventually(t, func() bool { return !queuedProbe(t, db, "p") }, 20*time.Second, 100*time.Millisecond)
+		}
+		time.Sleep(8 * time.Second) // past the idle timeout: a live head is still there
 		return queuedProbe(t, db, "p")
 	}
 	t.Run("paused", func(t *testing.T) {

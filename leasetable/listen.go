@@ -191,6 +191,9 @@ func (k *Locker) noteHolder(name string, token int64) {
 // released token. A payload that does not verify, names no watched lease, or
 // is not newer than the last token noted is dropped.
 func (k *Locker) notify(payload string) {
+	if k.hooks != nil && k.hooks.onNotify != nil {
+		defer k.hooks.onNotify()
+	}
 	tag, token, ok := k.notifyKey.Verify(payload)
 	if !ok {
 		return

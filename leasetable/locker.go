@@ -84,6 +84,7 @@ type testHooks struct {
 	onRound      func()               // a waiting Acquire goes round its loop again
 	onListen     func()               // a waiter first waits for notifications (see listenFor)
 	lateWatch    bool                 // a waiter's name is watched from listenFor on, not from addWaiter
+	onNotify     func()               // a notification reached the LISTEN connection (see notify)
 	listenAsked  int64                // wantListen's answers so far; guarded by Locker.mu
 }
 

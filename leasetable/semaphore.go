@@ -241,7 +241,7 @@ func (k *Locker) waitPermit(ctx context.Context, name string, permits int, t lea
 	}()
 	final := func(err error) error { return permitError(name, err) }
 	for {
-		l, retryIn, queued, err := k.permitAttempt(ctx, name, permits, t, dbLine != nil, attempts)
+		l, retryIn, _, err := k.permitAttempt(ctx, name, permits, t, dbLine != nil, attempts)
 		if retryIn, err = loop.next(err, retryIn, final); err != nil {
 			return nil, err
 		}
@@ -271,10 +271,6 @@ func (k *Locker) waitPermit(ctx context.Context, name string, permits int, t lea
 			if retryIn, err = loop.next(err, 0, final); err != nil {
 				return nil, err
 			}
-		} else if queued {
-			// Others wait in the database's line, which this Locker cannot
-			// join (no session connection): try again soon.
-			retryIn = jitter(10*time.Millisecond, 50*time.Millisecond)
 		}
 		k.listenFor(w)
 		if err := loop.sleep(w.ch, retryIn); err != nil {
@@ -331,12 +327,10 @@ func (k *Locker) permitAttempt(ctx context.Context, name string, permits int, t 
 		case recorded != permits:
 			return nil, 0, false, fmt.Errorf("pgfence: leasetable: semaphore %q was asked for with %d permits, but has %d and one is held: %w",
 				name, permits, recorded, ErrPermitsMismatch)
-		case queued:
-			// The line's holder takes the next permit; a place in the line
-			// is what waiting needs (see waitPermit).
-			return nil, MaxTTL, true, nil
-		case rep.busy || expiresAt == nil:
-			return nil, jitter(10*time.Millisecond, 50*time.Millisecond), false, nil
+		case queued || rep.busy || expiresAt == nil:
+			// Claimed by another transaction, or callers wait in the line
+			// (which waitPermit joins when it can): soon.
+			return nil, jitter(10*time.Millisecond, 50*time.Millisecond), queued, nil
 		}
 		wait := min(max(expiresAt.Sub(rep.dbNow), 0), MaxTTL)
 		return nil, wait + jitter(time.Millisecond, expiryJitter), false, nil

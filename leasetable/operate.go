@@ -48,13 +48,13 @@ func (k *Locker) List(ctx context.Context) ([]LeaseInfo, error) {
 	return infos, nil
 }
 
-// Get returns the current holder of the lease name; ok is false when nobody
-// holds it.
+// Get returns the current holder of the lease name, or of a permit's lease
+// ([PermitName]); ok is false when nobody holds it.
 func (k *Locker) Get(ctx context.Context, name string) (info LeaseInfo, ok bool, err error) {
 	if err := k.checkOpen(); err != nil {
 		return LeaseInfo{}, false, err
 	}
-	if err := checkText("lease name", name); err != nil {
+	if err := checkForceName(name); err != nil {
 		return LeaseInfo{}, false, err
 	}
 	rows, err := k.pool.Query(ctx, k.sql.get, name)

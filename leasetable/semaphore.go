@@ -148,7 +148,8 @@ func checkPermits(name string, permits int) error {
 	return nil
 }
 
-// checkForceName validates a lease name, or a permit's, to force-release.
+// checkForceName validates a lease name, or a permit's, to force-release
+// or read (Get).
 func checkForceName(name string) error {
 	if sem, _, ok := SplitPermit(name); ok {
 		return checkPermits(sem, 1)

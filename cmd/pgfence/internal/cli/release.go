@@ -136,7 +136,8 @@ func checkSemaphoreName(name string) error {
 // permitStateSQL reads a permit's row ($1), whether held or not, and
 // whether a lease row is named $2 (NULL: none asked), for release's
 // confirmation (%[1]s is the schema). It locks nothing. Locker.Get reads
-// only lease names without control characters, which a permit's has.
+// only held rows: a permit never taken (no row) is refused before asking,
+// and a literal lease named as ls shows a permit is found held or not.
 const permitStateSQL = `
 SELECT p.owner, p.fence, p.expires_at, p.expires_at OPERATOR(pg_catalog.>) pg_catalog.now(),
        EXISTS (SELECT FROM %[1]s.pgfence_leases l WHERE l.name OPERATOR(pg_catalog.=) $2::pg_catalog.text)

@@ -17,3 +17,7 @@ func SetLateWatch(k *Locker) { hooksOf(k).lateWatch = true }
 // SetOnNotify has f called after k acted on (or dropped) each notification
 // its LISTEN connection received. Call it before using k.
 func SetOnNotify(k *Locker, f func()) { hooksOf(k).onNotify = f }
+
+// LineKeySQL is the SQL of semaphore $1's line key, for tests that look
+// for it in pg_locks.
+const LineKeySQL = lineKeySQL

@@ -21,7 +21,7 @@ func inLine(t *testing.T, db *pgtest.DB, sem string, granted bool) int {
 	var n int
 	require.NoError(t, db.Pool.QueryRow(context.Background(), `
 SELECT count(*) FROM pg_catalog.pg_locks l,
-    (SELECT pg_catalog.hashtextextended($1 || chr(31) || chr(31), 7378831) AS k) h
+    (SELECT `+leasetable.LineKeySQL+` AS k) h
 WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.mode = 'ExclusiveLock' AND l.granted = $2
   AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())
   AND l.classid::bigint = (h.k >> 32) & 4294967295 AND l.objid::bigint = h.k & 4294967295`, sem, granted).Scan(&n))

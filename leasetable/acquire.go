@@ -12,7 +12,6 @@ import (
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/hold"
 	"github.com/pgfence/pgfence/internal/install"
-	"github.com/pgfence/pgfence/internal/waitline"
 )
 
 // acquireSQL takes a batch of leases (%[1]s is the schema) through the
@@ -141,29 +140,16 @@ func (k *Locker) tryAcquire(ctx context.Context, name string, t leaseTiming, att
 // waitAcquire is Acquire's loop: an attempt, then a wait in the name's line
 // for a wake-up or the retry time.
 func (k *Locker) waitAcquire(ctx context.Context, name string, t leaseTiming, opts *AcquireOpts, attempts *int) (*Lease, error) {
-	k.waiting.Add(1)
-	defer k.waiting.Add(-1)
-	if opts != nil {
-		var cancel context.CancelFunc
-		ctx, cancel = hold.WaitTimeout(ctx, opts.WaitTimeout)
-		defer cancel()
-	}
+	loop := k.newWaitLoop(ctx, opts, fmt.Sprintf("acquire %q", name), name)
+	defer loop.stop()
+	ctx = loop.ctx
+	// Only the head of the line retries; the others stay registered (w), so
+	// that the attempt a new head makes cannot miss a release.
 	w, err := k.addWaiter(name)
 	if err != nil {
 		return nil, err
 	}
 	defer k.removeWaiter(name, w)
-	loop := k.newWaitLoop(ctx, fmt.Sprintf("acquire %q", name), name)
-	defer loop.stop()
-	// Only the head of the line retries; the others stay registered (w), so
-	// that the attempt a new head makes cannot miss a release.
-	var ln *waitline.Line
-	head := false
-	defer func() {
-		if ln != nil {
-			k.lines.Leave(name, ln, head)
-		}
-	}()
 	final := func(err error) error { return acquireError(name, err) }
 	for round := 0; ; round++ {
 		if round > 0 && k.hooks != nil && k.hooks.onRound != nil {
@@ -176,18 +162,10 @@ func (k *Locker) waitAcquire(ctx context.Context, name string, t leaseTiming, op
 		if l != nil {
 			return l, nil
 		}
-		if ln == nil {
-			ln = k.lines.Join(name)
-		}
-		if !head {
-			waited, err := loop.turn(ln)
-			if err != nil {
-				return nil, err
-			}
-			head = true
-			if waited {
-				continue // the call before got the lease, or left: try at once
-			}
+		if waited, err := loop.headOf(name); err != nil {
+			return nil, err
+		} else if waited {
+			continue
 		}
 		if loop.unavailable == nil {
 			k.cfg.Logger.DebugContext(ctx, "pgfence: leasetable: waiting for lease", "lease", name, "retry_in", retryIn)

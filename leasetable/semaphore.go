@@ -15,7 +15,6 @@ import (
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/hold"
 	"github.com/pgfence/pgfence/internal/install"
-	"github.com/pgfence/pgfence/internal/waitline"
 )
 
 // MaxPermits is the largest number of permits a semaphore may have.
@@ -202,35 +201,20 @@ func (k *Locker) tryPermit(ctx context.Context, name string, permits int, t leas
 // waitPermit is AcquirePermit's loop, as waitAcquire's: only the head of
 // the semaphore's line retries; the others wait their turn.
 func (k *Locker) waitPermit(ctx context.Context, name string, permits int, t leaseTiming, opts *AcquireOpts, attempts *int) (*Lease, error) {
-	k.waiting.Add(1)
-	defer k.waiting.Add(-1)
-	if opts != nil {
-		var cancel context.CancelFunc
-		ctx, cancel = hold.WaitTimeout(ctx, opts.WaitTimeout)
-		defer cancel()
-	}
+	loop := k.newWaitLoop(ctx, opts, fmt.Sprintf("acquire permit of %q", name), name)
+	defer loop.stop()
+	ctx = loop.ctx
 	key := semaphoreKey(name)
 	w, err := k.addWaiter(key)
 	if err != nil {
 		return nil, err
 	}
 	defer k.removeWaiter(key, w)
-	loop := k.newWaitLoop(ctx, fmt.Sprintf("acquire permit of %q", name), name)
-	defer loop.stop()
-	var ln *waitline.Line
-	head := false
-	defer func() {
-		if ln != nil {
-			k.lines.Leave(key, ln, head)
-		}
-	}()
 	if k.lines.Members(key) > 0 {
 		// Callers wait: no barging in ahead of them.
-		ln = k.lines.Join(key)
-		if _, err := loop.turn(ln); err != nil {
+		if _, err := loop.headOf(key); err != nil {
 			return nil, err
 		}
-		head = true
 	}
 	// The head of the Locker's line waits in the database's (line.go), so
 	// that callers of other Lockers are served in turn with it.
@@ -249,18 +233,10 @@ func (k *Locker) waitPermit(ctx context.Context, name string, permits int, t lea
 		if l != nil {
 			return l, nil
 		}
-		if ln == nil {
-			ln = k.lines.Join(key)
-		}
-		if !head {
-			waited, err := loop.turn(ln)
-			if err != nil {
-				return nil, err
-			}
-			head = true
-			if waited {
-				continue
-			}
+		if waited, err := loop.headOf(key); err != nil {
+			return nil, err
+		} else if waited {
+			continue
 		}
 		if dbLine == nil && k.lineOn() {
 			// Refused: join the database's line, then try again at once

@@ -151,13 +151,9 @@ func setError(err error) error {
 // waitSet is AcquireSet's loop: an attempt, then a wait for a release of
 // any of the names or the retry time.
 func (k *Locker) waitSet(ctx context.Context, names []string, t leaseTiming, opts *AcquireOpts, attempts *int) ([]*Lease, error) {
-	k.waiting.Add(1)
-	defer k.waiting.Add(-1)
-	if opts != nil {
-		var cancel context.CancelFunc
-		ctx, cancel = hold.WaitTimeout(ctx, opts.WaitTimeout)
-		defer cancel()
-	}
+	loop := k.newWaitLoop(ctx, opts, "acquire set", strings.Join(names, ","))
+	defer loop.stop()
+	ctx = loop.ctx
 	wake := make(chan struct{}, 1)
 	stop := make(chan struct{})
 	var fwd sync.WaitGroup
@@ -191,8 +187,6 @@ func (k *Locker) waitSet(ctx context.Context, names []string, t leaseTiming, opt
 			}
 		}()
 	}
-	loop := k.newWaitLoop(ctx, "acquire set", strings.Join(names, ","))
-	defer loop.stop()
 	for {
 		ls, retryIn, _, err := k.setAttempt(ctx, names, t, attempts)
 		if retryIn, err = loop.next(err, retryIn, setError); err != nil {

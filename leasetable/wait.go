@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/hold"
 	"github.com/pgfence/pgfence/internal/retry"
 	"github.com/pgfence/pgfence/internal/waitline"
 )
@@ -16,20 +17,60 @@ import (
 // a line, and the wait for a wake-up, the retry time, ctx or Close.
 type waitLoop struct {
 	k           *Locker
-	ctx         context.Context
+	ctx         context.Context // the call's, bounded by its WaitTimeout
+	cancel      context.CancelFunc
 	what        string // the call, for errors: `acquire "name"`
 	lease       string // what the logs name
 	failures    int    // consecutive failed attempts
 	unavailable error  // the last attempt's transient error
 	timer       *time.Timer
+	key         string         // the Locker's line the call joined (headOf)
+	ln          *waitline.Line // its place there, nil before it joined
+	head        bool           // it is the line's head
 }
 
-// newWaitLoop starts a loop; stop ends it.
-func (k *Locker) newWaitLoop(ctx context.Context, what, lease string) *waitLoop {
-	return &waitLoop{k: k, ctx: ctx, what: what, lease: lease, timer: time.NewTimer(time.Hour)}
+// newWaitLoop starts a waiting call's loop: the call counts in
+// Stats().Waiting, and its context (loop.ctx) ends at opts.WaitTimeout.
+// stop ends it, leaving the call's line if it joined one.
+func (k *Locker) newWaitLoop(ctx context.Context, opts *AcquireOpts, what, lease string) *waitLoop {
+	k.waiting.Add(1)
+	w := &waitLoop{k: k, what: what, lease: lease, timer: time.NewTimer(time.Hour)}
+	if opts != nil {
+		ctx, w.cancel = hold.WaitTimeout(ctx, opts.WaitTimeout)
+	}
+	w.ctx = ctx
+	return w
 }
 
-func (w *waitLoop) stop() { w.timer.Stop() }
+func (w *waitLoop) stop() {
+	if w.ln != nil {
+		w.k.lines.Leave(w.key, w.ln, w.head)
+	}
+	w.timer.Stop()
+	if w.cancel != nil {
+		w.cancel()
+	}
+	w.k.waiting.Add(-1)
+}
+
+// headOf makes the call the head of the Locker's line for key, joining it
+// at the end if it has not yet: only the head tries, the others wait their
+// turn. It reports whether the call had to wait (it then tries at once:
+// the call before got the lease, or left), or the error when ctx ended or
+// the Locker closed first.
+func (w *waitLoop) headOf(key string) (waited bool, err error) {
+	if w.ln == nil {
+		w.key, w.ln = key, w.k.lines.Join(key)
+	}
+	if w.head {
+		return false, nil
+	}
+	if waited, err = w.turn(w.ln); err != nil {
+		return false, err
+	}
+	w.head = true
+	return waited, nil
+}
 
 // ended is the error of a wait whose ctx ended, with the last transient
 // error when there was one.

@@ -1,0 +1,76 @@
+package migrations_test
+
+import (
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+// TestPermitAcquireReadsSlotsByIndex: since migration 000007,
+// pgfence_acquire_permit (both signatures) finds a semaphore's permit rows
+// through the primary key whatever pgfence_leases' statistics say. The
+// control is version 6, whose generic plan read the whole table into a
+// hash once the statistics counted a few thousand rows: the same calls,
+// the same table, sequential scans.
+func TestPermitAcquireReadsSlotsByIndex(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := emptyDB(t)
+	exec(t, db, "CREATE SCHEMA pgfence")
+	m := cliMigrate(t, db, "postgres", "pgfence")
+	require.NoError(t, m.Migrate(6))
+	exec(t, db, `INSERT INTO pgfence.pgfence_leases (name, owner, fence, acquired_at, expires_at)
+		SELECT 'bulk' || g, 'o', g, pg_catalog.now(), pg_catalog.now() + interval '1 hour' FROM pg_catalog.generate_series(1, 20000) g`,
+		"ANALYZE pgfence.pgfence_leases")
+	// seqScans runs calls in one transaction, rolled back, and returns the
+	// sequential scans of pgfence_leases they made and whether each
+	// acquired.
+	seqScans := func(calls ...string) (scans int64, acquired []bool) {
+		t.Helper()
+		tx, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		// The view counts the backend's scans not yet reported, which may
+		// include an earlier transaction's: the difference is this one's.
+		scans = -seqScanned(t, tx)
+		for _, c := range calls {
+			var ok bool
+			require.NoError(t, tx.QueryRow(ctx, c).Scan(&ok))
+			acquired = append(acquired, ok)
+		}
+		scans += seqScanned(t, tx)
+		return scans, acquired
+	}
+	calls := []string{
+		`SELECT acquired FROM pgfence.pgfence_acquire_permit('s', 2, 'o', 60000000, false)`, // slot 0, inserted
+		`SELECT acquired FROM pgfence.pgfence_acquire_permit('s', 2, 'o', 60000000)`,        // slot 1, by version 5's call
+		`SELECT acquired FROM pgfence.pgfence_acquire_permit('s', 2, 'o', 60000000, true)`,  // both held: refused
+	}
+	scans, acquired := seqScans(calls...)
+	require.Equal(t, []bool{true, true, false}, acquired)
+	require.Positive(t, scans, "control: version 6 scans the table")
+
+	require.NoError(t, m.Migrate(7))
+	scans, acquired = seqScans(calls...)
+	require.Equal(t, []bool{true, true, false}, acquired)
+	require.Zero(t, scans, "version 7 reads permits by index")
+	var version int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT pgfence.pgfence_schema_version()`).Scan(&version))
+	require.Equal(t, 7, version)
+
+	// Down gives version 6's functions back: the control's scans return.
+	require.NoError(t, m.Migrate(6))
+	scans, _ = seqScans(calls...)
+	require.Positive(t, scans)
+}
+
+// seqScanned returns the sequential scans of pgfence.pgfence_leases that
+// tx's backend made and has not yet reported.
+func seqScanned(t *testing.T, tx pgx.Tx) int64 {
+	t.Helper()
+	var n int64
+	require.NoError(t, tx.QueryRow(testCtx(t),
+		`SELECT coalesce(seq_scan, 0) FROM pg_catalog.pg_stat_xact_user_tables WHERE relid = 'pgfence.pgfence_leases'::pg_catalog.regclass`).Scan(&n))
+	return n
+}

@@ -84,16 +84,36 @@ func quoteKV(v string) string {
 	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'"
 }
 
-// connect opens one connection to the database. ctx bounds the connection
-// attempt and the connection's later use; connecting alone gives up after
-// connectTimeout unless the connection string sets connect_timeout.
-func connect(ctx context.Context, dsn string) (*pgx.Conn, error) {
+// connConfig parses dsn for one connection: a bad dsn is a usage error;
+// connecting gives up after connectTimeout unless the connection string
+// sets connect_timeout; see setConnDefaults for app.
+func connConfig(dsn, app string) (*pgx.ConnConfig, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, usageErrorf("invalid database: %v", err)
 	}
+	setConnDefaults(cfg, app)
+	return cfg, nil
+}
+
+// setConnDefaults gives cfg what the connection string did not set:
+// connectTimeout, and application_name app unless app is empty.
+func setConnDefaults(cfg *pgx.ConnConfig, app string) {
 	if cfg.ConnectTimeout == 0 {
 		cfg.ConnectTimeout = connectTimeout
+	}
+	if _, ok := cfg.RuntimeParams["application_name"]; !ok && app != "" {
+		cfg.RuntimeParams["application_name"] = app
+	}
+}
+
+// connect opens one connection to the database. ctx bounds the connection
+// attempt and the connection's later use; connecting alone gives up after
+// connectTimeout unless the connection string sets connect_timeout.
+func connect(ctx context.Context, dsn string) (*pgx.Conn, error) {
+	cfg, err := connConfig(dsn, "")
+	if err != nil {
+		return nil, err
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
@@ -110,12 +130,7 @@ func poolConfig(dsn, app string, maxConns int32) (*pgxpool.Config, error) {
 	if err != nil {
 		return nil, usageErrorf("invalid database: %v", err)
 	}
-	if cfg.ConnConfig.ConnectTimeout == 0 {
-		cfg.ConnConfig.ConnectTimeout = connectTimeout
-	}
-	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
-		cfg.ConnConfig.RuntimeParams["application_name"] = app
-	}
+	setConnDefaults(cfg.ConnConfig, app)
 	cfg.MaxConns = maxConns
 	return cfg, nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/install"
+	"github.com/pgfence/pgfence/leasetable"
 )
 
 // databaseFlagUsage is the help line of every command's --database flag.
@@ -177,4 +178,30 @@ func newPool(ctx context.Context, dsn, app string, maxConns int32) (*pgxpool.Poo
 		return nil, fmt.Errorf("connect to the database: %w", err)
 	}
 	return pool, nil
+}
+
+// openLocker opens what ls, prune and release work with, as the command
+// named app: after checking schema, a pool of at most maxConns connections
+// to database (see connString) and a Locker on it for schema that does not
+// listen. done closes the Locker, then the pool. The errors are the
+// command's: usage errors for a bad --schema or database, and
+// explainSchemaError's advice when pgfence is not installed.
+func (a *App) openLocker(ctx context.Context, database, schema, app string, maxConns int32) (
+	pool *pgxpool.Pool, locker *leasetable.Locker, done func(), err error) {
+	if err := checkSchema(schema); err != nil {
+		return nil, nil, nil, err
+	}
+	dsn, err := connString(database)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if pool, err = newPool(ctx, dsn, app, maxConns); err != nil {
+		return nil, nil, nil, err
+	}
+	locker, err = leasetable.New(ctx, pool, &leasetable.Config{Schema: schema, DisableListen: true, Logger: a.logger()})
+	if err != nil {
+		pool.Close()
+		return nil, nil, nil, explainSchemaError(err, schema)
+	}
+	return pool, locker, func() { locker.Close(); pool.Close() }, nil
 }

@@ -5,7 +5,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -64,6 +66,33 @@ func TestRunSlot(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	require.True(t, strings.HasPrefix(r.stdout, "JOB "), r.stdout)
 	require.Contains(t, r.stdout, "2026-01-02")
+}
+
+// TestRunSlotHeldElsewhere: while another owner holds the job's lease,
+// run --slot --no-wait exits with the conflict code, and run --slot waits
+// until a signal ends the wait, without running the command.
+func TestRunSlotHeldElsewhere(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	env := dbEnv(db)
+	insertLease(t, db, "pgfence:schedule:report", "other-host", "1 hour")
+	marker := filepath.Join(t.TempDir(), "ran")
+	cmd := []string{"touch", marker}
+
+	r := pgfence(t, env, "", append([]string{"run", "--no-wait", "--slot", "a", "report", "--"}, cmd...)...)
+	require.Equal(t, 1, r.code, r.stderr)
+	require.Contains(t, r.stderr, `slot "a" of job "report" is being run by another owner; the command was not run`)
+	r = pgfence(t, env, "", append([]string{"run", "-q", "--no-wait", "--slot", "a", "report", "--"}, cmd...)...)
+	require.Equal(t, 1, r.code, r.stderr)
+	require.Empty(t, r.stderr)
+
+	b := startPgfence(t, env, append([]string{"run", "--slot", "a", "report", "--"}, cmd...)...)
+	require.Eventually(t, func() bool { return waitingBackends(t, db) == 1 }, time.Minute, 10*time.Millisecond,
+		"run waits, listening for the release")
+	require.NoError(t, b.cmd.Process.Signal(syscall.SIGTERM))
+	require.Equal(t, 128+int(syscall.SIGTERM), b.wait(t))
+	require.Contains(t, b.stderr.String(), `interrupted by SIGTERM while waiting for slot "a" of job "report"; the command was not run`)
+	require.NoFileExists(t, marker, "the command never ran")
 }
 
 // TestRunEvery: replicas running the same --every line in the same slot

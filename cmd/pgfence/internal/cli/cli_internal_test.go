@@ -98,3 +98,39 @@ func TestQuoteKV(t *testing.T) {
 	require.Equal(t, `'pgfence'`, quoteKV("pgfence"))
 	require.Equal(t, `'it\'s a \\ path'`, quoteKV(`it's a \ path`))
 }
+
+// TestConnConfig: connConfig and poolConfig fill in connectTimeout and the
+// application name only where the connection string sets neither, and a bad
+// string is a usage error. Not parallel: pgx reads the PG* variables, which
+// it clears.
+func TestConnConfig(t *testing.T) {
+	t.Setenv("PGAPPNAME", "")
+	t.Setenv("PGCONNECT_TIMEOUT", "")
+	cc, err := connConfig("postgres://u@h/db", "pgfence-doctor")
+	require.NoError(t, err)
+	require.Equal(t, connectTimeout, cc.ConnectTimeout)
+	require.Equal(t, "pgfence-doctor", cc.RuntimeParams["application_name"])
+
+	cc, err = connConfig("postgres://u@h/db?connect_timeout=3&application_name=mine", "pgfence-doctor")
+	require.NoError(t, err)
+	require.Equal(t, 3*time.Second, cc.ConnectTimeout)
+	require.Equal(t, "mine", cc.RuntimeParams["application_name"])
+
+	cc, err = connConfig("postgres://u@h/db", "")
+	require.NoError(t, err)
+	_, named := cc.RuntimeParams["application_name"]
+	require.False(t, named, "no app: no application_name")
+
+	pc, err := poolConfig("postgres://u@h/db", "pgfence ls", 3)
+	require.NoError(t, err)
+	require.Equal(t, connectTimeout, pc.ConnConfig.ConnectTimeout)
+	require.Equal(t, "pgfence ls", pc.ConnConfig.RuntimeParams["application_name"])
+	require.EqualValues(t, 3, pc.MaxConns)
+
+	var uerr *usageError
+	_, err = connConfig("postgres://x:notaport/db", "")
+	require.True(t, errors.As(err, &uerr), err)
+	require.ErrorContains(t, err, "invalid database: ")
+	_, err = poolConfig("postgres://x:notaport/db", "pgfence ls", 3)
+	require.True(t, errors.As(err, &uerr), err)
+}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/install"
+	"github.com/pgfence/pgfence/leasetable"
 )
 
 // databaseFlagUsage is the help line of every command's --database flag.
@@ -84,16 +85,36 @@ func quoteKV(v string) string {
 	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'"
 }
 
-// connect opens one connection to the database. ctx bounds the connection
-// attempt and the connection's later use; connecting alone gives up after
-// connectTimeout unless the connection string sets connect_timeout.
-func connect(ctx context.Context, dsn string) (*pgx.Conn, error) {
+// connConfig parses dsn for one connection: a bad dsn is a usage error;
+// connecting gives up after connectTimeout unless the connection string
+// sets connect_timeout; see setConnDefaults for app.
+func connConfig(dsn, app string) (*pgx.ConnConfig, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, usageErrorf("invalid database: %v", err)
 	}
+	setConnDefaults(cfg, app)
+	return cfg, nil
+}
+
+// setConnDefaults gives cfg what the connection string did not set:
+// connectTimeout, and application_name app unless app is empty.
+func setConnDefaults(cfg *pgx.ConnConfig, app string) {
 	if cfg.ConnectTimeout == 0 {
 		cfg.ConnectTimeout = connectTimeout
+	}
+	if _, ok := cfg.RuntimeParams["application_name"]; !ok && app != "" {
+		cfg.RuntimeParams["application_name"] = app
+	}
+}
+
+// connect opens one connection to the database. ctx bounds the connection
+// attempt and the connection's later use; connecting alone gives up after
+// connectTimeout unless the connection string sets connect_timeout.
+func connect(ctx context.Context, dsn string) (*pgx.Conn, error) {
+	cfg, err := connConfig(dsn, "")
+	if err != nil {
+		return nil, err
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
@@ -110,12 +131,7 @@ func poolConfig(dsn, app string, maxConns int32) (*pgxpool.Config, error) {
 	if err != nil {
 		return nil, usageErrorf("invalid database: %v", err)
 	}
-	if cfg.ConnConfig.ConnectTimeout == 0 {
-		cfg.ConnConfig.ConnectTimeout = connectTimeout
-	}
-	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
-		cfg.ConnConfig.RuntimeParams["application_name"] = app
-	}
+	setConnDefaults(cfg.ConnConfig, app)
 	cfg.MaxConns = maxConns
 	return cfg, nil
 }
@@ -162,4 +178,30 @@ func newPool(ctx context.Context, dsn, app string, maxConns int32) (*pgxpool.Poo
 		return nil, fmt.Errorf("connect to the database: %w", err)
 	}
 	return pool, nil
+}
+
+// openLocker opens what ls, prune and release work with, as the command
+// named app: after checking schema, a pool of at most maxConns connections
+// to database (see connString) and a Locker on it for schema that does not
+// listen. done closes the Locker, then the pool. The errors are the
+// command's: usage errors for a bad --schema or database, and
+// explainSchemaError's advice when pgfence is not installed.
+func (a *App) openLocker(ctx context.Context, database, schema, app string, maxConns int32) (
+	pool *pgxpool.Pool, locker *leasetable.Locker, done func(), err error) {
+	if err := checkSchema(schema); err != nil {
+		return nil, nil, nil, err
+	}
+	dsn, err := connString(database)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if pool, err = newPool(ctx, dsn, app, maxConns); err != nil {
+		return nil, nil, nil, err
+	}
+	locker, err = leasetable.New(ctx, pool, &leasetable.Config{Schema: schema, DisableListen: true, Logger: a.logger()})
+	if err != nil {
+		pool.Close()
+		return nil, nil, nil, explainSchemaError(err, schema)
+	}
+	return pool, locker, func() { locker.Close(); pool.Close() }, nil
 }

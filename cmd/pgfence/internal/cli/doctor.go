@@ -7,8 +7,6 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgfence/pgfence/doctor"
 )
 
@@ -80,15 +78,9 @@ func (a *App) doctor(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	cc, err := pgx.ParseConfig(dsn)
+	cc, err := connConfig(dsn, "pgfence-doctor")
 	if err != nil {
-		return usageErrorf("invalid database: %v", err)
-	}
-	if cc.ConnectTimeout == 0 {
-		cc.ConnectTimeout = connectTimeout
-	}
-	if _, ok := cc.RuntimeParams["application_name"]; !ok {
-		cc.RuntimeParams["application_name"] = "pgfence-doctor"
+		return err
 	}
 	r, err := doctor.Check(ctx, cc, &doctor.Config{Schema: schema, Role: role, Operator: operator})
 	if err != nil {

@@ -248,23 +248,11 @@ func (a *App) ls(ctx context.Context, args []string) error {
 	if jobs && !f.set("", "limit") {
 		limit = defaultJobsLimit
 	}
-	if err := checkSchema(schema); err != nil {
-		return err
-	}
-	dsn, err := connString(database)
+	pool, locker, done, err := a.openLocker(ctx, database, schema, "pgfence ls", lsPoolMaxConns)
 	if err != nil {
 		return err
 	}
-	pool, err := newPool(ctx, dsn, "pgfence ls", lsPoolMaxConns)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	locker, err := leasetable.New(ctx, pool, &leasetable.Config{Schema: schema, DisableListen: true, Logger: a.logger()})
-	if err != nil {
-		return explainSchemaError(err, schema)
-	}
-	defer locker.Close()
+	defer done()
 	if forced {
 		return a.lsForced(ctx, locker, schema, limit, asJSON)
 	}

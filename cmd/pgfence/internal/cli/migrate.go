@@ -95,12 +95,9 @@ func migrationTarget(database string) (migrations.Target, error) {
 	if err != nil {
 		return migrations.Target{}, err
 	}
-	cfg, err := pgx.ParseConfig(dsn)
+	cfg, err := connConfig(dsn, "")
 	if err != nil {
-		return migrations.Target{}, usageErrorf("invalid database: %v", err)
-	}
-	if cfg.ConnectTimeout == 0 {
-		cfg.ConnectTimeout = connectTimeout
+		return migrations.Target{}, err
 	}
 	return migrations.Target{ConnConfig: cfg}, nil
 }

@@ -65,23 +65,11 @@ func (a *App) prune(ctx context.Context, args []string) error {
 	if olderThan < leasetable.MinPruneAge {
 		return usageErrorf("--older-than must be at least %v, not %v", leasetable.MinPruneAge, olderThan)
 	}
-	if err := checkSchema(schema); err != nil {
-		return err
-	}
-	dsn, err := connString(database)
+	_, locker, done, err := a.openLocker(ctx, database, schema, "pgfence prune", prunePoolMaxConns)
 	if err != nil {
 		return err
 	}
-	pool, err := newPool(ctx, dsn, "pgfence prune", prunePoolMaxConns)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	locker, err := leasetable.New(ctx, pool, &leasetable.Config{Schema: schema, DisableListen: true, Logger: a.logger()})
-	if err != nil {
-		return explainSchemaError(err, schema)
-	}
-	defer locker.Close()
+	defer done()
 
 	deleted, err := locker.Prune(ctx, olderThan)
 	if err != nil {

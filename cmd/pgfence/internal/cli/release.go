@@ -180,23 +180,11 @@ func (a *App) release(ctx context.Context, args []string) error {
 	if reason == "" {
 		reason = defaultForceReason()
 	}
-	if err := checkSchema(schema); err != nil {
-		return err
-	}
-	dsn, err := connString(database)
+	pool, locker, done, err := a.openLocker(ctx, database, schema, "pgfence release", releasePoolMaxConns)
 	if err != nil {
 		return err
 	}
-	pool, err := newPool(ctx, dsn, "pgfence release", releasePoolMaxConns)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	locker, err := leasetable.New(ctx, pool, &leasetable.Config{Schema: schema, DisableListen: true, Logger: a.logger()})
-	if err != nil {
-		return explainSchemaError(err, schema)
-	}
-	defer locker.Close()
+	defer done()
 
 	state, err := releaseState(ctx, locker, pool, schema, target)
 	if err != nil {

@@ -661,6 +661,46 @@ func watchForLoss(pool *pgxpool.Pool, lease pgfence.Lease, key notifier.Key, log
 // Acquire, bounded by --wait if given. A signal from sigs ends the wait.
 // The errors carry run's exit codes.
 func (a *App) acquireForRun(ctx context.Context, locker *leasetable.Locker, o *runOptions, sigs <-chan os.Signal) (pgfence.Lease, error) {
+	opts := &pgfence.AcquireOpts{AtLeast: o.atLeast, WaitTimeout: o.wait, MaxHold: o.maxHold}
+	return waitToRun(ctx, o, sigs, fmt.Sprintf("lease %q", o.name),
+		func(actx context.Context) (pgfence.Lease, error) {
+			switch {
+			case o.permits > 0 && o.noWait:
+				return locker.TryAcquirePermit(actx, o.name, o.permits, opts)
+			case o.permits > 0:
+				return locker.AcquirePermit(actx, o.name, o.permits, opts)
+			case o.noWait:
+				return locker.TryAcquire(actx, o.name, opts)
+			default:
+				return locker.Acquire(actx, o.name, opts)
+			}
+		},
+		func(lease pgfence.Lease) {
+			if lease != nil {
+				_ = lease.Release(ctx)
+			}
+		},
+		func(err error) (describe func() error) {
+			if !errors.Is(err, pgfence.ErrNotAcquired) {
+				return nil
+			}
+			return func() error { return a.conflict(ctx, locker, o) }
+		})
+}
+
+// waitToRun is the wait that acquireForRun and beginSlot share: it runs
+// take (which may wait) under a context that a signal from sigs cancels,
+// and turns take's outcome into run's exit codes. what names what is
+// waited for in the messages ("lease \"x\""). On a signal, undo gives
+// back whatever take returned (it may be nil) and the error exits
+// 128+signal. conflict returns nil unless take's error means another owner
+// has it (or had it: a slot done); then it returns what describes the
+// conflict, called only without --quiet (it may query the database), and
+// the error exits o.conflictExit. ctx ending (the first SIGINT or SIGTERM
+// reaching Main) and any other error exit ExitRunFailure.
+func waitToRun[T any](ctx context.Context, o *runOptions, sigs <-chan os.Signal, what string,
+	take func(context.Context) (T, error), undo func(T), conflict func(err error) (describe func() error)) (T, error) {
+	var zero T
 	actx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stop, stopped := make(chan struct{}), make(chan struct{})
@@ -673,42 +713,27 @@ func (a *App) acquireForRun(ctx context.Context, locker *leasetable.Locker, o *r
 		case <-stop:
 		}
 	}()
-
-	opts := &pgfence.AcquireOpts{AtLeast: o.atLeast, WaitTimeout: o.wait, MaxHold: o.maxHold}
-	var lease pgfence.Lease
-	var err error
-	switch {
-	case o.permits > 0 && o.noWait:
-		lease, err = locker.TryAcquirePermit(actx, o.name, o.permits, opts)
-	case o.permits > 0:
-		lease, err = locker.AcquirePermit(actx, o.name, o.permits, opts)
-	case o.noWait:
-		lease, err = locker.TryAcquire(actx, o.name, opts)
-	default:
-		lease, err = locker.Acquire(actx, o.name, opts)
-	}
+	got, err := take(actx)
 	close(stop)
 	<-stopped
 
 	if s, ok := caught.(syscall.Signal); ok {
-		if lease != nil {
-			_ = lease.Release(ctx)
-		}
-		return nil, exitWith(128+int(s), fmt.Errorf("interrupted by %s while waiting for lease %q; the command was not run", signalName(s), o.name))
+		undo(got)
+		return zero, exitWith(128+int(s), fmt.Errorf("interrupted by %s while waiting for %s; the command was not run", signalName(s), what))
 	}
-	switch {
-	case err == nil:
-		return lease, nil
-	case errors.Is(err, pgfence.ErrNotAcquired):
+	if err == nil {
+		return got, nil
+	}
+	if describe := conflict(err); describe != nil {
 		if o.quiet {
-			return nil, exitWith(o.conflictExit, nil)
+			return zero, exitWith(o.conflictExit, nil)
 		}
-		return nil, exitWith(o.conflictExit, a.conflict(ctx, locker, o))
-	case ctx.Err() != nil:
-		return nil, exitWith(ExitRunFailure, fmt.Errorf("interrupted while waiting for lease %q; the command was not run", o.name))
-	default:
-		return nil, exitWith(ExitRunFailure, explainSchemaError(err, o.schema))
+		return zero, exitWith(o.conflictExit, describe())
 	}
+	if ctx.Err() != nil {
+		return zero, exitWith(ExitRunFailure, fmt.Errorf("interrupted while waiting for %s; the command was not run", what))
+	}
+	return zero, exitWith(ExitRunFailure, explainSchemaError(err, o.schema))
 }
 
 // signalName names the signals run stops waiting on: "SIGINT", not

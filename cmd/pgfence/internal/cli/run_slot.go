@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -113,45 +112,28 @@ func (a *App) finishSlot(ctx context.Context, s *schedule.Slot, status int) erro
 // beginSlot starts the slot as o asks (--no-wait, --wait), ending the wait
 // on a signal from sigs. The errors carry run's exit codes.
 func (a *App) beginSlot(ctx context.Context, runner *schedule.Runner, o *runOptions, key string, sigs <-chan os.Signal) (*schedule.Slot, error) {
-	actx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stop, stopped := make(chan struct{}), make(chan struct{})
-	var caught os.Signal
-	go func() {
-		defer close(stopped)
-		select {
-		case caught = <-sigs:
-			cancel()
-		case <-stop:
-		}
-	}()
-	s, err := runner.Begin(actx, o.name, key, &schedule.RunOpts{NoWait: o.noWait, WaitTimeout: o.wait})
-	close(stop)
-	<-stopped
-	if sig, ok := caught.(syscall.Signal); ok {
-		if s != nil {
-			_ = s.Finish(ctx, errors.New("interrupted"))
-		}
-		return nil, exitWith(128+int(sig), fmt.Errorf("interrupted by %s while waiting for slot %q of job %q; the command was not run", signalName(sig), key, o.name))
-	}
-	var done *schedule.DoneError
-	switch {
-	case err == nil:
-		return s, nil
-	case errors.As(err, &done):
-		if o.quiet {
-			return nil, exitWith(o.conflictExit, nil)
-		}
-		return nil, exitWith(o.conflictExit, fmt.Errorf("slot %q of job %q is done (by %q, token %d, at %s); the command was not run",
-			key, o.name, done.Owner, done.Token, done.FinishedAt.Local().Format(time.RFC3339)))
-	case errors.Is(err, pgfence.ErrNotAcquired):
-		if o.quiet {
-			return nil, exitWith(o.conflictExit, nil)
-		}
-		return nil, exitWith(o.conflictExit, fmt.Errorf("slot %q of job %q is being run by another owner; the command was not run: %w", key, o.name, err))
-	case ctx.Err() != nil:
-		return nil, exitWith(ExitRunFailure, fmt.Errorf("interrupted while waiting for slot %q of job %q; the command was not run", key, o.name))
-	default:
-		return nil, exitWith(ExitRunFailure, explainSchemaError(err, o.schema))
-	}
+	return waitToRun(ctx, o, sigs, fmt.Sprintf("slot %q of job %q", key, o.name),
+		func(actx context.Context) (*schedule.Slot, error) {
+			return runner.Begin(actx, o.name, key, &schedule.RunOpts{NoWait: o.noWait, WaitTimeout: o.wait})
+		},
+		func(s *schedule.Slot) {
+			if s != nil {
+				_ = s.Finish(ctx, errors.New("interrupted"))
+			}
+		},
+		func(err error) (describe func() error) {
+			var done *schedule.DoneError
+			switch {
+			case errors.As(err, &done):
+				return func() error {
+					return fmt.Errorf("slot %q of job %q is done (by %q, token %d, at %s); the command was not run",
+						key, o.name, done.Owner, done.Token, done.FinishedAt.Local().Format(time.RFC3339))
+				}
+			case errors.Is(err, pgfence.ErrNotAcquired):
+				return func() error {
+					return fmt.Errorf("slot %q of job %q is being run by another owner; the command was not run: %w", key, o.name, err)
+				}
+			}
+			return nil
+		})
 }

@@ -204,7 +204,8 @@ func (d *doctor) server() {
 
 // schemaAndGrants checks the install (install.Check) and the role's grants.
 func (d *doctor) schemaAndGrants() {
-	if _, err := install.Check(d.ctx, d.conn, d.schema, d.quoted); err != nil {
+	inst, err := install.Check(d.ctx, d.conn, d.schema, d.quoted)
+	if err != nil {
 		if errors.Is(err, pgfence.ErrNotInstalled) {
 			d.add("schema", Fail, err.Error(), "see the message: pgfence migrate up --schema "+d.schema+" as the install's owner")
 		} else {
@@ -212,12 +213,7 @@ func (d *doctor) schemaAndGrants() {
 		}
 		return
 	}
-	var version int
-	if err := d.conn.QueryRow(d.ctx, "SELECT "+d.quoted+".pgfence_schema_version()").Scan(&version); err != nil {
-		d.cannot("schema", err)
-		return
-	}
-	d.add("schema", OK, fmt.Sprintf("schema %q at version %d; token sequence INCREMENT %d CACHE 1 NO CYCLE", d.schema, version, install.TokenStep), "")
+	d.add("schema", OK, fmt.Sprintf("schema %q at version %d; token sequence INCREMENT %d CACHE 1 NO CYCLE", d.schema, inst.Version, install.TokenStep), "")
 
 	role := d.cfg.Role
 	if role == "" {
@@ -227,7 +223,7 @@ func (d *doctor) schemaAndGrants() {
 		}
 	}
 	var owner string
-	err := d.conn.QueryRow(d.ctx, `SELECT pg_catalog.pg_get_userbyid(c.relowner)::pg_catalog.text FROM pg_catalog.pg_class c
+	err = d.conn.QueryRow(d.ctx, `SELECT pg_catalog.pg_get_userbyid(c.relowner)::pg_catalog.text FROM pg_catalog.pg_class c
 		WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($1)`, d.quoted+".pgfence_leases").Scan(&owner)
 	if err != nil {
 		d.cannot("grants", err)

@@ -26,6 +26,9 @@ type Install struct {
 	// TokenBatch reports that pgfence_next_tokens(boolean[]) may be used:
 	// always true, since every supported schema has it.
 	TokenBatch bool
+	// Version is the install's schema version, pgfence_schema_version():
+	// Version or later.
+	Version int
 }
 
 // maxIdentLen is PostgreSQL's identifier limit (NAMEDATALEN-1 bytes).
@@ -119,7 +122,7 @@ func Check(ctx context.Context, db pgfence.DB, schema, quoted string) (Install, 
 		return Install{}, notInstalled("token sequence %s.pgfence_leases_fence_seq %s; tokens are only ordered with INCREMENT %d CACHE 1 NO CYCLE: "+
 			"ALTER SEQUENCE %s.pgfence_leases_fence_seq INCREMENT %d CACHE 1 NO CYCLE (as its owner)", quoted, settings, step, quoted, step)
 	}
-	return Install{TokenBatch: true}, nil
+	return Install{TokenBatch: true, Version: version}, nil
 }
 
 func prefixed(p, s string) string {

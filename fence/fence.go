@@ -113,9 +113,16 @@ func (e *LeaseLostError) Is(target error) bool {
 // NoTokenError is a write to a strict table that presented no token: a bug,
 // not a lost lock. It matches pgfence.ErrNoToken, not pgfence.ErrFenced.
 type NoTokenError struct {
-	Table   string
+	// Table is the quoted name of the table written, as pgx.Identifier's
+	// Sanitize spells it: a builder's own table, or for an error classified
+	// by [Classify], the table the trigger names ("schema"."table"; empty
+	// when its schema or table name holds a dot, so the trigger's message
+	// cannot be split).
+	Table string
+	// Current is the row's token, as the trigger reports it.
 	Current int64
-	Err     error
+	// Err is the driver's error.
+	Err error
 }
 
 // Error describes the rejected write.
@@ -167,8 +174,8 @@ func Classify(err error) error {
 	case SQLStateMalformedToken:
 		return fmt.Errorf("%w: %w", ErrMalformedToken, err)
 	case SQLStateNoToken:
-		e := &NoTokenError{Err: err}
-		if m := detailRE.FindStringSubmatch(detail(st)); m != nil {
+		e := &NoTokenError{Err: err, Table: triggerTable(st)}
+		if m := detailRE.FindStringSubmatch(field(st, 'D')); m != nil {
 			e.Current, _ = strconv.ParseInt(m[2], 10, 64)
 		}
 		return e
@@ -177,7 +184,7 @@ func Classify(err error) error {
 		return install.WrapPermission(err, "", "")
 	}
 	stale := &StaleTokenError{Err: err}
-	if m := detailRE.FindStringSubmatch(detail(st)); m != nil {
+	if m := detailRE.FindStringSubmatch(field(st, 'D')); m != nil {
 		stale.Presented, _ = strconv.ParseInt(m[1], 10, 64)
 		stale.Current, _ = strconv.ParseInt(m[2], 10, 64)
 	}
@@ -187,15 +194,52 @@ func Classify(err error) error {
 // sqlStater is a driver error with a SQLSTATE (pgx's and lib/pq's).
 type sqlStater interface{ SQLState() string }
 
-// detail returns a driver error's DETAIL.
-func detail(st sqlStater) string {
+// field returns a driver error's field: pgx's by its struct field, lib/pq's
+// by its one-letter code ('M' message, 'D' detail, 's' schema, 't' table).
+func field(st sqlStater, code byte) string {
 	switch e := st.(type) {
 	case *pgconn.PgError:
-		return e.Detail
+		switch code {
+		case 'M':
+			return e.Message
+		case 'D':
+			return e.Detail
+		case 's':
+			return e.SchemaName
+		case 't':
+			return e.TableName
+		}
 	case interface{ Get(byte) string }:
-		return e.Get('D')
+		return e.Get(code)
 	}
 	return ""
+}
+
+// noTokenRE parses the message of the pgfence_guard triggers' PF004 errors
+// (migrations/000001_baseline.up.sql): the operation, then the table's
+// schema and name, unquoted, joined by a dot.
+var noTokenRE = regexp.MustCompile(`(?s)^pgfence: [A-Z]+ on (.+) presents no fencing token \(strict mode; current [^)]*\)$`)
+
+// triggerTable returns the quoted name of the table a trigger's error is
+// about: from the error's schema and table fields when it carries them,
+// otherwise from the PF004 message's "schema.table" when exactly one dot
+// splits it (names holding dots are ambiguous there); "" when neither says.
+func triggerTable(st sqlStater) string {
+	if t := field(st, 't'); t != "" {
+		if s := field(st, 's'); s != "" {
+			return pgx.Identifier{s, t}.Sanitize()
+		}
+		return pgx.Identifier{t}.Sanitize()
+	}
+	m := noTokenRE.FindStringSubmatch(field(st, 'M'))
+	if m == nil || strings.Count(m[1], ".") != 1 {
+		return ""
+	}
+	schema, table, _ := strings.Cut(m[1], ".")
+	if schema == "" || table == "" {
+		return ""
+	}
+	return pgx.Identifier{schema, table}.Sanitize()
 }
 
 // detailRE parses the DETAIL of the pgfence_guard triggers' PF001 errors.

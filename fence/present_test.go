@@ -147,13 +147,16 @@ func TestNoTokenObserved(t *testing.T) {
 }
 
 // pqError has what lib/pq's *pq.Error offers Classify: SQLState and Get.
-type pqError struct{ code, detail string }
+type pqError struct{ code, detail, message string }
 
 func (e *pqError) Error() string    { return "pq: " + e.code }
 func (e *pqError) SQLState() string { return e.code }
 func (e *pqError) Get(k byte) string {
-	if k == 'D' {
+	switch k {
+	case 'D':
 		return e.detail
+	case 'M':
+		return e.message
 	}
 	return ""
 }
@@ -163,7 +166,7 @@ func (e *pqError) Get(k byte) string {
 // error without the method is returned unchanged.
 func TestClassifyOtherDrivers(t *testing.T) {
 	t.Parallel()
-	stale := fmt.Errorf("exec: %w", &pqError{fence.SQLState, "presented=4 current=9"})
+	stale := fmt.Errorf("exec: %w", &pqError{fence.SQLState, "presented=4 current=9", ""})
 	err := fence.Classify(stale)
 	var se *fence.StaleTokenError
 	require.ErrorAs(t, err, &se)
@@ -172,10 +175,15 @@ func TestClassifyOtherDrivers(t *testing.T) {
 	_, err = fence.CheckResult(nil, stale)
 	require.ErrorIs(t, err, pgfence.ErrFenced)
 
-	_, err = fence.CheckResult(nil, &pqError{fence.SQLStateNoToken, "presented= current=9"})
+	_, err = fence.CheckResult(nil, &pqError{fence.SQLStateNoToken, "presented= current=9",
+		"pgfence: DELETE on public.jobs presents no fencing token (strict mode; current 9)"})
 	require.ErrorIs(t, err, pgfence.ErrNoToken)
 	require.NotErrorIs(t, err, pgfence.ErrFenced)
-	require.ErrorIs(t, fence.Classify(&pqError{fence.SQLStateMalformedToken, ""}), fence.ErrMalformedToken)
+	var ne *fence.NoTokenError
+	require.ErrorAs(t, err, &ne)
+	require.Equal(t, `"public"."jobs"`, ne.Table)
+	require.Equal(t, int64(9), ne.Current)
+	require.ErrorIs(t, fence.Classify(&pqError{fence.SQLStateMalformedToken, "", ""}), fence.ErrMalformedToken)
 
 	plain := errors.New("pq: stale fencing token")
 	require.Equal(t, plain, fence.Classify(plain), "control: an error without SQLState is left alone")

@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/install"
 )
 
 // MaxResourceName is the longest resource name, in bytes, the fence
@@ -34,7 +37,9 @@ type ResourceOpts struct {
 // and a rollback undoes the raise. tx must be a transaction (a
 // *pgxpool.Pool is refused), in any database pgfence is installed in. It
 // returns an error for an empty or too long resource, a token that is not
-// positive, and the database's error.
+// positive, and the database's error; a role denied the check gets
+// PostgreSQL's error with a hint naming the grant, `pgfence grant ROLE
+// --check-only` (migrations.GrantOpts.CheckOnly).
 func CheckResource(ctx context.Context, tx pgfence.DB, resource string, token int64, opts *ResourceOpts) error {
 	switch tx.(type) {
 	case nil:
@@ -58,6 +63,9 @@ func CheckResource(ctx context.Context, tx pgfence.DB, resource string, token in
 	// Locks the resource's registry row until the transaction ends.
 	sql := "SELECT " + pgx.Identifier{schema, "pgfence_fence_check"}.Sanitize() + "($1::pg_catalog.text, $2::pg_catalog.int8)"
 	if _, err := tx.Exec(ctx, sql, resource, token); err != nil {
+		if denied := checkDenied(err, schema); denied != nil {
+			return denied
+		}
 		err = Classify(err)
 		var stale *StaleTokenError
 		if errors.As(err, &stale) {
@@ -67,6 +75,45 @@ func CheckResource(ctx context.Context, tx pgfence.DB, resource string, token in
 		return fmt.Errorf("fence: CheckResource: %w", err)
 	}
 	return nil
+}
+
+// checkDenied returns err, when PostgreSQL denied the check for want of a
+// privilege, with the grant that gives a checking service what the check
+// needs and nothing more (migrations.GrantOpts.CheckOnly: USAGE on the
+// schema, EXECUTE on pgfence_fence_check and pgfence_schema_version); an
+// application role's whole grant has it too. Otherwise nil.
+func checkDenied(err error, schema string) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != install.InsufficientPrivilege {
+		return nil
+	}
+	s := pgx.Identifier{schema}.Sanitize()
+	var missing string
+	switch what, _ := strings.CutPrefix(pgErr.Message, "permission denied for "); {
+	case strings.HasPrefix(what, "schema "):
+		missing = "USAGE on schema " + s
+	case what == "function pgfence_fence_check":
+		missing = "EXECUTE on function " + s + ".pgfence_fence_check(text, bigint)"
+	default:
+		missing = "privilege on " + what
+	}
+	cmd := "pgfence grant ROLE --check-only"
+	if schema != pgfence.DefaultSchema {
+		cmd += " --schema " + shellArg(schema)
+	}
+	return fmt.Errorf("fence: CheckResource: %w; hint: as pgfence's owner, run `%s` "+
+		"(what a service that only checks tokens needs; an application role's whole `pgfence grant ROLE` includes it) "+
+		"(missing: %s)", err, cmd, missing)
+}
+
+// shellArg quotes a shell argument unless it is plainly safe.
+func shellArg(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r == '_' || r == '-' || r == '.' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // checkResource rejects a resource name the registry would refuse.

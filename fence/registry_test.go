@@ -9,10 +9,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fence"
+	"github.com/pgfence/pgfence/migrations"
 )
 
 // highest reads the registry's highest token for resource (0: none).
@@ -91,6 +93,48 @@ func TestCheckResource(t *testing.T) {
 	})
 	require.ErrorContains(t, err, "no_such_schema")
 	require.NoError(t, b.checkCommit(t, strings.Repeat("r", fence.MaxResourceName), 1))
+}
+
+// TestCheckResourcePrivileges: a role without the registry's grant is
+// denied the check with PostgreSQL's error and a hint naming the check-only
+// grant and what is missing (EXECUTE on pgfence_fence_check; USAGE on the
+// schema, with --schema for another schema than pgfence). Control: after
+// the grant the hint names (GrantOpts.CheckOnly), the same check passes.
+func TestCheckResourcePrivileges(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	svc := b.newRole(t, "svc") // USAGE on pgfence's schema, nothing else
+	pool, _ := b.poolAs(t, svc, "")
+	check := func(opts *fence.ResourceOpts) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			return fence.CheckResource(ctx, tx, "orders", 5, opts)
+		})
+	}
+	requireHint := func(err error, cmd, missing string) {
+		t.Helper()
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr, "PostgreSQL's error stays reachable")
+		require.Equal(t, "42501", pgErr.Code)
+		require.NotErrorIs(t, err, pgfence.ErrFenced)
+		require.ErrorContains(t, err, "fence: CheckResource: ERROR: permission denied for ")
+		require.ErrorContains(t, err, "hint: as pgfence's owner, run `"+cmd+"` (what a service that only checks tokens needs")
+		require.ErrorContains(t, err, "(missing: "+missing+")")
+	}
+
+	requireHint(check(nil), "pgfence grant ROLE --check-only",
+		`EXECUTE on function "pgfence".pgfence_fence_check(text, bigint)`)
+	b.exec(t, `CREATE SCHEMA "Other Fence"`)
+	requireHint(check(&fence.ResourceOpts{Schema: "Other Fence"}), "pgfence grant ROLE --check-only --schema 'Other Fence'",
+		`USAGE on schema "Other Fence"`)
+	b.exec(t, "REVOKE USAGE ON SCHEMA "+pgx.Identifier{b.schema}.Sanitize()+" FROM "+pgx.Identifier{svc}.Sanitize())
+	requireHint(check(nil), "pgfence grant ROLE --check-only", `USAGE on schema "pgfence"`)
+
+	for _, stmt := range migrations.GrantSQL(b.schema, svc, &migrations.GrantOpts{CheckOnly: true}) {
+		b.exec(t, stmt)
+	}
+	require.NoError(t, check(nil), "control: the check-only grant is enough")
+	require.Equal(t, int64(5), b.highest(t, "orders"))
 }
 
 // TestCheckResourceOrdersCommits: an accepted check holds the resource until

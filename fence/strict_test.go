@@ -157,6 +157,7 @@ func TestTriggerModes(t *testing.T) {
 						require.ErrorIs(t, err, pgfence.ErrNoToken, c.name)
 						require.NotErrorIs(t, err, pgfence.ErrFenced, "%s: no token is not a stale token", c.name)
 						require.Equal(t, int64(rowToken), ne.Current, c.name)
+						require.Equal(t, `"public"."guarded"`, ne.Table, c.name)
 						var pgErr *pgconn.PgError
 						require.ErrorAs(t, err, &pgErr, c.name)
 						require.Equal(t, fence.SQLStateNoToken, pgErr.Code, c.name)
@@ -326,4 +327,55 @@ func TestStrictTriggersAttachedWrongly(t *testing.T) {
 		require.Equal(t, "39P01", pgErr.Code, tt.ddl)
 		require.Contains(t, pgErr.Message, tt.want, tt.ddl)
 	}
+}
+
+// TestNoTokenErrorNamesTable checks that Classify names the table of a
+// strict trigger's PF004 raised through the caller's own SQL: quoted, with
+// its schema, from the trigger's message. Controls: a table whose name
+// holds a dot (the message cannot be split) and a PF004 raised by other
+// SQL leave Table empty; the error's own table fields, when a driver error
+// carries them, win.
+func TestNoTokenErrorNamesTable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	fn := b.fn("pgfence_guard_strict")
+	b.exec(t, `CREATE SCHEMA "App Data";
+		CREATE TABLE "App Data"."Ledger" (id int PRIMARY KEY, fence_token bigint NOT NULL DEFAULT 0);
+		CREATE TABLE "App Data"."v1.ledger" (id int PRIMARY KEY, fence_token bigint NOT NULL DEFAULT 0);
+		INSERT INTO "App Data"."Ledger" VALUES (1, 7);
+		INSERT INTO "App Data"."v1.ledger" VALUES (1, 7);
+		CREATE TRIGGER f BEFORE UPDATE OR DELETE ON "App Data"."Ledger" FOR EACH ROW EXECUTE FUNCTION `+fn+`();
+		CREATE TRIGGER f BEFORE UPDATE OR DELETE ON "App Data"."v1.ledger" FOR EACH ROW EXECUTE FUNCTION `+fn+`();
+		CREATE FUNCTION raise_pf004() RETURNS void LANGUAGE plpgsql AS $$
+		BEGIN
+			RAISE EXCEPTION 'pgfence: UPDATE on my.table presents no token' USING ERRCODE = 'PF004';
+		END $$`)
+	noToken := func(t *testing.T, sql string) *fence.NoTokenError {
+		t.Helper()
+		_, err := b.pool.Exec(ctx, sql)
+		var ne *fence.NoTokenError
+		require.ErrorAs(t, fence.Classify(err), &ne)
+		return ne
+	}
+
+	ne := noToken(t, `UPDATE "App Data"."Ledger" SET id = 1 WHERE id = 1`)
+	require.Equal(t, `"App Data"."Ledger"`, ne.Table)
+	require.Equal(t, int64(7), ne.Current)
+	require.Contains(t, ne.Error(), `write rejected on "App Data"."Ledger": it presented no fencing token`)
+	ne = noToken(t, `DELETE FROM "App Data"."Ledger"`)
+	require.Equal(t, `"App Data"."Ledger"`, ne.Table)
+
+	ne = noToken(t, `UPDATE "App Data"."v1.ledger" SET id = 1 WHERE id = 1`)
+	require.Empty(t, ne.Table, "control: App Data.v1.ledger is ambiguous")
+	require.Equal(t, int64(7), ne.Current)
+	require.Equal(t, "pgfence: write rejected: it presented no fencing token; call fence.Present (SQL: pgfence_present) in the transaction first", ne.Error())
+
+	ne = noToken(t, `SELECT raise_pf004()`)
+	require.Empty(t, ne.Table, "control: not the trigger's message")
+
+	ne, ok := fence.Classify(&pgconn.PgError{Code: fence.SQLStateNoToken, SchemaName: "s", TableName: "t.u",
+		Message: "pgfence: UPDATE on other.table presents no fencing token (strict mode; current 1)"}).(*fence.NoTokenError)
+	require.True(t, ok)
+	require.Equal(t, `"s"."t.u"`, ne.Table, "the error's table fields win over its message")
 }

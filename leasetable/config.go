@@ -7,13 +7,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/leasename"
 )
 
 // DefaultTTL is the default of [Config].TTL.
@@ -226,22 +225,24 @@ func (c *Config) timing(o *AcquireOpts) (leaseTiming, error) {
 }
 
 // checkText rejects, before anything is sent, what the table would.
+// Control characters would forge lines in operators' terminals.
 func checkText(what, v string) error {
-	switch {
-	case v == "":
+	p := leasename.Check(v, MaxNameLength)
+	if p == nil {
+		return nil
+	}
+	switch p.Kind {
+	case leasename.Empty:
 		return fmt.Errorf("pgfence: leasetable: %s is empty", what)
-	case len(v) > MaxNameLength:
-		return fmt.Errorf("pgfence: leasetable: %s is %d bytes long; at most %d are allowed", what, len(v), MaxNameLength)
-	case !utf8.ValidString(v):
+	case leasename.TooLong:
+		return fmt.Errorf("pgfence: leasetable: %s is %d bytes long; at most %d are allowed", what, p.Len, p.Max)
+	case leasename.NotUTF8:
 		return fmt.Errorf("pgfence: leasetable: %s is not valid UTF-8", what)
-	case strings.IndexByte(v, 0) >= 0:
+	case leasename.NUL:
 		return fmt.Errorf("pgfence: leasetable: %s contains a NUL byte", what)
+	default: // another control character
+		return fmt.Errorf("pgfence: leasetable: %s contains the control character %U at byte %d", what, p.Char, p.Index)
 	}
-	// Control characters would forge lines in operators' terminals.
-	if i := strings.IndexFunc(v, func(r rune) bool { return r < 0x20 || r == 0x7f }); i >= 0 {
-		return fmt.Errorf("pgfence: leasetable: %s contains the control character %U at byte %d", what, v[i], i)
-	}
-	return nil
 }
 
 func defaultOwner() string {

@@ -281,8 +281,8 @@ $$;
 -- rows are locked SKIP LOCKED: a name another transaction is taking answers
 -- busy at once instead of waiting. Rows are inserted or locked in name
 -- order, so two batches cannot deadlock. A token is drawn only for a name
--- that is free, so a failed attempt draws none. The secret (256 random bits)
--- is returned only to this call; the row keeps its SHA-256.
+-- that is free, so a failed attempt draws none. The secret (two v4 UUIDs:
+-- 244 random bits) is returned only to this call; the row keeps its SHA-256.
 -- force_generic_plan: a generic plan cannot know an array's length and would
 -- otherwise lose to a fresh custom plan on every call, for the same shape.
 CREATE FUNCTION pgfence_acquire(names text[], new_owner text, ttl_us bigint[])

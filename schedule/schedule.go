@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -16,6 +14,7 @@ import (
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/internal/hold"
+	"github.com/pgfence/pgfence/internal/leasename"
 	"github.com/pgfence/pgfence/leasetable"
 )
 
@@ -418,15 +417,18 @@ func deref[T any](p *T) T {
 
 // checkName rejects, before anything is sent, what the table would.
 func checkName(what, v string) error {
-	switch {
-	case v == "":
+	p := leasename.Check(v, MaxNameLength)
+	if p == nil {
+		return nil
+	}
+	switch p.Kind {
+	case leasename.Empty:
 		return fmt.Errorf("pgfence: schedule: the %s is empty", what)
-	case len(v) > MaxNameLength:
-		return fmt.Errorf("pgfence: schedule: the %s is %d bytes long; at most %d are allowed", what, len(v), MaxNameLength)
-	case !utf8.ValidString(v):
+	case leasename.TooLong:
+		return fmt.Errorf("pgfence: schedule: the %s is %d bytes long; at most %d are allowed", what, p.Len, p.Max)
+	case leasename.NotUTF8:
 		return fmt.Errorf("pgfence: schedule: the %s is not valid UTF-8", what)
-	case strings.IndexFunc(v, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0:
+	default: // NUL or another control character
 		return fmt.Errorf("pgfence: schedule: the %s %q holds a control character", what, v)
 	}
-	return nil
 }

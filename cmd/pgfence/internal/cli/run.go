@@ -16,13 +16,13 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/cmd/pgfence/internal/supervise"
+	"github.com/pgfence/pgfence/internal/leasename"
 	"github.com/pgfence/pgfence/internal/notifier"
 	"github.com/pgfence/pgfence/leasetable"
 )
@@ -225,18 +225,18 @@ func parseRun(args []string) (runOptions, *flags, error) {
 }
 
 // checkName returns a usage error if name cannot be a lease name:
-// leasetable refuses names that are not UTF-8 or hold control characters,
-// and so does the command line, before connecting.
+// leasetable refuses names that are not UTF-8 or hold control characters
+// (internal/leasename), and so does the command line, before connecting.
+// Lengths and empty names are checked where the name's kind sets them.
 func checkName(name string) error {
-	if !utf8.ValidString(name) {
+	switch p := leasename.Check(name, len(name)); {
+	case p == nil || p.Kind == leasename.Empty:
+		return nil
+	case p.Kind == leasename.NotUTF8:
 		return usageErrorf("the lease name %q is not valid UTF-8", name)
+	default: // a NUL or another control character
+		return usageErrorf("the lease name %q holds a control character (%U)", name, p.Char)
 	}
-	for _, r := range name {
-		if r < 0x20 || r == 0x7f { // leasetable's rule: C0 controls and DEL
-			return usageErrorf("the lease name %q holds a control character (%U)", name, r)
-		}
-	}
-	return nil
 }
 
 // releaseTimeout bounds releasing the lease after the command ended;
@@ -780,11 +780,15 @@ func runOwner(command string) string {
 	if err != nil || host == "" {
 		host = "unknown-host"
 	}
+	// A command or host name that is too long, not UTF-8 or holds a
+	// control character (a file named with a newline) is left out: the
+	// table refuses such an owner.
+	valid := func(o string) bool { return leasename.Check(o, leasetable.MaxNameLength) == nil }
 	owner := fmt.Sprintf("pgfence run %s on %s (pid %d)", filepath.Base(command), host, os.Getpid())
-	if len(owner) > leasetable.MaxNameLength || !utf8.ValidString(owner) || strings.IndexByte(owner, 0) >= 0 {
+	if !valid(owner) {
 		owner = fmt.Sprintf("pgfence run on %s (pid %d)", host, os.Getpid())
 	}
-	if len(owner) > leasetable.MaxNameLength || !utf8.ValidString(owner) {
+	if !valid(owner) {
 		owner = fmt.Sprintf("pgfence run (pid %d)", os.Getpid())
 	}
 	return owner

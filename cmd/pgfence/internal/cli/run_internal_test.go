@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -15,6 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/leasename"
+	"github.com/pgfence/pgfence/leasetable"
 )
 
 func TestParseRun(t *testing.T) {
@@ -365,4 +368,19 @@ func TestSuperviseUnderLeaseMaxHoldFromLocker(t *testing.T) {
 	l.cancel(pgfence.ErrMaxHold)
 	require.Equal(t, ExitLeaseLost, <-statusc)
 	require.Contains(t, stderr.String(), `reached --max-hold 1h0m0s; the command was terminated`)
+}
+
+// TestRunOwner: the owner run writes names the command unless the table
+// would refuse it: a name with a newline or too long is left out. The
+// control is the plain command, which is kept.
+func TestRunOwner(t *testing.T) {
+	t.Parallel()
+	require.Contains(t, runOwner("/usr/bin/backup"), "pgfence run backup on ", "control")
+	for _, cmd := range []string{"/tmp/evil\nline", "/tmp/" + strings.Repeat("x", leasetable.MaxNameLength)} {
+		owner := runOwner(cmd)
+		require.Nil(t, leasename.Check(owner, leasetable.MaxNameLength), "%q", owner)
+		require.NotContains(t, owner, "evil")
+		require.NotContains(t, owner, "xxx")
+		require.Contains(t, owner, fmt.Sprintf("(pid %d)", os.Getpid()))
+	}
 }

@@ -10,7 +10,10 @@
 -- each slot's row up on its own and reads the rows of all slots with
 -- name = ANY (their names), as the library's Semaphores does; both use the
 -- primary key whatever the statistics say. It also checks the TTL inline
--- instead of through pgfence_check_us, with the same error.
+-- instead of through pgfence_check_us, with the same error, and refuses a
+-- caller not in the line while callers wait in it before reading the
+-- semaphore's count and taking its lock, with one lookup of the count (a
+-- caller asking for another count still learns that it differs).
 --
 -- Version 5's four-argument function, kept for callers of that version,
 -- never looked at the line: it now returns the five-argument function's
@@ -31,6 +34,7 @@ DECLARE
     pname text;
     slot  integer;
     skip  boolean := false;
+    lined boolean := false;
 BEGIN
     IF $4 IS NULL OR $4 < 1 OR $4 > 604800000000 THEN
         RAISE EXCEPTION 'pgfence: a TTL must be between 1 microseconds and 7 days (604800000000 microseconds)'
@@ -43,6 +47,21 @@ BEGIN
     IF $1 IS NULL OR $1 = '' OR pg_catalog.octet_length($1) > 507 OR pg_catalog.strpos($1, pg_catalog.chr(31)) > 0 THEN
         RAISE EXCEPTION 'pgfence: a semaphore name is 1 to 507 bytes without chr(31)'
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- A caller not in the line while callers wait in it is refused
+    -- (queued) at once, unless it asks for another count than the one
+    -- recorded: the checks below answer that.
+    IF NOT $5 THEN
+        IF NOT pg_catalog.pg_try_advisory_xact_lock_shared(
+                pg_catalog.hashtextextended($1 || pg_catalog.chr(31) || pg_catalog.chr(31), 7378831)) THEN
+            SELECT s.permits INTO cur FROM pgfence_semaphores s WHERE s.name = $1;
+            IF cur = $2 THEN
+                RETURN QUERY SELECT false, NULL::text, NULL::text, NULL::bigint, NULL::timestamptz, NULL::timestamptz,
+                    pg_catalog.now(), NULL::text, cur, false, true;
+                RETURN;
+            END IF;
+            lined := true;
+        END IF;
     END IF;
     -- Acquires hold the semaphore's lock shared (in memory: no row lock,
     -- no WAL); a change of count holds it exclusive, which waits for
@@ -73,8 +92,7 @@ BEGIN
             pg_catalog.now(), NULL::text, cur, false, false;
         RETURN;
     END IF;
-    IF NOT $5 AND NOT pg_catalog.pg_try_advisory_xact_lock_shared(
-            pg_catalog.hashtextextended($1 || pg_catalog.chr(31) || pg_catalog.chr(31), 7378831)) THEN
+    IF lined THEN
         -- Callers wait in the line: no taking a permit ahead of them.
         RETURN QUERY SELECT false, NULL::text, NULL::text, NULL::bigint, NULL::timestamptz, NULL::timestamptz,
             pg_catalog.now(), NULL::text, cur, false, true;

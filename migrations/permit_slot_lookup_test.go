@@ -1,9 +1,13 @@
 package migrations_test
 
 import (
+	"context"
+	"fmt"
 	"testing"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 )
 
@@ -73,4 +77,72 @@ func seqScanned(t *testing.T, tx pgx.Tx) int64 {
 	require.NoError(t, tx.QueryRow(testCtx(t),
 		`SELECT coalesce(seq_scan, 0) FROM pg_catalog.pg_stat_xact_user_tables WHERE relid = 'pgfence.pgfence_leases'::pg_catalog.regclass`).Scan(&n))
 	return n
+}
+
+// TestPermitQueuedBeforeCount: since migration 000007 a caller not in a
+// semaphore's line is refused (queued) while a session holds the line key
+// before it reads the count and takes the semaphore's lock: it answers even
+// while a change of count holds that lock. The control is version 6, which
+// waits for the lock. At both, a caller asking for another count than the
+// recorded one still learns it, and once the line is empty a caller takes
+// a permit.
+func TestPermitQueuedBeforeCount(t *testing.T) {
+	t.Parallel()
+	for _, version := range []uint{6, 7} {
+		t.Run(fmt.Sprint(version), func(t *testing.T) {
+			t.Parallel()
+			ctx := testCtx(t)
+			db := emptyDB(t)
+			exec(t, db, "CREATE SCHEMA pgfence")
+			require.NoError(t, cliMigrate(t, db, "postgres", "pgfence").Migrate(version))
+			type answer struct {
+				acquired, queued bool
+				permits          int
+			}
+			call := func(ctx context.Context, n int) (answer, error) {
+				var a answer
+				err := db.Pool.QueryRow(ctx,
+					`SELECT acquired, queued, permits FROM pgfence.pgfence_acquire_permit('s', $1, 'o', 60000000, false)`, n).
+					Scan(&a.acquired, &a.queued, &a.permits)
+				return a, err
+			}
+			a, err := call(ctx, 2)
+			require.NoError(t, err)
+			require.Equal(t, answer{acquired: true, permits: 2}, a) // one of two held
+			line, err := pgx.Connect(ctx, db.URL)
+			require.NoError(t, err)
+			defer func() { _ = line.Close(ctx) }()
+			const lineKey = `hashtextextended('s' || chr(31) || chr(31), 7378831)`
+			const semKey = `hashtextextended('s' || chr(31), 7378831)`
+			_, err = line.Exec(ctx, `SELECT pg_advisory_lock(`+lineKey+`)`)
+			require.NoError(t, err)
+			a, err = call(ctx, 3)
+			require.NoError(t, err)
+			require.Equal(t, answer{permits: 2}, a, "another count is refused as such")
+			_, err = line.Exec(ctx, `SELECT pg_advisory_lock(`+semKey+`)`) // as a change of count holds it
+			require.NoError(t, err)
+			// One call, bounded by the server: at version 6 it waits for
+			// the lock until statement_timeout cancels it.
+			tx, err := db.Pool.Begin(ctx)
+			require.NoError(t, err)
+			_, err = tx.Exec(ctx, `SET LOCAL statement_timeout = '2s'`)
+			require.NoError(t, err)
+			err = tx.QueryRow(ctx, `SELECT acquired, queued, permits FROM pgfence.pgfence_acquire_permit('s', 2, 'o', 60000000, false)`).
+				Scan(&a.acquired, &a.queued, &a.permits)
+			require.NoError(t, tx.Rollback(ctx))
+			if version == 6 {
+				var pgErr *pgconn.PgError
+				require.ErrorAs(t, err, &pgErr, "control: version 6 waits for the semaphore's lock")
+				require.Equal(t, pgerrcode.QueryCanceled, pgErr.Code)
+			} else {
+				require.NoError(t, err)
+				require.Equal(t, answer{queued: true, permits: 2}, a, "a caller waits in the line")
+			}
+			_, err = line.Exec(ctx, `SELECT pg_advisory_unlock(`+semKey+`), pg_advisory_unlock(`+lineKey+`)`)
+			require.NoError(t, err)
+			a, err = call(ctx, 2)
+			require.NoError(t, err)
+			require.Equal(t, answer{acquired: true, permits: 2}, a, "the line is empty")
+		})
+	}
 }

@@ -99,21 +99,11 @@ func checkDenied(err error, schema string) error {
 	}
 	cmd := "pgfence grant ROLE --check-only"
 	if schema != pgfence.DefaultSchema {
-		cmd += " --schema " + shellArg(schema)
+		cmd += " --schema " + install.QuoteArg(schema)
 	}
 	return fmt.Errorf("fence: CheckResource: %w; hint: as pgfence's owner, run `%s` "+
 		"(what a service that only checks tokens needs; an application role's whole `pgfence grant ROLE` includes it) "+
 		"(missing: %s)", err, cmd, missing)
-}
-
-// shellArg quotes a shell argument unless it is plainly safe.
-func shellArg(s string) string {
-	if s != "" && strings.IndexFunc(s, func(r rune) bool {
-		return !(r == '_' || r == '-' || r == '.' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
-	}) < 0 {
-		return s
-	}
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // checkResource rejects a resource name the registry would refuse.

@@ -31,9 +31,9 @@ func (e *PermissionError) Error() string {
 	if role == "" {
 		role = "ROLE"
 	}
-	cmd := "pgfence grant " + quoteArg(role)
+	cmd := "pgfence grant " + QuoteArg(role)
 	if e.Schema != "" && e.Schema != pgfence.DefaultSchema {
-		cmd += " --schema " + quoteArg(e.Schema)
+		cmd += " --schema " + QuoteArg(e.Schema)
 	}
 	return fmt.Sprintf("%v; hint: as pgfence's owner, run `%s` (missing: %s)", e.Err, cmd, strings.Join(e.Missing, ", "))
 }
@@ -63,8 +63,9 @@ func WrapPermission(err error, role, schema string, missing ...string) error {
 	return &PermissionError{Err: err, Role: role, Schema: schema, Missing: missing}
 }
 
-// quoteArg quotes a shell argument unless it is plainly safe.
-func quoteArg(s string) string {
+// QuoteArg quotes a shell argument unless it is plainly safe, for commands
+// that errors hint at.
+func QuoteArg(s string) string {
 	if s != "" && strings.IndexFunc(s, func(r rune) bool {
 		return !(r == '_' || r == '-' || r == '.' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
 	}) < 0 {

@@ -84,17 +84,17 @@ func (r *runner) permits(ctx context.Context) error {
 	units := map[int]string{}
 	for round := 1; round <= r.cfg.Rounds; round++ {
 		for i, a := range arms {
-			unit, vals, err := a.run(ctx, fmt.Sprintf("b14-%d-%d-", round, i))
+			unit, vals, err := a.run(ctx, fmt.Sprintf("b15-%d-%d-", round, i))
 			if err != nil {
 				return fmt.Errorf("%s, %s: %w", a.point, a.name, err)
 			}
 			units[i] = unit
 			got[i] = append(got[i], medianOf(vals))
-			fmt.Printf("  [14] %-36s %-20s %s\n", a.point, a.name, formatValue(unit, medianOf(vals)))
+			fmt.Printf("  [15] %-36s %-20s %s\n", a.point, a.name, formatValue(unit, medianOf(vals)))
 		}
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Scenario 14: permits and sets\n\n`go run . %s`, %d round(s) of %v per point, arms interleaved; medians over rounds.\n",
+	fmt.Fprintf(&b, "# Scenario 15: permits and sets\n\n`go run . %s`, %d round(s) of %v per point, arms interleaved; medians over rounds.\n",
 		strings.Join(r.res.Args, " "), r.cfg.Rounds, d)
 	fmt.Fprintf(&b, "Hand-over: waiters split over two Lockers (own pools), hold 1 ms, from a holder's Release call to the next grant.\n\n")
 	fmt.Fprintf(&b, "| point | arm | median | rounds |\n|---|---|---|---|\n")

@@ -359,13 +359,17 @@ func (w *waiter) refused(local *keyState, armed, wake chan struct{}) error {
 // sleep waits for a pause (jittered over [pause/2, pause), doubling up to
 // MaxPollInterval), or sooner for a wake-up: local's release when a call of
 // this Locker has the key, else a notification (registering for it first).
+// armed and wake are the line's channels taken before the attempt: a
+// notification that came since closed wake, and the channel registering
+// returns now would not show it. Registering's channels serve only a line
+// that was not registered then.
 func (w *waiter) sleep(local *keyState, armed, wake chan struct{}) error {
 	k := w.k
 	var released chan struct{}
 	if local != nil {
 		released = local.released
-	} else {
-		armed, wake = w.register()
+	} else if a, wk := w.register(); wake == nil || k.hooks.lateWake() {
+		armed, wake = a, wk
 	}
 	if armed == w.armedSeen {
 		armed = nil

@@ -78,3 +78,7 @@ func SetWakeGap(k *Locker, d time.Duration) { hooksOf(k).wakeGap = d }
 // SetOnWake sets a function run each time a notification wakes one of k's
 // waiting Acquire calls, with the time it then waits before its attempt.
 func SetOnWake(k *Locker, f func(wait time.Duration)) { hooksOf(k).onWake = f }
+
+// SetLateWakeChannel makes k's refused calls sleep on the wake channel they
+// take after their attempt: the negative control of the wake-up race.
+func SetLateWakeChannel(k *Locker) { hooksOf(k).lateChannels = true }

@@ -23,6 +23,7 @@ type testHooks struct {
 	closeNoWait  bool          // Close returns before its sessions are closed
 	keepWatcher  bool          // sessions keep the pool's context watcher
 	keepWarned   bool          // grants of a statement that drew a WARNING are handed out
+	lateChannels bool          // a refused call sleeps on the wake channel of after its attempt
 
 	afterGrant      func(*Lease)             // between a grant and its hand-out
 	onRound         func()                   // each further round of a waiting call
@@ -32,6 +33,11 @@ type testHooks struct {
 	afterUnlocks    func()                   // in a turn, after its unlocks
 	onLockStatement func(requests int)       // each lock statement
 }
+
+// lateWake reports whether a refused call sleeps on the wake channel it
+// registers after its attempt, missing a notification that came between:
+// the negative control of TestWakeBetweenAttemptAndSleep.
+func (h *testHooks) lateWake() bool { return h != nil && h.lateChannels }
 
 func (h *testHooks) pauseStart() time.Duration {
 	if h == nil {

@@ -2,6 +2,7 @@ package advisory_test
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -593,4 +594,51 @@ func TestLineHeadLeaves(t *testing.T) {
 	require.NoError(t, r.err)
 	require.NoError(t, r.lk.Release(ctx))
 	waitInterest(t, db.Pool, key, 0)
+}
+
+// TestWakeBetweenAttemptAndSleep: a release notified after a registered
+// waiter's refused attempt, before it sleeps, wakes it: it sleeps on the
+// wake channel it took before the attempt. The release comes in the
+// waiter's second refusal (the first registers the line), and the
+// notification has 300ms to arrive before the waiter goes to sleep. The
+// control sleeps on the channel it takes after the attempt and misses the
+// notification: its WaitTimeout ends before its next poll.
+func TestWakeBetweenAttemptAndSleep(t *testing.T) {
+	t.Parallel()
+	for _, late := range []bool{false, true} {
+		t.Run(fmt.Sprintf("late=%t", late), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := pgtest.NewDB(t)
+			holder := newHolder(t, db)
+			w := newWaiter(t, db, "wake-between", false)
+			if late {
+				advisory.SetLateWakeChannel(w)
+			}
+			key := advisory.Name("wake:between")
+			lk, err := holder.TryAcquireKey(ctx, key, nil)
+			require.NoError(t, err)
+			var refusals atomic.Int32
+			releaseErr := make(chan error, 1)
+			advisory.SetOnRefused(w, func() {
+				if refusals.Add(1) == 2 {
+					releaseErr <- lk.Release(ctx)
+					time.Sleep(300 * time.Millisecond)
+				}
+			})
+			r := result(t, lockAsync(ctx, w, key, &advisory.AcquireOpts{WaitTimeout: wakeWaitTimeout}))
+			select {
+			case err := <-releaseErr:
+				require.NoError(t, err)
+			default:
+				t.Fatal("the waiter was refused fewer than twice: the holder never released")
+			}
+			if late {
+				require.ErrorIs(t, r.err, pgfence.ErrNotAcquired, "control: the notification was missed")
+				return
+			}
+			require.NoError(t, r.err, "woken by the notification that came before the sleep")
+			require.NoError(t, r.lk.Release(ctx))
+		})
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -32,6 +33,22 @@ func holdInterest(t *testing.T, db *pgtest.DB, names ...string) *pgx.Conn {
 		require.True(t, ok)
 	}
 	return conn
+}
+
+// endInterest closes a session of holdInterest and waits until its backend
+// is gone, with the locks it held: the server ends a session after its
+// client closed it, not at once.
+func endInterest(t *testing.T, db *pgtest.DB, conn *pgx.Conn) {
+	t.Helper()
+	ctx := testCtx(t)
+	pid := conn.PgConn().PID()
+	require.NoError(t, conn.Close(ctx))
+	require.Eventually(t, func() bool {
+		var gone bool
+		require.NoError(t, db.Pool.QueryRow(ctx,
+			`SELECT NOT EXISTS (SELECT FROM pg_catalog.pg_locks WHERE pid = $1)`, pid).Scan(&gone))
+		return gone
+	}, 30*time.Second, 5*time.Millisecond, "the interest session's backend ended")
 }
 
 // notifyWatch LISTENs on pgfence_lease_released in a session of db.
@@ -132,7 +149,7 @@ func TestReleaseNotifiesOnlyWaiters(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"c"}, w.since("a", "b", "c"), "a forced release notifies a waiter")
 
-	require.NoError(t, interest.Close(ctx))
+	endInterest(t, db, interest)
 	acquireOne(t, ctx, db.Pool, "b", "o")
 	_, err = db.Pool.Exec(ctx, `SELECT * FROM pgfence.pgfence_force_release('b', 'test')`)
 	require.NoError(t, err)

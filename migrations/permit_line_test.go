@@ -70,7 +70,7 @@ func TestPermitReleaseNotifiesOnlyWaiters(t *testing.T) {
 	interest := holdInterest(t, db, key)
 	cycle()
 	require.Equal(t, []string{key}, w.since(key), "a waiter is notified")
-	require.NoError(t, interest.Close(ctx))
+	endInterest(t, db, interest)
 	cycle()
 	require.Empty(t, w.since(key), "interest ends with the waiter's session")
 }

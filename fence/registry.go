@@ -78,32 +78,26 @@ func CheckResource(ctx context.Context, tx pgfence.DB, resource string, token in
 }
 
 // checkDenied returns err, when PostgreSQL denied the check for want of a
-// privilege, with the grant that gives a checking service what the check
-// needs and nothing more (migrations.GrantOpts.CheckOnly: USAGE on the
-// schema, EXECUTE on pgfence_fence_check and pgfence_schema_version); an
-// application role's whole grant has it too. Otherwise nil.
+// privilege, as an [install.PermissionError] hinting at the grant that gives
+// a checking service what the check needs and nothing more
+// (migrations.GrantOpts.CheckOnly: USAGE on the schema, EXECUTE on
+// pgfence_fence_check and pgfence_schema_version). Otherwise nil.
 func checkDenied(err error, schema string) error {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != install.InsufficientPrivilege {
 		return nil
 	}
-	s := pgx.Identifier{schema}.Sanitize()
-	var missing string
+	var missing []string // WrapPermission names what PostgreSQL denied otherwise
 	switch what, _ := strings.CutPrefix(pgErr.Message, "permission denied for "); {
 	case strings.HasPrefix(what, "schema "):
-		missing = "USAGE on schema " + s
+		missing = []string{"USAGE on schema " + pgx.Identifier{schema}.Sanitize()}
 	case what == "function pgfence_fence_check":
-		missing = "EXECUTE on function " + s + ".pgfence_fence_check(text, bigint)"
-	default:
-		missing = "privilege on " + what
+		missing = []string{"EXECUTE on function " + pgx.Identifier{schema}.Sanitize() + ".pgfence_fence_check(text, bigint)"}
 	}
-	cmd := "pgfence grant ROLE --check-only"
-	if schema != pgfence.DefaultSchema {
-		cmd += " --schema " + install.QuoteArg(schema)
-	}
-	return fmt.Errorf("fence: CheckResource: %w; hint: as pgfence's owner, run `%s` "+
-		"(what a service that only checks tokens needs; an application role's whole `pgfence grant ROLE` includes it) "+
-		"(missing: %s)", err, cmd, missing)
+	var pe *install.PermissionError
+	errors.As(install.WrapPermission(fmt.Errorf("fence: CheckResource: %w", err), "", schema, missing...), &pe)
+	pe.CheckOnly = true
+	return pe
 }
 
 // checkResource rejects a resource name the registry would refuse.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fence"
+	"github.com/pgfence/pgfence/internal/install"
 	"github.com/pgfence/pgfence/migrations"
 )
 
@@ -115,6 +116,9 @@ func TestCheckResourcePrivileges(t *testing.T) {
 		t.Helper()
 		var pgErr *pgconn.PgError
 		require.ErrorAs(t, err, &pgErr, "PostgreSQL's error stays reachable")
+		var pe *install.PermissionError
+		require.ErrorAs(t, err, &pe, "the library's one permission error")
+		require.True(t, pe.CheckOnly)
 		require.Equal(t, "42501", pgErr.Code)
 		require.NotErrorIs(t, err, pgfence.ErrFenced)
 		require.ErrorContains(t, err, "fence: CheckResource: ERROR: permission denied for ")

@@ -23,6 +23,10 @@ type PermissionError struct {
 	Schema string
 	// Missing names the privileges, such as `USAGE on schema "pgfence"`.
 	Missing []string
+	// CheckOnly hints at the grant of a service that only checks tokens,
+	// `pgfence grant ROLE --check-only`, which an application role's whole
+	// grant includes.
+	CheckOnly bool
 }
 
 // Error returns Err's message followed by the hint.
@@ -32,10 +36,15 @@ func (e *PermissionError) Error() string {
 		role = "ROLE"
 	}
 	cmd := "pgfence grant " + QuoteArg(role)
+	note := ""
+	if e.CheckOnly {
+		cmd += " --check-only"
+		note = " (what a service that only checks tokens needs; an application role's whole `pgfence grant ROLE` includes it)"
+	}
 	if e.Schema != "" && e.Schema != pgfence.DefaultSchema {
 		cmd += " --schema " + QuoteArg(e.Schema)
 	}
-	return fmt.Sprintf("%v; hint: as pgfence's owner, run `%s` (missing: %s)", e.Err, cmd, strings.Join(e.Missing, ", "))
+	return fmt.Sprintf("%v; hint: as pgfence's owner, run `%s`%s (missing: %s)", e.Err, cmd, note, strings.Join(e.Missing, ", "))
 }
 
 // Unwrap returns Err.

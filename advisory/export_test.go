@@ -82,3 +82,7 @@ func SetOnWake(k *Locker, f func(wait time.Duration)) { hooksOf(k).onWake = f }
 // SetLateWakeChannel makes k's refused calls sleep on the wake channel they
 // take after their attempt: the negative control of the wake-up race.
 func SetLateWakeChannel(k *Locker) { hooksOf(k).lateChannels = true }
+
+// SetOnNotified sets a function run each time a notification has woken the
+// waiters of one of k's keys.
+func SetOnNotified(k *Locker, f func()) { hooksOf(k).onNotified = f }

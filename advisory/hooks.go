@@ -23,12 +23,13 @@ type testHooks struct {
 	closeNoWait  bool          // Close returns before its sessions are closed
 	keepWatcher  bool          // sessions keep the pool's context watcher
 	keepWarned   bool          // grants of a statement that drew a WARNING are handed out
-	lateChannels bool          // a refused call sleeps on the wake channel of after its attempt
+	lateChannels bool          // a refused call sleeps on the wake channel taken after its attempt
 
 	afterGrant      func(*Lease)             // between a grant and its hand-out
 	onRound         func()                   // each further round of a waiting call
 	onRefused       func()                   // each refusal by the server
 	onWake          func(wait time.Duration) // each notified wake-up
+	onNotified      func()                   // each notification that woke a key's waiters
 	onBatch         func(locks, unlocks int) // each turn of a session
 	afterUnlocks    func()                   // in a turn, after its unlocks
 	onLockStatement func(requests int)       // each lock statement
@@ -104,6 +105,12 @@ func (h *testHooks) refused(err error) {
 func (h *testHooks) woke(wait time.Duration) {
 	if h != nil && h.onWake != nil {
 		h.onWake(wait)
+	}
+}
+
+func (h *testHooks) notified() {
+	if h != nil && h.onNotified != nil {
+		h.onNotified()
 	}
 }
 

@@ -188,9 +188,13 @@ func (k *Locker) notified(payload string) {
 		return
 	}
 	k.mu.Lock()
-	defer k.mu.Unlock()
-	if in := k.interests[id]; in != nil {
+	in := k.interests[id]
+	if in != nil {
 		in.wakeLocked()
+	}
+	k.mu.Unlock()
+	if in != nil {
+		k.hooks.notified()
 	}
 }
 

@@ -2,6 +2,7 @@ package advisory_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync/atomic"
@@ -599,8 +600,8 @@ func TestLineHeadLeaves(t *testing.T) {
 // TestWakeBetweenAttemptAndSleep: a release notified after a registered
 // waiter's refused attempt, before it sleeps, wakes it: it sleeps on the
 // wake channel it took before the attempt. The release comes in the
-// waiter's second refusal (the first registers the line), and the
-// notification has 300ms to arrive before the waiter goes to sleep. The
+// waiter's second refusal (the first registers the line), and the waiter
+// goes to sleep only once the notification has woken its line. The
 // control sleeps on the channel it takes after the attempt and misses the
 // notification: its WaitTimeout ends before its next poll.
 func TestWakeBetweenAttemptAndSleep(t *testing.T) {
@@ -620,11 +621,26 @@ func TestWakeBetweenAttemptAndSleep(t *testing.T) {
 			require.NoError(t, err)
 			var refusals atomic.Int32
 			releaseErr := make(chan error, 1)
-			advisory.SetOnRefused(w, func() {
-				if refusals.Add(1) == 2 {
-					releaseErr <- lk.Release(ctx)
-					time.Sleep(300 * time.Millisecond)
+			notified := make(chan struct{}, 1)
+			advisory.SetOnNotified(w, func() {
+				select {
+				case notified <- struct{}{}:
+				default:
 				}
+			})
+			advisory.SetOnRefused(w, func() {
+				if refusals.Add(1) != 2 {
+					return
+				}
+				err := lk.Release(ctx)
+				if err == nil {
+					select { // the notification has woken the line before it sleeps
+					case <-notified:
+					case <-time.After(20 * time.Second):
+						err = errors.New("the release's notification never came")
+					}
+				}
+				releaseErr <- err
 			})
 			r := result(t, lockAsync(ctx, w, key, &advisory.AcquireOpts{WaitTimeout: wakeWaitTimeout}))
 			select {

@@ -99,14 +99,17 @@ func TestPermitQueuedBeforeCount(t *testing.T) {
 				acquired, queued bool
 				permits          int
 			}
-			call := func(ctx context.Context, n int) (answer, error) {
+			// call asks, as a caller not in the line, for a permit of n.
+			call := func(q interface {
+				QueryRow(context.Context, string, ...any) pgx.Row
+			}, n int) (answer, error) {
 				var a answer
-				err := db.Pool.QueryRow(ctx,
+				err := q.QueryRow(ctx,
 					`SELECT acquired, queued, permits FROM pgfence.pgfence_acquire_permit('s', $1, 'o', 60000000, false)`, n).
 					Scan(&a.acquired, &a.queued, &a.permits)
 				return a, err
 			}
-			a, err := call(ctx, 2)
+			a, err := call(db.Pool, 2)
 			require.NoError(t, err)
 			require.Equal(t, answer{acquired: true, permits: 2}, a) // one of two held
 			line, err := pgx.Connect(ctx, db.URL)
@@ -116,7 +119,7 @@ func TestPermitQueuedBeforeCount(t *testing.T) {
 			const semKey = `hashtextextended('s' || chr(31), 7378831)`
 			_, err = line.Exec(ctx, `SELECT pg_advisory_lock(`+lineKey+`)`)
 			require.NoError(t, err)
-			a, err = call(ctx, 3)
+			a, err = call(db.Pool, 3)
 			require.NoError(t, err)
 			require.Equal(t, answer{permits: 2}, a, "another count is refused as such")
 			_, err = line.Exec(ctx, `SELECT pg_advisory_lock(`+semKey+`)`) // as a change of count holds it
@@ -127,8 +130,7 @@ func TestPermitQueuedBeforeCount(t *testing.T) {
 			require.NoError(t, err)
 			_, err = tx.Exec(ctx, `SET LOCAL statement_timeout = '2s'`)
 			require.NoError(t, err)
-			err = tx.QueryRow(ctx, `SELECT acquired, queued, permits FROM pgfence.pgfence_acquire_permit('s', 2, 'o', 60000000, false)`).
-				Scan(&a.acquired, &a.queued, &a.permits)
+			a, err = call(tx, 2)
 			require.NoError(t, tx.Rollback(ctx))
 			if version == 6 {
 				var pgErr *pgconn.PgError
@@ -140,7 +142,7 @@ func TestPermitQueuedBeforeCount(t *testing.T) {
 			}
 			_, err = line.Exec(ctx, `SELECT pg_advisory_unlock(`+semKey+`), pg_advisory_unlock(`+lineKey+`)`)
 			require.NoError(t, err)
-			a, err = call(ctx, 2)
+			a, err = call(db.Pool, 2)
 			require.NoError(t, err)
 			require.Equal(t, answer{acquired: true, permits: 2}, a, "the line is empty")
 		})

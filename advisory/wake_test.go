@@ -17,18 +17,16 @@ import (
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
-// Wake-up tests make a waiter's polls rare: its first pause is 16s (8-16s
-// with the jitter) and MaxPollInterval 20s, so after its first failed
-// attempt it does not poll again within its WaitTimeout of 6s. It can only
+// Wake-up tests make a waiter's polls rare: its first pause is 8s (4-8s
+// with the jitter) and MaxPollInterval 10s, so after its first failed
+// attempt it does not poll again within its WaitTimeout of 3s. It can only
 // acquire within that bound when a notification wakes it. (With a first
 // pause of 6s, 3-6s, the poll timer cleared the WaitTimeout only by the
-// first attempt's duration plus a jitter that can be near zero; with a
-// WaitTimeout of 3s, a wake-up under the full suite with -race once came
-// later.)
+// first attempt's duration plus a jitter that can be near zero.)
 const (
-	wakeFirstPause  = 16 * time.Second
-	wakeMaxPoll     = 20 * time.Second
-	wakeWaitTimeout = 6 * time.Second
+	wakeFirstPause  = 8 * time.Second
+	wakeMaxPoll     = 10 * time.Second
+	wakeWaitTimeout = 3 * time.Second
 )
 
 // wakeConfig is the configuration of a waiting Locker in wake-up tests.
@@ -468,7 +466,7 @@ func TestWakeLocalWaitersAskOnce(t *testing.T) {
 
 			require.NoError(t, lk.Release(ctx))
 			// One waiter gets the key, well before any poll (the first is
-			// 8-16s after the refusal); the others still wait.
+			// 4-8s after the refusal); the others still wait.
 			first := make(chan lockResult, waiters)
 			for _, ch := range results {
 				go func() {
@@ -589,7 +587,7 @@ func TestLineHeadLeaves(t *testing.T) {
 	require.NoError(t, lk.Release(ctx))
 	r := result(t, second)
 	require.NoError(t, r.err)
-	require.Less(t, time.Since(released), wakeWaitTimeout, "woken by the NOTIFY, not by a poll (8-16s)")
+	require.Less(t, time.Since(released), wakeWaitTimeout, "woken by the NOTIFY, not by a poll (4-8s)")
 	require.NoError(t, r.lk.Release(ctx))
 	r = result(t, third)
 	require.NoError(t, r.err)

@@ -21,3 +21,13 @@ func SetOnNotify(k *Locker, f func()) { hooksOf(k).onNotify = f }
 // LineKeySQL is the SQL of semaphore $1's line key, for tests that look
 // for it in pg_locks.
 const LineKeySQL = lineKeySQL
+
+// SetNoClaim keeps k's heads of semaphores' lines from registering claims,
+// so that a release notifies them instead of granting them the permit, for
+// the hand-over tests' negative controls. Call it before using k.
+func SetNoClaim(k *Locker) { hooksOf(k).noClaim = true }
+
+// SetOnHanded has f called with the token of each permit k adopted from a
+// grant's notification (a release handed it to k's claim). Call it before
+// using k.
+func SetOnHanded(k *Locker, f func(token int64)) { hooksOf(k).onHanded = f }

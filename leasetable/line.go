@@ -2,7 +2,10 @@ package leasetable
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -26,18 +29,22 @@ const lineKeySQL = `pg_catalog.hashtextextended($1 OPERATOR(pg_catalog.||) pg_ca
 // lineTakeSQL waits for, and takes, the line key of semaphore $1.
 const lineTakeSQL = `SELECT pg_catalog.pg_advisory_lock(` + lineKeySQL + `)`
 
-// lineLeaveSQL gives the line key of semaphore $1 back.
+// lineLeaveSQL gives the line key of semaphore $1 back (a head without a
+// claim; leaveClaimSQL otherwise).
 const lineLeaveSQL = `SELECT pg_catalog.pg_advisory_unlock(` + lineKeySQL + `)`
 
 // lineSetupSQL prepares a new line connection: no statement or lock timeout
 // cuts its waits in the line (the caller's context bounds them), and, from
 // PostgreSQL 14, the server ends the session once it has been idle for $1
 // milliseconds, so that a paused or partitioned process does not hold a
-// line for longer: lineHold pings it more often.
+// line for longer: lineHold pings it more often. The session holds the
+// advisory lock on its random alive key $2 until it ends: a release hands
+// a permit to the session's claim only while the key is held (handover.go).
 const lineSetupSQL = `SELECT pg_catalog.set_config('statement_timeout', '0', false),
        pg_catalog.set_config('lock_timeout', '0', false),
        CASE WHEN pg_catalog.current_setting('server_version_num')::pg_catalog.int4 OPERATOR(pg_catalog.>=) 140000
-            THEN pg_catalog.set_config('idle_session_timeout', $1, false) END`
+            THEN pg_catalog.set_config('idle_session_timeout', $1, false) END,
+       pg_catalog.pg_advisory_lock($2::pg_catalog.int8)`
 
 // lineIdleTimeout is the line connections' idle_session_timeout: how long
 // a process that stopped answering keeps its place at the head of a line at
@@ -55,19 +62,30 @@ const (
 	lineIdleKeep = lineIdleTimeout / 2
 )
 
+// lineConn is a line connection and the alive key its session holds.
+type lineConn struct {
+	conn  *pgx.Conn
+	alive int64
+}
+
 // idleLineConn is a line connection kept for reuse.
 type idleLineConn struct {
-	conn  *pgx.Conn
+	lineConn
 	since time.Time
 }
 
 // lineHold is a waiting call's place at the head of a semaphore's line: the
-// line key, held on conn, which a goroutine pings until leave.
+// line key, held on conn, which a goroutine pings until leave, and the
+// call's claim (handover.go).
 type lineHold struct {
-	k    *Locker
-	sem  string
-	conn *pgx.Conn
-	stop chan struct{}
+	k        *Locker
+	sem      string
+	mu       sync.Mutex // conn's: the pings and the claim calls share it
+	conn     *pgx.Conn
+	alive    int64 // the alive key conn's session holds
+	claim    *permitClaim
+	giveBack bool // leave gives back a permit granted to the claim (set by leave)
+	stop     chan struct{}
 }
 
 // lineOn reports whether waiting calls use the database's line: the LISTEN
@@ -86,10 +104,11 @@ func (k *Locker) lineOn() bool {
 // line key, or ctx ends. A connection whose wait failed is closed, which
 // gives the key back if the server granted it.
 func (k *Locker) enterLine(ctx context.Context, sem string) (*lineHold, error) {
-	conn, err := k.lineConn(ctx)
+	lc, err := k.lineConn(ctx)
 	if err != nil {
 		return nil, err
 	}
+	conn := lc.conn
 	if k.hooks != nil && k.hooks.onDBLineWait != nil {
 		k.hooks.onDBLineWait(sem)
 	}
@@ -97,15 +116,23 @@ func (k *Locker) enterLine(ctx context.Context, sem string) (*lineHold, error) {
 		closeLineConn(conn)
 		return nil, fmt.Errorf("pgfence: leasetable: wait in the line of semaphore %q: %w", sem, err)
 	}
-	h := &lineHold{k: k, sem: sem, conn: conn, stop: make(chan struct{})}
+	c, err := newClaim(sem)
+	if err != nil {
+		closeLineConn(conn)
+		return nil, err
+	}
+	h := &lineHold{k: k, sem: sem, conn: conn, alive: lc.alive, stop: make(chan struct{})}
+	if k.hooks == nil || !k.hooks.noClaim {
+		k.claimOn(h, c)
+	}
 	k.background.Add(1)
 	go h.keep()
 	return h, nil
 }
 
 // lineConn returns a kept line connection, or opens one.
-func (k *Locker) lineConn(ctx context.Context) (*pgx.Conn, error) {
-	var stale []*pgx.Conn
+func (k *Locker) lineConn(ctx context.Context) (lineConn, error) {
+	var stale []*pgx.Conn // closed outside k.mu
 	k.mu.Lock()
 	for len(k.lineIdle) > 0 {
 		c := k.lineIdle[len(k.lineIdle)-1]
@@ -115,7 +142,7 @@ func (k *Locker) lineConn(ctx context.Context) (*pgx.Conn, error) {
 			for _, s := range stale {
 				closeLineConn(s)
 			}
-			return c.conn, nil
+			return c.lineConn, nil
 		}
 		stale = append(stale, c.conn)
 	}
@@ -123,17 +150,22 @@ func (k *Locker) lineConn(ctx context.Context) (*pgx.Conn, error) {
 	for _, s := range stale {
 		closeLineConn(s)
 	}
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return lineConn{}, fmt.Errorf("pgfence: leasetable: draw a line connection's alive key: %w", err)
+	}
+	alive := int64(binary.BigEndian.Uint64(b[:]))
 	cctx, cancel := context.WithTimeout(ctx, k.cfg.QueryTimeout)
 	defer cancel()
 	conn, err := pgx.ConnectConfig(cctx, k.cfg.ListenConnConfig)
 	if err != nil {
-		return nil, fmt.Errorf("pgfence: leasetable: open a line connection: %w", err)
+		return lineConn{}, fmt.Errorf("pgfence: leasetable: open a line connection: %w", err)
 	}
-	if _, err := conn.Exec(cctx, lineSetupSQL, fmt.Sprint(lineIdleTimeout.Milliseconds())); err != nil {
+	if _, err := conn.Exec(cctx, lineSetupSQL, fmt.Sprint(lineIdleTimeout.Milliseconds()), alive); err != nil {
 		closeLineConn(conn)
-		return nil, fmt.Errorf("pgfence: leasetable: set up a line connection: %w", err)
+		return lineConn{}, fmt.Errorf("pgfence: leasetable: set up a line connection: %w", err)
 	}
-	return conn, nil
+	return lineConn{conn, alive}, nil
 }
 
 // keep pings the line connection until leave, then gives the line key back
@@ -150,7 +182,9 @@ func (h *lineHold) keep() {
 				continue
 			}
 			ctx, cancel := context.WithTimeout(k.closeCtx, k.cfg.QueryTimeout)
+			h.mu.Lock()
 			_, err := h.conn.Exec(ctx, "SELECT")
+			h.mu.Unlock()
 			cancel()
 			if err != nil {
 				// The key went with the session, or will: the holder's
@@ -159,12 +193,23 @@ func (h *lineHold) keep() {
 				k.cfg.Logger.DebugContext(k.closeCtx, "pgfence: leasetable: line connection lost", "semaphore", h.sem, "error", err)
 				closeLineConn(h.conn)
 				<-h.stop
+				k.claimOff(h)
 				return
 			}
 		case <-h.stop:
+			// The claim goes (and with giveBack, a permit granted to it
+			// but not adopted) before the key does.
+			k.claimOff(h)
 			ctx, cancel := context.WithTimeout(context.Background(), k.cfg.QueryTimeout)
 			var left bool
-			err := h.conn.QueryRow(ctx, lineLeaveSQL, h.sem).Scan(&left)
+			h.mu.Lock()
+			var err error
+			if h.claim != nil {
+				err = h.conn.QueryRow(ctx, fmt.Sprintf(leaveClaimSQL, k.schemaSQL()), h.sem, h.claim.secret, h.giveBack).Scan(&left)
+			} else {
+				err = h.conn.QueryRow(ctx, lineLeaveSQL, h.sem).Scan(&left)
+			}
+			h.mu.Unlock()
 			cancel()
 			if err != nil || !left {
 				closeLineConn(h.conn)
@@ -172,7 +217,7 @@ func (h *lineHold) keep() {
 			}
 			k.mu.Lock()
 			if !k.closed && len(k.lineIdle) < lineIdleMax {
-				k.lineIdle = append(k.lineIdle, idleLineConn{h.conn, time.Now()})
+				k.lineIdle = append(k.lineIdle, idleLineConn{lineConn{h.conn, h.alive}, time.Now()})
 				k.mu.Unlock()
 				return
 			}
@@ -183,9 +228,13 @@ func (h *lineHold) keep() {
 	}
 }
 
-// leave gives the line's head to the next session in it. It does not wait
-// for the statement.
-func (h *lineHold) leave() { close(h.stop) }
+// leave gives the line's head to the next session in it, after deleting
+// the claim; with giveBack, a permit already granted to the claim but not
+// adopted is given back. It does not wait for the statement.
+func (h *lineHold) leave(giveBack bool) {
+	h.giveBack = giveBack
+	close(h.stop)
+}
 
 // closeLineConns closes the kept line connections (Close).
 func (k *Locker) closeLineConns() {

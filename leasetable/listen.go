@@ -2,6 +2,7 @@ package leasetable
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/pgfence/pgfence"
@@ -193,6 +194,10 @@ func (k *Locker) noteHolder(name string, token int64) {
 func (k *Locker) notify(payload string) {
 	if k.hooks != nil && k.hooks.onNotify != nil {
 		defer k.hooks.onNotify()
+	}
+	if strings.HasPrefix(payload, grantPrefix) {
+		k.notifyGrant(payload)
+		return
 	}
 	tag, token, ok := k.notifyKey.Verify(payload)
 	if !ok {

@@ -59,6 +59,7 @@ type Locker struct {
 	lines            *waitline.Lines[string] // the waiting Acquire calls by name (see waitAcquire)
 	interestRefusals int                     // consecutive refused interest keys; applyInterests only
 	lineIdle         []idleLineConn          // line connections kept for reuse (see line.go)
+	claims           map[string]*permitClaim // the claims of this Locker's heads of lines, by semaphoreKey (see handover.go)
 
 	acquires batcher[*acquireReq] // combines concurrent acquires
 	granting sync.WaitGroup       // grants handed to callers, not yet adopted or given back
@@ -85,6 +86,8 @@ type testHooks struct {
 	onListen     func()               // a waiter first waits for notifications (see listenFor)
 	lateWatch    bool                 // a waiter's name is watched from listenFor on, not from addWaiter
 	onNotify     func()               // a notification reached the LISTEN connection (see notify)
+	noClaim      bool                 // the head of a semaphore's line registers no claim (see handover.go)
+	onHanded     func(token int64)    // a permit granted to a claim by notification was adopted
 	listenAsked  int64                // wantListen's answers so far; guarded by Locker.mu
 }
 
@@ -142,6 +145,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 		watched:      make(map[string]*watch),
 		interests:    make(map[string]*interest),
 		attempts:     make(map[string]*attempt),
+		claims:       make(map[string]*permitClaim),
 		lines:        waitline.New[string](false),
 		backoff:      retry.Default,
 		ev:           events.New(resolved.Observer),

@@ -217,20 +217,35 @@ func (k *Locker) waitPermit(ctx context.Context, name string, permits int, t lea
 		}
 	}
 	// The head of the Locker's line waits in the database's (line.go), so
-	// that callers of other Lockers are served in turn with it.
+	// that callers of other Lockers are served in turn with it, and there
+	// claims the next permit released (handover.go).
 	var dbLine *lineHold
+	adopted := false
 	defer func() {
 		if dbLine != nil {
-			dbLine.leave()
+			dbLine.leave(!adopted)
 		}
 	}()
 	final := func(err error) error { return permitError(name, err) }
 	for {
-		l, retryIn, _, err := k.permitAttempt(ctx, name, permits, t, dbLine != nil, attempts)
+		var l *Lease
+		var retryIn time.Duration
+		if dbLine != nil && dbLine.claim != nil {
+			l, retryIn, err = k.claimAttempt(ctx, dbLine, permits, t, attempts)
+			if err != nil && dbLine.conn.IsClosed() {
+				// The line connection is gone, and its session's place
+				// with it: queue again.
+				dbLine.leave(true)
+				dbLine = nil
+			}
+		} else {
+			l, retryIn, _, err = k.permitAttempt(ctx, name, permits, t, dbLine != nil, attempts)
+		}
 		if retryIn, err = loop.next(err, retryIn, final); err != nil {
 			return nil, err
 		}
 		if l != nil {
+			adopted = true
 			return l, nil
 		}
 		if waited, err := loop.headOf(key); err != nil {
@@ -250,8 +265,19 @@ func (k *Locker) waitPermit(ctx context.Context, name string, permits int, t lea
 			}
 		}
 		k.listenFor(w)
-		if err := loop.sleep(w.ch, retryIn); err != nil {
+		g, handed, err := loop.sleepOrGrant(w.ch, dbLine.grants(), retryIn)
+		if err != nil {
 			return nil, err
+		}
+		if handed {
+			l, err := k.adoptHanded(ctx, dbLine, g, t)
+			if _, err = loop.next(err, 0, final); err != nil {
+				return nil, err
+			}
+			if l != nil {
+				adopted = true
+				return l, nil
+			}
 		}
 	}
 }
@@ -345,8 +371,19 @@ func (k *Locker) grantStatement(ctx context.Context, t leaseTiming, fn func(cont
 		return err
 	}
 	defer conn.Release()
+	qctx, done := k.grantContext(ctx, t)
+	defer done()
+	err = fn(qctx, conn)
+	if err != nil {
+		k.discardStale(conn, err)
+	}
+	return err
+}
+
+// grantContext is the context of a statement that may grant leases: it
+// ends QueryTimeout after ctx does, and at the TTL at the latest.
+func (k *Locker) grantContext(ctx context.Context, t leaseTiming) (context.Context, func()) {
 	qctx, qcancel := context.WithTimeout(context.WithoutCancel(ctx), t.ttl)
-	defer qcancel()
 	var graceMu sync.Mutex
 	var grace *time.Timer
 	stop := context.AfterFunc(ctx, func() {
@@ -354,19 +391,15 @@ func (k *Locker) grantStatement(ctx context.Context, t leaseTiming, fn func(cont
 		defer graceMu.Unlock()
 		grace = time.AfterFunc(k.cfg.QueryTimeout, qcancel)
 	})
-	defer func() {
+	return qctx, func() {
 		stop()
 		graceMu.Lock()
-		defer graceMu.Unlock()
 		if grace != nil {
 			grace.Stop()
 		}
-	}()
-	err = fn(qctx, conn)
-	if err != nil {
-		k.discardStale(conn, err)
+		graceMu.Unlock()
+		qcancel()
 	}
-	return err
 }
 
 // adoptGrant makes a granted row a held *Lease, or gives it back when its

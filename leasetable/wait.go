@@ -125,16 +125,26 @@ func (w *waitLoop) turn(ln *waitline.Line) (waited bool, err error) {
 // sleep waits for wake, retryIn, ctx or Close; it returns an error for the
 // last two.
 func (w *waitLoop) sleep(wake <-chan struct{}, retryIn time.Duration) error {
+	_, _, err := w.sleepOrGrant(wake, nil, retryIn)
+	return err
+}
+
+// sleepOrGrant is sleep, also woken by a grant to the call's claim
+// (handover.go), which it returns with handed true; grants is nil without
+// a claim.
+func (w *waitLoop) sleepOrGrant(wake <-chan struct{}, grants <-chan handedGrant, retryIn time.Duration) (g handedGrant, handed bool, err error) {
 	w.timer.Reset(retryIn)
 	select {
+	case g = <-grants:
+		return g, true, nil
 	case <-wake:
 	case <-w.timer.C:
 	case <-w.ctx.Done():
-		return w.ended()
+		return g, false, w.ended()
 	case <-w.k.closeCtx.Done():
-		return w.closed()
+		return g, false, w.closed()
 	}
-	return nil
+	return g, false, nil
 }
 
 // retrying runs attempt until it answers (nil) or fails for good: a

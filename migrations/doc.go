@@ -83,8 +83,10 @@
 // pgfence_leader_proclaim, pgfence_present, pgfence_protect,
 // pgfence_maintenance, pgfence_fence_check, pgfence_slot_begin,
 // pgfence_slot_finish, pgfence_slots_prune, pgfence_acquire_permit,
-// pgfence_acquire_set, the trigger functions, and pgfence_last_token, which
-// the strict trigger calls as the writing role.
+// pgfence_acquire_set, pgfence_claim_permit and pgfence_unclaim_permit
+// (the head of a semaphore's line claims the next permit released), the
+// trigger functions, and pgfence_last_token, which the strict trigger calls
+// as the writing role.
 //
 // With [GrantOpts].CheckOnly it gives a service that only checks tokens
 // with the fence registry USAGE on the schema and EXECUTE on

@@ -47,9 +47,9 @@ func TestGrantChecksWhatItGranted(t *testing.T) {
 
 // TestGrantSQLRuns: GrantSQL's statements, with Operator, run on an install
 // (every object they name exists) and give the role EXECUTE on every
-// function of the schema but pgfence_notify_payload, pgfence_check_us and
-// pgfence_notify_waiters, which only the functions call, and
-// pgfence_force_release without Operator.
+// function of the schema but pgfence_notify_payload, pgfence_check_us,
+// pgfence_notify_waiters and pgfence_hand_permit, which
+// only the functions call, and pgfence_force_release without Operator.
 func TestGrantSQLRuns(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
@@ -67,7 +67,7 @@ func TestGrantSQLRuns(t *testing.T) {
 		require.NoError(t, err)
 		return names
 	}
-	require.Equal(t, []string{"pgfence_check_us", "pgfence_force_release", "pgfence_notify_payload", "pgfence_notify_waiters"}, denied())
+	require.Equal(t, []string{"pgfence_check_us", "pgfence_force_release", "pgfence_hand_permit", "pgfence_notify_payload", "pgfence_notify_waiters"}, denied())
 	exec(t, db, stmts[3:]...)
-	require.Equal(t, []string{"pgfence_check_us", "pgfence_notify_payload", "pgfence_notify_waiters"}, denied())
+	require.Equal(t, []string{"pgfence_check_us", "pgfence_hand_permit", "pgfence_notify_payload", "pgfence_notify_waiters"}, denied())
 }

@@ -29,9 +29,9 @@ func TestLatest(t *testing.T) {
 	require.NoError(t, err)
 	downs, err := fs.Glob(migrations.FS, "*.down.sql")
 	require.NoError(t, err)
-	require.Equal(t, []string{"000001_baseline.up.sql", "000002_notify_waiters.up.sql", "000003_fence_registry.up.sql", "000004_schedule_slots.up.sql", "000005_semaphores.up.sql", "000006_permit_line.up.sql", "000007_permit_slot_lookup.up.sql"}, ups)
-	require.Equal(t, []string{"000001_baseline.down.sql", "000002_notify_waiters.down.sql", "000003_fence_registry.down.sql", "000004_schedule_slots.down.sql", "000005_semaphores.down.sql", "000006_permit_line.down.sql", "000007_permit_slot_lookup.down.sql"}, downs)
-	require.Equal(t, uint(7), migrations.Latest())
+	require.Equal(t, []string{"000001_baseline.up.sql", "000002_notify_waiters.up.sql", "000003_fence_registry.up.sql", "000004_schedule_slots.up.sql", "000005_semaphores.up.sql", "000006_permit_line.up.sql", "000007_permit_slot_lookup.up.sql", "000008_permit_handover.up.sql"}, ups)
+	require.Equal(t, []string{"000001_baseline.down.sql", "000002_notify_waiters.down.sql", "000003_fence_registry.down.sql", "000004_schedule_slots.down.sql", "000005_semaphores.down.sql", "000006_permit_line.down.sql", "000007_permit_slot_lookup.down.sql", "000008_permit_handover.down.sql"}, downs)
+	require.Equal(t, uint(8), migrations.Latest())
 }
 
 func TestUpCreatesSchemaAndIsIdempotent(t *testing.T) {
@@ -92,9 +92,9 @@ func TestBaselineCatalog(t *testing.T) {
 		require.NoError(t, err)
 		return out
 	}
-	require.Equal(t, []string{"pgfence_acquire", "pgfence_acquire_permit", "pgfence_acquire_permit", "pgfence_acquire_set", "pgfence_fence_check", "pgfence_force_release", "pgfence_last_token", "pgfence_leader_proclaim",
+	require.Equal(t, []string{"pgfence_acquire", "pgfence_acquire_permit", "pgfence_acquire_permit", "pgfence_acquire_set", "pgfence_claim_permit", "pgfence_fence_check", "pgfence_force_release", "pgfence_last_token", "pgfence_leader_proclaim",
 		"pgfence_lease_held", "pgfence_next_token", "pgfence_next_tokens", "pgfence_prune_delete", "pgfence_prune_scan",
-		"pgfence_release", "pgfence_renew", "pgfence_slot_begin", "pgfence_slot_finish", "pgfence_slots_prune"},
+		"pgfence_release", "pgfence_renew", "pgfence_slot_begin", "pgfence_slot_finish", "pgfence_slots_prune", "pgfence_unclaim_permit"},
 		list(`SELECT proname::text FROM pg_proc WHERE pronamespace = 'pgfence'::regnamespace AND prosecdef ORDER BY 1`))
 	require.Empty(t, list(`
 		SELECT p.oid::regprocedure::text FROM pg_proc p
@@ -530,7 +530,9 @@ func TestGrantSQL(t *testing.T) {
 			`"pgfence".pgfence_slots_prune(pg_catalog.interval), ` +
 			`"pgfence".pgfence_acquire_permit(pg_catalog.text, pg_catalog.int4, pg_catalog.text, pg_catalog.int8), ` +
 			`"pgfence".pgfence_acquire_permit(pg_catalog.text, pg_catalog.int4, pg_catalog.text, pg_catalog.int8, pg_catalog.bool), ` +
-			`"pgfence".pgfence_acquire_set(pg_catalog.text[], pg_catalog.text, pg_catalog.int8[]) TO "app"`,
+			`"pgfence".pgfence_acquire_set(pg_catalog.text[], pg_catalog.text, pg_catalog.int8[]), ` +
+			`"pgfence".pgfence_claim_permit(pg_catalog.text, pg_catalog.int4, pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.bytea, pg_catalog.int8, pg_catalog.int8), ` +
+			`"pgfence".pgfence_unclaim_permit(pg_catalog.text, pg_catalog.text, pg_catalog.bool) TO "app"`,
 	}, migrations.GrantSQL("", "app", nil))
 	require.Equal(t, []string{
 		`GRANT USAGE ON SCHEMA "we""ird" TO "svc"`,

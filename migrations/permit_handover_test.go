@@ -1,0 +1,199 @@
+package migrations_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/migrations"
+)
+
+// claimant is a head of a semaphore's line as the library's is: a session
+// of its own that holds its alive key and listens for grants.
+type claimant struct {
+	conn   *pgx.Conn
+	alive  int64
+	secret string
+	key    []byte
+}
+
+// newClaimant opens a claimant's session as role (the superuser when "").
+func newClaimant(t *testing.T, db *pgtest.DB, role string, alive int64) *claimant {
+	t.Helper()
+	ctx := testCtx(t)
+	cfg := db.Pool.Config().ConnConfig.Copy()
+	if role != "" {
+		cfg = as(t, db, role)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	_, err = conn.Exec(ctx, "SELECT pg_catalog.pg_advisory_lock($1::int8)", alive)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "LISTEN pgfence_lease_released")
+	require.NoError(t, err)
+	return &claimant{conn: conn, alive: alive, secret: strings.Repeat("c", 64), key: []byte(strings.Repeat("k", 32))}
+}
+
+// claim calls pgfence_claim_permit for one permit of sem at version v;
+// it returns the name and token granted, if any.
+func (c *claimant) claim(t *testing.T, sem string, v int64) (acquired bool, name *string, token *int64, secret *string) {
+	t.Helper()
+	require.NoError(t, c.conn.QueryRow(testCtx(t),
+		`SELECT acquired, name, fence, secret FROM pgfence.pgfence_claim_permit($1, 1, 'waiter', 60000000, $2, $3, $4, $5)`,
+		sem, c.secret, c.key, v, c.alive).Scan(&acquired, &name, &token, &secret))
+	return acquired, name, token, secret
+}
+
+// grantMAC is pgfence_hand_permit's signature of msg.
+func grantMAC(key []byte, msg string) string {
+	in := sha256.Sum256(append(append(append([]byte{}, key...), 3), msg...))
+	out := sha256.Sum256(append(append([]byte{}, key...), in[:]...))
+	return hex.EncodeToString(out[:])
+}
+
+// holdPermit takes permit 0 of sem (one permit) for the holder.
+func holdPermit(t *testing.T, db *pgtest.DB, sem string) (name string, token int64, secret string) {
+	t.Helper()
+	require.NoError(t, db.Pool.QueryRow(testCtx(t),
+		`SELECT name, fence, secret FROM pgfence.pgfence_acquire_permit($1, 1, 'holder', 60000000, false)`, sem).Scan(&name, &token, &secret))
+	return name, token, secret
+}
+
+// releaseIn releases a lease in a transaction and returns its
+// synchronous_commit before the commit.
+func releaseIn(t *testing.T, db *pgtest.DB, name string, token int64, secret string) string {
+	t.Helper()
+	ctx := testCtx(t)
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	var n int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM pgfence.pgfence_release(ARRAY[$1], ARRAY[$2::int8], ARRAY[$3], ARRAY[0::int8])`,
+		name, token, secret).Scan(&n))
+	require.Equal(t, 1, n)
+	var sync string
+	require.NoError(t, tx.QueryRow(ctx, "SELECT current_setting('synchronous_commit')").Scan(&sync))
+	require.NoError(t, tx.Commit(ctx))
+	return sync
+}
+
+// leaseRow returns a lease's owner, token and whether it is held with the
+// SHA-256 of secret.
+func leaseRow(t *testing.T, db *pgtest.DB, name, secret string) (owner string, token int64, heldBySecret bool) {
+	t.Helper()
+	require.NoError(t, db.Pool.QueryRow(testCtx(t), `SELECT owner, fence,
+		expires_at > clock_timestamp() AND secret_hash = sha256(convert_to($2, 'UTF8'))
+		FROM pgfence.pgfence_leases WHERE name = $1`, name, secret).Scan(&owner, &token, &heldBySecret))
+	return owner, token, heldBySecret
+}
+
+// TestPermitHandover: since migration 000008 a release that frees a permit
+// grants it, in the same statement, to the claim of the semaphore's line
+// head: the row is the claimant's (its owner, its secret's hash, a larger
+// token), the release's commit waits for the flush (synchronous_commit
+// stays on), and the claimant's session gets a notification signed with
+// its grant key naming the slot, the token and the claim's version; its
+// next claim call returns the same grant. Control: once the claimant's
+// session no longer holds its alive key (a head that crashed), the release
+// frees the permit as before and commits without waiting.
+func TestPermitHandover(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := pgtest.NewDB(t)
+	c := newClaimant(t, db, "", 7001)
+
+	name, token, secret := holdPermit(t, db, "jobs")
+	acquired, _, _, _ := c.claim(t, "jobs", 1)
+	require.False(t, acquired, "the permit is held: the claim is registered")
+	require.Equal(t, "on", releaseIn(t, db, name, token, secret), "a grant's commit waits for the flush")
+
+	owner, granted, mine := leaseRow(t, db, name, c.secret)
+	require.Equal(t, "waiter", owner)
+	require.True(t, mine, "held with the claimant's secret")
+	require.Greater(t, granted, token)
+
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	n, err := c.conn.WaitForNotification(wctx)
+	require.NoError(t, err)
+	i := strings.LastIndexByte(n.Payload, ':')
+	msg, mac := n.Payload[:i], n.Payload[i+1:]
+	require.Equal(t, grantMAC(c.key, msg), mac, "signed with the grant key")
+	f := strings.Split(msg, ":")
+	require.Len(t, f, 7)
+	require.Equal(t, []string{"g", "1", "0"}, []string{f[0], f[2], f[3]}, "version 1, slot 0")
+	require.Equal(t, granted, mustInt(t, f[4]))
+	require.Equal(t, 60*time.Second, time.Duration(mustInt(t, f[6])-mustInt(t, f[5]))*time.Microsecond, "the claim's TTL")
+
+	acquired, gname, gtoken, gsecret := c.claim(t, "jobs", 2)
+	require.True(t, acquired, "the next claim call returns the grant")
+	require.Equal(t, name, *gname)
+	require.Equal(t, granted, *gtoken)
+	require.Nil(t, gsecret, "the secret is the claimant's own")
+
+	// Control: a claim whose session ended is passed over.
+	_, err = c.conn.Exec(ctx, "SELECT pg_catalog.pg_advisory_unlock($1::int8)", c.alive)
+	require.NoError(t, err)
+	acquired, _, _, _ = c.claim(t, "jobs", 3)
+	require.False(t, acquired)
+	require.Equal(t, "off", releaseIn(t, db, name, granted, c.secret), "freed, not granted: no flush awaited")
+	owner, _, mine = leaseRow(t, db, name, c.secret)
+	require.Equal(t, "waiter", owner)
+	require.False(t, mine, "freed")
+	var open int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.pgfence_leases WHERE name = $1 AND expires_at > clock_timestamp()`, name).Scan(&open))
+	require.Zero(t, open)
+}
+
+func mustInt(t *testing.T, s string) int64 {
+	t.Helper()
+	v, err := strconv.ParseInt(s, 10, 64)
+	require.NoError(t, err)
+	return v
+}
+
+// TestPermitUnclaimNeedsSecret: a claim is deleted, and a permit granted to
+// it given back, only with the claim's secret. A role that knows the
+// semaphore (and could read the claimant's alive key in pg_locks) but not
+// the secret changes nothing; the control, the claimant with its secret,
+// gives the permit back.
+func TestPermitUnclaimNeedsSecret(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	role := newRoles(t, "app")[0]
+	db := pgtest.NewDB(t)
+	require.NoError(t, migrations.Grant(ctx, migrations.Target{URL: db.URL}, role, nil, nil))
+	c := newClaimant(t, db, role, 7002)
+	name, token, secret := holdPermit(t, db, "jobs")
+	acquired, _, _, _ := c.claim(t, "jobs", 1)
+	require.False(t, acquired)
+	releaseIn(t, db, name, token, secret)
+	_, granted, mine := leaseRow(t, db, name, c.secret)
+	require.True(t, mine)
+
+	other := connAs(t, db, role)
+	var back *int64
+	require.NoError(t, other.QueryRow(ctx, `SELECT pgfence.pgfence_unclaim_permit('jobs', $1, true)`, strings.Repeat("x", 64)).Scan(&back))
+	require.Nil(t, back)
+	_, _, mine = leaseRow(t, db, name, c.secret)
+	require.True(t, mine, "a stranger's unclaim gives nothing back")
+	_, err := other.Exec(ctx, `SELECT * FROM pgfence.pgfence_permit_claims`)
+	require.ErrorContains(t, err, "permission denied", "no role but the owner reads the claims (grant keys)")
+	_, err = other.Exec(ctx, `SELECT pgfence.pgfence_hand_permit($1)`, name)
+	require.ErrorContains(t, err, "permission denied")
+
+	require.NoError(t, c.conn.QueryRow(ctx, `SELECT pgfence.pgfence_unclaim_permit('jobs', $1, true)`, c.secret).Scan(&back))
+	require.NotNil(t, back)
+	require.Equal(t, granted, *back)
+	_, _, mine = leaseRow(t, db, name, c.secret)
+	require.False(t, mine, "control: the claimant gives it back")
+}

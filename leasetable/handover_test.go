@@ -1,0 +1,180 @@
+package leasetable_test
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/leasetable"
+)
+
+// claimOf returns the claim registered for semaphore sem (its grant key and
+// version), as the superuser reads it; ok false when there is none.
+func claimOf(t *testing.T, db *pgtest.DB, sem string) (key []byte, version int64, ok bool) {
+	t.Helper()
+	err := db.Pool.QueryRow(t.Context(), `SELECT grant_key, version FROM pgfence.pgfence_permit_claims
+		WHERE sem = $1 AND granted IS NULL`, sem).Scan(&key, &version)
+	return key, version, err == nil
+}
+
+// lineHeld reports whether a session holds semaphore sem's line key.
+func lineHeld(t *testing.T, db *pgtest.DB, sem string) bool {
+	t.Helper()
+	var held bool
+	require.NoError(t, db.Pool.QueryRow(t.Context(), `SELECT EXISTS (SELECT FROM pg_catalog.pg_locks k
+		WHERE k.locktype = 'advisory' AND k.granted AND k.objsubid = 1
+		  AND k.classid = ((`+leasetable.LineKeySQL+` >> 32) & 4294967295)::oid
+		  AND k.objid = (`+leasetable.LineKeySQL+` & 4294967295)::oid)`, sem).Scan(&held))
+	return held
+}
+
+// TestPermitHandedOver: the head of a semaphore's line, waiting in another
+// Locker, gets the permit a release frees from the release itself: its
+// AcquirePermit returns the lease it adopted from the grant's notification
+// (a larger token, held with its own secret, released normally). The
+// control, a head that registers no claim (SetNoClaim), gets the permit by
+// an acquire of its own after the release's wake-up: nothing is handed.
+func TestPermitHandedOver(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	for _, claim := range []bool{true, false} {
+		t.Run(fmt.Sprintf("claim=%t", claim), func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.NewDB(t)
+			holder := newLocker(t, db.Pool, &leasetable.Config{TTL: time.Minute})
+			waiter, err := leasetable.New(ctx, db.NewPool(t, nil), nil)
+			require.NoError(t, err)
+			t.Cleanup(waiter.Close)
+			if !claim {
+				leasetable.SetNoClaim(waiter)
+			}
+			var handed atomic.Int64
+			leasetable.SetOnHanded(waiter, func(token int64) { handed.Store(token) })
+
+			held, err := holder.TryAcquirePermit(ctx, "hand", 1, nil)
+			require.NoError(t, err)
+			got := make(chan pgfence.Lease, 1)
+			errc := make(chan error, 1)
+			go func() {
+				l, err := waiter.AcquirePermit(ctx, "hand", 1, &pgfence.AcquireOpts{WaitTimeout: 20 * time.Second})
+				if err != nil {
+					errc <- err
+					return
+				}
+				got <- l
+			}()
+			require.Eventually(t, func() bool {
+				if claim {
+					_, _, ok := claimOf(t, db, "hand")
+					return ok
+				}
+				return lineHeld(t, db, "hand")
+			}, 15*time.Second, time.Millisecond, "the waiter is the head of the line")
+			require.NoError(t, held.Release(ctx))
+			var l pgfence.Lease
+			select {
+			case l = <-got:
+			case err := <-errc:
+				t.Fatal(err)
+			}
+			require.Equal(t, leasetable.PermitName("hand", 0), l.Name())
+			require.Greater(t, l.Token(), held.Token())
+			var ok bool
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT pgfence.pgfence_lease_held($1, $2, $3)`,
+				l.Name(), l.Token(), l.(*leasetable.Lease).Secret()).Scan(&ok))
+			require.True(t, ok, "held with the waiter's secret")
+			if claim {
+				require.Equal(t, l.Token(), handed.Load(), "adopted from the grant's notification")
+			} else {
+				require.Zero(t, handed.Load(), "control: taken by an acquire of its own")
+			}
+			require.NoError(t, l.Release(ctx))
+		})
+	}
+}
+
+// TestPermitForgedGrantIgnored: a grant notification that the claim's
+// grant key did not sign is dropped, even with the semaphore's tag and a
+// signature made with the notification key every application role reads:
+// the head keeps waiting, and the permit stays its holder's. The control
+// signs the same payload with the claim's grant key (read here as the
+// superuser): the head takes it for a grant, so the signature is the only
+// thing that stops a forged one.
+func TestPermitForgedGrantIgnored(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := pgtest.NewDB(t)
+	holder := newLocker(t, db.Pool, &leasetable.Config{TTL: time.Minute})
+	waiter, err := leasetable.New(ctx, db.NewPool(t, nil), nil)
+	require.NoError(t, err)
+	t.Cleanup(waiter.Close)
+	notified := make(chan struct{}, 16)
+	leasetable.SetOnNotify(waiter, func() { notified <- struct{}{} })
+
+	held, err := holder.TryAcquirePermit(ctx, "forge", 1, nil)
+	require.NoError(t, err)
+	got := make(chan pgfence.Lease, 1)
+	go func() {
+		l, err := waiter.AcquirePermit(ctx, "forge", 1, &pgfence.AcquireOpts{WaitTimeout: 20 * time.Second})
+		if err == nil {
+			got <- l
+		}
+	}()
+	var key []byte
+	var version int64
+	require.Eventually(t, func() bool {
+		var ok bool
+		key, version, ok = claimOf(t, db, "forge")
+		return ok
+	}, 15*time.Second, time.Millisecond)
+
+	var tag string
+	var notifyKey []byte
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT encode(substr(sha256(key || '\x01'::bytea || convert_to($1, 'UTF8')), 1, 16), 'hex'), key
+		FROM pgfence.pgfence_notify_key`, "forge"+leasetable.PermitSeparator).Scan(&tag, &notifyKey))
+	now := time.Now()
+	msg := fmt.Sprintf("g:%s:%d:0:%d:%d:%d", tag, version, held.Token()+1, now.UnixMicro(), now.Add(time.Minute).UnixMicro())
+	sign := func(k []byte) string {
+		in := sha256.Sum256(append(append(append([]byte{}, k...), 3), msg...))
+		out := sha256.Sum256(append(append([]byte{}, k...), in[:]...))
+		return msg + ":" + hex.EncodeToString(out[:])
+	}
+	send := func(payload string) {
+		t.Helper()
+		for len(notified) > 0 {
+			<-notified
+		}
+		_, err := db.Pool.Exec(ctx, `SELECT pg_notify('pgfence_lease_released', $1)`, payload)
+		require.NoError(t, err)
+		select {
+		case <-notified:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the waiter's LISTEN connection got no notification")
+		}
+	}
+
+	send(sign(notifyKey))
+	send(msg + ":" + hex.EncodeToString(make([]byte, 32)))
+	select {
+	case l := <-got:
+		t.Fatalf("a forged grant was adopted: %s token %d", l.Name(), l.Token())
+	default:
+	}
+	require.Equal(t, 1, waiter.Stats().Waiting, "still waiting")
+
+	send(sign(key))
+	select {
+	case l := <-got:
+		require.Equal(t, held.Token()+1, l.Token(), "control: signed with the grant key, it is taken for a grant")
+	case <-time.After(10 * time.Second):
+		t.Fatal("control: the grant signed with the claim's key was not adopted")
+	}
+	require.NoError(t, held.Release(ctx))
+}

@@ -29,11 +29,24 @@ import (
 
 // claimSQL is pgfence_claim_permit (%[1]s is the schema): $1 semaphore, $2
 // permits, $3 owner, $4 TTL in microseconds, $5 the claim's secret, $6 its
-// grant key, $7 its version, $8 the alive key of the line connection.
+// grant key, $7 its version, $8 the alive key of the line connection, $9
+// the channel to notify the grant on.
 const claimSQL = `SELECT acquired, name, owner, fence, acquired_at, expires_at, db_now, secret, permits, busy
-FROM %[1]s.pgfence_claim_permit($1, $2, $3, $4, $5, $6, $7, $8)`
+FROM %[1]s.pgfence_claim_permit($1, $2, $3, $4, $5, $6, $7, $8, $9)`
 
-// leaveClaimSQL deletes the claim of semaphore $1 registered with secret
+// grantChannelPrefix starts the name of a Locker's grant channel.
+const grantChannelPrefix = "pgfence_grant_"
+
+// grantChannel returns a new Locker's grant channel: its LISTEN connection
+// listens on it with [NotifyChannel], and a release notifies a grant to
+// one of its claims there, so that no other Locker is woken by it.
+func grantChannel() string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b) // crypto/rand.Read does not fail (Go 1.24)
+	return grantChannelPrefix + hex.EncodeToString(b)
+}
+
+// leaveClaimSQL clears the claim of semaphore $1 registered with secret
 // $2 (giving back a permit already granted to it when $3), then gives the
 // line key back; the subquery runs first.
 const leaveClaimSQL = `SELECT pg_catalog.pg_advisory_unlock(` + lineKeySQL + `)
@@ -67,12 +80,10 @@ type handedGrant struct {
 }
 
 // newClaim draws a claim's secret and grant key.
-func newClaim(sem string) (*permitClaim, error) {
+func newClaim(sem string) *permitClaim {
 	b := make([]byte, 64)
-	if _, err := rand.Read(b); err != nil {
-		return nil, fmt.Errorf("pgfence: leasetable: draw a claim's secret: %w", err)
-	}
-	return &permitClaim{sem: sem, key: b[:32], secret: hex.EncodeToString(b[32:]), grants: make(chan handedGrant, 1)}, nil
+	_, _ = rand.Read(b) // crypto/rand.Read does not fail (Go 1.24)
+	return &permitClaim{sem: sem, key: b[:32], secret: hex.EncodeToString(b[32:]), grants: make(chan handedGrant, 1)}
 }
 
 // grantMAC is the hex of sha256(key || sha256(key || 0x03 || msg)), as
@@ -200,7 +211,7 @@ func (k *Locker) claimAttempt(ctx context.Context, h *lineHold, permits int, t l
 		var acquiredAt *time.Time
 		rep.sent = sent
 		err := conn.QueryRow(qctx, fmt.Sprintf(claimSQL, k.schemaSQL()), c.sem, permits, k.cfg.Owner, t.ttl.Microseconds(),
-			c.secret, c.key, version, h.alive).Scan(
+			c.secret, c.key, version, h.alive, k.grantChannel).Scan(
 			&rep.acquired, &pname, &owner, &token, &acquiredAt, &expiresAt, &rep.dbNow, &secret, &recorded, &rep.busy)
 		if err != nil || !rep.acquired {
 			return err

@@ -116,14 +116,9 @@ func (k *Locker) enterLine(ctx context.Context, sem string) (*lineHold, error) {
 		closeLineConn(conn)
 		return nil, fmt.Errorf("pgfence: leasetable: wait in the line of semaphore %q: %w", sem, err)
 	}
-	c, err := newClaim(sem)
-	if err != nil {
-		closeLineConn(conn)
-		return nil, err
-	}
 	h := &lineHold{k: k, sem: sem, conn: conn, alive: lc.alive, stop: make(chan struct{})}
 	if k.hooks == nil || !k.hooks.noClaim {
-		k.claimOn(h, c)
+		k.claimOn(h, newClaim(sem))
 	}
 	k.background.Add(1)
 	go h.keep()
@@ -151,9 +146,7 @@ func (k *Locker) lineConn(ctx context.Context) (lineConn, error) {
 		closeLineConn(s)
 	}
 	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return lineConn{}, fmt.Errorf("pgfence: leasetable: draw a line connection's alive key: %w", err)
-	}
+	_, _ = rand.Read(b[:]) // crypto/rand.Read does not fail (Go 1.24)
 	alive := int64(binary.BigEndian.Uint64(b[:]))
 	cctx, cancel := context.WithTimeout(ctx, k.cfg.QueryTimeout)
 	defer cancel()
@@ -228,7 +221,7 @@ func (h *lineHold) keep() {
 	}
 }
 
-// leave gives the line's head to the next session in it, after deleting
+// leave gives the line's head to the next session in it, after clearing
 // the claim; with giveBack, a permit already granted to the claim but not
 // adopted is given back. It does not wait for the statement.
 func (h *lineHold) leave(giveBack bool) {

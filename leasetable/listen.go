@@ -61,6 +61,7 @@ func (k *Locker) addWaiter(name string) (*waiter, error) {
 		k.listener = notifier.Start(k.closeCtx, notifier.Config{
 			ConnConfig:    k.cfg.ListenConnConfig,
 			Channel:       NotifyChannel,
+			Also:          []string{k.grantChannel},
 			CheckInterval: k.cfg.ListenCheckInterval,
 			CheckTimeout:  probeTimeout(k.cfg.ListenCheckInterval), // bounds Apply too, with the check off
 			Logger:        k.cfg.Logger,

@@ -2,6 +2,7 @@ package leasetable_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,7 +15,9 @@ import (
 )
 
 // listenerQueries returns the last statement of the LISTEN connections of the
-// database: "LISTEN ..." while subscribed, "UNLISTEN ..." after.
+// database: "LISTEN ..." while subscribed, "UNLISTEN ..." after, naming
+// NotifyChannel (the Locker's grant channel, which follows it in the same
+// statement, is cut off).
 func listenerQueries(t *testing.T, db *pgtest.DB) []string {
 	t.Helper()
 	rows, err := db.Pool.Query(context.Background(), `SELECT query FROM pg_stat_activity
@@ -25,6 +28,7 @@ func listenerQueries(t *testing.T, db *pgtest.DB) []string {
 	for rows.Next() {
 		var q string
 		require.NoError(t, rows.Scan(&q))
+		q, _, _ = strings.Cut(q, ";")
 		qs = append(qs, q)
 	}
 	require.NoError(t, rows.Err())

@@ -60,6 +60,7 @@ type Locker struct {
 	interestRefusals int                     // consecutive refused interest keys; applyInterests only
 	lineIdle         []idleLineConn          // line connections kept for reuse (see line.go)
 	claims           map[string]*permitClaim // the claims of this Locker's heads of lines, by semaphoreKey (see handover.go)
+	grantChannel     string                  // the channel its claims' grants are notified on (see handover.go)
 
 	acquires batcher[*acquireReq] // combines concurrent acquires
 	granting sync.WaitGroup       // grants handed to callers, not yet adopted or given back
@@ -146,6 +147,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 		interests:    make(map[string]*interest),
 		attempts:     make(map[string]*attempt),
 		claims:       make(map[string]*permitClaim),
+		grantChannel: grantChannel(),
 		lines:        waitline.New[string](false),
 		backoff:      retry.Default,
 		ev:           events.New(resolved.Observer),

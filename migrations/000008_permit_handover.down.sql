@@ -1,7 +1,7 @@
 -- Gives back version 7: releases notify the waiters of a freed permit and
 -- grant it to no one; the claims and their functions go.
 
-DROP FUNCTION pgfence_claim_permit(text, integer, text, bigint, text, bytea, bigint, bigint);
+DROP FUNCTION pgfence_claim_permit(text, integer, text, bigint, text, bytea, bigint, bigint, text);
 DROP FUNCTION pgfence_unclaim_permit(text, text, boolean);
 
 -- pgfence_release as versions 2 to 7 had it.
@@ -57,7 +57,7 @@ $$;
 COMMENT ON FUNCTION pgfence_release(names text[], tokens bigint[], secrets text[], at_least_us bigint[]) IS
     'Releases each lease of a batch still held with its token and secret; notifies pgfence_lease_released (tag:token:mac) for each one that a waiter registered for (pgfence_notify_waiters).';
 
-DROP FUNCTION pgfence_hand_permit(text);
+DROP FUNCTION pgfence_hand_permit(text, bigint, text, bigint);
 DROP TABLE pgfence_permit_claims;
 
 CREATE OR REPLACE FUNCTION pgfence_schema_version() RETURNS integer

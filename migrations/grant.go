@@ -53,7 +53,7 @@ var appFunctions = []string{
 	"pgfence_acquire_permit(pg_catalog.text, pg_catalog.int4, pg_catalog.text, pg_catalog.int8)",
 	"pgfence_acquire_permit(pg_catalog.text, pg_catalog.int4, pg_catalog.text, pg_catalog.int8, pg_catalog.bool)",
 	"pgfence_acquire_set(pg_catalog.text[], pg_catalog.text, pg_catalog.int8[])",
-	"pgfence_claim_permit(pg_catalog.text, pg_catalog.int4, pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.bytea, pg_catalog.int8, pg_catalog.int8)",
+	"pgfence_claim_permit(pg_catalog.text, pg_catalog.int4, pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.bytea, pg_catalog.int8, pg_catalog.int8, pg_catalog.text)",
 	"pgfence_unclaim_permit(pg_catalog.text, pg_catalog.text, pg_catalog.bool)",
 }
 

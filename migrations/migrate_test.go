@@ -531,7 +531,7 @@ func TestGrantSQL(t *testing.T) {
 			`"pgfence".pgfence_acquire_permit(pg_catalog.text, pg_catalog.int4, pg_catalog.text, pg_catalog.int8), ` +
 			`"pgfence".pgfence_acquire_permit(pg_catalog.text, pg_catalog.int4, pg_catalog.text, pg_catalog.int8, pg_catalog.bool), ` +
 			`"pgfence".pgfence_acquire_set(pg_catalog.text[], pg_catalog.text, pg_catalog.int8[]), ` +
-			`"pgfence".pgfence_claim_permit(pg_catalog.text, pg_catalog.int4, pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.bytea, pg_catalog.int8, pg_catalog.int8), ` +
+			`"pgfence".pgfence_claim_permit(pg_catalog.text, pg_catalog.int4, pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.bytea, pg_catalog.int8, pg_catalog.int8, pg_catalog.text), ` +
 			`"pgfence".pgfence_unclaim_permit(pg_catalog.text, pg_catalog.text, pg_catalog.bool) TO "app"`,
 	}, migrations.GrantSQL("", "app", nil))
 	require.Equal(t, []string{

@@ -17,12 +17,14 @@ import (
 )
 
 // claimant is a head of a semaphore's line as the library's is: a session
-// of its own that holds its alive key and listens for grants.
+// of its own that holds its alive key and listens for grants on its own
+// channel.
 type claimant struct {
-	conn   *pgx.Conn
-	alive  int64
-	secret string
-	key    []byte
+	conn    *pgx.Conn
+	alive   int64
+	secret  string
+	key     []byte
+	channel string
 }
 
 // newClaimant opens a claimant's session as role (the superuser when "").
@@ -38,9 +40,10 @@ func newClaimant(t *testing.T, db *pgtest.DB, role string, alive int64) *claiman
 	t.Cleanup(func() { _ = conn.Close(context.Background()) })
 	_, err = conn.Exec(ctx, "SELECT pg_catalog.pg_advisory_lock($1::int8)", alive)
 	require.NoError(t, err)
-	_, err = conn.Exec(ctx, "LISTEN pgfence_lease_released")
+	channel := "pgfence_grant_" + strconv.FormatInt(alive, 10)
+	_, err = conn.Exec(ctx, "LISTEN "+channel)
 	require.NoError(t, err)
-	return &claimant{conn: conn, alive: alive, secret: strings.Repeat("c", 64), key: []byte(strings.Repeat("k", 32))}
+	return &claimant{conn: conn, alive: alive, secret: strings.Repeat("c", 64), key: []byte(strings.Repeat("k", 32)), channel: channel}
 }
 
 // claim calls pgfence_claim_permit for one permit of sem at version v;
@@ -48,8 +51,8 @@ func newClaimant(t *testing.T, db *pgtest.DB, role string, alive int64) *claiman
 func (c *claimant) claim(t *testing.T, sem string, v int64) (acquired bool, name *string, token *int64, secret *string) {
 	t.Helper()
 	require.NoError(t, c.conn.QueryRow(testCtx(t),
-		`SELECT acquired, name, fence, secret FROM pgfence.pgfence_claim_permit($1, 1, 'waiter', 60000000, $2, $3, $4, $5)`,
-		sem, c.secret, c.key, v, c.alive).Scan(&acquired, &name, &token, &secret))
+		`SELECT acquired, name, fence, secret FROM pgfence.pgfence_claim_permit($1, 1, 'waiter', 60000000, $2, $3, $4, $5, $6)`,
+		sem, c.secret, c.key, v, c.alive, c.channel).Scan(&acquired, &name, &token, &secret))
 	return acquired, name, token, secret
 }
 
@@ -110,6 +113,11 @@ func TestPermitHandover(t *testing.T) {
 	ctx := testCtx(t)
 	db := pgtest.NewDB(t)
 	c := newClaimant(t, db, "", 7001)
+	others, err := pgx.ConnectConfig(ctx, db.Pool.Config().ConnConfig.Copy())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = others.Close(context.Background()) })
+	_, err = others.Exec(ctx, "LISTEN pgfence_lease_released")
+	require.NoError(t, err)
 
 	name, token, secret := holdPermit(t, db, "jobs")
 	acquired, _, _, _ := c.claim(t, "jobs", 1)
@@ -125,6 +133,7 @@ func TestPermitHandover(t *testing.T) {
 	defer cancel()
 	n, err := c.conn.WaitForNotification(wctx)
 	require.NoError(t, err)
+	require.Equal(t, c.channel, n.Channel, "on the claimant's own channel")
 	i := strings.LastIndexByte(n.Payload, ':')
 	msg, mac := n.Payload[:i], n.Payload[i+1:]
 	require.Equal(t, grantMAC(c.key, msg), mac, "signed with the grant key")
@@ -133,6 +142,14 @@ func TestPermitHandover(t *testing.T) {
 	require.Equal(t, []string{"g", "1", "0"}, []string{f[0], f[2], f[3]}, "version 1, slot 0")
 	require.Equal(t, granted, mustInt(t, f[4]))
 	require.Equal(t, 60*time.Second, time.Duration(mustInt(t, f[6])-mustInt(t, f[5]))*time.Microsecond, "the claim's TTL")
+
+	// Other Lockers' connections, listening on pgfence_lease_released, are
+	// not woken: the first notification they get is a marker sent after.
+	_, err = db.Pool.Exec(ctx, `SELECT pg_notify('pgfence_lease_released', 'marker')`)
+	require.NoError(t, err)
+	n, err = others.WaitForNotification(wctx)
+	require.NoError(t, err)
+	require.Equal(t, "marker", n.Payload)
 
 	acquired, gname, gtoken, gsecret := c.claim(t, "jobs", 2)
 	require.True(t, acquired, "the next claim call returns the grant")
@@ -188,7 +205,7 @@ func TestPermitUnclaimNeedsSecret(t *testing.T) {
 	require.True(t, mine, "a stranger's unclaim gives nothing back")
 	_, err := other.Exec(ctx, `SELECT * FROM pgfence.pgfence_permit_claims`)
 	require.ErrorContains(t, err, "permission denied", "no role but the owner reads the claims (grant keys)")
-	_, err = other.Exec(ctx, `SELECT pgfence.pgfence_hand_permit($1)`, name)
+	_, err = other.Exec(ctx, `SELECT pgfence.pgfence_hand_permit($1, $2, $3, 0)`, name, granted, c.secret)
 	require.ErrorContains(t, err, "permission denied")
 
 	require.NoError(t, c.conn.QueryRow(ctx, `SELECT pgfence.pgfence_unclaim_permit('jobs', $1, true)`, c.secret).Scan(&back))

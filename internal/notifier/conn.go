@@ -2,6 +2,7 @@ package notifier
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,31 +29,36 @@ func connConfig(cc *pgx.ConnConfig) *pgx.ConnConfig {
 // setupTimeout bounds open: connecting and subscribing.
 const setupTimeout = 10 * time.Second
 
-// open connects with connConfig(cc) and subscribes the connection to channel,
-// both within setupTimeout (and ctx). The caller closes the connection with
-// closeConn.
-func open(ctx context.Context, cc *pgx.ConnConfig, channel string) (*pgx.Conn, error) {
+// open connects with connConfig(cc) and subscribes the connection to
+// channels, both within setupTimeout (and ctx). The caller closes the
+// connection with closeConn.
+func open(ctx context.Context, cc *pgx.ConnConfig, channels []string) (*pgx.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, setupTimeout)
 	defer cancel()
 	conn, err := pgx.ConnectConfig(ctx, connConfig(cc))
 	if err != nil {
 		return nil, err
 	}
-	if err := setListen(ctx, conn, channel, true); err != nil {
+	if err := setListen(ctx, conn, channels, true); err != nil {
 		closeConn(conn)
 		return nil, err
 	}
 	return conn, nil
 }
 
-// setListen runs LISTEN channel on conn, or UNLISTEN when listen is false;
-// unchanged state makes it the idle connection's health check.
-func setListen(ctx context.Context, conn *pgx.Conn, channel string, listen bool) error {
+// setListen runs LISTEN on conn for each of channels, in one round trip,
+// or UNLISTEN when listen is false; unchanged state makes it the idle
+// connection's health check.
+func setListen(ctx context.Context, conn *pgx.Conn, channels []string, listen bool) error {
 	verb := "LISTEN "
 	if !listen {
 		verb = "UNLISTEN "
 	}
-	_, err := conn.Exec(ctx, verb+pgx.Identifier{channel}.Sanitize())
+	stmts := make([]string, len(channels))
+	for i, c := range channels {
+		stmts[i] = verb + pgx.Identifier{c}.Sanitize()
+	}
+	_, err := conn.Exec(ctx, strings.Join(stmts, "; "))
 	return err
 }
 

@@ -44,8 +44,11 @@ const DefaultSuspectTimeout = time.Second
 type Config struct {
 	// ConnConfig is how to connect; it is copied (see connConfig).
 	ConnConfig *pgx.ConnConfig
-	// Channel is the channel to LISTEN on.
+	// Channel is the channel to LISTEN on, and the probes' (Probe).
 	Channel string
+	// Also are more channels to LISTEN on, subscribed and unsubscribed
+	// with Channel.
+	Also []string
 	// CheckInterval is how long the connection may go without a
 	// notification before it is checked with a round trip; negative turns
 	// the check off.
@@ -307,7 +310,7 @@ func (d *downState) restored(n *Notifier) {
 func (n *Notifier) once(ctx context.Context, down *downState) (listening bool, err error) {
 	// A wait ended by its own context (a Kick, a tick, a health check)
 	// leaves the connection usable: see connConfig.
-	conn, err := open(ctx, n.cfg.ConnConfig, n.cfg.Channel)
+	conn, err := open(ctx, n.cfg.ConnConfig, n.channels())
 	if err != nil {
 		return false, err
 	}
@@ -347,7 +350,7 @@ func (n *Notifier) once(ctx context.Context, down *downState) (listening bool, e
 		if n.cfg.Wanted != nil {
 			if want := n.cfg.Wanted(); want != subscribed {
 				sctx, cancel := context.WithTimeout(ctx, n.stmtTimeout())
-				err := setListen(sctx, conn, n.cfg.Channel, want)
+				err := setListen(sctx, conn, n.channels(), want)
 				cancel()
 				if err != nil {
 					return !first, err
@@ -401,7 +404,7 @@ func (n *Notifier) once(ctx context.Context, down *downState) (listening bool, e
 		// fatal) in a goroutine of its own, which the deferred closeConn
 		// waits for.
 		cctx, cancel := context.WithTimeout(ctx, timeout)
-		err = setListen(cctx, conn, n.cfg.Channel, subscribed)
+		err = setListen(cctx, conn, n.channels(), subscribed)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -415,6 +418,11 @@ func (n *Notifier) once(ctx context.Context, down *downState) (listening bool, e
 				n.cfg.CheckInterval, timeout, err)
 		}
 	}
+}
+
+// channels are the channels the connection listens on: Channel, then Also.
+func (n *Notifier) channels() []string {
+	return append([]string{n.cfg.Channel}, n.cfg.Also...)
 }
 
 // stmtTimeout bounds a LISTEN or UNLISTEN that Wanted asks for: the

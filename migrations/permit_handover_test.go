@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
@@ -213,4 +214,47 @@ func TestPermitUnclaimNeedsSecret(t *testing.T) {
 	require.Equal(t, granted, *back)
 	_, _, mine = leaseRow(t, db, name, c.secret)
 	require.False(t, mine, "control: the claimant gives it back")
+}
+
+// TestPermitClaimBadArguments: pgfence_claim_permit refuses a secret of
+// fewer than 32 bytes, a grant key of another length than 32 bytes, a
+// version below 1, an empty grant channel and an owner the lease table
+// would refuse (which would otherwise fail the release that grants the
+// claim), each with invalid_parameter_value and no claim registered. The
+// control, the same call with good arguments, registers one.
+func TestPermitClaimBadArguments(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := pgtest.NewDB(t)
+	c := newClaimant(t, db, "", 7003)
+	holdPermit(t, db, "jobs")
+	good := []any{"jobs", 1, "waiter", int64(60000000), c.secret, c.key, int64(1), c.alive, c.channel}
+	with := func(i int, v any) []any {
+		args := append([]any{}, good...)
+		args[i] = v
+		return args
+	}
+	claims := func() int {
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.pgfence_permit_claims WHERE secret_hash IS NOT NULL`).Scan(&n))
+		return n
+	}
+	const call = `SELECT count(*) FROM pgfence.pgfence_claim_permit($1, $2, $3, $4, $5, $6, $7, $8, $9)`
+	for what, args := range map[string][]any{
+		"short secret":    with(4, "x"),
+		"short grant key": with(5, []byte("k")),
+		"version 0":       with(6, int64(0)),
+		"empty channel":   with(8, ""),
+		"empty owner":     with(2, ""),
+		"long owner":      with(2, strings.Repeat("o", 513)),
+	} {
+		_, err := c.conn.Exec(ctx, call, args...)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr, what)
+		require.Equal(t, "22023", pgErr.Code, what)
+		require.Zero(t, claims(), what)
+	}
+	_, err := c.conn.Exec(ctx, call, good...)
+	require.NoError(t, err)
+	require.Equal(t, 1, claims(), "control: good arguments register the claim")
 }

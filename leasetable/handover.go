@@ -63,9 +63,8 @@ type permitClaim struct {
 	secret string // the granted lease's secret
 
 	// Guarded by Locker.mu.
-	version  int64     // the last version sent
-	sent     time.Time // when it was sent
-	prevSent time.Time // when version-1 was sent
+	version int64     // the last version sent
+	sent    time.Time // when it was sent
 
 	grants chan handedGrant // buffered(1): a verified grant notification
 }
@@ -127,9 +126,9 @@ func parseGrant(payload string) (tag, msg, mac string, g handedGrant, ok bool) {
 }
 
 // notifyGrant hands a grant notification to the claim it names, once its
-// grant key verifies it; any other is dropped. A notification of a
-// version before the last two sent is dropped too: the claim call that
-// replaced it returns the grant.
+// grant key verifies it; any other is dropped. So is a grant to a version
+// of the claim before the last one sent: the call that sent the last one
+// locked the claim first, and returned that grant itself.
 func (k *Locker) notifyGrant(payload string) {
 	tag, msg, mac, g, ok := parseGrant(payload)
 	if !ok {
@@ -142,14 +141,10 @@ func (k *Locker) notifyGrant(payload string) {
 	if !ok || c == nil || subtle.ConstantTimeCompare([]byte(mac), []byte(grantMAC(c.key, msg))) != 1 {
 		return
 	}
-	switch g.version {
-	case c.version:
-		g.sent = c.sent
-	case c.version - 1:
-		g.sent = c.prevSent
-	default:
+	if g.version != c.version {
 		return
 	}
+	g.sent = c.sent
 	select {
 	case c.grants <- g:
 	default:
@@ -195,9 +190,15 @@ func (k *Locker) claimAttempt(ctx context.Context, h *lineHold, permits int, t l
 	c := h.claim
 	k.mu.Lock()
 	c.version++
-	c.prevSent, c.sent = c.sent, time.Now()
+	c.sent = time.Now()
 	version, sent := c.version, c.sent
 	k.mu.Unlock()
+	// A grant that came before this call is to an earlier version: this
+	// call returns it (or it was given back). Drop it.
+	select {
+	case <-c.grants:
+	default:
+	}
 	var (
 		rep       acquireReply
 		pname     *string

@@ -29,8 +29,8 @@ const lineKeySQL = `pg_catalog.hashtextextended($1 OPERATOR(pg_catalog.||) pg_ca
 // lineTakeSQL waits for, and takes, the line key of semaphore $1.
 const lineTakeSQL = `SELECT pg_catalog.pg_advisory_lock(` + lineKeySQL + `)`
 
-// lineLeaveSQL gives the line key of semaphore $1 back (a head without a
-// claim; leaveClaimSQL otherwise).
+// lineLeaveSQL gives the line key of semaphore $1 back (a head that sent
+// no claim; leaveClaimSQL otherwise).
 const lineLeaveSQL = `SELECT pg_catalog.pg_advisory_unlock(` + lineKeySQL + `)`
 
 // lineSetupSQL prepares a new line connection: no statement or lock timeout
@@ -84,6 +84,7 @@ type lineHold struct {
 	conn     *pgx.Conn
 	alive    int64 // the alive key conn's session holds
 	claim    *permitClaim
+	claimed  bool // the claim was sent (set by the waiting call before it sends it, read by keep after leave)
 	giveBack bool // leave gives back a permit granted to the claim (set by leave)
 	stop     chan struct{}
 }
@@ -184,7 +185,9 @@ func (h *lineHold) keep() {
 				// attempts still count as in line, and only its own Locker
 				// misses being refused.
 				k.cfg.Logger.DebugContext(k.closeCtx, "pgfence: leasetable: line connection lost", "semaphore", h.sem, "error", err)
+				h.mu.Lock()
 				closeLineConn(h.conn)
+				h.mu.Unlock()
 				<-h.stop
 				k.claimOff(h)
 				return
@@ -197,7 +200,7 @@ func (h *lineHold) keep() {
 			var left bool
 			h.mu.Lock()
 			var err error
-			if h.claim != nil {
+			if h.claim != nil && h.claimed {
 				err = h.conn.QueryRow(ctx, fmt.Sprintf(leaveClaimSQL, k.schemaSQL()), h.sem, h.claim.secret, h.giveBack).Scan(&left)
 			} else {
 				err = h.conn.QueryRow(ctx, lineLeaveSQL, h.sem).Scan(&left)

@@ -210,11 +210,17 @@ func (k *Locker) waitPermit(ctx context.Context, name string, permits int, t lea
 		return nil, err
 	}
 	defer k.removeWaiter(key, w)
+	// contended: callers of this Locker waited before this one, so an
+	// attempt outside the database's line would be refused while they
+	// wait there: the call goes to the line at once (the claim call takes
+	// a permit that is free).
+	contended := false
 	if k.lines.Members(key) > 0 {
 		// Callers wait: no barging in ahead of them.
 		if _, err := loop.headOf(key); err != nil {
 			return nil, err
 		}
+		contended = true
 	}
 	// The head of the Locker's line waits in the database's (line.go), so
 	// that callers of other Lockers are served in turn with it, and there
@@ -228,18 +234,37 @@ func (k *Locker) waitPermit(ctx context.Context, name string, permits int, t lea
 	}()
 	final := func(err error) error { return permitError(name, err) }
 	for {
+		if dbLine == nil && contended && k.lineOn() {
+			if dbLine, err = k.enterLine(ctx, name); err != nil {
+				if _, err = loop.next(err, 0, final); err != nil {
+					return nil, err
+				}
+				contended = false // try outside the line, then queue again
+			}
+		}
 		var l *Lease
 		var retryIn time.Duration
-		if dbLine != nil && dbLine.claim != nil {
+		if dbLine == nil || dbLine.claim == nil || !dbLine.claimed {
+			// Outside the line, or in it before any claim: a plain attempt,
+			// on the pool.
+			l, retryIn, _, err = k.permitAttempt(ctx, name, permits, t, dbLine != nil, attempts)
+		}
+		if err == nil && l == nil && dbLine != nil && dbLine.claim != nil && (dbLine.claimed || !k.releasingPermit(name)) {
+			// In the line and refused, or claimed before: the claim call
+			// returns a permit granted to the claim, takes a free one, or
+			// registers the claim for the next release. (While a release
+			// of a permit of this Locker's is in flight, the call waits
+			// for it instead: its end wakes the call in process, and the
+			// attempt that follows takes the permit.)
+			dbLine.claimed = true
 			l, retryIn, err = k.claimAttempt(ctx, dbLine, permits, t, attempts)
-			if err != nil && dbLine.conn.IsClosed() {
-				// The line connection is gone, and its session's place
-				// with it: queue again.
+			if err != nil {
+				// The line connection may be gone, and its session's place
+				// with it: leave (giving back what the claim may have been
+				// granted) and queue again.
 				dbLine.leave(true)
 				dbLine = nil
 			}
-		} else {
-			l, retryIn, _, err = k.permitAttempt(ctx, name, permits, t, dbLine != nil, attempts)
 		}
 		if retryIn, err = loop.next(err, retryIn, final); err != nil {
 			return nil, err
@@ -251,6 +276,7 @@ func (k *Locker) waitPermit(ctx context.Context, name string, permits int, t lea
 		if waited, err := loop.headOf(key); err != nil {
 			return nil, err
 		} else if waited {
+			contended = true
 			continue
 		}
 		if dbLine == nil && k.lineOn() {
@@ -280,6 +306,14 @@ func (k *Locker) waitPermit(ctx context.Context, name string, permits int, t lea
 			}
 		}
 	}
+}
+
+// releasingPermit reports whether a release of a permit of semaphore
+// name by this Locker is in flight.
+func (k *Locker) releasingPermit(name string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.releasing[name] > 0
 }
 
 // permitError prefixes an error of a permit acquire of name.

@@ -98,10 +98,13 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     h := pg_catalog.sha256(pg_catalog.convert_to($5, 'UTF8'));
+    -- A registered claim's row is locked (a cleared one no release grants).
     SELECT q.granted, q.granted_fence, q.secret_hash, q.permits INTO g_name, g_fence, g_hash, g_permits
-    FROM pgfence_permit_claims q WHERE q.sem = $1 FOR UPDATE;
+    FROM pgfence_permit_claims q WHERE q.sem = $1 AND q.secret_hash IS NOT NULL FOR UPDATE;
     IF g_name IS NOT NULL AND g_hash = h THEN
+        -- The grant was committed, with its flush, by the release.
         UPDATE pgfence_permit_claims q SET secret_hash = NULL, granted = NULL, granted_fence = NULL WHERE q.sem = $1;
+        PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
         RETURN QUERY
         SELECT true, l.name, l.owner, l.fence, l.acquired_at, l.expires_at, pg_catalog.clock_timestamp(), NULL::text,
                g_permits, false
@@ -116,7 +119,9 @@ BEGIN
     END IF;
     SELECT * INTO STRICT r FROM pgfence_acquire_permit($1, $2, $3, $4, true) a;
     IF r.acquired OR r.permits <> $2 THEN
-        UPDATE pgfence_permit_claims q SET secret_hash = NULL, granted = NULL, granted_fence = NULL WHERE q.sem = $1;
+        IF g_hash IS NOT NULL THEN
+            UPDATE pgfence_permit_claims q SET secret_hash = NULL, granted = NULL, granted_fence = NULL WHERE q.sem = $1;
+        END IF;
     ELSE
         INSERT INTO pgfence_permit_claims AS q (sem, permits, owner, ttl_us, secret_hash, grant_key, tag, channel, version, alive_key)
         SELECT $1, $2, $3, $4, h, $6,
@@ -129,6 +134,13 @@ BEGIN
             secret_hash = EXCLUDED.secret_hash, grant_key = EXCLUDED.grant_key, tag = EXCLUDED.tag, channel = EXCLUDED.channel,
             version = EXCLUDED.version, alive_key = EXCLUDED.alive_key, claimed_at = pg_catalog.now(),
             granted = NULL, granted_fence = NULL;
+    END IF;
+    IF NOT r.acquired THEN
+        -- Nothing was granted: what this call wrote is the claim (an
+        -- unlogged row) and at most the semaphore's count while no permit
+        -- is held, which any later grant's flush covers. Its commit need
+        -- not wait for a flush (reading may have pruned pages: WAL).
+        PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
     END IF;
     RETURN QUERY SELECT r.acquired, r.name, r.owner, r.fence, r.acquired_at, r.expires_at, r.db_now, r.secret,
         r.permits, r.busy;
@@ -157,6 +169,9 @@ BEGIN
         RETURN NULL;
     END IF;
     UPDATE pgfence_permit_claims q SET secret_hash = NULL, granted = NULL, granted_fence = NULL WHERE q.sem = $1;
+    -- An unlogged row, and at most a release (which commits without
+    -- waiting for the flush too): no flush awaited.
+    PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
     IF NOT $3 THEN
         RETURN NULL;
     END IF;
@@ -203,7 +218,9 @@ DECLARE
     exp  timestamptz;
     msg  text;
 BEGIN
-    SELECT * INTO c FROM pgfence_permit_claims q WHERE q.sem = s AND q.granted IS NULL AND q.secret_hash IS NOT NULL FOR UPDATE;
+    SELECT * INTO c FROM pgfence_permit_claims q
+    WHERE q.sem = s AND q.granted IS NULL AND q.secret_hash IS NOT NULL
+    FOR UPDATE;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
@@ -260,7 +277,12 @@ BEGIN
     PERFORM pgfence_check_us($4, 0, 'AtLeast');
     IF pg_catalog.cardinality($1) = 1 AND pg_catalog.cardinality($2) = 1 AND pg_catalog.cardinality($3) = 1
        AND pg_catalog.cardinality($4) = 1 THEN
-        IF pg_catalog.strpos($1[1], pg_catalog.chr(31)) > 0 AND pgfence_hand_permit($1[1], $2[1], $3[1], $4[1]) THEN
+        -- A claim is looked for here first: most permit releases find none.
+        IF pg_catalog.strpos($1[1], pg_catalog.chr(31)) > 0
+           AND EXISTS (SELECT FROM pgfence_permit_claims q
+                       WHERE q.sem = pg_catalog.split_part($1[1], pg_catalog.chr(31), 1)
+                         AND q.secret_hash IS NOT NULL AND q.granted IS NULL)
+           AND pgfence_hand_permit($1[1], $2[1], $3[1], $4[1]) THEN
             fence := $2[1];
             RETURN NEXT;
             RETURN;

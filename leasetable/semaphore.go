@@ -244,18 +244,14 @@ func (k *Locker) waitPermit(ctx context.Context, name string, permits int, t lea
 		}
 		var l *Lease
 		var retryIn time.Duration
-		if dbLine == nil || dbLine.claim == nil || !dbLine.claimed {
-			// Outside the line, or in it before any claim: a plain attempt,
-			// on the pool.
-			l, retryIn, _, err = k.permitAttempt(ctx, name, permits, t, dbLine != nil, attempts)
-		}
-		if err == nil && l == nil && dbLine != nil && dbLine.claim != nil && (dbLine.claimed || !k.releasingPermit(name)) {
-			// In the line and refused, or claimed before: the claim call
-			// returns a permit granted to the claim, takes a free one, or
-			// registers the claim for the next release. (While a release
-			// of a permit of this Locker's is in flight, the call waits
-			// for it instead: its end wakes the call in process, and the
-			// attempt that follows takes the permit.)
+		if dbLine != nil && dbLine.claim != nil && (dbLine.claimed || !contended && !k.releasingPermit(name)) {
+			// At the head of the line: the claim call returns a permit
+			// granted to the claim, takes a free one, or registers the
+			// claim for the next release. A call that waited behind others
+			// of its Locker, or while a release of a permit by its Locker
+			// is in flight, makes plain attempts in the line instead: the
+			// permits pass within the Locker, whose releases wake its
+			// calls in process, and claims would only cost.
 			dbLine.claimed = true
 			l, retryIn, err = k.claimAttempt(ctx, dbLine, permits, t, attempts)
 			if err != nil {
@@ -265,6 +261,8 @@ func (k *Locker) waitPermit(ctx context.Context, name string, permits int, t lea
 				dbLine.leave(true)
 				dbLine = nil
 			}
+		} else {
+			l, retryIn, _, err = k.permitAttempt(ctx, name, permits, t, dbLine != nil, attempts)
 		}
 		if retryIn, err = loop.next(err, retryIn, final); err != nil {
 			return nil, err

@@ -31,7 +31,7 @@ import (
 // permits, $3 owner, $4 TTL in microseconds, $5 the claim's secret, $6 its
 // grant key, $7 its version, $8 the alive key of the line connection, $9
 // the channel to notify the grant on.
-const claimSQL = `SELECT acquired, name, owner, fence, acquired_at, expires_at, db_now, secret, permits, busy
+const claimSQL = `SELECT acquired, name, owner, fence, acquired_at, expires_at, db_now, secret, permits, busy, claimed
 FROM %[1]s.pgfence_claim_permit($1, $2, $3, $4, $5, $6, $7, $8, $9)`
 
 // grantChannelPrefix starts the name of a Locker's grant channel.
@@ -179,7 +179,8 @@ func (h *lineHold) grants() <-chan handedGrant {
 
 // claimAttempt sends pgfence_claim_permit on h's connection: the permit
 // granted to the claim, a free one, or the claim registered (renewed) for
-// the next release.
+// the next release, unless this Locker's owner holds every permit held
+// (its own release wakes the call in process).
 func (k *Locker) claimAttempt(ctx context.Context, h *lineHold, permits int, t leaseTiming, attempts *int) (l *Lease, retryIn time.Duration, err error) {
 	*attempts++
 	back, err := k.startGrant()
@@ -205,6 +206,7 @@ func (k *Locker) claimAttempt(ctx context.Context, h *lineHold, permits int, t l
 		recorded  *int
 		expiresAt *time.Time
 		secret    *string
+		claimed   bool
 	)
 	err = h.statement(ctx, k, t, func(qctx context.Context, conn *pgx.Conn) error {
 		var owner *string
@@ -213,7 +215,7 @@ func (k *Locker) claimAttempt(ctx context.Context, h *lineHold, permits int, t l
 		rep.sent = sent
 		err := conn.QueryRow(qctx, fmt.Sprintf(claimSQL, k.schemaSQL()), c.sem, permits, k.cfg.Owner, t.ttl.Microseconds(),
 			c.secret, c.key, version, h.alive, k.grantChannel).Scan(
-			&rep.acquired, &pname, &owner, &token, &acquiredAt, &expiresAt, &rep.dbNow, &secret, &recorded, &rep.busy)
+			&rep.acquired, &pname, &owner, &token, &acquiredAt, &expiresAt, &rep.dbNow, &secret, &recorded, &rep.busy, &claimed)
 		if err != nil || !rep.acquired {
 			return err
 		}
@@ -232,6 +234,9 @@ func (k *Locker) claimAttempt(ctx context.Context, h *lineHold, permits int, t l
 		}
 		return nil
 	})
+	if claimed || err != nil {
+		h.claimed = true // leave clears it (after an error, it may have been registered)
+	}
 	switch {
 	case err != nil:
 		return nil, 0, err

@@ -84,7 +84,7 @@ type lineHold struct {
 	conn     *pgx.Conn
 	alive    int64 // the alive key conn's session holds
 	claim    *permitClaim
-	claimed  bool // the claim was sent (set by the waiting call before it sends it, read by keep after leave)
+	claimed  bool // a claim was registered (set by the waiting call's claim calls, read by keep after leave)
 	giveBack bool // leave gives back a permit granted to the claim (set by leave)
 	stop     chan struct{}
 }

@@ -61,7 +61,6 @@ type Locker struct {
 	lineIdle         []idleLineConn          // line connections kept for reuse (see line.go)
 	claims           map[string]*permitClaim // the claims of this Locker's heads of lines, by semaphoreKey (see handover.go)
 	grantChannel     string                  // the channel its claims' grants are notified on (see handover.go)
-	releasing        map[string]int          // releases of permits in flight, by semaphore (see waitPermit)
 
 	acquires batcher[*acquireReq] // combines concurrent acquires
 	granting sync.WaitGroup       // grants handed to callers, not yet adopted or given back
@@ -149,7 +148,6 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Locker, error) 
 		attempts:     make(map[string]*attempt),
 		claims:       make(map[string]*permitClaim),
 		grantChannel: grantChannel(),
-		releasing:    make(map[string]int),
 		lines:        waitline.New[string](false),
 		backoff:      retry.Default,
 		ev:           events.New(resolved.Observer),

@@ -85,22 +85,11 @@ func (l *Lease) release(ctx context.Context, cause error) error {
 		l.wasHeld = true
 	}
 	inflight, retrying := l.inflight, l.retrying
-	sem, _, permit := SplitPermit(l.name)
-	if permit {
-		k.releasing[sem]++ // see waitPermit
-	}
 	k.mu.Unlock()
 
 	op := pgfence.Op{Kind: pgfence.OpRelease, Strategy: pgfence.StrategyLeaseTable, Name: l.name, Batch: 1}
 	ctx = k.ev.StartOp(ctx, op)
 	err := l.releaseInDB(ctx, inflight, retrying)
-	if permit {
-		k.mu.Lock()
-		if k.releasing[sem]--; k.releasing[sem] == 0 {
-			delete(k.releasing, sem)
-		}
-		k.mu.Unlock()
-	}
 	switch {
 	case !endsNow:
 	case cause == errReleased:

@@ -244,15 +244,10 @@ func (k *Locker) waitPermit(ctx context.Context, name string, permits int, t lea
 		}
 		var l *Lease
 		var retryIn time.Duration
-		if dbLine != nil && dbLine.claim != nil && (dbLine.claimed || !contended && !k.releasingPermit(name)) {
+		if dbLine != nil && dbLine.claim != nil {
 			// At the head of the line: the claim call returns a permit
 			// granted to the claim, takes a free one, or registers the
-			// claim for the next release. A call that waited behind others
-			// of its Locker, or while a release of a permit by its Locker
-			// is in flight, makes plain attempts in the line instead: the
-			// permits pass within the Locker, whose releases wake its
-			// calls in process, and claims would only cost.
-			dbLine.claimed = true
+			// claim for the next release.
 			l, retryIn, err = k.claimAttempt(ctx, dbLine, permits, t, attempts)
 			if err != nil {
 				// The line connection may be gone, and its session's place
@@ -304,14 +299,6 @@ func (k *Locker) waitPermit(ctx context.Context, name string, permits int, t lea
 			}
 		}
 	}
-}
-
-// releasingPermit reports whether a release of a permit of semaphore
-// name by this Locker is in flight.
-func (k *Locker) releasingPermit(name string) bool {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return k.releasing[name] > 0
 }
 
 // permitError prefixes an error of a permit acquire of name.

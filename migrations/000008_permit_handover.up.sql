@@ -52,24 +52,25 @@ REVOKE ALL ON TABLE pgfence_permit_claims FROM PUBLIC;
 -- Called by the head of semaphore sem's line, on the session holding the
 -- line key and the session advisory lock alive_key: returns the permit a
 -- release granted to its claim (secret's hash), else takes a free or
--- expired permit as pgfence_acquire_permit does in the line, else
--- registers (or renews) its claim: owner new_owner, TTL ttl_us, secret's
--- SHA-256, grant_key (32 bytes), version, alive_key and the channel to
--- notify a grant on (grant_channel). acquired with
--- secret NULL is a grant to the claim: the lease's secret is the
--- claimant's. The claim's row is locked first, so a release granting it
+-- expired permit as pgfence_acquire_permit does in the line, else, when a
+-- permit is held by another owner than new_owner, registers (or renews)
+-- its claim (claimed): owner new_owner, TTL ttl_us, secret's SHA-256,
+-- grant_key (32 bytes), version, alive_key and the channel to notify a
+-- grant on (grant_channel). acquired with secret NULL is a grant to the
+-- claim: the lease's secret is the claimant's. The claim's row is locked first, so a release granting it
 -- has committed before the call looks for the grant, and none grants it
 -- while the call runs.
 CREATE FUNCTION pgfence_claim_permit(sem text, n integer, new_owner text, ttl_us bigint, claim_secret text, grant_key bytea,
                                      version bigint, alive_key bigint, grant_channel text)
     RETURNS TABLE(acquired boolean, name text, owner text, fence bigint, acquired_at timestamptz, expires_at timestamptz,
-                  db_now timestamptz, secret text, permits integer, busy boolean)
+                  db_now timestamptz, secret text, permits integer, busy boolean, claimed boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
     SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
+    reg       boolean := false;
     r         record;
     h         bytea;
     g_name    text;
@@ -107,7 +108,7 @@ BEGIN
         PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
         RETURN QUERY
         SELECT true, l.name, l.owner, l.fence, l.acquired_at, l.expires_at, pg_catalog.clock_timestamp(), NULL::text,
-               g_permits, false
+               g_permits, false, false
         FROM pgfence_leases l
         WHERE l.name = g_name AND l.fence = g_fence AND l.secret_hash = h
           AND l.expires_at > pg_catalog.clock_timestamp();
@@ -118,7 +119,13 @@ BEGIN
         -- another below.
     END IF;
     SELECT * INTO STRICT r FROM pgfence_acquire_permit($1, $2, $3, $4, true) a;
-    IF r.acquired OR r.permits <> $2 THEN
+    -- No claim either when every permit held is this owner's: its own
+    -- release wakes the caller in process, and a claim would only cost.
+    reg := NOT r.acquired AND r.permits = $2 AND EXISTS (
+        SELECT FROM pgfence_leases p
+        WHERE p.name = ANY (ARRAY(SELECT $1 || pg_catalog.chr(31) || g.s FROM pg_catalog.generate_series(0, $2 - 1) g(s)))
+          AND p.expires_at > pg_catalog.clock_timestamp() AND p.owner <> $3);
+    IF NOT reg THEN
         IF g_hash IS NOT NULL THEN
             UPDATE pgfence_permit_claims q SET secret_hash = NULL, granted = NULL, granted_fence = NULL WHERE q.sem = $1;
         END IF;
@@ -143,7 +150,7 @@ BEGIN
         PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
     END IF;
     RETURN QUERY SELECT r.acquired, r.name, r.owner, r.fence, r.acquired_at, r.expires_at, r.db_now, r.secret,
-        r.permits, r.busy;
+        r.permits, r.busy, reg;
 END;
 $$;
 COMMENT ON FUNCTION pgfence_claim_permit(sem text, n integer, new_owner text, ttl_us bigint, claim_secret text, grant_key bytea,

@@ -3,7 +3,6 @@ package leasetable
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/internal/install"
+	"github.com/pgfence/pgfence/internal/notifier"
 )
 
 // The hand-over (docs/semaphores.md, Hand-over; migration 000008): the head
@@ -88,14 +88,7 @@ func newClaim(sem string) *permitClaim {
 // grantMAC is the hex of sha256(key || sha256(key || 0x03 || msg)), as
 // pgfence_hand_permit signs a grant.
 func grantMAC(key []byte, msg string) string {
-	in := sha256.New()
-	in.Write(key)
-	in.Write([]byte{3})
-	in.Write([]byte(msg))
-	out := sha256.New()
-	out.Write(key)
-	out.Write(in.Sum(nil))
-	return hex.EncodeToString(out.Sum(nil))
+	return hex.EncodeToString(notifier.Envelope(key, 3, msg))
 }
 
 // parseGrant splits a grant payload into its tag, the signed text and the

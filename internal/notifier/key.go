@@ -51,16 +51,21 @@ func (k Key) InterestID(name string) int32 {
 	return int32(binary.BigEndian.Uint32(h.Sum(nil)[:4]))
 }
 
-// mac is the first 16 bytes of sha256(key || sha256(key || 0x02 || msg)).
-func (k Key) mac(msg string) []byte {
+// mac is the first 16 bytes of Envelope(k, 2, msg).
+func (k Key) mac(msg string) []byte { return Envelope(k, 2, msg)[:16] }
+
+// Envelope returns sha256(key || sha256(key || domain || msg)): the MAC of
+// the notification payloads (domain 2) and of a permit grant's (domain 3,
+// with the claim's grant key), as the database computes them.
+func Envelope(key []byte, domain byte, msg string) []byte {
 	in := sha256.New()
-	in.Write(k)
-	in.Write([]byte{2})
+	in.Write(key)
+	in.Write([]byte{domain})
 	in.Write([]byte(msg))
 	out := sha256.New()
-	out.Write(k)
+	out.Write(key)
 	out.Write(in.Sum(nil))
-	return out.Sum(nil)[:16]
+	return out.Sum(nil)
 }
 
 // Payload returns the payload announcing name's token, as the database's

@@ -206,7 +206,7 @@ func (k *Locker) claimAttempt(ctx context.Context, h *lineHold, permits int, t l
 		var token *int64
 		var acquiredAt *time.Time
 		rep.sent = sent
-		err := conn.QueryRow(qctx, fmt.Sprintf(claimSQL, k.schemaSQL()), c.sem, permits, k.cfg.Owner, t.ttl.Microseconds(),
+		err := conn.QueryRow(qctx, k.sql.claim, c.sem, permits, k.cfg.Owner, t.ttl.Microseconds(),
 			c.secret, c.key, version, h.alive, k.grantChannel).Scan(
 			&rep.acquired, &pname, &owner, &token, &acquiredAt, &expiresAt, &rep.dbNow, &secret, &recorded, &rep.busy, &claimed)
 		if err != nil || !rep.acquired {

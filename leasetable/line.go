@@ -201,7 +201,7 @@ func (h *lineHold) keep() {
 			h.mu.Lock()
 			var err error
 			if h.claim != nil && h.claimed {
-				err = h.conn.QueryRow(ctx, fmt.Sprintf(leaveClaimSQL, k.schemaSQL()), h.sem, h.claim.secret, h.giveBack).Scan(&left)
+				err = h.conn.QueryRow(ctx, k.sql.leaveClaim, h.sem, h.claim.secret, h.giveBack).Scan(&left)
 			} else {
 				err = h.conn.QueryRow(ctx, lineLeaveSQL, h.sem).Scan(&left)
 			}

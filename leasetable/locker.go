@@ -247,6 +247,7 @@ func (k *Locker) checkOpen() error {
 type statements struct {
 	acquire, release, renew, list, get, forceRelease, listForced string
 	pruneScan, pruneDelete                                       string
+	permit, claim, leaveClaim, set, semaphores                   string
 }
 
 // newStatements fills the quoted schema into every statement template.
@@ -262,5 +263,10 @@ func newStatements(schema string) statements {
 		listForced:   f(listForcedSQL),
 		pruneScan:    f(pruneScanSQL),
 		pruneDelete:  f(pruneDeleteSQL),
+		permit:       f(permitSQL),
+		claim:        f(claimSQL),
+		leaveClaim:   f(leaveClaimSQL),
+		set:          f(setSQL),
+		semaphores:   f(semaphoresSQL),
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
@@ -330,7 +329,7 @@ func (k *Locker) permitAttempt(ctx context.Context, name string, permits int, t 
 		var token *int64
 		var acquiredAt *time.Time
 		rep.sent = time.Now()
-		err := c.QueryRow(qctx, k.permitSQL(), name, permits, k.cfg.Owner, t.ttl.Microseconds(), inLine).Scan(
+		err := c.QueryRow(qctx, k.sql.permit, name, permits, k.cfg.Owner, t.ttl.Microseconds(), inLine).Scan(
 			&rep.acquired, &pname, &owner, &token, &acquiredAt, &expiresAt, &rep.dbNow, &secret, &recorded, &rep.busy, &queued)
 		if err != nil || !rep.acquired {
 			return err
@@ -360,11 +359,6 @@ func (k *Locker) permitAttempt(ctx context.Context, name string, permits int, t 
 	l, err = k.adoptGrant(ctx, *pname, rep, t)
 	return l, 0, false, err
 }
-
-// schemaSQL returns the Locker's schema, quoted for SQL.
-func (k *Locker) schemaSQL() string { return pgx.Identifier{k.cfg.Schema}.Sanitize() }
-
-func (k *Locker) permitSQL() string { return fmt.Sprintf(permitSQL, k.schemaSQL()) }
 
 // startGrant registers a statement that may grant leases, so that Close
 // waits for its grants to be adopted or given back. It returns

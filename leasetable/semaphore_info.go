@@ -76,7 +76,7 @@ ORDER BY s.name`
 // while a freed permit is taken again) is not listed. It reads, in one
 // statement, and locks nothing. It returns database errors wrapped.
 func (k *Locker) Semaphores(ctx context.Context) ([]SemaphoreInfo, error) {
-	rows, err := k.pool.Query(ctx, fmt.Sprintf(semaphoresSQL, k.schemaSQL()))
+	rows, err := k.pool.Query(ctx, k.sql.semaphores)
 	if err != nil {
 		return nil, fmt.Errorf("pgfence: leasetable: list semaphores: %w", install.WrapPermission(err, "", k.cfg.Schema))
 	}

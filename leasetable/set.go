@@ -221,7 +221,7 @@ func (k *Locker) setAttempt(ctx context.Context, names []string, t leaseTiming, 
 	var sent time.Time
 	err = k.grantStatement(ctx, t, func(qctx context.Context, c *pgxpool.Conn) error {
 		sent = time.Now()
-		rows, err := c.Query(qctx, fmt.Sprintf(setSQL, k.schemaSQL()), names, k.cfg.Owner, ttls)
+		rows, err := c.Query(qctx, k.sql.set, names, k.cfg.Owner, ttls)
 		if err != nil {
 			return err
 		}

@@ -19,9 +19,10 @@ import (
 // The hand-over (docs/semaphores.md, Hand-over; migration 000008): the head
 // of a semaphore's line registers a claim on its line connection
 // (pgfence_claim_permit): its owner, TTL, the SHA-256 of a secret it drew,
-// a grant key and a version. A release that frees a permit of the
-// semaphore grants it to the claim in the release's own statement while
-// the claim's session holds the line key, and notifies the grant with a
+// a grant key, a version, the alive key its line session holds and the
+// Locker's grant channel. A release that frees a permit of the semaphore
+// grants it to the claim in the release's own statement while that
+// session lives, and notifies the grant on the grant channel with a
 // payload the grant key signs. The head adopts it from the notification:
 // no statement of its own on the hand-over's path. Every other way to a
 // permit (a free slot, an expiry, a lost notification) goes through the
@@ -196,7 +197,7 @@ func (k *Locker) claimAttempt(ctx context.Context, h *lineHold, permits int, t l
 	var (
 		rep       acquireReply
 		pname     *string
-		recorded  *int
+		recorded  int
 		expiresAt *time.Time
 		secret    *string
 		claimed   bool
@@ -230,24 +231,10 @@ func (k *Locker) claimAttempt(ctx context.Context, h *lineHold, permits int, t l
 	if claimed || err != nil {
 		h.claimed = true // leave clears it (after an error, it may have been registered)
 	}
-	switch {
-	case err != nil:
+	if err != nil {
 		return nil, 0, err
-	case rep.acquired:
-		l, err = k.adoptGrant(ctx, *pname, rep, t)
-		return l, 0, err
-	case recorded == nil || *recorded != permits:
-		n := 0
-		if recorded != nil {
-			n = *recorded
-		}
-		return nil, 0, fmt.Errorf("pgfence: leasetable: semaphore %q was asked for with %d permits, but has %d and one is held: %w",
-			c.sem, permits, n, ErrPermitsMismatch)
-	case rep.busy || expiresAt == nil:
-		return nil, jitter(10*time.Millisecond, 50*time.Millisecond), nil
 	}
-	wait := min(max(expiresAt.Sub(rep.dbNow), 0), MaxTTL)
-	return nil, wait + jitter(time.Millisecond, expiryJitter), nil
+	return k.permitReply(ctx, c.sem, permits, t, rep, pname, recorded, expiresAt, false)
 }
 
 // adoptHanded makes a grant that reached h's claim by notification a held

@@ -343,21 +343,29 @@ func (k *Locker) permitAttempt(ctx context.Context, name string, permits int, t 
 	if err != nil {
 		return nil, 0, false, err
 	}
-	if !rep.acquired {
-		switch {
-		case recorded != permits:
-			return nil, 0, false, fmt.Errorf("pgfence: leasetable: semaphore %q was asked for with %d permits, but has %d and one is held: %w",
-				name, permits, recorded, ErrPermitsMismatch)
-		case queued || rep.busy || expiresAt == nil:
-			// Claimed by another transaction, or callers wait in the line
-			// (which waitPermit joins when it can): soon.
-			return nil, jitter(10*time.Millisecond, 50*time.Millisecond), queued, nil
-		}
-		wait := min(max(expiresAt.Sub(rep.dbNow), 0), MaxTTL)
-		return nil, wait + jitter(time.Millisecond, expiryJitter), false, nil
+	l, retryIn, err = k.permitReply(ctx, name, permits, t, rep, pname, recorded, expiresAt, queued)
+	return l, retryIn, queued, err
+}
+
+// permitReply makes the answer of a permit attempt (pgfence_acquire_permit
+// or pgfence_claim_permit) the permit taken, or says when to try again:
+// soon when another transaction was taking a slot or callers wait in the
+// line (queued; waitPermit joins it when it can), else at the earliest
+// held permit's expiry. A count other than permits recorded while a permit
+// is held is ErrPermitsMismatch.
+func (k *Locker) permitReply(ctx context.Context, name string, permits int, t leaseTiming, rep acquireReply, pname *string, recorded int, expiresAt *time.Time, queued bool) (*Lease, time.Duration, error) {
+	switch {
+	case rep.acquired:
+		l, err := k.adoptGrant(ctx, *pname, rep, t)
+		return l, 0, err
+	case recorded != permits:
+		return nil, 0, fmt.Errorf("pgfence: leasetable: semaphore %q was asked for with %d permits, but has %d and one is held: %w",
+			name, permits, recorded, ErrPermitsMismatch)
+	case queued || rep.busy || expiresAt == nil:
+		return nil, jitter(10*time.Millisecond, 50*time.Millisecond), nil
 	}
-	l, err = k.adoptGrant(ctx, *pname, rep, t)
-	return l, 0, false, err
+	wait := min(max(expiresAt.Sub(rep.dbNow), 0), MaxTTL)
+	return nil, wait + jitter(time.Millisecond, expiryJitter), nil
 }
 
 // startGrant registers a statement that may grant leases, so that Close

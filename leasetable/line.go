@@ -81,8 +81,7 @@ type lineHold struct {
 	k        *Locker
 	sem      string
 	mu       sync.Mutex // conn's: the pings and the claim calls share it
-	conn     *pgx.Conn
-	alive    int64 // the alive key conn's session holds
+	lineConn            // the connection and its alive key
 	claim    *permitClaim
 	claimed  bool // a claim was registered (set by the waiting call's claim calls, read by keep after leave)
 	giveBack bool // leave gives back a permit granted to the claim (set by leave)
@@ -109,15 +108,14 @@ func (k *Locker) enterLine(ctx context.Context, sem string) (*lineHold, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn := lc.conn
 	if k.hooks != nil && k.hooks.onDBLineWait != nil {
 		k.hooks.onDBLineWait(sem)
 	}
-	if _, err := conn.Exec(ctx, lineTakeSQL, sem); err != nil {
-		closeLineConn(conn)
+	if _, err := lc.conn.Exec(ctx, lineTakeSQL, sem); err != nil {
+		closeLineConn(lc.conn)
 		return nil, fmt.Errorf("pgfence: leasetable: wait in the line of semaphore %q: %w", sem, err)
 	}
-	h := &lineHold{k: k, sem: sem, conn: conn, alive: lc.alive, stop: make(chan struct{})}
+	h := &lineHold{k: k, sem: sem, lineConn: lc, stop: make(chan struct{})}
 	if k.hooks == nil || !k.hooks.noClaim {
 		k.claimOn(h, newClaim(sem))
 	}
@@ -213,7 +211,7 @@ func (h *lineHold) keep() {
 			}
 			k.mu.Lock()
 			if !k.closed && len(k.lineIdle) < lineIdleMax {
-				k.lineIdle = append(k.lineIdle, idleLineConn{lineConn{h.conn, h.alive}, time.Now()})
+				k.lineIdle = append(k.lineIdle, idleLineConn{h.lineConn, time.Now()})
 				k.mu.Unlock()
 				return
 			}

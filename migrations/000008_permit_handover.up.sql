@@ -57,9 +57,9 @@ REVOKE ALL ON TABLE pgfence_permit_claims FROM PUBLIC;
 -- its claim (claimed): owner new_owner, TTL ttl_us, secret's SHA-256,
 -- grant_key (32 bytes), version, alive_key and the channel to notify a
 -- grant on (grant_channel). acquired with secret NULL is a grant to the
--- claim: the lease's secret is the claimant's. The claim's row is locked first, so a release granting it
--- has committed before the call looks for the grant, and none grants it
--- while the call runs.
+-- claim: the lease's secret is the claimant's. A registered claim's row
+-- is locked first, so a release granting it has committed before the call
+-- looks for the grant, and none grants it while the call runs.
 CREATE FUNCTION pgfence_claim_permit(sem text, n integer, new_owner text, ttl_us bigint, claim_secret text, grant_key bytea,
                                      version bigint, alive_key bigint, grant_channel text)
     RETURNS TABLE(acquired boolean, name text, owner text, fence bigint, acquired_at timestamptz, expires_at timestamptz,
@@ -117,6 +117,7 @@ BEGIN
         END IF;
         -- Granted and already lost (expired, or released by force): take
         -- another below.
+        g_hash := NULL; -- cleared above
     END IF;
     SELECT * INTO STRICT r FROM pgfence_acquire_permit($1, $2, $3, $4, true) a;
     -- No claim either when every permit held is this owner's: its own
@@ -130,12 +131,11 @@ BEGIN
             UPDATE pgfence_permit_claims q SET secret_hash = NULL, granted = NULL, granted_fence = NULL WHERE q.sem = $1;
         END IF;
     ELSE
+        -- The tag is the semaphore's waiters' (pgfence_notify_payload's first
+        -- field), so that the Locker finds the claim by it.
         INSERT INTO pgfence_permit_claims AS q (sem, permits, owner, ttl_us, secret_hash, grant_key, tag, channel, version, alive_key)
-        SELECT $1, $2, $3, $4, h, $6,
-               pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(
-                   k.key || '\x01'::bytea || pg_catalog.convert_to($1 || pg_catalog.chr(31), 'UTF8')), 1, 16), 'hex'),
-               $9, $7, $8
-        FROM pgfence_notify_key k
+        VALUES ($1, $2, $3, $4, h, $6, pg_catalog.split_part(pgfence_notify_payload($1 || pg_catalog.chr(31), 0), ':', 1),
+                $9, $7, $8)
         ON CONFLICT (sem) DO UPDATE
         SET permits = EXCLUDED.permits, owner = EXCLUDED.owner, ttl_us = EXCLUDED.ttl_us,
             secret_hash = EXCLUDED.secret_hash, grant_key = EXCLUDED.grant_key, tag = EXCLUDED.tag, channel = EXCLUDED.channel,

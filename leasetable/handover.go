@@ -24,9 +24,12 @@ import (
 // grants it to the claim in the release's own statement while that
 // session lives, and notifies the grant on the grant channel with a
 // payload the grant key signs. The head adopts it from the notification:
-// no statement of its own on the hand-over's path. Every other way to a
-// permit (a free slot, an expiry, a lost notification) goes through the
-// claim call, which returns a grant already made to the claim.
+// no statement of its own on the hand-over's path, and (migration 000009)
+// no WAL flush either: the grant's token comes from a block the claim
+// reserved durably, and the lease keeps the old one's expiry, which the
+// adoption's local deadline follows. Every other way to a permit (a free
+// slot, an expiry, a lost notification) goes through the claim call, which
+// returns a grant already made to the claim.
 
 // claimSQL is pgfence_claim_permit (%[1]s is the schema): $1 semaphore, $2
 // permits, $3 owner, $4 TTL in microseconds, $5 the claim's secret, $6 its
@@ -245,9 +248,14 @@ func (k *Locker) adoptHanded(ctx context.Context, h *lineHold, g handedGrant, t 
 		return nil, err
 	}
 	defer back()
+	// A grant keeps the old lease's expiry when that comes before a full
+	// TTL (migration 000009): the lease is good for expires-granted from
+	// after the claim's version was sent, and renewed as one acquired
+	// TTL-(expires-granted) earlier.
 	rep := acquireReply{
 		found: true, acquired: true, owner: k.cfg.Owner, token: g.token, secret: h.claim.secret,
-		acquiredAt: g.grantedAt, expiresAt: g.expiresAt, dbNow: g.grantedAt, sent: g.sent,
+		acquiredAt: g.grantedAt, expiresAt: g.expiresAt, dbNow: g.grantedAt,
+		sent: g.sent.Add(min(g.expiresAt.Sub(g.grantedAt)-t.ttl, 0)),
 	}
 	l, err := k.adoptGrant(ctx, PermitName(h.claim.sem, g.slot), rep, t)
 	if err == nil && k.hooks != nil && k.hooks.onHanded != nil {

@@ -40,9 +40,11 @@ func lineHeld(t *testing.T, db *pgtest.DB, sem string) bool {
 // TestPermitHandedOver: the head of a semaphore's line, waiting in another
 // Locker, gets the permit a release frees from the release itself: its
 // AcquirePermit returns the lease it adopted from the grant's notification
-// (a larger token, held with its own secret, released normally). The
-// control, a head that registers no claim (SetNoClaim), gets the permit by
-// an acquire of its own after the release's wake-up: nothing is handed.
+// (a larger token, held with its own secret, released normally), which
+// ends when the holder's lease would have (40 s), not a TTL (1 min) after
+// the grant. The control, a head that registers no claim (SetNoClaim),
+// gets the permit by an acquire of its own after the release's wake-up:
+// nothing is handed, and the lease runs its own TTL.
 func TestPermitHandedOver(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -50,8 +52,8 @@ func TestPermitHandedOver(t *testing.T) {
 		t.Run(fmt.Sprintf("claim=%t", claim), func(t *testing.T) {
 			t.Parallel()
 			db := pgtest.NewDB(t)
-			holder := newLocker(t, db.Pool, &leasetable.Config{TTL: time.Minute})
-			waiter, err := leasetable.New(ctx, db.NewPool(t, nil), nil)
+			holder := newLocker(t, db.Pool, &leasetable.Config{TTL: 40 * time.Second})
+			waiter, err := leasetable.New(ctx, db.NewPool(t, nil), &leasetable.Config{TTL: time.Minute})
 			require.NoError(t, err)
 			t.Cleanup(waiter.Close)
 			if !claim {
@@ -79,6 +81,10 @@ func TestPermitHandedOver(t *testing.T) {
 				}
 				return lineHeld(t, db, "hand")
 			}, 15*time.Second, time.Millisecond, "the waiter is the head of the line")
+			var heldUntil time.Time
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT expires_at FROM pgfence.pgfence_leases WHERE name = $1`,
+				held.Name()).Scan(&heldUntil))
+			released := time.Now()
 			require.NoError(t, held.Release(ctx))
 			var l pgfence.Lease
 			select {
@@ -86,6 +92,9 @@ func TestPermitHandedOver(t *testing.T) {
 			case err := <-errc:
 				t.Fatal(err)
 			}
+			var until time.Time
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT expires_at FROM pgfence.pgfence_leases WHERE name = $1`,
+				l.Name()).Scan(&until))
 			require.Equal(t, leasetable.PermitName("hand", 0), l.Name())
 			require.Greater(t, l.Token(), held.Token())
 			var ok bool
@@ -94,8 +103,14 @@ func TestPermitHandedOver(t *testing.T) {
 			require.True(t, ok, "held with the waiter's secret")
 			if claim {
 				require.Equal(t, l.Token(), handed.Load(), "adopted from the grant's notification")
+				// The old lease's expiry (40 s), not the waiter's TTL (1 min):
+				// in the database, and for the local deadline.
+				require.Equal(t, heldUntil, until, "the holder's expiry")
+				require.Less(t, l.(*leasetable.Lease).Expiry().Sub(released), 40*time.Second)
 			} else {
 				require.Zero(t, handed.Load(), "control: taken by an acquire of its own")
+				require.Greater(t, until, heldUntil, "control: its own TTL")
+				require.Greater(t, l.(*leasetable.Lease).Expiry().Sub(released), 50*time.Second)
 			}
 			require.NoError(t, l.Release(ctx))
 		})

@@ -40,7 +40,7 @@ type Lease struct {
 	// Guarded by k.mu.
 	state      leaseState
 	acquiredAt time.Time     // database time of acquisition
-	deadline   time.Time     // local deadline: last request sent + TTL - margin
+	deadline   time.Time     // local deadline: last request sent + TTL (or what a hand-over left) - margin
 	nextRenew  time.Time     // when the watchdog renews it next
 	timer      *time.Timer   // fires at deadline
 	inflight   chan struct{} // closed when the renewal including it ends
@@ -121,8 +121,10 @@ func (l *Lease) Secret() pgfence.Secret { return pgfence.NewSecret(l.secret) }
 func (l *Lease) AcquiredAt() time.Time { return l.acquiredAt }
 
 // Expiry returns the lease's local deadline, on the local clock: the last
-// successful acquire or renewal request's send time, plus the TTL, minus the
-// safety margin. Unless renewed first, the lease is lost then.
+// successful acquire or renewal request's send time, plus the TTL (for a
+// permit handed over by its last holder's release, what was left of that
+// holder's lease, when less), minus the safety margin. Unless renewed
+// first, the lease is lost then.
 func (l *Lease) Expiry() time.Time {
 	l.k.mu.Lock()
 	defer l.k.mu.Unlock()

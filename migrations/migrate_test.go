@@ -29,9 +29,9 @@ func TestLatest(t *testing.T) {
 	require.NoError(t, err)
 	downs, err := fs.Glob(migrations.FS, "*.down.sql")
 	require.NoError(t, err)
-	require.Equal(t, []string{"000001_baseline.up.sql", "000002_notify_waiters.up.sql", "000003_fence_registry.up.sql", "000004_schedule_slots.up.sql", "000005_semaphores.up.sql", "000006_permit_line.up.sql", "000007_permit_slot_lookup.up.sql", "000008_permit_handover.up.sql"}, ups)
-	require.Equal(t, []string{"000001_baseline.down.sql", "000002_notify_waiters.down.sql", "000003_fence_registry.down.sql", "000004_schedule_slots.down.sql", "000005_semaphores.down.sql", "000006_permit_line.down.sql", "000007_permit_slot_lookup.down.sql", "000008_permit_handover.down.sql"}, downs)
-	require.Equal(t, uint(8), migrations.Latest())
+	require.Equal(t, []string{"000001_baseline.up.sql", "000002_notify_waiters.up.sql", "000003_fence_registry.up.sql", "000004_schedule_slots.up.sql", "000005_semaphores.up.sql", "000006_permit_line.up.sql", "000007_permit_slot_lookup.up.sql", "000008_permit_handover.up.sql", "000009_handover_without_flush.up.sql"}, ups)
+	require.Equal(t, []string{"000001_baseline.down.sql", "000002_notify_waiters.down.sql", "000003_fence_registry.down.sql", "000004_schedule_slots.down.sql", "000005_semaphores.down.sql", "000006_permit_line.down.sql", "000007_permit_slot_lookup.down.sql", "000008_permit_handover.down.sql", "000009_handover_without_flush.down.sql"}, downs)
+	require.Equal(t, uint(9), migrations.Latest())
 }
 
 func TestUpCreatesSchemaAndIsIdempotent(t *testing.T) {

@@ -64,11 +64,17 @@ func grantMAC(key []byte, msg string) string {
 	return hex.EncodeToString(out[:])
 }
 
-// holdPermit takes permit 0 of sem (one permit) for the holder.
+// holdPermit takes permit 0 of sem (one permit) for the holder for 60 s.
 func holdPermit(t *testing.T, db *pgtest.DB, sem string) (name string, token int64, secret string) {
 	t.Helper()
+	return holdPermitTTL(t, db, sem, time.Minute)
+}
+
+// holdPermitTTL takes permit 0 of sem (one permit) for the holder for ttl.
+func holdPermitTTL(t *testing.T, db *pgtest.DB, sem string, ttl time.Duration) (name string, token int64, secret string) {
+	t.Helper()
 	require.NoError(t, db.Pool.QueryRow(testCtx(t),
-		`SELECT name, fence, secret FROM pgfence.pgfence_acquire_permit($1, 1, 'holder', 60000000, false)`, sem).Scan(&name, &token, &secret))
+		`SELECT name, fence, secret FROM pgfence.pgfence_acquire_permit($1, 1, 'holder', $2, false)`, sem, ttl.Microseconds()).Scan(&name, &token, &secret))
 	return name, token, secret
 }
 
@@ -103,12 +109,16 @@ func leaseRow(t *testing.T, db *pgtest.DB, name, secret string) (owner string, t
 // TestPermitHandover: since migration 000008 a release that frees a permit
 // grants it, in the same statement, to the claim of the semaphore's line
 // head: the row is the claimant's (its owner, its secret's hash, a larger
-// token), the release's commit waits for the flush (synchronous_commit
-// stays on), and the claimant's session gets a notification signed with
-// its grant key naming the slot, the token and the claim's version; its
-// next claim call returns the same grant. Control: once the claimant's
+// token), and the claimant's session gets a notification signed with its
+// grant key naming the slot, the token and the claim's version; its next
+// claim call returns the same grant. Since 000009 the token is the next of
+// the block the claim reserved (durable when the claim committed), the
+// lease keeps the old one's expiry, and the release's commit does not wait
+// for the flush. Controls: a grant whose old lease has less than half the
+// claim's TTL left, and one whose block is behind the slot's token, draw a
+// token, get a full TTL and wait for the flush; once the claimant's
 // session no longer holds its alive key (a head that crashed), the release
-// frees the permit as before and commits without waiting.
+// frees the permit as before.
 func TestPermitHandover(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
@@ -121,14 +131,21 @@ func TestPermitHandover(t *testing.T) {
 	require.NoError(t, err)
 
 	name, token, secret := holdPermit(t, db, "jobs")
+	held := expiresAt(t, db, name)
 	acquired, _, _, _ := c.claim(t, "jobs", 1)
 	require.False(t, acquired, "the permit is held: the claim is registered")
-	require.Equal(t, "on", releaseIn(t, db, name, token, secret), "a grant's commit waits for the flush")
+	reserved, end := reserve(t, db, "jobs")
+	require.Greater(t, reserved, token, "the claim reserved a block above the slot's token")
+	require.Equal(t, reserved+1024, end, "one sequence value's block")
+	require.Equal(t, "off", releaseIn(t, db, name, token, secret), "a grant from the block commits without waiting for the flush")
 
 	owner, granted, mine := leaseRow(t, db, name, c.secret)
 	require.Equal(t, "waiter", owner)
 	require.True(t, mine, "held with the claimant's secret")
-	require.Greater(t, granted, token)
+	require.Equal(t, reserved, granted, "the block's first token")
+	require.Equal(t, held, expiresAt(t, db, name), "the old lease's expiry")
+	next, _ := reserve(t, db, "jobs")
+	require.Equal(t, reserved+1, next, "the block's token used")
 
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -142,7 +159,8 @@ func TestPermitHandover(t *testing.T) {
 	require.Len(t, f, 7)
 	require.Equal(t, []string{"g", "1", "0"}, []string{f[0], f[2], f[3]}, "version 1, slot 0")
 	require.Equal(t, granted, mustInt(t, f[4]))
-	require.Equal(t, 60*time.Second, time.Duration(mustInt(t, f[6])-mustInt(t, f[5]))*time.Microsecond, "the claim's TTL")
+	require.Equal(t, held.UnixMicro(), mustInt(t, f[6]), "the old lease's expiry")
+	require.Less(t, mustInt(t, f[5]), mustInt(t, f[6]))
 
 	// Other Lockers' connections, listening on pgfence_lease_released, are
 	// not woken: the first notification they get is a marker sent after.
@@ -158,6 +176,29 @@ func TestPermitHandover(t *testing.T) {
 	require.Equal(t, granted, *gtoken)
 	require.Nil(t, gsecret, "the secret is the claimant's own")
 
+	// Controls: too little of the old lease left, then a block behind the
+	// slot's token: a drawn token, a full TTL, the flush awaited.
+	sname, stoken, ssecret := holdPermitTTL(t, db, "short", 20*time.Second)
+	acquired, _, _, _ = c.claim(t, "short", 1)
+	require.False(t, acquired)
+	reserved, _ = reserve(t, db, "short")
+	require.Equal(t, "on", releaseIn(t, db, sname, stoken, ssecret), "20 s left of a 60 s claim: the flush awaited")
+	_, slow, mine := leaseRow(t, db, sname, c.secret)
+	require.True(t, mine)
+	require.Greater(t, slow, reserved, "a drawn token")
+	fullTTL(t, db, sname)
+
+	bname, btoken, bsecret := holdPermitTTL(t, db, "behind", 60*time.Second)
+	acquired, _, _, _ = c.claim(t, "behind", 1)
+	require.False(t, acquired)
+	_, err = db.Pool.Exec(ctx, `UPDATE pgfence.pgfence_permit_claims SET reserve_next = $2 WHERE sem = $1`, "behind", btoken)
+	require.NoError(t, err)
+	require.Equal(t, "on", releaseIn(t, db, bname, btoken, bsecret), "a block behind the slot's token: the flush awaited")
+	_, slow, mine = leaseRow(t, db, bname, c.secret)
+	require.True(t, mine)
+	require.Greater(t, slow, btoken)
+	fullTTL(t, db, bname)
+
 	// Control: a claim whose session ended is passed over.
 	_, err = c.conn.Exec(ctx, "SELECT pg_catalog.pg_advisory_unlock($1::int8)", c.alive)
 	require.NoError(t, err)
@@ -172,11 +213,96 @@ func TestPermitHandover(t *testing.T) {
 	require.Zero(t, open)
 }
 
+// reserve returns the block of tokens sem's claim row reserved.
+func reserve(t *testing.T, db *pgtest.DB, sem string) (next, end int64) {
+	t.Helper()
+	require.NoError(t, db.Pool.QueryRow(testCtx(t),
+		`SELECT reserve_next, reserve_end FROM pgfence.pgfence_permit_claims WHERE sem = $1`, sem).Scan(&next, &end))
+	return next, end
+}
+
+// expiresAt returns a lease row's expires_at.
+func expiresAt(t *testing.T, db *pgtest.DB, name string) time.Time {
+	t.Helper()
+	var at time.Time
+	require.NoError(t, db.Pool.QueryRow(testCtx(t), `SELECT expires_at FROM pgfence.pgfence_leases WHERE name = $1`, name).Scan(&at))
+	return at
+}
+
+// fullTTL requires that lease name runs the claim's full TTL (60 s) from
+// its acquisition.
+func fullTTL(t *testing.T, db *pgtest.DB, name string) {
+	t.Helper()
+	var ttl time.Duration
+	require.NoError(t, db.Pool.QueryRow(testCtx(t),
+		`SELECT expires_at - acquired_at FROM pgfence.pgfence_leases WHERE name = $1`, name).Scan(&ttl))
+	require.Equal(t, 60*time.Second, ttl, "a full TTL")
+}
+
 func mustInt(t *testing.T, s string) int64 {
 	t.Helper()
 	v, err := strconv.ParseInt(s, 10, 64)
 	require.NoError(t, err)
 	return v
+}
+
+// claimIn registers c's claim on sem at version v in a transaction, and
+// returns the synchronous_commit its commit ran with.
+func (c *claimant) claimIn(t *testing.T, sem string, v int64) string {
+	t.Helper()
+	ctx := testCtx(t)
+	tx, err := c.conn.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	var claimed bool
+	require.NoError(t, tx.QueryRow(ctx,
+		`SELECT claimed FROM pgfence.pgfence_claim_permit($1, 1, 'waiter', 60000000, $2, $3, $4, $5, $6)`,
+		sem, c.secret, c.key, v, c.alive, c.channel).Scan(&claimed))
+	require.True(t, claimed)
+	var sync string
+	require.NoError(t, tx.QueryRow(ctx, "SELECT current_setting('synchronous_commit')").Scan(&sync))
+	require.NoError(t, tx.Commit(ctx))
+	return sync
+}
+
+// TestPermitClaimBlock: a claim that draws its block of tokens commits with
+// synchronous_commit on (the draw's rule: its commit waits for the flush
+// when the WAL that covers the token is not on disk), and one that keeps
+// its block commits without waiting. The block is kept from claim to claim
+// while no token is drawn after it, and replaced once one is (another
+// name's acquire), so that a hand-over's token stays above every token a
+// grant returned before the claim; replaced too once the semaphore's slot
+// holds a token not below it.
+func TestPermitClaimBlock(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := pgtest.NewDB(t)
+	c := newClaimant(t, db, "", 7003)
+	_, token, _ := holdPermit(t, db, "jobs")
+
+	require.Equal(t, "on", c.claimIn(t, "jobs", 1), "a drawn block is made durable by the claim's commit")
+	first, end := reserve(t, db, "jobs")
+	require.Greater(t, first, token)
+	require.Equal(t, first+1024, end)
+	require.Equal(t, "off", c.claimIn(t, "jobs", 2), "the block kept: nothing to wait for")
+	kept, _ := reserve(t, db, "jobs")
+	require.Equal(t, first, kept)
+
+	var other int64
+	require.NoError(t, db.Pool.QueryRow(ctx,
+		`SELECT fence FROM pgfence.pgfence_acquire(ARRAY['other'], 'someone', ARRAY[60000000::int8])`).Scan(&other))
+	require.Greater(t, other, first)
+	require.Equal(t, "on", c.claimIn(t, "jobs", 3), "a token drawn after the block: a new one")
+	second, _ := reserve(t, db, "jobs")
+	require.Greater(t, second, other)
+
+	// Control for the slot's rule: the block set back below the slot's token.
+	_, err := db.Pool.Exec(ctx, `UPDATE pgfence.pgfence_permit_claims SET reserve_next = $1::int8, reserve_end = $2::int8 WHERE sem = 'jobs'`,
+		token, second+1024)
+	require.NoError(t, err)
+	require.Equal(t, "on", c.claimIn(t, "jobs", 4), "a block not above the slot's token: a new one")
+	third, _ := reserve(t, db, "jobs")
+	require.Greater(t, third, second)
 }
 
 // TestPermitUnclaimNeedsSecret: a claim is deleted, and a permit granted to

@@ -15,7 +15,7 @@ import (
 
 // Version is the oldest schema version (pgfence_schema_version()) this code
 // works with.
-const Version = 8
+const Version = 9
 
 // TokenStep is what the token sequence steps by: one value covers a block of
 // TokenStep consecutive tokens (pgfence_next_tokens).

@@ -33,7 +33,7 @@ FUZZ_TARGETS := ./leasetable:FuzzLeaseName ./advisory:FuzzNameKey ./fence:FuzzSc
 .PHONY: chaos chaos-ci fuzz model-ci patroni-ci powerloss-ci tools-ci
 
 # model-ci checks the Promela model of the protocol (model/pgfence.pml) with
-# spin: 11 runs must verify and 14 controls must find their counterexample
+# spin: 14 runs must verify and 16 controls must find their counterexample
 # (the asynchronous failover is the negative control); about a minute. It
 # needs spin and gcc. See model/README.md.
 model-ci:

@@ -23,7 +23,14 @@
  *     draw no token (-DDURABLE_WRITES: but on for the guarded writes);
  *   - N clients that acquire, renew, release, write, pause (any
  *     interleaving) and give up; a rogue role that can read the lease
- *     table but has no secret and no token.
+ *     table but has no secret and no token;
+ *   - with -DHANDOVER, a permit's hand-over (migration 000009): a client
+ *     that finds the lease held registers a claim (pgfence_claim_permit),
+ *     whose token is drawn, and made durable, by the claim's commit; a
+ *     release grants the lease to the claim in its own update, with that
+ *     token and the old lease's expiry, and commits without waiting for a
+ *     flush or a standby (pgfence_hand_permit). Claims are unlogged: a
+ *     crash or failover clears them.
  *
  * Properties (ghost state, asserted where the state changes):
  *   P1 guard sound: a write lands only if it presents a token, the token
@@ -46,7 +53,9 @@
  * accepted), -DNOSECRET (release needs only the token, not the secret),
  * -DCANCEL_WAIT (a commit's cancelled wait for the synchronous standby is
  * acknowledged, as PostgreSQL does), -DNOFLUSHCHECK (a draw never waits
- * for the flush);
+ * for the flush), -DHANDOVER_FULL_TTL (a hand-over grants a full TTL
+ * instead of the old lease's expiry), -DHANDOVER_UNDURABLE (a claim's
+ * commit does not wait for its token's flush);
  * and PROPS=16 without -DGUARD_LT (the default <= guard, P5 asserted).
  */
 
@@ -83,6 +92,7 @@
 #define K_GRANT 1
 #define K_RENEW 2
 #define K_WRITE 3
+#define K_CLAIM 4
 
 typedef DB {
 	byte seq;   /* pgfence_leases_fence_seq: the last value drawn, 0 none (in memory) */
@@ -107,6 +117,8 @@ byte fk[N];   /* its kind (K_*) */
 byte ft[N];   /* its token */
 byte fv[N];   /* the expires_at it returned (grant, renewal) */
 bool lost[N]; /* advisory: the client's session ended; it has not noticed */
+byte claim;   /* -DHANDOVER: the registered claim's client + 1, 0 none (unlogged: primary only) */
+byte res;     /* its reserved token */
 
 /* Ghost state for the properties. */
 byte max_acked;  /* largest token acknowledged in a grant */
@@ -134,6 +146,8 @@ inline acknowledge(c) {
 		if :: ft[c] > max_acked -> max_acked = ft[c] :: else -> skip fi
 	:: fk[c] == K_WRITE ->
 		if :: ft[c] > wfloor -> wfloor = ft[c] :: else -> skip fi
+	:: fk[c] == K_CLAIM -> /* a claim is seen by releases once its commit is done */
+		claim = c + 1; res = ft[c]
 	:: else -> skip
 	fi
 }
@@ -279,6 +293,20 @@ inline drop(c) {
 
 hidden byte ok; /* the guard's verdict, used within one atomic step */
 
+#ifdef HANDOVER_UNDURABLE
+#define CLAIM_FLUSH false
+#else
+#define CLAIM_FLUSH FLUSH_CHECK
+#endif
+
+/* A grant handed to client c by a release: its commit waits for neither
+ * the flush nor a standby (synchronous_commit off), so the claimant is
+ * told at once (the notification). */
+inline handed(c, t, v) {
+	fk[c] = K_GRANT; ft[c] = t; fv[c] = v;
+	acknowledge(c)
+}
+
 #ifdef NOFLUSHCHECK
 #define FLUSH_CHECK false
 #else
@@ -319,6 +347,29 @@ idle:
 			goto holding
 		:: atomic { fl[_pid] == F_FAIL -> settle(_pid) } /* an error: not acquired */
 		fi
+#ifdef HANDOVER
+	:: atomic { /* pgfence_claim_permit: the lease is held by another; the
+	             * claim's token is drawn, and its commit waits for the flush
+	             * when the WAL covering it is not flushed yet */
+		claim == 0 && P.owner != 0 && P.owner != _pid + 1 && P.exp > now && P.seq < MAXTOK ->
+		draw();
+		printf("t=%d c%d: claims, token %d reserved\n", now, _pid, P.seq);
+		drawn();
+		committed(_pid, K_CLAIM, P.seq, 0, CLAIM_FLUSH)
+	   }
+		if
+		:: atomic { fl[_pid] == F_ACK -> settle(_pid) } /* registered (a crash may have cleared it since) */
+		:: atomic { fl[_pid] == F_FAIL -> settle(_pid) } /* an error: no claim */
+		fi;
+		if
+		:: atomic { fl[_pid] == F_ACK -> tok[_pid] = ft[_pid]; bexp[_pid] = fv[_pid]; settle(_pid);
+			printf("t=%d c%d: holds token %d until %d (handed over)\n", now, _pid, tok[_pid], bexp[_pid]);
+			check_exclusive(_pid) }
+			goto holding
+		:: atomic { claim == _pid + 1 -> claim = 0; res = 0 } /* leaves the line: pgfence_unclaim_permit */
+		:: atomic { claim != _pid + 1 && fl[_pid] == F_NONE -> skip } /* no claim (an error, a crash) */
+		fi
+#endif
 	od;
 holding:
 	do
@@ -360,8 +411,26 @@ holding:
 	             * the token and the secret, and a lease not yet expired */
 		tok[_pid] != 0 ->
 		if
-		:: P.fence == tok[_pid] && P.owner == _pid + 1 && P.exp > now -> P.exp = now;
+		:: P.fence == tok[_pid] && P.owner == _pid + 1 && P.exp > now ->
+#ifdef HANDOVER
+			if
+			:: claim != 0 && res > P.fence && fl[claim - 1] == F_NONE ->
+				/* pgfence_hand_permit: the claim's token, the old expiry */
+				P.owner = claim; P.fence = res;
+#ifdef HANDOVER_FULL_TTL
+				P.exp = now + TTL;
+#endif
+				printf("t=%d c%d: released token %d, handed to c%d with token %d until %d\n",
+					now, _pid, tok[_pid], claim - 1, res, P.exp);
+				handed(claim - 1, res, P.exp);
+				claim = 0; res = 0
+			:: else -> P.exp = now;
+				printf("t=%d c%d: released token %d\n", now, _pid, tok[_pid])
+			fi
+#else
+			P.exp = now;
 			printf("t=%d c%d: released token %d\n", now, _pid, tok[_pid])
+#endif
 		:: else -> skip
 		fi;
 		drop(_pid); goto idle
@@ -466,6 +535,7 @@ active proctype Failover() {
 		P.seq = S.logged; P.logged = S.logged;
 		P.owner = S.owner; P.fence = S.fence; P.exp = S.exp; P.rtok = S.rtok; P.lb = S.lb;
 		P.adv = 0; failed = true;
+		claim = 0; res = 0; /* unlogged: emptied */
 		fail_waiting(0); fail_waiting(1);
 #if N > 2
 		fail_waiting(2);

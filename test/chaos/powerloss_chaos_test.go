@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/pgfence/pgfence/advisory"
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/leasetable"
 	"github.com/pgfence/pgfence/test/chaos"
 )
 
@@ -203,7 +205,7 @@ func childrenOf(pid int) []int {
 }
 
 // plNames name the workloads of the power-loss scenarios.
-var plNames = []string{"lease", "lease-checked", "advisory-a", "advisory-b", "advisory-c", "advisory-xact"}
+var plNames = []string{"lease", "lease-checked", "advisory-a", "advisory-b", "advisory-c", "advisory-xact", "permit"}
 
 func plTable(name string) string { return "pl_" + strings.ReplaceAll(name, "-", "_") }
 
@@ -223,9 +225,11 @@ type plWorkload struct {
 // fenced writes and with lease-checked writes (renewed every 100ms, while
 // holders sleep up to 120ms), three names sharing one advisory Locker
 // (one session: grants requested together are drawn by one combined
-// statement), and advisory transaction locks. Lockers run on lockPool, at
-// the server's asynchronous commit; the registers on regPool, at
-// synchronous commit, so an acknowledged write is durable.
+// statement), advisory transaction locks, and the one permit of a
+// semaphore taken by two Lockers (whose releases hand it to the other's
+// waiting call). Lockers run on lockPool, at the server's asynchronous
+// commit; the registers on regPool, at synchronous commit, so an
+// acknowledged write is durable.
 func powerLossWorkloads(t *testing.T, ctx context.Context, lockPool, regPool, admin *pgxpool.Pool) []*plWorkload {
 	t.Helper()
 	register := func(table, lease string) (chaos.Register, finalReader) {
@@ -256,7 +260,52 @@ func powerLossWorkloads(t *testing.T, ctx context.Context, lockPool, regPool, ad
 		add(n, kindAdvisory, []chaos.Locker{&chaos.PgfenceLocker{L: shared}}, 2, "")
 	}
 	add("advisory-xact", kindAdvisoryTx, realLockers(t, kindAdvisoryTx, lockPool, realOpts{Workers: 2}), 2, "")
+	var permits []chaos.Locker
+	for range 2 {
+		k, err := leasetable.New(cctx, lockPool, &leasetable.Config{TTL: 300 * time.Millisecond})
+		require.NoError(t, err)
+		t.Cleanup(k.Close)
+		permits = append(permits, &permitLocker{k: k, pool: lockPool})
+	}
+	add("permit", kindPermit, permits, 2, "")
 	return ws
+}
+
+// permitLocker takes the one permit of semaphore name. It counts the
+// grants that came by hand-over from a release without a flush: their
+// lease keeps the old one's expiry, so its row expires less than a TTL
+// after it was granted (read right after the grant; one renewed since,
+// or unreadable while the server is down, is not counted).
+type permitLocker struct {
+	k      *leasetable.Locker
+	pool   *pgxpool.Pool
+	handed atomic.Int64
+}
+
+func (p *permitLocker) Acquire(ctx context.Context, name string) (chaos.Holder, error) {
+	l, err := p.k.AcquirePermit(ctx, name, 1, nil)
+	if err != nil {
+		return nil, err
+	}
+	var short bool
+	if p.pool.QueryRow(ctx, `SELECT expires_at - acquired_at < interval '300 milliseconds'
+		FROM pgfence.pgfence_leases WHERE name = $1 AND fence = $2`, l.Name(), l.Token()).Scan(&short) == nil && short {
+		p.handed.Add(1)
+	}
+	return l, nil
+}
+
+// handedOver counts the permit workload's grants by hand-over.
+func handedOver(ws []*plWorkload) int64 {
+	var n int64
+	for _, w := range ws {
+		for _, l := range w.lockers {
+			if p, ok := l.(pausingLocker).Locker.(*permitLocker); ok {
+				n += p.handed.Load()
+			}
+		}
+	}
+	return n
 }
 
 // pausingLocker pauses 50ms after a failed Acquire, so that a worker does
@@ -449,6 +498,9 @@ func TestPowerLossWorkloads(t *testing.T) {
 	combined := combinedGrants(ws)
 	t.Logf("advisory: %d grants drawn by combined statements", combined)
 	require.Positive(t, combined, "no advisory grants were drawn by one combined statement")
+	handed := handedOver(ws)
+	t.Logf("permit: %d grants handed over by a release without a flush", handed)
+	require.Positive(t, handed, "no permit was handed over without a flush")
 	all := merged(ws)
 	require.Empty(t, chaos.CheckTokensUnique(all))
 	forbidden := chaos.ReplayModel(all, &chaos.CheckOpts{Claim: true})

@@ -33,6 +33,9 @@ const (
 	// kindLeaseUnguarded: leasetable leases, unguarded writes (negative
 	// control).
 	kindLeaseUnguarded lockerKind = "leasetable-unguarded"
+	// kindPermit: the one permit of a leasetable semaphore, fenced writes
+	// (the power-loss scenarios' hand-overs).
+	kindPermit lockerKind = "leasetable-permit"
 )
 
 var allKinds = []lockerKind{kindLease, kindLeaseChecked, kindAdvisory, kindAdvisoryTx}

@@ -78,22 +78,33 @@ func holdPermitTTL(t *testing.T, db *pgtest.DB, sem string, ttl time.Duration) (
 	return name, token, secret
 }
 
-// releaseIn releases a lease in a transaction and returns its
-// synchronous_commit before the commit.
-func releaseIn(t *testing.T, db *pgtest.DB, name string, token int64, secret string) string {
+// committedWith runs fn in a transaction of b's and returns the
+// synchronous_commit the transaction then commits with.
+func committedWith(t *testing.T, b interface {
+	Begin(context.Context) (pgx.Tx, error)
+}, fn func(ctx context.Context, tx pgx.Tx)) string {
 	t.Helper()
 	ctx := testCtx(t)
-	tx, err := db.Pool.Begin(ctx)
+	tx, err := b.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	var n int
-	require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM pgfence.pgfence_release(ARRAY[$1], ARRAY[$2::int8], ARRAY[$3], ARRAY[0::int8])`,
-		name, token, secret).Scan(&n))
-	require.Equal(t, 1, n)
+	fn(ctx, tx)
 	var sync string
 	require.NoError(t, tx.QueryRow(ctx, "SELECT current_setting('synchronous_commit')").Scan(&sync))
 	require.NoError(t, tx.Commit(ctx))
 	return sync
+}
+
+// releaseIn releases a lease in a transaction and returns the
+// synchronous_commit it commits with.
+func releaseIn(t *testing.T, db *pgtest.DB, name string, token int64, secret string) string {
+	t.Helper()
+	return committedWith(t, db.Pool, func(ctx context.Context, tx pgx.Tx) {
+		var n int
+		require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM pgfence.pgfence_release(ARRAY[$1], ARRAY[$2::int8], ARRAY[$3], ARRAY[0::int8])`,
+			name, token, secret).Scan(&n))
+		require.Equal(t, 1, n)
+	})
 }
 
 // leaseRow returns a lease's owner, token and whether it is held with the
@@ -250,19 +261,13 @@ func mustInt(t *testing.T, s string) int64 {
 // returns the synchronous_commit its commit ran with.
 func (c *claimant) claimIn(t *testing.T, sem string, v int64) string {
 	t.Helper()
-	ctx := testCtx(t)
-	tx, err := c.conn.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	var claimed bool
-	require.NoError(t, tx.QueryRow(ctx,
-		`SELECT claimed FROM pgfence.pgfence_claim_permit($1, 1, 'waiter', 60000000, $2, $3, $4, $5, $6)`,
-		sem, c.secret, c.key, v, c.alive, c.channel).Scan(&claimed))
-	require.True(t, claimed)
-	var sync string
-	require.NoError(t, tx.QueryRow(ctx, "SELECT current_setting('synchronous_commit')").Scan(&sync))
-	require.NoError(t, tx.Commit(ctx))
-	return sync
+	return committedWith(t, c.conn, func(ctx context.Context, tx pgx.Tx) {
+		var claimed bool
+		require.NoError(t, tx.QueryRow(ctx,
+			`SELECT claimed FROM pgfence.pgfence_claim_permit($1, 1, 'waiter', 60000000, $2, $3, $4, $5, $6)`,
+			sem, c.secret, c.key, v, c.alive, c.channel).Scan(&claimed))
+		require.True(t, claimed)
+	})
 }
 
 // TestPermitClaimBlock: a claim that draws its block of tokens commits with

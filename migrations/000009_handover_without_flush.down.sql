@@ -150,7 +150,7 @@ $$;
 COMMENT ON FUNCTION pgfence_hand_permit(pname text, token bigint, secret text, at_least_us bigint) IS
     'Releases permit pname held with token and secret and grants it, in the same update, to the claim of its semaphore''s line head while that claim''s session lives; notifies the grant signed with the claim''s grant key. False, with nothing changed, otherwise.';
 
-ALTER TABLE pgfence_permit_claims DROP COLUMN reserve_next, DROP COLUMN reserve_end;
+ALTER TABLE pgfence_permit_claims DROP COLUMN reserve_next, DROP COLUMN reserve_end, DROP COLUMN reserved_by;
 
 CREATE OR REPLACE FUNCTION pgfence_schema_version() RETURNS integer
     LANGUAGE sql IMMUTABLE

@@ -13,11 +13,12 @@
 --   own commit, as every draw is. A hand-over grants the next token of the
 --   block when it is above the slot's token, and a crash cannot issue it
 --   again: the sequence resumes after the block. The block stays with the
---   semaphore's claim row from claim to claim while no other token is
---   drawn (so a grant's token stays above every token returned before its
---   acquire began, whatever the name): a line's heads draw (and wait for a
---   flush) once per 1024 hand-overs where nothing else draws tokens, and at
---   most once per claim where other names do.
+--   semaphore's claim row: the claim that drew it keeps it, and the next
+--   claims too while no other token is drawn (so a grant's token stays
+--   above every token returned before its acquire began, whatever the
+--   name): a line's heads draw (and wait for a flush) once per 1024
+--   hand-overs where nothing else draws tokens, and at most once per head
+--   where other names do.
 -- * The expiry. The hand-over moves the lease, not its expiry: the new
 --   holder's lease ends when the old holder's did (or earlier, at its own
 --   TTL). Whatever a crash rolls back to, the row holds the slot for its
@@ -28,17 +29,20 @@
 --   the claim's TTL left grants a full TTL and waits for the flush, as in
 --   version 8; so does one without a usable block.
 
-ALTER TABLE pgfence_permit_claims ADD COLUMN reserve_next bigint, ADD COLUMN reserve_end bigint;
+ALTER TABLE pgfence_permit_claims ADD COLUMN reserve_next bigint, ADD COLUMN reserve_end bigint, ADD COLUMN reserved_by bytea;
 COMMENT ON COLUMN pgfence_permit_claims.reserve_next IS
     'pgfence: the next token of the block the semaphore''s claims reserved (durable when reserved); a hand-over grants it when it is above the slot''s token.';
 COMMENT ON COLUMN pgfence_permit_claims.reserve_end IS
     'pgfence: the end (exclusive) of the reserved block of tokens.';
+COMMENT ON COLUMN pgfence_permit_claims.reserved_by IS
+    'pgfence: the secret hash of the claim that drew the block (which keeps it whatever is drawn after).';
 
 -- As in version 8, and a claim it registers holds a durable block of tokens
 -- (reserve_next, reserve_end): a new one is drawn when there is none, when
 -- it is used up, when a slot of the semaphore holds a token not below its
--- next one, or when any token was drawn after it; the call's commit then
--- waits for the flush when the draw needs it (pgfence_next_token).
+-- next one, or when another claim drew it and any token was drawn after
+-- it; the call's commit then waits for the flush when the draw needs it
+-- (pgfence_next_token).
 CREATE OR REPLACE FUNCTION pgfence_claim_permit(sem text, n integer, new_owner text, ttl_us bigint, claim_secret text,
                                                 grant_key bytea, version bigint, alive_key bigint, grant_channel text)
     RETURNS TABLE(acquired boolean, name text, owner text, fence bigint, acquired_at timestamptz, expires_at timestamptz,
@@ -61,6 +65,7 @@ DECLARE
     g_permits integer;
     rn        bigint;
     re        bigint;
+    rby       bytea;
 BEGIN
     IF $5 IS NULL OR pg_catalog.octet_length($5) < 32 OR pg_catalog.octet_length($5) > 128 THEN
         RAISE EXCEPTION 'pgfence: a claim''s secret is 32 to 128 bytes'
@@ -117,30 +122,33 @@ BEGIN
             UPDATE pgfence_permit_claims q SET secret_hash = NULL, granted = NULL, granted_fence = NULL WHERE q.sem = $1;
         END IF;
     ELSE
-        SELECT q.reserve_next, q.reserve_end INTO rn, re FROM pgfence_permit_claims q WHERE q.sem = $1;
-        -- The block is kept only while no token has been drawn after it:
-        -- then every token a grant returned before this call (of any name)
-        -- is below the block's next one, as a token drawn now would be.
+        SELECT q.reserve_next, q.reserve_end, q.reserved_by INTO rn, re, rby FROM pgfence_permit_claims q WHERE q.sem = $1;
+        -- Every token a grant returned before this claim's acquire began (of
+        -- any name) must be below the block's next one, as below a token
+        -- drawn now: so it is when this claim drew the block (after its
+        -- acquire began), and when no token has been drawn after it.
         IF rn IS NULL OR re IS NULL OR rn >= re OR rn <= coalesce(top, 0)
-           OR re - 1024 <> (SELECT q.last_value FROM pgfence_leases_fence_seq q) THEN
+           OR (rby IS DISTINCT FROM h AND re - 1024 <> (SELECT q.last_value FROM pgfence_leases_fence_seq q)) THEN
             -- One value covers the 1024 tokens from it (pgfence_next_tokens
             -- hands them out so too); the draw makes this call's commit
             -- wait for the flush when the WAL that covers it is not on disk.
             rn := pgfence_next_token();
             re := rn + 1024;
+            rby := h;
             drew := true;
         END IF;
         -- The tag is the semaphore's waiters' (pgfence_notify_payload's first
         -- field), so that the Locker finds the claim by it.
         INSERT INTO pgfence_permit_claims AS q (sem, permits, owner, ttl_us, secret_hash, grant_key, tag, channel, version,
-                                                alive_key, reserve_next, reserve_end)
+                                                alive_key, reserve_next, reserve_end, reserved_by)
         VALUES ($1, $2, $3, $4, h, $6, pg_catalog.split_part(pgfence_notify_payload($1 || pg_catalog.chr(31), 0), ':', 1),
-                $9, $7, $8, rn, re)
+                $9, $7, $8, rn, re, rby)
         ON CONFLICT (sem) DO UPDATE
         SET permits = EXCLUDED.permits, owner = EXCLUDED.owner, ttl_us = EXCLUDED.ttl_us,
             secret_hash = EXCLUDED.secret_hash, grant_key = EXCLUDED.grant_key, tag = EXCLUDED.tag, channel = EXCLUDED.channel,
             version = EXCLUDED.version, alive_key = EXCLUDED.alive_key, claimed_at = pg_catalog.now(),
-            granted = NULL, granted_fence = NULL, reserve_next = EXCLUDED.reserve_next, reserve_end = EXCLUDED.reserve_end;
+            granted = NULL, granted_fence = NULL, reserve_next = EXCLUDED.reserve_next, reserve_end = EXCLUDED.reserve_end,
+            reserved_by = EXCLUDED.reserved_by;
     END IF;
     IF NOT r.acquired AND NOT drew THEN
         -- Nothing was granted or drawn: what this call wrote is the claim (an

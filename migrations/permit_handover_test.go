@@ -273,11 +273,13 @@ func (c *claimant) claimIn(t *testing.T, sem string, v int64) string {
 // TestPermitClaimBlock: a claim that draws its block of tokens commits with
 // synchronous_commit on (the draw's rule: its commit waits for the flush
 // when the WAL that covers the token is not on disk), and one that keeps
-// its block commits without waiting. The block is kept from claim to claim
-// while no token is drawn after it, and replaced once one is (another
-// name's acquire), so that a hand-over's token stays above every token a
-// grant returned before the claim; replaced too once the semaphore's slot
-// holds a token not below it.
+// its block commits without waiting. The claim that drew the block keeps
+// it whatever is drawn after (its acquire began before the draw); another
+// claim keeps it only while no token was drawn after it, and draws a new
+// one once one was (another name's acquire), so that a hand-over's token
+// stays above every token a grant returned before the claim's acquire
+// began; any claim draws a new one once the semaphore's slot holds a
+// token not below the block's next.
 func TestPermitClaimBlock(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
@@ -297,7 +299,13 @@ func TestPermitClaimBlock(t *testing.T) {
 	require.NoError(t, db.Pool.QueryRow(ctx,
 		`SELECT fence FROM pgfence.pgfence_acquire(ARRAY['other'], 'someone', ARRAY[60000000::int8])`).Scan(&other))
 	require.Greater(t, other, first)
-	require.Equal(t, "on", c.claimIn(t, "jobs", 3), "a token drawn after the block: a new one")
+	require.Equal(t, "off", c.claimIn(t, "jobs", 3), "the claim that drew the block keeps it")
+	kept, _ = reserve(t, db, "jobs")
+	require.Equal(t, first, kept)
+
+	next := newClaimant(t, db, "", 7004)
+	next.secret = strings.Repeat("d", 64)
+	require.Equal(t, "on", next.claimIn(t, "jobs", 1), "another claim, a token drawn after the block: a new one")
 	second, _ := reserve(t, db, "jobs")
 	require.Greater(t, second, other)
 
@@ -305,7 +313,7 @@ func TestPermitClaimBlock(t *testing.T) {
 	_, err := db.Pool.Exec(ctx, `UPDATE pgfence.pgfence_permit_claims SET reserve_next = $1::int8, reserve_end = $2::int8 WHERE sem = 'jobs'`,
 		token, second+1024)
 	require.NoError(t, err)
-	require.Equal(t, "on", c.claimIn(t, "jobs", 4), "a block not above the slot's token: a new one")
+	require.Equal(t, "on", next.claimIn(t, "jobs", 2), "a block not above the slot's token: a new one")
 	third, _ := reserve(t, db, "jobs")
 	require.Greater(t, third, second)
 }

@@ -32,6 +32,10 @@ func TestArmedWaiterWoken(t *testing.T) {
 		if late {
 			leasetable.SetLateWatch(a)
 		}
+		// The wake-up by notification is under test: a's line head
+		// registers no claim, so b's releases notify instead of handing
+		// the permit over (handover_test.go).
+		leasetable.SetNoClaim(a)
 		notified := make(chan struct{}, 16)
 		leasetable.SetOnNotify(a, func() {
 			select {
@@ -74,7 +78,10 @@ func TestArmedWaiterWoken(t *testing.T) {
 		require.NoError(t, r.l.Release(ctx))
 
 		// Within the linger: registered armed; b releases between a's
-		// refused attempt and its first wait for notifications.
+		// refused attempt and its first wait for notifications. a leaves
+		// the database's line after its call returned: until then b's
+		// attempt would be refused for the line.
+		require.Eventually(t, func() bool { return inLine(t, db, "n", true) == 0 }, 10*time.Second, time.Millisecond)
 		held, err = b.TryAcquirePermit(ctx, "n", 1, &leasetable.AcquireOpts{TTL: 20 * time.Second})
 		require.NoError(t, err)
 		inject.Store(&held)

@@ -104,12 +104,13 @@ func TestPoolOfOne(t *testing.T) {
 // once less time is left before the lease's local deadline than the
 // Locker's fastest renewal round trip, and sends nothing then, so the
 // connection survives the lease's loss. The renewal is made slow for
-// certain (another transaction holds the lease's row lock) and the
-// fastest round trip is set to 1s; the test holds the pool's only
+// certain (another transaction holds the lease's table lock) and the
+// fastest round trip is set to 2s; the test holds the pool's only
 // connection, which the renewal waits for from 500ms on, and hands it back
-// 500ms before the deadline (a time target, not an ordering: the renewal
+// 1.5s before the deadline (a time target, not an ordering: the renewal
 // waits for the connection, and in the control takes it, whenever it comes
-// before the deadline). Negative control: a Locker that sends late
+// before the deadline; the 1.5s leave the control time to send on a loaded
+// machine). Negative control: a Locker that sends late
 // renewals takes the connection, has its statement cut at the deadline,
 // and pgx closes the connection with it (the pool dials a new one). Also:
 // an answered renewal records its round trip as the fastest so far.
@@ -125,7 +126,7 @@ func TestLateRenewalNotSent(t *testing.T) {
 		pool := db.NewPool(t, func(c *pgxpool.Config) { c.MaxConns = 1 })
 		k := newLocker(t, pool, &leasetable.Config{TTL: 3 * time.Second, RenewInterval: 500 * time.Millisecond,
 			SafetyMargin: 300 * time.Millisecond, QueryTimeout: 10 * time.Second})
-		leasetable.SetFastestRenewal(k, time.Second)
+		leasetable.SetFastestRenewal(k, 2*time.Second)
 		if sendLate {
 			leasetable.SetSendLateRenewals(k)
 		}
@@ -141,7 +142,7 @@ func TestLateRenewalNotSent(t *testing.T) {
 		c, err := pool.Acquire(ctx)
 		require.NoError(t, err)
 		pid := c.Conn().PgConn().PID()
-		time.Sleep(time.Until(l.Expiry().Add(-500 * time.Millisecond)))
+		time.Sleep(time.Until(l.Expiry().Add(-1500 * time.Millisecond)))
 		c.Release()
 		waitFor(t, l.Done(), "the lease to be lost")
 		require.ErrorIs(t, l.Err(), pgfence.ErrLeaseLost)

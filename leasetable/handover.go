@@ -224,10 +224,9 @@ func (k *Locker) claimAttempt(ctx context.Context, h *lineHold, permits int, t l
 			rep.secret = *secret
 		} else {
 			// Granted to the claim by a release, at a version sent earlier:
-			// the lease is good for expires_at-db_now from after this call
-			// was sent.
+			// db_now is this call's, so newLease counts what is left of the
+			// lease from when this call was sent.
 			rep.secret = c.secret
-			rep.sent = sent.Add(rep.expiresAt.Sub(rep.dbNow) - t.ttl)
 		}
 		return nil
 	})
@@ -248,14 +247,11 @@ func (k *Locker) adoptHanded(ctx context.Context, h *lineHold, g handedGrant, t 
 		return nil, err
 	}
 	defer back()
-	// A grant keeps the old lease's expiry when that comes before a full
-	// TTL (migration 000009): the lease is good for expires-granted from
-	// after the claim's version was sent, and renewed as one acquired
-	// TTL-(expires-granted) earlier.
+	// Good for expires-granted from when the claim's version was sent,
+	// before the grant (newLease).
 	rep := acquireReply{
 		found: true, acquired: true, owner: k.cfg.Owner, token: g.token, secret: h.claim.secret,
-		acquiredAt: g.grantedAt, expiresAt: g.expiresAt, dbNow: g.grantedAt,
-		sent: g.sent.Add(min(g.expiresAt.Sub(g.grantedAt)-t.ttl, 0)),
+		acquiredAt: g.grantedAt, expiresAt: g.expiresAt, dbNow: g.grantedAt, sent: g.sent,
 	}
 	l, err := k.adoptGrant(ctx, PermitName(h.claim.sem, g.slot), rep, t)
 	if err == nil && k.hooks != nil && k.hooks.onHanded != nil {

@@ -58,6 +58,12 @@ type Lease struct {
 var _ pgfence.Lease = (*Lease)(nil)
 
 func (k *Locker) newLease(ctx context.Context, name string, rep acquireReply, t leaseTiming) *Lease {
+	// The lease is good for the TTL from when its request was sent, or for
+	// what the database says is left of it when that is less: a permit
+	// handed over keeps its last holder's expiry (migration 000009), and a
+	// grant a claim call finds was made before the call was sent. It is
+	// renewed as a lease acquired that much earlier.
+	short := max(t.ttl-rep.expiresAt.Sub(rep.dbNow), 0)
 	l := &Lease{
 		k:          k,
 		values:     context.WithoutCancel(ctx),
@@ -67,8 +73,8 @@ func (k *Locker) newLease(ctx context.Context, name string, rep acquireReply, t 
 		secret:     rep.secret,
 		timing:     t,
 		acquiredAt: rep.acquiredAt,
-		deadline:   rep.sent.Add(t.ttl - t.margin),
-		nextRenew:  rep.sent.Add(t.renewEvery),
+		deadline:   rep.sent.Add(t.ttl - short - t.margin),
+		nextRenew:  rep.sent.Add(t.renewEvery - short),
 	}
 	l.ctx, l.cancel = context.WithCancelCause(hold.Mark(context.Background(), k, name, l))
 	return l

@@ -207,8 +207,8 @@ BEGIN
     IF NOT FOUND OR held <= t THEN
         RETURN false;
     END IF;
-    fast := c.reserve_next IS NOT NULL AND c.reserve_end IS NOT NULL AND c.reserve_next < c.reserve_end
-        AND c.reserve_next > $2 AND held - t >= (c.ttl_us / 2) * interval '1 microsecond';
+    fast := coalesce(c.reserve_next < c.reserve_end AND c.reserve_next > $2
+                     AND held - t >= (c.ttl_us / 2) * interval '1 microsecond', false);
     IF fast THEN
         tok := c.reserve_next;
         exp := LEAST(held, t + c.ttl_us * interval '1 microsecond');
